@@ -1,0 +1,849 @@
+//! One state machine per call: a decoded request goes in, effects come out, each
+//! effect's outcome comes back as an input, and the call ends with one reply.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use time::OffsetDateTime;
+
+use crate::js::{self, JsFailure, KeyState, NatsRequest, PublishResult, RequestOutcome};
+use crate::record::{
+    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT,
+    HDR_TTL, LeaseEvent, LeaseRecord, REJECT_STALE, format_time, inbox_subject, kv_subject,
+    ttl_header,
+};
+use crate::wire::{
+    AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardReply, ForwardRequest,
+    FreeReply, Lease, ReleaseReply, RenewRequest, Request, Response,
+};
+
+/// How many creates an acquire tries when the key keeps changing under it.
+pub const MAX_ACQUIRE_WRITES: u32 = 4;
+/// How many times renew and release re-read after a write lost a race.
+pub const MAX_FENCED_WRITES: u32 = 2;
+/// How many owners a forward tries at most.
+pub const MAX_FORWARD_ATTEMPTS: u32 = 3;
+/// The default bound on one JetStream request.
+pub const DEFAULT_KV_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the service can serve leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The bucket is being ensured: calls reply `unavailable`.
+    Starting,
+    /// The bucket is there with per-message TTL.
+    Ready,
+    /// The server cannot do per-message TTL: calls reply `unsupported`.
+    Unsupported,
+}
+
+/// What every call needs to know about the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallConfig {
+    /// Whether leases can be served.
+    pub mode: Mode,
+    /// The server's `max_payload`, which bounds a forward's reply.
+    pub max_payload: usize,
+    /// Bound on each JetStream request.
+    pub kv_timeout: Duration,
+}
+
+impl CallConfig {
+    /// A ready service with the server's `max_payload`.
+    pub fn ready(max_payload: usize) -> Self {
+        CallConfig {
+            mode: Mode::Ready,
+            max_payload,
+            kv_timeout: DEFAULT_KV_TIMEOUT,
+        }
+    }
+}
+
+/// Names one effect of a call; its outcome must come back with the same id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EffectId(pub u64);
+
+/// A leader read of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRead {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key.
+    pub key: String,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+/// NATS' names for what a KV write does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Store a value.
+    Put,
+    /// Leave a tombstone.
+    Delete,
+}
+
+/// A conditional write of a key: create, update or delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvWrite {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key.
+    pub key: String,
+    /// Put or delete.
+    pub operation: Operation,
+    /// The write succeeds only if the key's last revision is this (0: never written).
+    pub expected_revision: u64,
+    /// Per-message TTL in milliseconds (whole seconds); `None` for a tombstone.
+    pub ttl_ms: Option<u64>,
+    /// The `Dagnats-Lease-Event` header.
+    pub event: LeaseEvent,
+    /// The stored value (empty for a delete).
+    pub value: Vec<u8>,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+/// A request to a holder's inbox on behalf of a forward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxRequest {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The owner being tried.
+    pub holder: String,
+    /// The lease key.
+    pub key: String,
+    /// The lease revision, sent as `Dagnats-Lease-Fence`.
+    pub fence: u64,
+    /// The decoded payload.
+    pub payload: Vec<u8>,
+    /// What is left of the call's `timeout_ms`.
+    pub timeout: Duration,
+}
+
+/// Something a call wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Read a key through the stream leader.
+    KvRead(KvRead),
+    /// Write a key conditionally.
+    KvWrite(KvWrite),
+    /// Request an owner's inbox.
+    InboxRequest(InboxRequest),
+    /// Send this reply to the caller; the call is over.
+    Reply(Response),
+}
+
+impl Effect {
+    /// The NATS request that carries out this effect, with its id; `None` for a reply.
+    pub fn nats_request(&self) -> Option<(EffectId, NatsRequest)> {
+        match self {
+            Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Effect::KvWrite(w) => Some((w.id, w.nats_request())),
+            Effect::InboxRequest(i) => Some((i.id, i.nats_request())),
+            Effect::Reply(_) => None,
+        }
+    }
+}
+
+impl KvWrite {
+    /// The JetStream publish that makes this write.
+    pub fn nats_request(&self) -> NatsRequest {
+        let mut headers = vec![
+            (
+                HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                self.expected_revision.to_string(),
+            ),
+            (HDR_LEASE_EVENT, self.event.as_str().to_string()),
+        ];
+        if let Some(ttl) = self.ttl_ms {
+            headers.push((HDR_TTL, ttl_header(ttl)));
+        }
+        if self.operation == Operation::Delete {
+            headers.push((HDR_KV_OPERATION, "DEL".to_string()));
+        }
+        NatsRequest {
+            subject: kv_subject(&self.key),
+            headers,
+            payload: self.value.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl InboxRequest {
+    /// The request to `dagnats.lease.inbox.<holder>.<key>` with the fence header.
+    pub fn nats_request(&self) -> NatsRequest {
+        NatsRequest {
+            subject: inbox_subject(&self.holder, &self.key),
+            headers: vec![(HDR_FENCE, self.fence.to_string())],
+            payload: self.payload.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Waiting {
+    Nothing,
+    Read(EffectId),
+    Write(EffectId),
+    Inbox(EffectId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    NoResponders,
+    Rejected,
+}
+
+#[derive(Debug)]
+enum Job {
+    Acquire(AcquireRequest),
+    /// The request, and the record its write carries once it writes.
+    Renew(RenewRequest, Option<LeaseRecord>),
+    Release {
+        key: String,
+        holder: String,
+        revision: u64,
+    },
+    Owner {
+        key: String,
+    },
+    Forward(ForwardJob),
+    Done,
+}
+
+#[derive(Debug)]
+struct ForwardJob {
+    request: ForwardRequest,
+    deadline: Instant,
+    attempts: u32,
+    last_tried: Option<(String, u64)>,
+    retry: Option<Retry>,
+}
+
+/// One call, from decoded request to reply.
+///
+/// Drive it by draining [`Call::poll_effect`] after every input until it returns
+/// `None`, carrying out each effect and feeding its outcome to
+/// [`Call::handle_outcome`]; call [`Call::handle_timeout`] when
+/// [`Call::poll_timeout`] passes. The last effect is always one [`Effect::Reply`].
+#[derive(Debug)]
+pub struct Call {
+    job: Job,
+    config: CallConfig,
+    started_wall: OffsetDateTime,
+    next_id: u64,
+    waiting: Waiting,
+    writes: u32,
+    effects: std::collections::VecDeque<Effect>,
+}
+
+impl Call {
+    /// Starts a call from a raw request body.
+    ///
+    /// `wall` is the wall-clock time now (for `acquired_at` and `expires_at`); `now`
+    /// is the monotonic time that bounds forward's `timeout_ms`.
+    pub fn new(
+        config: CallConfig,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Call {
+        let mut call = Call {
+            job: Job::Done,
+            config,
+            started_wall: wall,
+            next_id: 0,
+            waiting: Waiting::Nothing,
+            writes: 0,
+            effects: Default::default(),
+        };
+        match config.mode {
+            Mode::Unsupported => {
+                call.fail(ErrorReply::new(
+                    ErrorKind::Unsupported,
+                    "leases need nats-server 2.11 or newer (per-message TTL); this server \
+                     cannot expire keys, so there is no leases bucket",
+                ));
+                return call;
+            }
+            Mode::Starting => {
+                call.fail(ErrorReply::new(
+                    ErrorKind::Unavailable,
+                    "the lease service is still starting: retry shortly",
+                ));
+                return call;
+            }
+            Mode::Ready => {}
+        }
+        match Request::decode(endpoint, body) {
+            Err(e) => call.fail(e),
+            Ok(request) => call.start(now, request),
+        }
+        call
+    }
+
+    /// Starts a call from an already decoded request.
+    pub fn from_request(
+        config: CallConfig,
+        now: Instant,
+        wall: OffsetDateTime,
+        request: Request,
+    ) -> Call {
+        let mut call = Call::new(config, now, wall, request.endpoint(), b"");
+        if config.mode == Mode::Ready {
+            call.effects.clear();
+            call.start(now, request);
+        }
+        call
+    }
+
+    fn start(&mut self, now: Instant, request: Request) {
+        match request {
+            Request::Acquire(r) => {
+                let key = r.key.clone();
+                self.job = Job::Acquire(r);
+                self.write_create(key, 0);
+            }
+            Request::Renew(r) => {
+                let key = r.key.clone();
+                self.job = Job::Renew(r, None);
+                self.read(key);
+            }
+            Request::Release(r) => {
+                let key = r.key.clone();
+                self.job = Job::Release {
+                    key: r.key,
+                    holder: r.holder,
+                    revision: r.revision,
+                };
+                self.read(key);
+            }
+            Request::Owner(r) => {
+                let key = r.key.clone();
+                self.job = Job::Owner { key: r.key };
+                self.read(key);
+            }
+            Request::Forward(r) => {
+                let key = r.key.clone();
+                let deadline = now + Duration::from_millis(r.timeout_ms);
+                self.job = Job::Forward(ForwardJob {
+                    request: r,
+                    deadline,
+                    attempts: 0,
+                    last_tried: None,
+                    retry: None,
+                });
+                self.read_before(key, now, deadline);
+            }
+        }
+    }
+
+    /// The next effect to carry out, if any.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When [`Call::handle_timeout`] must be called, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.job {
+            Job::Forward(f) => Some(f.deadline),
+            _ => None,
+        }
+    }
+
+    /// Whether the call has produced its reply.
+    pub fn is_done(&self) -> bool {
+        matches!(self.job, Job::Done)
+    }
+
+    /// The time has come: a forward past its deadline ends with `owner_timeout`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Job::Forward(f) = &self.job
+            && now >= f.deadline
+        {
+            let last = f.last_tried.clone();
+            self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::OwnerTimeout,
+                    "the forward ran out of timeout_ms before the owner replied",
+                ),
+                last,
+            ));
+        }
+    }
+
+    /// Feeds back what came of effect `id`. Outcomes for effects the call no longer
+    /// waits for (after a timeout, say) are ignored.
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
+        match waiting {
+            Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
+                Ok(state) => self.on_read(now, state),
+                Err(f) => self.fail_js(f),
+            },
+            Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
+                Ok(PublishResult::Stored(rev)) => self.on_written(rev),
+                Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
+                Err(f) => self.fail_js(f),
+            },
+            Waiting::Inbox(w) if w == id => self.on_inbox(now, outcome),
+            other => self.waiting = other,
+        }
+    }
+
+    fn id(&mut self) -> EffectId {
+        self.next_id += 1;
+        EffectId(self.next_id)
+    }
+
+    fn read(&mut self, key: String) {
+        let id = self.id();
+        self.waiting = Waiting::Read(id);
+        self.effects.push_back(Effect::KvRead(KvRead {
+            id,
+            key,
+            timeout: self.config.kv_timeout,
+        }));
+    }
+
+    /// A read bounded by a forward's deadline.
+    fn read_before(&mut self, key: String, now: Instant, deadline: Instant) {
+        let id = self.id();
+        self.waiting = Waiting::Read(id);
+        let timeout = self
+            .config
+            .kv_timeout
+            .min(deadline.saturating_duration_since(now));
+        self.effects
+            .push_back(Effect::KvRead(KvRead { id, key, timeout }));
+    }
+
+    fn write(&mut self, mut write: KvWrite) {
+        let id = self.id();
+        write.id = id;
+        self.writes += 1;
+        self.waiting = Waiting::Write(id);
+        self.effects.push_back(Effect::KvWrite(write));
+    }
+
+    fn write_create(&mut self, key: String, expected_revision: u64) {
+        let Job::Acquire(r) = &self.job else { return };
+        if self.writes >= MAX_ACQUIRE_WRITES {
+            return self.fail(ErrorReply::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "key `{key}` kept changing during acquire ({MAX_ACQUIRE_WRITES} attempts): retry"
+                ),
+            ));
+        }
+        let record = LeaseRecord {
+            holder: r.holder.clone(),
+            acquired_at: format_time(self.started_wall),
+            ttl_ms: r.ttl_ms,
+        };
+        let ttl = r.ttl_ms;
+        self.write(KvWrite {
+            id: EffectId(0),
+            key,
+            operation: Operation::Put,
+            expected_revision,
+            ttl_ms: Some(ttl),
+            event: LeaseEvent::Acquired,
+            value: record.to_json(),
+            timeout: self.config.kv_timeout,
+        });
+    }
+
+    fn reply(&mut self, response: Response) {
+        self.job = Job::Done;
+        self.waiting = Waiting::Nothing;
+        self.effects.clear();
+        self.effects.push_back(Effect::Reply(response));
+    }
+
+    fn fail(&mut self, error: ErrorReply) {
+        self.reply(Response::Error(error));
+    }
+
+    fn fail_js(&mut self, failure: JsFailure) {
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(failure.kind, failure.detail),
+            last,
+        ));
+    }
+
+    fn lease_from_record(
+        &self,
+        key: &str,
+        revision: u64,
+        record: &LeaseRecord,
+        since: OffsetDateTime,
+    ) -> Lease {
+        Lease {
+            held: true,
+            key: key.to_string(),
+            holder: record.holder.clone(),
+            revision,
+            acquired_at: record.acquired_at.clone(),
+            expires_at: format_time(since + Duration::from_millis(record.ttl_ms)),
+            ttl_ms: record.ttl_ms,
+        }
+    }
+
+    fn on_read(&mut self, now: Instant, state: KeyState) {
+        if let KeyState::Corrupt { revision, reason } = &state {
+            let key = self.key().to_string();
+            let last = match &self.job {
+                Job::Forward(f) => f.last_tried.clone(),
+                _ => None,
+            };
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "the lease record of `{key}` at revision {revision} is corrupt: {reason}"
+                    ),
+                ),
+                last,
+            ));
+        }
+        match std::mem::replace(&mut self.job, Job::Done) {
+            Job::Acquire(r) => {
+                let key = r.key.clone();
+                match state {
+                    KeyState::Absent | KeyState::Free { .. } => {
+                        let expected = state.revision();
+                        self.job = Job::Acquire(r);
+                        self.write_create(key, expected);
+                    }
+                    KeyState::Held {
+                        revision,
+                        record,
+                        written_at,
+                    } => {
+                        let granted = record.holder == r.holder;
+                        let lease = self.lease_from_record(&key, revision, &record, written_at);
+                        self.reply(Response::Acquired(AcquireReply { granted, lease }));
+                    }
+                    KeyState::Corrupt { .. } => unreachable!("handled above"),
+                }
+            }
+            Job::Renew(r, _) => match self.check_fence(&r.key, &r.holder, r.revision, &state) {
+                Err(e) => self.fail(e),
+                Ok(record) => {
+                    let ttl_ms = r.ttl_ms.unwrap_or(record.ttl_ms);
+                    let renewed = LeaseRecord {
+                        holder: record.holder.clone(),
+                        acquired_at: record.acquired_at.clone(),
+                        ttl_ms,
+                    };
+                    let key = r.key.clone();
+                    let expected = state.revision();
+                    let value = renewed.to_json();
+                    self.job = Job::Renew(r, Some(renewed));
+                    self.fenced_write(KvWrite {
+                        id: EffectId(0),
+                        key,
+                        operation: Operation::Put,
+                        expected_revision: expected,
+                        ttl_ms: Some(ttl_ms),
+                        event: LeaseEvent::Renewed,
+                        value,
+                        timeout: self.config.kv_timeout,
+                    });
+                }
+            },
+            Job::Release {
+                key,
+                holder,
+                revision,
+            } => match self.check_fence(&key, &holder, revision, &state) {
+                Err(e) => self.fail(e),
+                Ok(_) => {
+                    let expected = state.revision();
+                    self.job = Job::Release {
+                        key: key.clone(),
+                        holder,
+                        revision,
+                    };
+                    self.fenced_write(KvWrite {
+                        id: EffectId(0),
+                        key,
+                        operation: Operation::Delete,
+                        expected_revision: expected,
+                        ttl_ms: None,
+                        event: LeaseEvent::Released,
+                        value: Vec::new(),
+                        timeout: self.config.kv_timeout,
+                    });
+                }
+            },
+            Job::Owner { key } => match state {
+                KeyState::Held {
+                    revision,
+                    record,
+                    written_at,
+                } => {
+                    let lease = self.lease_from_record(&key, revision, &record, written_at);
+                    self.reply(Response::Lease(lease));
+                }
+                _ => self.reply(Response::Free(FreeReply { held: false, key })),
+            },
+            Job::Forward(f) => self.forward_after_read(now, f, state),
+            Job::Done => {}
+        }
+    }
+
+    fn fenced_write(&mut self, write: KvWrite) {
+        if self.writes >= MAX_FENCED_WRITES {
+            let key = write.key.clone();
+            return self.fail(ErrorReply::new(
+                ErrorKind::Unavailable,
+                format!("key `{key}` kept changing during the call: retry"),
+            ));
+        }
+        self.write(write);
+    }
+
+    /// The holder and fence checks of renew and release.
+    fn check_fence(
+        &self,
+        key: &str,
+        holder: &str,
+        revision: u64,
+        state: &KeyState,
+    ) -> Result<LeaseRecord, ErrorReply> {
+        match state {
+            KeyState::Absent | KeyState::Free { .. } => Err(ErrorReply::new(
+                ErrorKind::Lost,
+                format!(
+                    "`{holder}` does not hold `{key}`: nobody does (it expired or was released)"
+                ),
+            )),
+            KeyState::Held { record, .. } if record.holder != holder => Err(ErrorReply::new(
+                ErrorKind::Lost,
+                format!("`{holder}` does not hold `{key}`: `{}` does", record.holder),
+            )),
+            KeyState::Held {
+                revision: current,
+                record,
+                ..
+            } => {
+                if *current == revision {
+                    Ok(record.clone())
+                } else {
+                    Err(ErrorReply::new(
+                        ErrorKind::FenceMismatch,
+                        format!(
+                            "field `revision` is {revision}, but the current fence of `{key}` is \
+                             {current}: acquire again to learn it"
+                        ),
+                    ))
+                }
+            }
+            KeyState::Corrupt { .. } => Err(ErrorReply::new(ErrorKind::Internal, "corrupt record")),
+        }
+    }
+
+    fn key(&self) -> &str {
+        match &self.job {
+            Job::Acquire(r) => &r.key,
+            Job::Renew(r, _) => &r.key,
+            Job::Release { key, .. } | Job::Owner { key } => key,
+            Job::Forward(f) => &f.request.key,
+            Job::Done => "",
+        }
+    }
+
+    fn on_written(&mut self, revision: u64) {
+        let wall = self.started_wall;
+        match std::mem::replace(&mut self.job, Job::Done) {
+            Job::Acquire(r) => {
+                let lease = Lease {
+                    held: true,
+                    key: r.key,
+                    holder: r.holder,
+                    revision,
+                    acquired_at: format_time(wall),
+                    expires_at: format_time(wall + Duration::from_millis(r.ttl_ms)),
+                    ttl_ms: r.ttl_ms,
+                };
+                self.reply(Response::Acquired(AcquireReply {
+                    granted: true,
+                    lease,
+                }));
+            }
+            Job::Renew(r, Some(record)) => {
+                self.reply(Response::Lease(Lease {
+                    held: true,
+                    key: r.key,
+                    holder: r.holder,
+                    revision,
+                    acquired_at: record.acquired_at,
+                    expires_at: format_time(wall + Duration::from_millis(record.ttl_ms)),
+                    ttl_ms: record.ttl_ms,
+                }));
+            }
+            Job::Release { key, holder, .. } => {
+                self.reply(Response::Released(ReleaseReply {
+                    released: true,
+                    held: false,
+                    key,
+                    holder,
+                    revision,
+                }));
+            }
+            other => self.job = other,
+        }
+    }
+
+    fn on_conflict(&mut self) {
+        let key = self.key().to_string();
+        self.read(key);
+    }
+
+    fn forward_after_read(&mut self, now: Instant, mut f: ForwardJob, state: KeyState) {
+        let (holder, revision) = match state {
+            KeyState::Held {
+                revision, record, ..
+            } => (record.holder, revision),
+            _ => {
+                let key = f.request.key.clone();
+                return self.fail(with_owner(
+                    ErrorReply::new(ErrorKind::NotHeld, format!("nobody holds `{key}`")),
+                    f.last_tried,
+                ));
+            }
+        };
+        if let Some(retry) = f.retry {
+            let same = f.last_tried.as_ref() == Some(&(holder.clone(), revision));
+            if same || f.attempts >= MAX_FORWARD_ATTEMPTS {
+                let key = f.request.key.clone();
+                let (kind, why) = match retry {
+                    Retry::NoResponders => {
+                        (ErrorKind::OwnerUnavailable, "has no responder on its inbox")
+                    }
+                    Retry::Rejected => (ErrorKind::OwnerRejected, "rejected the request as stale"),
+                };
+                let attempts = f.attempts;
+                return self.fail(with_owner(
+                    ErrorReply::new(
+                        kind,
+                        format!(
+                            "the owner of `{key}` {why} (after {attempts} attempt{})",
+                            if attempts == 1 { "" } else { "s" }
+                        ),
+                    ),
+                    f.last_tried,
+                ));
+            }
+        }
+        if now >= f.deadline {
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::OwnerTimeout,
+                    "the forward ran out of timeout_ms before the owner replied",
+                ),
+                f.last_tried,
+            ));
+        }
+        f.attempts += 1;
+        f.retry = None;
+        f.last_tried = Some((holder.clone(), revision));
+        let id = self.id();
+        let request = InboxRequest {
+            id,
+            holder,
+            key: f.request.key.clone(),
+            fence: revision,
+            payload: f.request.payload.clone(),
+            timeout: f.deadline.saturating_duration_since(now),
+        };
+        self.job = Job::Forward(f);
+        self.waiting = Waiting::Inbox(id);
+        self.effects.push_back(Effect::InboxRequest(request));
+    }
+
+    fn on_inbox(&mut self, now: Instant, outcome: RequestOutcome) {
+        let Job::Forward(mut f) = std::mem::replace(&mut self.job, Job::Done) else {
+            return;
+        };
+        let retry = match outcome {
+            RequestOutcome::Reply { headers, payload } => {
+                let rejected = headers.iter().any(|(name, value)| {
+                    name.eq_ignore_ascii_case(HDR_REJECT) && value.trim() == REJECT_STALE
+                });
+                if !rejected {
+                    return self.forward_reply(f, payload);
+                }
+                Retry::Rejected
+            }
+            RequestOutcome::NoResponders => Retry::NoResponders,
+            RequestOutcome::TimedOut => {
+                return self.fail(with_owner(
+                    ErrorReply::new(
+                        ErrorKind::OwnerTimeout,
+                        "the owner did not reply within timeout_ms; not retried, it may have acted",
+                    ),
+                    f.last_tried,
+                ));
+            }
+            RequestOutcome::Failed(e) => {
+                return self.fail(with_owner(
+                    ErrorReply::new(
+                        ErrorKind::Unavailable,
+                        format!("the request to the owner failed: {e}"),
+                    ),
+                    f.last_tried,
+                ));
+            }
+        };
+        f.retry = Some(retry);
+        let key = f.request.key.clone();
+        let deadline = f.deadline;
+        self.job = Job::Forward(f);
+        self.read_before(key, now, deadline);
+    }
+
+    fn forward_reply(&mut self, f: ForwardJob, payload: Vec<u8>) {
+        let (holder, revision) = f.last_tried.clone().unwrap_or_default();
+        let reply = Response::Forwarded(ForwardReply {
+            payload: base64::engine::general_purpose::STANDARD.encode(&payload),
+            key: f.request.key.clone(),
+            holder,
+            revision,
+        });
+        let size = reply.to_json().len();
+        if size > self.config.max_payload {
+            let max = self.config.max_payload;
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::ReplyTooLarge,
+                    format!(
+                        "the owner's reply of {} bytes is {size} bytes as base64 JSON, over the \
+                         server's max_payload of {max}: reply with a reference instead",
+                        payload.len()
+                    ),
+                ),
+                f.last_tried,
+            ));
+        }
+        self.reply(reply);
+    }
+}
+
+fn with_owner(mut e: ErrorReply, owner: Option<(String, u64)>) -> ErrorReply {
+    if let Some((holder, revision)) = owner {
+        e.holder = Some(holder);
+        e.revision = Some(revision);
+    }
+    e
+}

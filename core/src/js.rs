@@ -1,0 +1,340 @@
+//! JetStream on the wire, without a NATS client: the requests the machines ask an
+//! adapter to send, what comes back, and how the core reads the server's answers.
+//!
+//! Every effect is one NATS request (a JetStream publish is a request to the
+//! stream's subject; a leader read is a request to `$JS.API.STREAM.MSG.GET`), so an
+//! adapter needs one call, and everything about JetStream's answers is decided here.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use time::OffsetDateTime;
+
+use crate::record::{HDR_KV_OPERATION, HDR_MARKER_REASON, LeaseRecord, STREAM, kv_subject};
+use crate::wire::ErrorKind;
+
+/// JetStream's error code for a failed expected-last-sequence check.
+pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// JetStream's error code for a message that is not there.
+pub const ERR_NO_MESSAGE_FOUND: u64 = 10037;
+/// JetStream's error code for a stream that is not there.
+pub const ERR_STREAM_NOT_FOUND: u64 = 10059;
+/// JetStream's error code for a stream name in use with another config.
+pub const ERR_STREAM_NAME_IN_USE: u64 = 10058;
+
+/// One NATS request with headers, as an adapter sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsRequest {
+    /// Where to send it.
+    pub subject: String,
+    /// Headers, in order.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub payload: Vec<u8>,
+    /// How long to wait for the reply.
+    pub timeout: Duration,
+}
+
+/// What came of a [`NatsRequest`], as the adapter observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// A reply arrived.
+    Reply {
+        /// The reply's headers.
+        headers: Vec<(String, String)>,
+        /// The reply's body.
+        payload: Vec<u8>,
+    },
+    /// Nobody subscribes to the subject (for a JetStream publish: no stream, or no
+    /// leader during an election).
+    NoResponders,
+    /// No reply within the request's timeout.
+    TimedOut,
+    /// The request could not be sent or the connection failed.
+    Failed(String),
+}
+
+impl RequestOutcome {
+    /// A reply without headers.
+    pub fn reply(payload: impl Into<Vec<u8>>) -> Self {
+        RequestOutcome::Reply {
+            headers: Vec::new(),
+            payload: payload.into(),
+        }
+    }
+}
+
+/// A JetStream failure, already sorted into the error kind a caller sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsFailure {
+    /// `unavailable` or `internal`.
+    pub kind: ErrorKind,
+    /// What happened, for the error sentence.
+    pub detail: String,
+}
+
+impl JsFailure {
+    fn unavailable(detail: impl Into<String>) -> Self {
+        JsFailure {
+            kind: ErrorKind::Unavailable,
+            detail: detail.into(),
+        }
+    }
+
+    fn internal(detail: impl Into<String>) -> Self {
+        JsFailure {
+            kind: ErrorKind::Internal,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Sorts an outcome that brought no usable reply; `None` for a reply.
+fn transport_failure(outcome: &RequestOutcome) -> Option<JsFailure> {
+    match outcome {
+        RequestOutcome::Reply { .. } => None,
+        RequestOutcome::NoResponders => Some(JsFailure::unavailable(
+            "JetStream has no responder for the leases stream (no stream leader right now)",
+        )),
+        RequestOutcome::TimedOut => {
+            Some(JsFailure::unavailable("JetStream did not answer in time"))
+        }
+        RequestOutcome::Failed(e) => {
+            Some(JsFailure::unavailable(format!("NATS request failed: {e}")))
+        }
+    }
+}
+
+/// A JetStream API error body: `{"error": {"code", "err_code", "description"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ApiError {
+    /// HTTP-like status.
+    #[serde(default)]
+    pub code: u64,
+    /// JetStream's own error code.
+    #[serde(default)]
+    pub err_code: u64,
+    /// The server's sentence.
+    #[serde(default)]
+    pub description: String,
+}
+
+impl ApiError {
+    fn to_failure(&self) -> JsFailure {
+        let detail = format!(
+            "JetStream error {} ({}): {}",
+            self.err_code, self.code, self.description
+        );
+        // 503s are the server saying "not now" (no leader, cluster not ready);
+        // a stream that is not found is also what a leader election looks like.
+        if self.code == 503 || self.code == 408 || self.err_code == ERR_STREAM_NOT_FOUND {
+            JsFailure::unavailable(detail)
+        } else {
+            JsFailure::internal(detail)
+        }
+    }
+}
+
+fn reply_payload(outcome: &RequestOutcome) -> Result<&[u8], JsFailure> {
+    if let Some(f) = transport_failure(outcome) {
+        return Err(f);
+    }
+    match outcome {
+        RequestOutcome::Reply { payload, .. } => Ok(payload),
+        _ => unreachable!("transport_failure covers every other outcome"),
+    }
+}
+
+/// The result of a JetStream publish, from its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishResult {
+    /// Stored at this sequence: the key's new revision.
+    Stored(u64),
+    /// The key's last revision was not the expected one.
+    WrongLastSequence,
+}
+
+/// Reads a PubAck.
+pub fn parse_pub_ack(outcome: &RequestOutcome) -> Result<PublishResult, JsFailure> {
+    #[derive(Deserialize)]
+    struct PubAck {
+        #[serde(default)]
+        seq: Option<u64>,
+        #[serde(default)]
+        error: Option<ApiError>,
+    }
+    let payload = reply_payload(outcome)?;
+    let ack: PubAck = serde_json::from_slice(payload)
+        .map_err(|e| JsFailure::internal(format!("unreadable JetStream publish ack: {e}")))?;
+    match (ack.error, ack.seq) {
+        (Some(err), _) if err.err_code == ERR_WRONG_LAST_SEQUENCE => {
+            Ok(PublishResult::WrongLastSequence)
+        }
+        (Some(err), _) => Err(err.to_failure()),
+        (None, Some(seq)) if seq > 0 => Ok(PublishResult::Stored(seq)),
+        (None, _) => Err(JsFailure::internal(
+            "JetStream publish ack without a sequence",
+        )),
+    }
+}
+
+/// What the leader read of a key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// The key was never written (or was purged away).
+    Absent,
+    /// The last message is an expiry marker, a tombstone or a purge: nobody holds it.
+    Free {
+        /// The sequence of that message: a create must expect it.
+        revision: u64,
+    },
+    /// A live lease.
+    Held {
+        /// The fence.
+        revision: u64,
+        /// The stored record.
+        record: LeaseRecord,
+        /// The server's store time of this revision.
+        written_at: OffsetDateTime,
+    },
+    /// The stored value does not parse.
+    Corrupt {
+        /// The revision of the bad record.
+        revision: u64,
+        /// Why it does not parse.
+        reason: String,
+    },
+}
+
+impl KeyState {
+    /// The key's last revision, 0 if never written.
+    pub fn revision(&self) -> u64 {
+        match self {
+            KeyState::Absent => 0,
+            KeyState::Free { revision }
+            | KeyState::Held { revision, .. }
+            | KeyState::Corrupt { revision, .. } => *revision,
+        }
+    }
+}
+
+/// The leader read of a key: `$JS.API.STREAM.MSG.GET.KV_leases` with `last_by_subj`.
+pub fn read_request(key: &str, timeout: Duration) -> NatsRequest {
+    let body = serde_json::json!({ "last_by_subj": kv_subject(key) });
+    NatsRequest {
+        subject: format!("$JS.API.STREAM.MSG.GET.{STREAM}"),
+        headers: Vec::new(),
+        payload: body.to_string().into_bytes(),
+        timeout,
+    }
+}
+
+/// Reads the reply to [`read_request`].
+pub fn parse_read(outcome: &RequestOutcome) -> Result<KeyState, JsFailure> {
+    #[derive(Deserialize)]
+    struct Reply {
+        #[serde(default)]
+        message: Option<StoredMessage>,
+        #[serde(default)]
+        error: Option<ApiError>,
+    }
+    #[derive(Deserialize)]
+    struct StoredMessage {
+        seq: u64,
+        #[serde(default)]
+        hdrs: Option<String>,
+        #[serde(default)]
+        data: Option<String>,
+        #[serde(with = "time::serde::rfc3339")]
+        time: OffsetDateTime,
+    }
+    let payload = reply_payload(outcome)?;
+    let reply: Reply = serde_json::from_slice(payload)
+        .map_err(|e| JsFailure::internal(format!("unreadable JetStream message get reply: {e}")))?;
+    if let Some(err) = reply.error {
+        if err.err_code == ERR_NO_MESSAGE_FOUND {
+            return Ok(KeyState::Absent);
+        }
+        return Err(err.to_failure());
+    }
+    let msg = reply
+        .message
+        .ok_or_else(|| JsFailure::internal("JetStream message get reply without a message"))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let headers = match msg.hdrs.as_deref() {
+        Some(h) if !h.is_empty() => {
+            let raw = b64
+                .decode(h)
+                .map_err(|e| JsFailure::internal(format!("stored headers are not base64: {e}")))?;
+            parse_header_block(&raw)
+        }
+        _ => Vec::new(),
+    };
+    let is_free = headers.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case(HDR_MARKER_REASON)
+            || (name.eq_ignore_ascii_case(HDR_KV_OPERATION) && (value == "DEL" || value == "PURGE"))
+    });
+    if is_free {
+        return Ok(KeyState::Free { revision: msg.seq });
+    }
+    let data = match msg.data.as_deref() {
+        Some(d) => b64
+            .decode(d)
+            .map_err(|e| JsFailure::internal(format!("stored data is not base64: {e}"))),
+        None => Ok(Vec::new()),
+    }?;
+    Ok(match LeaseRecord::parse(&data) {
+        Ok(record) => KeyState::Held {
+            revision: msg.seq,
+            record,
+            written_at: msg.time,
+        },
+        Err(reason) => KeyState::Corrupt {
+            revision: msg.seq,
+            reason,
+        },
+    })
+}
+
+/// Parses a NATS header block (`NATS/1.0\r\nName: value\r\n\r\n`) into pairs.
+pub fn parse_header_block(raw: &[u8]) -> Vec<(String, String)> {
+    let text = String::from_utf8_lossy(raw);
+    text.split("\r\n")
+        .skip(1)
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            Some((name.trim().to_string(), value.trim().to_string()))
+        })
+        .collect()
+}
+
+/// A JetStream API request (`$JS.API.…`) with a JSON body.
+pub fn api_request(subject: String, body: &serde_json::Value, timeout: Duration) -> NatsRequest {
+    NatsRequest {
+        subject,
+        headers: Vec::new(),
+        payload: body.to_string().into_bytes(),
+        timeout,
+    }
+}
+
+/// Reads a JetStream API reply into JSON, or its error.
+pub fn parse_api_reply(
+    outcome: &RequestOutcome,
+) -> Result<Result<serde_json::Value, ApiError>, JsFailure> {
+    let payload = reply_payload(outcome)?;
+    let value: serde_json::Value = serde_json::from_slice(payload)
+        .map_err(|e| JsFailure::internal(format!("unreadable JetStream API reply: {e}")))?;
+    if let Some(err) = value.get("error") {
+        let err: ApiError = serde_json::from_value(err.clone())
+            .map_err(|e| JsFailure::internal(format!("unreadable JetStream API error: {e}")))?;
+        return Ok(Err(err));
+    }
+    Ok(Ok(value))
+}
+
+/// Sorts a JetStream API error into `unavailable` or `internal`.
+pub fn api_failure(err: &ApiError) -> JsFailure {
+    err.to_failure()
+}

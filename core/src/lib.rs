@@ -1,0 +1,62 @@
+//! The sans-IO core of dagnats-leases.
+//!
+//! Replicas of a service elect a leader or split shard ownership by asking the lease
+//! service over NATS request/reply; the NATS server enforces each lease's TTL and
+//! the key's KV revision is the fencing token. This crate holds every lease rule as
+//! pure, synchronous state machines: wire types and strict validation ([`wire`]),
+//! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
+//! one machine per call ([`call`]) and bucket startup ([`startup`]).
+//!
+//! # Determinism
+//!
+//! Nothing here does IO, reads a clock, spawns, sleeps or locks. Time comes in as
+//! arguments (`now: Instant` for deadlines, `wall: OffsetDateTime` for the
+//! timestamps replies carry) and the result of every effect comes back as an input
+//! tagged with its [`call::EffectId`]. The same inputs always give the same effects.
+//!
+//! # Driving a call
+//!
+//! After every input, drain the effects until none is left (the drain invariant):
+//!
+//! ```no_run
+//! use std::time::Instant;
+//! use dagnats_leases_core::call::{Call, CallConfig, Effect};
+//! use dagnats_leases_core::js::RequestOutcome;
+//! use dagnats_leases_core::wire::Endpoint;
+//!
+//! # fn send(_: &dagnats_leases_core::js::NatsRequest) -> RequestOutcome { unimplemented!() }
+//! # fn respond(_: Vec<u8>) {}
+//! let body = br#"{"key":"notify-leader","holder":"notify-7f3a","ttl_ms":15000}"#;
+//! let mut call = Call::new(
+//!     CallConfig::ready(1024 * 1024),
+//!     Instant::now(),
+//!     time::OffsetDateTime::now_utc(),
+//!     Endpoint::Acquire,
+//!     body,
+//! );
+//! while let Some(effect) = call.poll_effect() {
+//!     match effect {
+//!         Effect::Reply(response) => respond(response.to_json()),
+//!         other => {
+//!             let (id, request) = other.nats_request().expect("not a reply");
+//!             let outcome = send(&request); // one NATS request, in the adapter
+//!             call.handle_outcome(Instant::now(), id, outcome);
+//!         }
+//!     }
+//! }
+//! ```
+#![warn(missing_docs)]
+
+pub mod call;
+pub mod js;
+pub mod record;
+pub mod startup;
+pub mod wire;
+
+#[cfg(any(test, feature = "__test"))]
+#[doc(hidden)]
+pub mod sim;
+
+pub use call::{Call, CallConfig, Effect, EffectId, Mode};
+pub use js::{NatsRequest, RequestOutcome};
+pub use wire::{Endpoint, ErrorKind, Request, Response};

@@ -1,0 +1,328 @@
+//! Startup: ensure the `leases` bucket with per-message TTL, or settle on
+//! `unsupported` mode, judged from the server version and the stream config the
+//! server returns, never from an error alone.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::call::{EffectId, Mode};
+use crate::js::{
+    self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure, NatsRequest, RequestOutcome,
+};
+use crate::record::{CHANGED_SUBJECTS, STREAM, STREAM_SUBJECTS};
+use crate::wire::ErrorKind;
+
+/// The first nats-server version with per-message TTL.
+pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+/// `subject_delete_marker_ttl` of the bucket: how long an expiry marker stays (1 s, in ns).
+pub const MARKER_TTL_NS: u64 = 1_000_000_000;
+/// How long startup waits before asking JetStream again after it was unavailable.
+pub const STARTUP_RETRY: Duration = Duration::from_secs(1);
+/// How long startup waits after an unexpected JetStream answer.
+pub const STARTUP_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+/// How many times startup asks again after a create raced another instance's.
+const MAX_CREATE_RACES: u32 = 3;
+
+/// What the operator chose for the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BucketOptions {
+    /// Stream replicas; `None` creates with 1 and leaves an existing stream's alone.
+    pub replicas: Option<usize>,
+}
+
+/// The stream config the bucket is created with (contract.md, "Server and bucket").
+pub fn stream_config(replicas: usize) -> Value {
+    json!({
+        "name": STREAM,
+        "subjects": [STREAM_SUBJECTS],
+        "retention": "limits",
+        "max_consumers": -1,
+        "max_msgs": -1,
+        "max_bytes": -1,
+        "max_age": 0,
+        "max_msgs_per_subject": 1,
+        "max_msg_size": -1,
+        "storage": "file",
+        "discard": "new",
+        "num_replicas": replicas,
+        "duplicate_window": 120_000_000_000u64,
+        "allow_rollup_hdrs": true,
+        "deny_delete": true,
+        "deny_purge": false,
+        "allow_direct": false,
+        "mirror_direct": false,
+        "allow_msg_ttl": true,
+        "subject_delete_marker_ttl": MARKER_TTL_NS,
+        "republish": { "src": STREAM_SUBJECTS, "dest": CHANGED_SUBJECTS },
+    })
+}
+
+/// The fields startup makes right on an existing stream, and their wanted values.
+fn managed_fields() -> Vec<(&'static str, Value)> {
+    vec![
+        ("max_msgs_per_subject", json!(1)),
+        ("allow_rollup_hdrs", json!(true)),
+        ("allow_direct", json!(false)),
+        ("allow_msg_ttl", json!(true)),
+        ("subject_delete_marker_ttl", json!(MARKER_TTL_NS)),
+        (
+            "republish",
+            json!({ "src": STREAM_SUBJECTS, "dest": CHANGED_SUBJECTS }),
+        ),
+    ]
+}
+
+/// Parses `2.14.0`, `v2.11.0-RC.1` and the like into (major, minor).
+pub fn parse_version(version: &str) -> Option<(u64, u64)> {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Something startup wants done or known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartupEffect {
+    /// Send this JetStream API request and feed back its outcome with the id.
+    Request(EffectId, NatsRequest),
+    /// Worth a log line: a difference found in an existing stream's config, or a retry.
+    Log(String),
+    /// Startup is over: serve in this mode.
+    Done(Mode),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Info,
+    Create,
+    Update,
+    Wait(Instant),
+    Done,
+}
+
+/// Ensures the bucket. Drain [`Startup::poll_effect`] after every input.
+#[derive(Debug)]
+pub struct Startup {
+    options: BucketOptions,
+    timeout: Duration,
+    step: Step,
+    waiting: Option<EffectId>,
+    next_id: u64,
+    races: u32,
+    effects: std::collections::VecDeque<StartupEffect>,
+}
+
+impl Startup {
+    /// Starts from the version the server sent in INFO.
+    pub fn new(options: BucketOptions, server_version: &str, timeout: Duration) -> Startup {
+        let mut s = Startup {
+            options,
+            timeout,
+            step: Step::Done,
+            waiting: None,
+            next_id: 0,
+            races: 0,
+            effects: Default::default(),
+        };
+        match parse_version(server_version) {
+            Some(v) if v >= MIN_SERVER_VERSION => s.ask_info(),
+            _ => {
+                s.effects.push_back(StartupEffect::Log(format!(
+                    "nats-server {server_version} is older than {}.{}: no per-message TTL, so no \
+                     leases bucket; every lease call replies `unsupported`",
+                    MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+                )));
+                s.finish(Mode::Unsupported);
+            }
+        }
+        s
+    }
+
+    /// The next effect, if any.
+    pub fn poll_effect(&mut self) -> Option<StartupEffect> {
+        self.effects.pop_front()
+    }
+
+    /// When to call [`Startup::handle_timeout`] (while waiting to retry).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.step {
+            Step::Wait(at) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// Retries after a wait.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Step::Wait(at) = self.step
+            && now >= at
+        {
+            self.ask_info();
+        }
+    }
+
+    /// Feeds back the outcome of a request.
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        if self.waiting != Some(id) {
+            return;
+        }
+        self.waiting = None;
+        let reply = match js::parse_api_reply(&outcome) {
+            Ok(reply) => reply,
+            Err(failure) => return self.retry_later(now, failure),
+        };
+        match (&self.step, reply) {
+            (Step::Info, Err(e)) if e.err_code == ERR_STREAM_NOT_FOUND => self.create(),
+            (Step::Create, Err(e)) if e.err_code == ERR_STREAM_NAME_IN_USE => {
+                self.races += 1;
+                if self.races > MAX_CREATE_RACES {
+                    self.fail_internal(
+                        now,
+                        format!("creating {STREAM} keeps failing: {}", e.description),
+                    );
+                } else {
+                    self.ask_info();
+                }
+            }
+            (_, Err(e)) => {
+                let failure = js::api_failure(&e);
+                if failure.kind == ErrorKind::Unavailable {
+                    self.retry_later(now, failure);
+                } else {
+                    self.fail_internal(now, failure.detail);
+                }
+            }
+            (Step::Info, Ok(info)) => self.check_existing(now, info),
+            (Step::Create | Step::Update, Ok(info)) => self.check_final(info),
+            (Step::Wait(_) | Step::Done, Ok(_)) => {}
+        }
+    }
+
+    fn id(&mut self) -> EffectId {
+        self.next_id += 1;
+        EffectId(self.next_id)
+    }
+
+    fn send(&mut self, step: Step, subject: String, body: Value) {
+        let id = self.id();
+        self.step = step;
+        self.waiting = Some(id);
+        self.effects.push_back(StartupEffect::Request(
+            id,
+            js::api_request(subject, &body, self.timeout),
+        ));
+    }
+
+    fn ask_info(&mut self) {
+        self.send(
+            Step::Info,
+            format!("$JS.API.STREAM.INFO.{STREAM}"),
+            json!({}),
+        );
+    }
+
+    fn create(&mut self) {
+        let config = stream_config(self.options.replicas.unwrap_or(1));
+        self.send(
+            Step::Create,
+            format!("$JS.API.STREAM.CREATE.{STREAM}"),
+            config,
+        );
+    }
+
+    fn check_existing(&mut self, now: Instant, info: Value) {
+        let Some(config) = info.get("config").and_then(Value::as_object) else {
+            return self.fail_internal(now, "stream info without a config".to_string());
+        };
+        let mut wanted = config.clone();
+        let mut differs = false;
+        for (field, value) in managed_fields() {
+            if config.get(field) != Some(&value) {
+                self.log(format!(
+                    "{STREAM}: {field} is {}, setting it to {value}",
+                    config
+                        .get(field)
+                        .map_or("unset".to_string(), Value::to_string)
+                ));
+                wanted.insert(field.to_string(), value);
+                differs = true;
+            }
+        }
+        if let Some(r) = self.options.replicas {
+            let have = config.get("num_replicas").and_then(Value::as_u64);
+            if have != Some(r as u64) {
+                self.log(format!(
+                    "{STREAM}: num_replicas is {have:?}, setting it to {r}"
+                ));
+                wanted.insert("num_replicas".to_string(), json!(r));
+                differs = true;
+            }
+        }
+        for (field, value) in [
+            ("subjects", json!([STREAM_SUBJECTS])),
+            ("storage", json!("file")),
+        ] {
+            if config.get(field) != Some(&value) {
+                self.log(format!(
+                    "{STREAM}: {field} is {}, expected {value}; left as it is",
+                    config
+                        .get(field)
+                        .map_or("unset".to_string(), Value::to_string)
+                ));
+            }
+        }
+        if differs {
+            self.send(
+                Step::Update,
+                format!("$JS.API.STREAM.UPDATE.{STREAM}"),
+                Value::Object(wanted),
+            );
+        } else {
+            self.check_final(info);
+        }
+    }
+
+    /// The server's own word on the config decides: no `allow_msg_ttl: true`, no leases.
+    fn check_final(&mut self, info: Value) {
+        let ttl = info
+            .get("config")
+            .and_then(|c| c.get("allow_msg_ttl"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if ttl {
+            self.finish(Mode::Ready);
+        } else {
+            self.log(format!(
+                "the server accepted {STREAM} but its config does not say allow_msg_ttl: true, so \
+                 leases would never expire; every lease call replies `unsupported`"
+            ));
+            self.finish(Mode::Unsupported);
+        }
+    }
+
+    fn retry_later(&mut self, now: Instant, failure: JsFailure) {
+        self.log(format!(
+            "JetStream is not ready ({}); asking again in {:?}",
+            failure.detail, STARTUP_RETRY
+        ));
+        self.step = Step::Wait(now + STARTUP_RETRY);
+    }
+
+    /// An unexpected answer: say so and ask again later; calls meanwhile get `unavailable`.
+    fn fail_internal(&mut self, now: Instant, detail: String) {
+        self.log(format!(
+            "cannot ensure the leases bucket: {detail}; asking again in {STARTUP_RETRY_AFTER_ERROR:?}"
+        ));
+        self.step = Step::Wait(now + STARTUP_RETRY_AFTER_ERROR);
+    }
+
+    fn log(&mut self, line: String) {
+        self.effects.push_back(StartupEffect::Log(line));
+    }
+
+    fn finish(&mut self, mode: Mode) {
+        self.step = Step::Done;
+        self.effects.push_back(StartupEffect::Done(mode));
+    }
+}

@@ -1,0 +1,478 @@
+//! Wire types of the five lease subjects: strict request decoding, input bounds,
+//! replies exactly as the contract shapes them, and the error kinds.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+/// Largest `key` or `holder`, in bytes.
+pub const MAX_NAME_LEN: usize = 128;
+/// Smallest accepted `ttl_ms`.
+pub const MIN_TTL_MS: u64 = 1_000;
+/// Largest accepted `ttl_ms`.
+pub const MAX_TTL_MS: u64 = 600_000;
+/// Smallest accepted forward `timeout_ms`.
+pub const MIN_FORWARD_TIMEOUT_MS: u64 = 100;
+/// Largest accepted forward `timeout_ms`.
+pub const MAX_FORWARD_TIMEOUT_MS: u64 = 30_000;
+
+/// The five request/reply subjects of the lease API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `api.leases.acquire`
+    Acquire,
+    /// `api.leases.renew`
+    Renew,
+    /// `api.leases.release`
+    Release,
+    /// `api.leases.owner`
+    Owner,
+    /// `api.leases.forward`
+    Forward,
+}
+
+impl Endpoint {
+    /// Every endpoint, in the order the docs list them.
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::Acquire,
+        Endpoint::Renew,
+        Endpoint::Release,
+        Endpoint::Owner,
+        Endpoint::Forward,
+    ];
+
+    /// The last subject token, which is also the micro-service endpoint name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Acquire => "acquire",
+            Endpoint::Renew => "renew",
+            Endpoint::Release => "release",
+            Endpoint::Owner => "owner",
+            Endpoint::Forward => "forward",
+        }
+    }
+
+    /// The full request subject, e.g. `api.leases.acquire`.
+    pub fn subject(self) -> String {
+        format!("api.leases.{}", self.name())
+    }
+
+    /// The endpoint for a full subject or a bare name.
+    pub fn from_subject(subject: &str) -> Option<Endpoint> {
+        let name = subject.strip_prefix("api.leases.").unwrap_or(subject);
+        Endpoint::ALL.into_iter().find(|e| e.name() == name)
+    }
+}
+
+/// Why a call failed, as the `kind` field of an error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is malformed or outside a bound: fix the request.
+    Invalid,
+    /// The server cannot do per-message TTL, so there is no leases bucket.
+    Unsupported,
+    /// The caller does not hold the key (expired, released, or another holder's).
+    Lost,
+    /// The caller holds the key but its revision is not the current fence.
+    FenceMismatch,
+    /// JetStream did not answer in time or has no stream leader: retry with backoff.
+    Unavailable,
+    /// A corrupt record, an unexpected JetStream error, or the service stopping.
+    Internal,
+    /// Forward: nobody holds the key.
+    NotHeld,
+    /// Forward: no responder on the owner's inbox, and the owner did not change.
+    OwnerUnavailable,
+    /// Forward: the owner rejected the request as stale, and the owner did not change.
+    OwnerRejected,
+    /// Forward: no reply within `timeout_ms`; never retried.
+    OwnerTimeout,
+    /// Forward: the owner's reply, wrapped, does not fit the server's `max_payload`.
+    ReplyTooLarge,
+}
+
+impl ErrorKind {
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Lost => "lost",
+            ErrorKind::FenceMismatch => "fence_mismatch",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
+            ErrorKind::NotHeld => "not_held",
+            ErrorKind::OwnerUnavailable => "owner_unavailable",
+            ErrorKind::OwnerRejected => "owner_rejected",
+            ErrorKind::OwnerTimeout => "owner_timeout",
+            ErrorKind::ReplyTooLarge => "reply_too_large",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed call: `{"error": "...", "kind": "..."}`, plus the owner last tried on forward.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// A human sentence saying what went wrong.
+    pub error: String,
+    /// The machine-readable reason.
+    pub kind: ErrorKind,
+    /// Forward only: the holder dagnats last tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Forward only: the revision of the lease dagnats last tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+}
+
+impl ErrorReply {
+    /// An error reply without an owner.
+    pub fn new(kind: ErrorKind, error: impl Into<String>) -> Self {
+        ErrorReply {
+            error: error.into(),
+            kind,
+            holder: None,
+            revision: None,
+        }
+    }
+}
+
+/// `api.leases.acquire`: grant `key` to `holder` for `ttl_ms` if nobody holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    /// The lease key, one subject token.
+    pub key: String,
+    /// The caller's holder ID, unique per process.
+    pub holder: String,
+    /// Lease time to live, whole seconds in milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// `api.leases.renew`: extend the lease to `ttl_ms` from now under the fence check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// The lease key.
+    pub key: String,
+    /// The caller's holder ID.
+    pub holder: String,
+    /// The fence from the caller's last reply.
+    pub revision: u64,
+    /// New time to live; the lease's own when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+/// `api.leases.release`: free the key under the fence check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The lease key.
+    pub key: String,
+    /// The caller's holder ID.
+    pub holder: String,
+    /// The fence from the caller's last reply.
+    pub revision: u64,
+}
+
+/// `api.leases.owner`: who holds `key`, with no side effects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnerRequest {
+    /// The lease key.
+    pub key: String,
+}
+
+/// `api.leases.forward` as it travels: the payload still base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardRequestWire {
+    /// The lease key whose owner should receive the payload.
+    pub key: String,
+    /// The request body for the owner, base64 (standard alphabet, padded).
+    pub payload: String,
+    /// Bound on the whole call, 100 to 30000.
+    pub timeout_ms: u64,
+}
+
+/// `api.leases.forward`, decoded: the payload as bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardRequest {
+    /// The lease key whose owner should receive the payload.
+    pub key: String,
+    /// The decoded request body for the owner.
+    pub payload: Vec<u8>,
+    /// Bound on the whole call, 100 to 30000.
+    pub timeout_ms: u64,
+}
+
+/// A decoded and validated request to one of the five subjects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// See [`AcquireRequest`].
+    Acquire(AcquireRequest),
+    /// See [`RenewRequest`].
+    Renew(RenewRequest),
+    /// See [`ReleaseRequest`].
+    Release(ReleaseRequest),
+    /// See [`OwnerRequest`].
+    Owner(OwnerRequest),
+    /// See [`ForwardRequest`].
+    Forward(ForwardRequest),
+}
+
+impl Request {
+    /// The endpoint this request belongs to.
+    pub fn endpoint(&self) -> Endpoint {
+        match self {
+            Request::Acquire(_) => Endpoint::Acquire,
+            Request::Renew(_) => Endpoint::Renew,
+            Request::Release(_) => Endpoint::Release,
+            Request::Owner(_) => Endpoint::Owner,
+            Request::Forward(_) => Endpoint::Forward,
+        }
+    }
+
+    /// The lease key the request is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Request::Acquire(r) => &r.key,
+            Request::Renew(r) => &r.key,
+            Request::Release(r) => &r.key,
+            Request::Owner(r) => &r.key,
+            Request::Forward(r) => &r.key,
+        }
+    }
+
+    /// Decodes and validates a request body for `endpoint`.
+    ///
+    /// Every failure is an `invalid` [`ErrorReply`] whose sentence names the field.
+    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Request, ErrorReply> {
+        match endpoint {
+            Endpoint::Acquire => {
+                let r: AcquireRequest = decode_json(endpoint, body)?;
+                check_name("key", &r.key)?;
+                check_name("holder", &r.holder)?;
+                check_ttl(r.ttl_ms)?;
+                Ok(Request::Acquire(r))
+            }
+            Endpoint::Renew => {
+                let r: RenewRequest = decode_json(endpoint, body)?;
+                check_name("key", &r.key)?;
+                check_name("holder", &r.holder)?;
+                if let Some(ttl) = r.ttl_ms {
+                    check_ttl(ttl)?;
+                }
+                Ok(Request::Renew(r))
+            }
+            Endpoint::Release => {
+                let r: ReleaseRequest = decode_json(endpoint, body)?;
+                check_name("key", &r.key)?;
+                check_name("holder", &r.holder)?;
+                Ok(Request::Release(r))
+            }
+            Endpoint::Owner => {
+                let r: OwnerRequest = decode_json(endpoint, body)?;
+                check_name("key", &r.key)?;
+                Ok(Request::Owner(r))
+            }
+            Endpoint::Forward => {
+                let r: ForwardRequestWire = decode_json(endpoint, body)?;
+                check_name("key", &r.key)?;
+                if !(MIN_FORWARD_TIMEOUT_MS..=MAX_FORWARD_TIMEOUT_MS).contains(&r.timeout_ms) {
+                    return Err(invalid(format!(
+                        "field `timeout_ms` must be from {MIN_FORWARD_TIMEOUT_MS} to \
+                         {MAX_FORWARD_TIMEOUT_MS}, got {}",
+                        r.timeout_ms
+                    )));
+                }
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(r.payload.as_bytes())
+                    .map_err(|e| invalid(format!("field `payload` is not base64: {e}")))?;
+                Ok(Request::Forward(ForwardRequest {
+                    key: r.key,
+                    payload,
+                    timeout_ms: r.timeout_ms,
+                }))
+            }
+        }
+    }
+}
+
+fn invalid(error: String) -> ErrorReply {
+    ErrorReply::new(ErrorKind::Invalid, error)
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<T, ErrorReply> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let name = endpoint.name();
+    match parsed {
+        Ok(value) => {
+            de.end()
+                .map_err(|e| invalid(format!("invalid {name} request: body is not JSON: {e}")))?;
+            Ok(value)
+        }
+        Err(err) => {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            let what = if inner.is_syntax() || inner.is_eof() {
+                format!("body is not JSON: {inner}")
+            } else if path == "." {
+                format!("{inner}")
+            } else {
+                format!("field `{path}`: {inner}")
+            };
+            Err(invalid(format!("invalid {name} request: {what}")))
+        }
+    }
+}
+
+/// Checks a key or holder against `[A-Za-z0-9_-]{1,128}`.
+pub fn check_name(field: &str, value: &str) -> Result<(), ErrorReply> {
+    if value.is_empty() || value.len() > MAX_NAME_LEN {
+        return Err(invalid(format!(
+            "field `{field}` must be 1 to {MAX_NAME_LEN} bytes, got {}",
+            value.len()
+        )));
+    }
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(invalid(format!(
+            "field `{field}` may hold only A-Z, a-z, 0-9, `_` and `-`, found {bad:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_ttl(ttl_ms: u64) -> Result<(), ErrorReply> {
+    if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
+        return Err(invalid(format!(
+            "field `ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS}, got {ttl_ms}"
+        )));
+    }
+    if ttl_ms % 1000 != 0 {
+        return Err(invalid(format!(
+            "field `ttl_ms` must be whole seconds (a multiple of 1000), got {ttl_ms}: \
+             the server truncates message TTLs to whole seconds"
+        )));
+    }
+    Ok(())
+}
+
+/// A held lease as replies show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Always `true` for a lease.
+    pub held: bool,
+    /// The lease key.
+    pub key: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The fence: the key's KV revision.
+    pub revision: u64,
+    /// When this tenure began, RFC 3339 UTC.
+    pub acquired_at: String,
+    /// When the lease runs out unless renewed, RFC 3339 UTC; advisory only.
+    pub expires_at: String,
+    /// The lease's time to live.
+    pub ttl_ms: u64,
+}
+
+/// The reply to acquire: the lease, with `granted`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireReply {
+    /// `true` when the caller holds the lease now, `false` when another holder does.
+    pub granted: bool,
+    /// The lease: the caller's when granted, the other holder's otherwise.
+    #[serde(flatten)]
+    pub lease: Lease,
+}
+
+/// The reply to release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReply {
+    /// Always `true`.
+    pub released: bool,
+    /// Always `false`.
+    pub held: bool,
+    /// The lease key.
+    pub key: String,
+    /// The holder that released it.
+    pub holder: String,
+    /// The revision of the delete.
+    pub revision: u64,
+}
+
+/// The reply to owner when nobody holds the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeReply {
+    /// Always `false`.
+    pub held: bool,
+    /// The lease key.
+    pub key: String,
+}
+
+/// The reply to forward: the owner's reply body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardReply {
+    /// The owner's reply body, base64.
+    pub payload: String,
+    /// The lease key.
+    pub key: String,
+    /// The owner that answered.
+    pub holder: String,
+    /// The revision of the lease the owner answered under.
+    pub revision: u64,
+}
+
+/// Every reply a call can end with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Response {
+    /// acquire, granted or not.
+    Acquired(AcquireReply),
+    /// renew, or owner of a held key.
+    Lease(Lease),
+    /// release.
+    Released(ReleaseReply),
+    /// owner of a free key.
+    Free(FreeReply),
+    /// forward.
+    Forwarded(ForwardReply),
+    /// Any failed call.
+    Error(ErrorReply),
+}
+
+impl Response {
+    /// The JSON body to send back.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("reply types always serialise")
+    }
+
+    /// The error kind, when this is an error reply.
+    pub fn error_kind(&self) -> Option<ErrorKind> {
+        match self {
+            Response::Error(e) => Some(e.kind),
+            _ => None,
+        }
+    }
+}
+
+impl From<ErrorReply> for Response {
+    fn from(e: ErrorReply) -> Self {
+        Response::Error(e)
+    }
+}
