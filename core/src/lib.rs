@@ -60,3 +60,6 @@ pub mod sim;
 pub use call::{Call, CallConfig, Effect, EffectId, Mode};
 pub use js::{NatsRequest, RequestOutcome};
 pub use wire::{Endpoint, ErrorKind, Request, Response};
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,1005 @@
-//! simulated JetStream
+//! A deterministic simulated JetStream KV and a world of concurrent calls, for the
+//! core's property tests and the fuzzer. Not public API (`__test` feature).
+//!
+//! The simulator answers the same NATS requests a real server would, with the same
+//! JSON: revisions are one sequence across the bucket, writes check the expected
+//! last subject sequence, messages carry a per-message TTL, and an expiry leaves a
+//! `MaxAge` marker that expires in turn. Time is a virtual millisecond clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::call::{Call, CallConfig, Effect, EffectId};
+use crate::js::{self, KeyState, NatsRequest, RequestOutcome};
+use crate::record::{
+    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON,
+    HDR_REJECT, HDR_TTL, LeaseEvent, LeaseRecord, REJECT_STALE, STREAM,
+};
+use crate::wire::{Endpoint, ErrorKind, Response};
+
+/// The kind of a stored message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// A value.
+    Value,
+    /// A `KV-Operation: DEL` tombstone.
+    Tombstone,
+    /// The server's expiry marker.
+    Marker,
+}
+
+/// A message the simulator stored, kept in its log forever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimMsg {
+    /// Stream sequence: the revision.
+    pub seq: u64,
+    /// The lease key.
+    pub key: String,
+    /// What it is.
+    pub kind: MsgKind,
+    /// Headers as stored.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub data: Vec<u8>,
+    /// Virtual store time, ms.
+    pub time_ms: u64,
+    /// Per-message TTL, ms.
+    pub ttl_ms: Option<u64>,
+}
+
+impl SimMsg {
+    /// The lease record this message holds, if it is a value that parses.
+    pub fn record(&self) -> Option<LeaseRecord> {
+        (self.kind == MsgKind::Value)
+            .then(|| LeaseRecord::parse(&self.data).ok())
+            .flatten()
+    }
+
+    /// When the server removes it, ms.
+    pub fn expires_ms(&self) -> Option<u64> {
+        self.ttl_ms.map(|t| self.time_ms + t)
+    }
+}
+
+/// The simulated `KV_leases` stream.
+#[derive(Debug, Clone)]
+pub struct SimJetStream {
+    /// The virtual clock, ms since the start.
+    pub now_ms: u64,
+    /// Wall time at `now_ms == 0`.
+    pub epoch: OffsetDateTime,
+    last_seq: u64,
+    current: BTreeMap<String, SimMsg>,
+    /// Every message ever stored, in sequence order.
+    pub log: Vec<SimMsg>,
+}
+
+impl Default for SimJetStream {
+    fn default() -> Self {
+        SimJetStream::new()
+    }
+}
+
+const KV_PREFIX: &str = "$KV.leases.";
+
+impl SimJetStream {
+    /// An empty stream at time 0.
+    pub fn new() -> Self {
+        SimJetStream {
+            now_ms: 0,
+            epoch: OffsetDateTime::from_unix_timestamp(1_790_000_000).expect("valid epoch"),
+            last_seq: 0,
+            current: BTreeMap::new(),
+            log: Vec::new(),
+        }
+    }
+
+    /// The wall time now.
+    pub fn wall(&self) -> OffsetDateTime {
+        self.epoch + Duration::from_millis(self.now_ms)
+    }
+
+    /// The last message of a key, if any.
+    pub fn current(&self, key: &str) -> Option<&SimMsg> {
+        self.current.get(key)
+    }
+
+    /// The live lease of a key: its record and revision.
+    pub fn live(&self, key: &str) -> Option<(LeaseRecord, u64)> {
+        let msg = self.current.get(key)?;
+        Some((msg.record()?, msg.seq))
+    }
+
+    /// Moves the clock on, expiring what is due in time order.
+    pub fn advance(&mut self, ms: u64) {
+        let until = self.now_ms + ms;
+        loop {
+            let due = self
+                .current
+                .values()
+                .filter_map(|m| m.expires_ms().map(|at| (at, m.key.clone())))
+                .filter(|(at, _)| *at <= until)
+                .min();
+            let Some((at, key)) = due else { break };
+            self.now_ms = self.now_ms.max(at);
+            let msg = self.current.remove(&key).expect("due message exists");
+            if msg.kind != MsgKind::Marker {
+                self.store(
+                    key,
+                    MsgKind::Marker,
+                    vec![(HDR_MARKER_REASON.to_string(), "MaxAge".to_string())],
+                    Vec::new(),
+                    Some(1000),
+                );
+            }
+        }
+        self.now_ms = until;
+    }
+
+    fn store(
+        &mut self,
+        key: String,
+        kind: MsgKind,
+        headers: Vec<(String, String)>,
+        data: Vec<u8>,
+        ttl_ms: Option<u64>,
+    ) -> u64 {
+        self.last_seq += 1;
+        let msg = SimMsg {
+            seq: self.last_seq,
+            key: key.clone(),
+            kind,
+            headers,
+            data,
+            time_ms: self.now_ms,
+            ttl_ms,
+        };
+        self.log.push(msg.clone());
+        self.current.insert(key, msg);
+        self.last_seq
+    }
+
+    /// The message stored at `seq`, from the log.
+    pub fn at(&self, seq: u64) -> Option<&SimMsg> {
+        self.log.iter().find(|m| m.seq == seq)
+    }
+
+    /// Answers a request as nats-server would.
+    pub fn handle(&mut self, req: &NatsRequest) -> RequestOutcome {
+        if let Some(key) = req.subject.strip_prefix(KV_PREFIX) {
+            return self.publish(key, req);
+        }
+        if req.subject == format!("$JS.API.STREAM.MSG.GET.{STREAM}") {
+            return self.msg_get(req);
+        }
+        RequestOutcome::NoResponders
+    }
+
+    fn publish(&mut self, key: &str, req: &NatsRequest) -> RequestOutcome {
+        let header = |name: &str| {
+            req.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        if let Some(expected) = header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE) {
+            let last = self.current.get(key).map_or(0, |m| m.seq);
+            if expected.parse::<u64>().ok() != Some(last) {
+                return api_error(400, 10071, &format!("wrong last sequence: {last}"));
+            }
+        }
+        let ttl_ms = match header(HDR_TTL) {
+            None => None,
+            Some(v) => match v.strip_suffix('s').and_then(|s| s.parse::<u64>().ok()) {
+                Some(secs) if secs >= 1 => Some(secs * 1000),
+                _ => return api_error(400, 10165, "invalid per-message TTL"),
+            },
+        };
+        let kind = match header(HDR_KV_OPERATION) {
+            Some("DEL") | Some("PURGE") => MsgKind::Tombstone,
+            _ => MsgKind::Value,
+        };
+        let headers = req
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.clone()))
+            .collect();
+        let seq = self.store(key.to_string(), kind, headers, req.payload.clone(), ttl_ms);
+        RequestOutcome::reply(json!({"stream": STREAM, "seq": seq}).to_string())
+    }
+
+    fn msg_get(&self, req: &NatsRequest) -> RequestOutcome {
+        let body: serde_json::Value = serde_json::from_slice(&req.payload).unwrap_or_default();
+        let subject = body["last_by_subj"].as_str().unwrap_or_default();
+        let Some(key) = subject.strip_prefix(KV_PREFIX) else {
+            return api_error(400, 10003, "bad request");
+        };
+        match self.current.get(key) {
+            None => api_error(404, 10037, "no message found"),
+            Some(m) => RequestOutcome::reply(stored_message_json(self.epoch, m)),
+        }
+    }
+}
+
+/// The MSG.GET reply body for a stored message, as nats-server shapes it.
+pub fn stored_message_json(epoch: OffsetDateTime, m: &SimMsg) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut block = String::from("NATS/1.0\r\n");
+    for (n, v) in &m.headers {
+        block.push_str(&format!("{n}: {v}\r\n"));
+    }
+    block.push_str("\r\n");
+    let time = crate::record::format_time(epoch + Duration::from_millis(m.time_ms));
+    json!({
+        "type": "io.nats.jetstream.api.v1.stream_msg_get_response",
+        "message": {
+            "subject": format!("{KV_PREFIX}{}", m.key),
+            "seq": m.seq,
+            "hdrs": b64.encode(block.as_bytes()),
+            "data": b64.encode(&m.data),
+            "time": time,
+        }
+    })
+    .to_string()
+}
+
+/// A JetStream API error reply.
+pub fn api_error(code: u64, err_code: u64, description: &str) -> RequestOutcome {
+    RequestOutcome::reply(
+        json!({"error": {"code": code, "err_code": err_code, "description": description}})
+            .to_string(),
+    )
+}
+
+/// How a simulated owner answers a forwarded request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, arbitrary::Arbitrary)]
+pub enum OwnerBehaviour {
+    /// Echoes the payload.
+    Echo,
+    /// Replies `Dagnats-Lease-Reject: stale`.
+    Reject,
+    /// Nobody subscribes.
+    NoResponders,
+    /// Never replies.
+    Silent,
+    /// Replies with more than `max_payload` allows.
+    Huge,
+}
+
+/// One step of a world.
+#[derive(Debug, Clone, arbitrary::Arbitrary)]
+pub enum Op {
+    /// A holder asks for a key.
+    Acquire {
+        /// Which holder (mod the holder count).
+        holder: u8,
+        /// Which key (mod the key count).
+        key: u8,
+        /// TTL in seconds, 1 to 3.
+        ttl_s: u8,
+    },
+    /// A holder renews with its last known fence, or a stale one.
+    Renew {
+        /// Which holder.
+        holder: u8,
+        /// Which key.
+        key: u8,
+        /// Use an older fence than the holder knows.
+        stale: bool,
+        /// A new TTL in seconds, if any.
+        ttl_s: Option<u8>,
+    },
+    /// A holder releases with its last known fence, or a stale one.
+    Release {
+        /// Which holder.
+        holder: u8,
+        /// Which key.
+        key: u8,
+        /// Use an older fence than the holder knows.
+        stale: bool,
+    },
+    /// Who holds a key.
+    Owner {
+        /// Which key.
+        key: u8,
+    },
+    /// Forward to a key's owner.
+    Forward {
+        /// Which key.
+        key: u8,
+        /// `timeout_ms`, clamped into bounds.
+        timeout_ms: u16,
+    },
+    /// A request from the list of invalid ones, or raw bytes.
+    Invalid {
+        /// Which endpoint.
+        endpoint: u8,
+        /// Which invalid body.
+        which: u8,
+        /// Raw bytes tried as a body as well.
+        raw: Vec<u8>,
+    },
+    /// Carry out the pending effect of one call.
+    Step {
+        /// Which call (mod the number in flight).
+        call: u8,
+        /// For a KV effect: apply it but lose the reply (the caller sees a timeout)
+        /// when this is a multiple of 8.
+        lose_reply: u8,
+        /// For an inbox request: how the owner answers.
+        owner: OwnerBehaviour,
+    },
+    /// Let server time pass, expiring leases.
+    Advance {
+        /// How long, ms (mod 1200).
+        ms: u16,
+    },
+}
+
+/// Reads a sequence of steps from raw bytes (for proptest and the fuzzer). Three in
+/// four steps carry out a pending effect, so calls interleave instead of piling up.
+pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
+    use arbitrary::{Arbitrary, Unstructured};
+    let mut u = Unstructured::new(bytes);
+    let mut ops = Vec::new();
+    while !u.is_empty() {
+        let Ok(pick) = u8::arbitrary(&mut u) else {
+            break;
+        };
+        let op = if pick < 192 {
+            match (
+                u8::arbitrary(&mut u),
+                u8::arbitrary(&mut u),
+                OwnerBehaviour::arbitrary(&mut u),
+            ) {
+                (Ok(call), Ok(lose_reply), Ok(owner)) => Op::Step {
+                    call,
+                    lose_reply,
+                    owner,
+                },
+                _ => break,
+            }
+        } else {
+            match Op::arbitrary(&mut u) {
+                Ok(op) => op,
+                Err(_) => break,
+            }
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// What a call in flight is, for checking its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallKind {
+    /// acquire
+    Acquire {
+        /// caller
+        holder: String,
+        /// key
+        key: String,
+    },
+    /// renew
+    Renew {
+        /// caller
+        holder: String,
+        /// key
+        key: String,
+        /// fence sent
+        revision: u64,
+    },
+    /// release
+    Release {
+        /// caller
+        holder: String,
+        /// key
+        key: String,
+        /// fence sent
+        revision: u64,
+    },
+    /// owner
+    Owner,
+    /// forward
+    Forward,
+    /// a request that must be rejected
+    Invalid {
+        /// Whether the body is known to be invalid (raw bytes might not be).
+        known: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Active {
+    kind: CallKind,
+    call: Call,
+    pending: Option<Effect>,
+    last_read: Option<KeyState>,
+    written: Vec<u64>,
+    inbox_attempts: u32,
+    kv_effects: u32,
+    reply: Option<Response>,
+}
+
+/// Many concurrent calls from many holders against one simulated stream, with the
+/// lease invariants checked after every step.
+#[derive(Debug)]
+pub struct World {
+    /// The stream.
+    pub sim: SimJetStream,
+    base: Instant,
+    config: CallConfig,
+    holders: usize,
+    keys: usize,
+    calls: Vec<Active>,
+    fences: BTreeMap<(String, String), Vec<u64>>,
+    max_granted: BTreeMap<String, u64>,
+    /// Replies seen, by kind of call, for reporting coverage.
+    pub replies: Vec<(CallKind, Response)>,
+}
+
+/// A broken invariant.
+pub type Violation = String;
+
+/// The invalid bodies every endpoint must reject.
+pub fn invalid_bodies(endpoint: Endpoint) -> Vec<String> {
+    let long = "k".repeat(129);
+    let mut v = vec![
+        "".to_string(),
+        "not json".to_string(),
+        "[]".to_string(),
+        "{}".to_string(),
+        r#"{"key":"a.b","holder":"h","ttl_ms":1000,"revision":1,"payload":"","timeout_ms":100}"#
+            .to_string(),
+        format!(
+            r#"{{"key":"{long}","holder":"h","ttl_ms":1000,"revision":1,"payload":"","timeout_ms":100}}"#
+        ),
+        r#"{"key":"","holder":"h","ttl_ms":1000,"revision":1,"payload":"","timeout_ms":100}"#
+            .to_string(),
+        r#"{"key":"k*","holder":"h","ttl_ms":1000,"revision":1,"payload":"","timeout_ms":100}"#
+            .to_string(),
+    ];
+    let extra: &[&str] = match endpoint {
+        Endpoint::Acquire => &[
+            r#"{"key":"k","holder":"h","ttl_ms":1500}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":999}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":601000}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":"1000"}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":1000.0}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":-1000}"#,
+            r#"{"key":"k","holder":"h"}"#,
+            r#"{"key":"k","holder":"h>","ttl_ms":1000}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":1000,"extra":1}"#,
+            r#"{"key":"k","holder":"h","ttl_ms":1000} trailing"#,
+            r#"{"key":"k","key":"k","holder":"h","ttl_ms":1000}"#,
+        ],
+        Endpoint::Renew => &[
+            r#"{"key":"k","holder":"h","ttl_ms":1000}"#,
+            r#"{"key":"k","holder":"h","revision":1,"ttl_ms":2500}"#,
+            r#"{"key":"k","holder":"h","revision":"1"}"#,
+            r#"{"key":"k","holder":"h","revision":-1}"#,
+            r#"{"key":"k","holder":"","revision":1}"#,
+            r#"{"key":"k","holder":"h","revision":1,"fence":1}"#,
+        ],
+        Endpoint::Release => &[
+            r#"{"key":"k","holder":"h"}"#,
+            r#"{"key":"k","holder":"h","revision":1,"ttl_ms":1000}"#,
+            r#"{"key":"k","holder":"h h","revision":1}"#,
+            r#"{"key":"k","revision":1}"#,
+        ],
+        Endpoint::Owner => &[
+            r#"{"key":"k","holder":"h"}"#,
+            r#"{"key":7}"#,
+            r#"{"key":null}"#,
+        ],
+        Endpoint::Forward => &[
+            r#"{"key":"k","payload":"aGk=","timeout_ms":99}"#,
+            r#"{"key":"k","payload":"aGk=","timeout_ms":30001}"#,
+            r#"{"key":"k","payload":"not base64!","timeout_ms":1000}"#,
+            r#"{"key":"k","payload":"aGk=","timeout_ms":1000,"holder":"h"}"#,
+            r#"{"key":"k","timeout_ms":1000}"#,
+            r#"{"key":"k","payload":"aGk="}"#,
+        ],
+    };
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+impl World {
+    /// A world with `holders` holders and `keys` keys.
+    pub fn new(holders: usize, keys: usize, max_payload: usize) -> World {
+        World {
+            sim: SimJetStream::new(),
+            base: Instant::now(),
+            config: CallConfig::ready(max_payload),
+            holders: holders.max(1),
+            keys: keys.max(1),
+            calls: Vec::new(),
+            fences: BTreeMap::new(),
+            max_granted: BTreeMap::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.sim.now_ms)
+    }
+
+    fn holder(&self, i: u8) -> String {
+        format!("h{}", i as usize % self.holders)
+    }
+
+    fn key(&self, i: u8) -> String {
+        format!("k{}", i as usize % self.keys)
+    }
+
+    fn fence(&self, holder: &str, key: &str, stale: bool) -> u64 {
+        let known = self.fences.get(&(holder.to_string(), key.to_string()));
+        match known {
+            None => 1,
+            Some(v) if stale => v.iter().rev().nth(1).copied().unwrap_or(1),
+            Some(v) => *v.last().expect("non-empty"),
+        }
+    }
+
+    /// Calls still in flight.
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Applies one step and checks every invariant.
+    pub fn apply(&mut self, op: Op) -> Result<(), Violation> {
+        match op {
+            Op::Acquire { holder, key, ttl_s } => {
+                let (holder, key) = (self.holder(holder), self.key(key));
+                let ttl_ms = (u64::from(ttl_s) % 3 + 1) * 1000;
+                let body = json!({"key": key, "holder": holder, "ttl_ms": ttl_ms});
+                self.start(
+                    CallKind::Acquire { holder, key },
+                    Endpoint::Acquire,
+                    body.to_string(),
+                )
+            }
+            Op::Renew {
+                holder,
+                key,
+                stale,
+                ttl_s,
+            } => {
+                let (holder, key) = (self.holder(holder), self.key(key));
+                let revision = self.fence(&holder, &key, stale);
+                let mut body = json!({"key": key, "holder": holder, "revision": revision});
+                if let Some(t) = ttl_s {
+                    body["ttl_ms"] = json!((u64::from(t) % 3 + 1) * 1000);
+                }
+                let kind = CallKind::Renew {
+                    holder,
+                    key,
+                    revision,
+                };
+                self.start(kind, Endpoint::Renew, body.to_string())
+            }
+            Op::Release { holder, key, stale } => {
+                let (holder, key) = (self.holder(holder), self.key(key));
+                let revision = self.fence(&holder, &key, stale);
+                let body = json!({"key": key, "holder": holder, "revision": revision});
+                let kind = CallKind::Release {
+                    holder,
+                    key,
+                    revision,
+                };
+                self.start(kind, Endpoint::Release, body.to_string())
+            }
+            Op::Owner { key } => {
+                let body = json!({"key": self.key(key)});
+                self.start(CallKind::Owner, Endpoint::Owner, body.to_string())
+            }
+            Op::Forward { key, timeout_ms } => {
+                let timeout_ms = 100 + u64::from(timeout_ms) % 29_900;
+                let body =
+                    json!({"key": self.key(key), "payload": "cGluZw==", "timeout_ms": timeout_ms});
+                self.start(CallKind::Forward, Endpoint::Forward, body.to_string())
+            }
+            Op::Invalid {
+                endpoint,
+                which,
+                raw,
+            } => {
+                let endpoint = Endpoint::ALL[endpoint as usize % Endpoint::ALL.len()];
+                let bodies = invalid_bodies(endpoint);
+                let body = bodies[which as usize % bodies.len()].clone();
+                self.start(CallKind::Invalid { known: true }, endpoint, body)?;
+                let raw = String::from_utf8_lossy(&raw).into_owned();
+                self.start(CallKind::Invalid { known: false }, endpoint, raw)
+            }
+            Op::Step {
+                call,
+                lose_reply,
+                owner,
+            } => {
+                if self.calls.is_empty() {
+                    return Ok(());
+                }
+                let i = call as usize % self.calls.len();
+                self.step(i, lose_reply % 8 == 0, owner)
+            }
+            Op::Advance { ms } => {
+                // Mostly short steps, so leases live across several calls.
+                self.sim.advance(u64::from(ms) % 1200);
+                let now = self.now();
+                for i in 0..self.calls.len() {
+                    if self.calls[i].call.poll_timeout().is_some_and(|t| t <= now) {
+                        self.calls[i].call.handle_timeout(now);
+                        self.drain(i)?;
+                    }
+                }
+                self.reap();
+                self.check_no_overlap()
+            }
+        }
+    }
+
+    /// Carries every call to its reply (owners echo, nothing is lost), checking each.
+    pub fn finish(&mut self) -> Result<(), Violation> {
+        let mut guard = 0;
+        while !self.calls.is_empty() {
+            guard += 1;
+            if guard > 10_000 {
+                return Err("calls never finished".to_string());
+            }
+            self.step(0, false, OwnerBehaviour::Echo)?;
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, kind: CallKind, endpoint: Endpoint, body: String) -> Result<(), Violation> {
+        let call = Call::new(
+            self.config,
+            self.now(),
+            self.sim.wall(),
+            endpoint,
+            body.as_bytes(),
+        );
+        self.calls.push(Active {
+            kind,
+            call,
+            pending: None,
+            last_read: None,
+            written: Vec::new(),
+            inbox_attempts: 0,
+            kv_effects: 0,
+            reply: None,
+        });
+        let i = self.calls.len() - 1;
+        self.drain(i)?;
+        self.reap();
+        Ok(())
+    }
+
+    fn step(&mut self, i: usize, lose_reply: bool, owner: OwnerBehaviour) -> Result<(), Violation> {
+        let Some(effect) = self.calls[i].pending.take() else {
+            return Err(format!(
+                "call {:?} has no effect and no reply",
+                self.calls[i].kind
+            ));
+        };
+        let now = self.now();
+        let (id, outcome): (EffectId, RequestOutcome) = match &effect {
+            Effect::KvRead(r) => {
+                let (id, req) = effect.nats_request().expect("a request");
+                let outcome = self.sim.handle(&req);
+                self.calls[i].last_read = js::parse_read(&outcome).ok();
+                let _ = r;
+                (
+                    id,
+                    if lose_reply {
+                        RequestOutcome::TimedOut
+                    } else {
+                        outcome
+                    },
+                )
+            }
+            Effect::KvWrite(w) => {
+                self.check_write(i, w)?;
+                let (id, req) = effect.nats_request().expect("a request");
+                let outcome = self.sim.handle(&req);
+                if let Ok(js::PublishResult::Stored(rev)) = js::parse_pub_ack(&outcome) {
+                    self.calls[i].written.push(rev);
+                }
+                (
+                    id,
+                    if lose_reply {
+                        RequestOutcome::TimedOut
+                    } else {
+                        outcome
+                    },
+                )
+            }
+            Effect::InboxRequest(r) => {
+                let a = &mut self.calls[i];
+                a.inbox_attempts += 1;
+                if a.inbox_attempts > crate::call::MAX_FORWARD_ATTEMPTS {
+                    return Err(format!("forward made {} attempts", a.inbox_attempts));
+                }
+                match &a.last_read {
+                    Some(KeyState::Held {
+                        revision, record, ..
+                    }) if record.holder == r.holder && *revision == r.fence => {}
+                    other => {
+                        return Err(format!(
+                            "forward to {}@{} without having just read it: {other:?}",
+                            r.holder, r.fence
+                        ));
+                    }
+                }
+                let outcome = match owner {
+                    OwnerBehaviour::Echo => RequestOutcome::reply(r.payload.clone()),
+                    OwnerBehaviour::Reject => RequestOutcome::Reply {
+                        headers: vec![(HDR_REJECT.to_string(), REJECT_STALE.to_string())],
+                        payload: Vec::new(),
+                    },
+                    OwnerBehaviour::NoResponders => RequestOutcome::NoResponders,
+                    OwnerBehaviour::Silent => RequestOutcome::TimedOut,
+                    OwnerBehaviour::Huge => {
+                        RequestOutcome::reply(vec![7u8; self.config.max_payload])
+                    }
+                };
+                (r.id, outcome)
+            }
+            Effect::Reply(_) => unreachable!("replies are taken in drain"),
+        };
+        let timed_out =
+            matches!(effect, Effect::InboxRequest(_)) && outcome == RequestOutcome::TimedOut;
+        self.calls[i].call.handle_outcome(now, id, outcome);
+        self.drain(i)?;
+        if timed_out {
+            match &self.calls[i].reply {
+                Some(Response::Error(e)) if e.kind == ErrorKind::OwnerTimeout => {}
+                other => return Err(format!("an owner timeout was followed by {other:?}")),
+            }
+        }
+        self.reap();
+        self.check_no_overlap()
+    }
+
+    /// Takes effects until the call waits on one or has replied.
+    fn drain(&mut self, i: usize) -> Result<(), Violation> {
+        while let Some(effect) = self.calls[i].call.poll_effect() {
+            if self.calls[i].reply.is_some() {
+                return Err(format!("effect after the reply: {effect:?}"));
+            }
+            match effect {
+                Effect::Reply(r) => {
+                    self.calls[i].pending = None;
+                    self.check_reply(i, &r)?;
+                    self.calls[i].reply = Some(r);
+                }
+                other => {
+                    if matches!(other, Effect::KvRead(_) | Effect::KvWrite(_)) {
+                        self.calls[i].kv_effects += 1;
+                    }
+                    if self.calls[i].pending.replace(other).is_some() {
+                        return Err("two effects in flight for one call".to_string());
+                    }
+                }
+            }
+        }
+        if self.calls[i].pending.is_none() && self.calls[i].reply.is_none() {
+            return Err(format!("call {:?} is stuck", self.calls[i].kind));
+        }
+        Ok(())
+    }
+
+    fn reap(&mut self) {
+        let done: Vec<Active> = {
+            let (done, live) = std::mem::take(&mut self.calls)
+                .into_iter()
+                .partition(|a| a.reply.is_some());
+            self.calls = live;
+            done
+        };
+        for a in done {
+            let reply = a.reply.expect("partitioned on reply");
+            self.replies.push((a.kind, reply));
+        }
+    }
+
+    /// A write about to reach the stream: would it break a lease rule if accepted?
+    fn check_write(&self, i: usize, w: &crate::call::KvWrite) -> Result<(), Violation> {
+        let a = &self.calls[i];
+        let current = self.sim.current(&w.key);
+        let accepted = current.map_or(0, |m| m.seq) == w.expected_revision;
+        if !accepted {
+            return Ok(());
+        }
+        let live = self.sim.live(&w.key);
+        match (&a.kind, w.event) {
+            (CallKind::Acquire { .. }, LeaseEvent::Acquired) => {
+                if let Some((record, seq)) = live {
+                    return Err(format!(
+                        "acquire would overwrite the live lease of {} at {seq}",
+                        record.holder
+                    ));
+                }
+            }
+            (
+                CallKind::Renew {
+                    holder, revision, ..
+                }
+                | CallKind::Release {
+                    holder, revision, ..
+                },
+                LeaseEvent::Renewed | LeaseEvent::Released,
+            ) => match live {
+                Some((record, seq)) if &record.holder == holder && seq == *revision => {}
+                other => {
+                    return Err(format!(
+                        "{:?} by {holder} with fence {revision} would write over {other:?}",
+                        w.event
+                    ));
+                }
+            },
+            (kind, event) => return Err(format!("{kind:?} issued a {event:?} write")),
+        }
+        Ok(())
+    }
+
+    fn check_reply(&mut self, i: usize, reply: &Response) -> Result<(), Violation> {
+        if let Some((holder, key, revision)) = self.judge_reply(i, reply)? {
+            self.grant(&holder, &key, revision);
+        }
+        Ok(())
+    }
+
+    /// Checks a reply; returns the grant it makes, if any.
+    fn judge_reply(
+        &self,
+        i: usize,
+        reply: &Response,
+    ) -> Result<Option<(String, String, u64)>, Violation> {
+        let a = &self.calls[i];
+        if let CallKind::Invalid { known } = a.kind {
+            let invalid = reply.error_kind() == Some(ErrorKind::Invalid);
+            if known && !invalid {
+                return Err(format!("an invalid request got {reply:?}"));
+            }
+            if invalid && a.kv_effects > 0 {
+                return Err("an invalid request reached the KV".to_string());
+            }
+            return Ok(None);
+        }
+        if reply.error_kind() == Some(ErrorKind::Invalid) {
+            return Err(format!("a valid request {:?} got {reply:?}", a.kind));
+        }
+        match (&a.kind, reply) {
+            (CallKind::Acquire { holder, key }, Response::Acquired(r)) if r.granted => {
+                let backing = self.sim.at(r.lease.revision).and_then(SimMsg::record);
+                if backing.as_ref().map(|b| &b.holder) != Some(holder) || &r.lease.holder != holder
+                {
+                    return Err(format!(
+                        "grant of {key} to {holder} not backed by its record: {r:?}"
+                    ));
+                }
+                let new_tenure = a.written.contains(&r.lease.revision);
+                let max = self.max_granted.get(key).copied().unwrap_or(0);
+                if new_tenure && r.lease.revision <= max {
+                    return Err(format!(
+                        "new tenure of {key} at {} is not above earlier fence {max}",
+                        r.lease.revision
+                    ));
+                }
+                if !new_tenure && !a.written.is_empty() {
+                    return Err("acquire wrote but replied with another revision".to_string());
+                }
+                return Ok(Some((holder.clone(), key.clone(), r.lease.revision)));
+            }
+            (CallKind::Acquire { holder, .. }, Response::Acquired(r)) => {
+                if &r.lease.holder == holder {
+                    return Err("granted:false naming the caller".to_string());
+                }
+            }
+            (CallKind::Renew { holder, key, .. }, Response::Lease(l)) => {
+                if !a.written.contains(&l.revision) || &l.holder != holder {
+                    return Err(format!("renew success not backed by its own write: {l:?}"));
+                }
+                return Ok(Some((holder.clone(), key.clone(), l.revision)));
+            }
+            (CallKind::Release { .. }, Response::Released(r)) => {
+                if !a.written.contains(&r.revision) {
+                    return Err(format!(
+                        "release success not backed by its own delete: {r:?}"
+                    ));
+                }
+            }
+            (
+                CallKind::Renew {
+                    holder, revision, ..
+                }
+                | CallKind::Release {
+                    holder, revision, ..
+                },
+                Response::Error(e),
+            ) if matches!(e.kind, ErrorKind::Lost | ErrorKind::FenceMismatch) => {
+                let held_by_caller = match &a.last_read {
+                    Some(KeyState::Held {
+                        record,
+                        revision: r,
+                        ..
+                    }) if &record.holder == holder => Some(*r),
+                    _ => None,
+                };
+                let right = match (e.kind, held_by_caller) {
+                    (ErrorKind::Lost, None) => true,
+                    (ErrorKind::FenceMismatch, Some(r)) => r != *revision,
+                    _ => false,
+                };
+                if !right {
+                    return Err(format!("{} after reading {:?}", e.kind, a.last_read));
+                }
+            }
+            (CallKind::Forward, Response::Forwarded(f)) => {
+                if f.payload != "cGluZw==" {
+                    return Err(format!("forward payload changed: {f:?}"));
+                }
+            }
+            (_, Response::Error(e))
+                if matches!(
+                    e.kind,
+                    ErrorKind::Unavailable
+                        | ErrorKind::NotHeld
+                        | ErrorKind::OwnerUnavailable
+                        | ErrorKind::OwnerRejected
+                        | ErrorKind::OwnerTimeout
+                        | ErrorKind::ReplyTooLarge
+                ) => {}
+            (CallKind::Owner, Response::Lease(_) | Response::Free(_)) => {}
+            (kind, reply) => return Err(format!("{kind:?} replied {reply:?}")),
+        }
+        Ok(None)
+    }
+
+    fn grant(&mut self, holder: &str, key: &str, revision: u64) {
+        self.fences
+            .entry((holder.to_string(), key.to_string()))
+            .or_default()
+            .push(revision);
+        let max = self.max_granted.entry(key.to_string()).or_default();
+        *max = (*max).max(revision);
+    }
+
+    /// No two holders' leases on one key cover the same instant of server time.
+    fn check_no_overlap(&self) -> Result<(), Violation> {
+        let mut last: BTreeMap<&str, &SimMsg> = BTreeMap::new();
+        for m in &self.sim.log {
+            if let (Some(prev), Some(now_rec)) = (last.get(m.key.as_str()), m.record())
+                && let Some(prev_rec) = prev.record()
+                && prev_rec.holder != now_rec.holder
+                && prev.expires_ms().is_some_and(|end| m.time_ms < end)
+            {
+                return Err(format!(
+                    "{} granted {} at {} ms while {}'s lease (rev {}) ran to {:?}",
+                    m.key,
+                    now_rec.holder,
+                    m.time_ms,
+                    prev_rec.holder,
+                    prev.seq,
+                    prev.expires_ms()
+                ));
+            }
+            last.insert(&m.key, m);
+        }
+        Ok(())
+    }
+}
+
+/// The header a write carried, from the simulator's log.
+pub fn logged_event(m: &SimMsg) -> Option<LeaseEvent> {
+    m.headers
+        .iter()
+        .find(|(n, _)| n == HDR_LEASE_EVENT)
+        .and_then(|(_, v)| LeaseEvent::parse(v))
+}

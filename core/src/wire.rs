@@ -363,7 +363,7 @@ fn check_ttl(ttl_ms: u64) -> Result<(), ErrorReply> {
             "field `ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS}, got {ttl_ms}"
         )));
     }
-    if ttl_ms % 1000 != 0 {
+    if !ttl_ms.is_multiple_of(1000) {
         return Err(invalid(format!(
             "field `ttl_ms` must be whole seconds (a multiple of 1000), got {ttl_ms}: \
              the server truncates message TTLs to whole seconds"

@@ -1,0 +1,7 @@
+//! The core's tests: table tests, one per rule, and property tests over the simulator.
+
+mod properties;
+mod rules;
+mod startup;
+mod support;
+mod wire;

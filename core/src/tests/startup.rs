@@ -1,0 +1,165 @@
+//! Startup: the bucket is ensured, or the service settles on `unsupported` mode.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::call::{EffectId, Mode};
+use crate::js::{NatsRequest, RequestOutcome};
+use crate::sim::api_error;
+use crate::startup::{BucketOptions, STARTUP_RETRY, Startup, StartupEffect, stream_config};
+
+const T: Duration = Duration::from_secs(5);
+
+fn next_request(s: &mut Startup) -> (EffectId, NatsRequest) {
+    loop {
+        match s.poll_effect().expect("startup wants something") {
+            StartupEffect::Request(id, r) => return (id, r),
+            StartupEffect::Log(_) => continue,
+            StartupEffect::Done(m) => panic!("done early: {m:?}"),
+        }
+    }
+}
+
+fn done(s: &mut Startup) -> (Mode, Vec<String>) {
+    let mut logs = Vec::new();
+    loop {
+        match s.poll_effect().expect("startup should be done") {
+            StartupEffect::Log(l) => logs.push(l),
+            StartupEffect::Done(m) => return (m, logs),
+            StartupEffect::Request(_, r) => panic!("unexpected request {}", r.subject),
+        }
+    }
+}
+
+fn info(config: Value) -> RequestOutcome {
+    RequestOutcome::reply(json!({"config": config, "state": {}}).to_string())
+}
+
+#[test]
+fn a_server_older_than_2_11_is_unsupported_and_nothing_is_created() {
+    for v in ["2.9.10", "2.10.24", "v2.10.0", "garbage"] {
+        let mut s = Startup::new(BucketOptions::default(), v, T);
+        assert_eq!(done(&mut s).0, Mode::Unsupported, "{v}");
+    }
+}
+
+#[test]
+fn a_missing_bucket_is_created_with_the_contract_config() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.CREATE.KV_leases");
+    let config: Value = serde_json::from_slice(&r.payload).unwrap();
+    assert_eq!(config["max_msgs_per_subject"], 1);
+    assert_eq!(config["allow_msg_ttl"], true);
+    assert_eq!(config["subject_delete_marker_ttl"], 1_000_000_000u64);
+    assert_eq!(config["allow_direct"], false);
+    assert_eq!(config["storage"], "file");
+    assert_eq!(config["num_replicas"], 1);
+    assert_eq!(
+        config["republish"],
+        json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"})
+    );
+    s.handle_outcome(Instant::now(), id, info(config));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}
+
+#[test]
+fn a_create_the_server_accepts_but_whose_config_lacks_allow_msg_ttl_is_unsupported() {
+    // What a 2.9 server does: accepts the create and drops the fields it does not know.
+    let mut s = Startup::new(BucketOptions::default(), "2.11.0", T);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, r) = next_request(&mut s);
+    let mut config: Value = serde_json::from_slice(&r.payload).unwrap();
+    config.as_object_mut().unwrap().remove("allow_msg_ttl");
+    config
+        .as_object_mut()
+        .unwrap()
+        .remove("subject_delete_marker_ttl");
+    s.handle_outcome(Instant::now(), id, info(config));
+    assert_eq!(done(&mut s).0, Mode::Unsupported);
+}
+
+#[test]
+fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logged() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    let mut old = stream_config(3);
+    old["allow_msg_ttl"] = json!(false);
+    old["custom"] = json!("kept");
+    s.handle_outcome(Instant::now(), id, info(old));
+    let mut logs = Vec::new();
+    let (id, r) = loop {
+        match s.poll_effect().unwrap() {
+            StartupEffect::Log(l) => logs.push(l),
+            StartupEffect::Request(id, r) => break (id, r),
+            StartupEffect::Done(_) => panic!(),
+        }
+    };
+    assert!(logs.iter().any(|l| l.contains("allow_msg_ttl")), "{logs:?}");
+    assert_eq!(r.subject, "$JS.API.STREAM.UPDATE.KV_leases");
+    let sent: Value = serde_json::from_slice(&r.payload).unwrap();
+    assert_eq!(sent["allow_msg_ttl"], true);
+    assert_eq!(sent["num_replicas"], 3, "replicas left to the operator");
+    assert_eq!(sent["custom"], "kept");
+    s.handle_outcome(Instant::now(), id, info(sent));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}
+
+#[test]
+fn an_existing_bucket_that_matches_is_used_as_it_is() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    assert_eq!(done(&mut s), (Mode::Ready, vec![]));
+}
+
+#[test]
+fn no_stream_leader_during_startup_is_retried_never_unsupported() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    let t0 = Instant::now();
+    s.handle_outcome(t0, id, RequestOutcome::NoResponders);
+    while let Some(e) = s.poll_effect() {
+        assert!(matches!(e, StartupEffect::Log(_)), "{e:?}");
+    }
+    assert_eq!(s.poll_timeout(), Some(t0 + STARTUP_RETRY));
+    s.handle_timeout(t0 + STARTUP_RETRY);
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+    s.handle_outcome(t0, id, info(stream_config(1)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}
+
+#[test]
+fn a_create_racing_another_instance_reads_the_config_again() {
+    let mut s = Startup::new(BucketOptions { replicas: Some(1) }, "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(400, 10058, "stream name already in use"),
+    );
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}

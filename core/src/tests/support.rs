@@ -1,0 +1,175 @@
+//! Helpers for table tests: drive one call with scripted JetStream answers.
+
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use crate::call::{Call, CallConfig, Effect, EffectId, InboxRequest, KvRead, KvWrite};
+use crate::js::RequestOutcome;
+use crate::record::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, LeaseRecord};
+use crate::sim::{self, MsgKind, SimMsg};
+use crate::wire::{Endpoint, ErrorReply, Response};
+
+pub const MAX_PAYLOAD: usize = 1024 * 1024;
+
+pub fn epoch() -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap()
+}
+
+pub fn wall() -> OffsetDateTime {
+    epoch() + Duration::from_secs(100)
+}
+
+pub struct Drive {
+    pub call: Call,
+    pub now: Instant,
+}
+
+impl Drive {
+    pub fn new(endpoint: Endpoint, body: &str) -> Drive {
+        Drive::with_config(CallConfig::ready(MAX_PAYLOAD), endpoint, body)
+    }
+
+    pub fn with_config(config: CallConfig, endpoint: Endpoint, body: &str) -> Drive {
+        let now = Instant::now();
+        Drive {
+            call: Call::new(config, now, wall(), endpoint, body.as_bytes()),
+            now,
+        }
+    }
+
+    pub fn effect(&mut self) -> Effect {
+        self.call.poll_effect().expect("the call wants an effect")
+    }
+
+    pub fn read(&mut self) -> KvRead {
+        match self.effect() {
+            Effect::KvRead(r) => r,
+            other => panic!("expected a leader read, got {other:?}"),
+        }
+    }
+
+    pub fn write(&mut self) -> KvWrite {
+        match self.effect() {
+            Effect::KvWrite(w) => w,
+            other => panic!("expected a KV write, got {other:?}"),
+        }
+    }
+
+    pub fn inbox(&mut self) -> InboxRequest {
+        match self.effect() {
+            Effect::InboxRequest(i) => i,
+            other => panic!("expected an inbox request, got {other:?}"),
+        }
+    }
+
+    pub fn reply(&mut self) -> Response {
+        let r = match self.effect() {
+            Effect::Reply(r) => r,
+            other => panic!("expected the reply, got {other:?}"),
+        };
+        assert!(
+            self.call.poll_effect().is_none(),
+            "nothing may follow the reply"
+        );
+        assert!(self.call.is_done());
+        r
+    }
+
+    pub fn error(&mut self) -> ErrorReply {
+        match self.reply() {
+            Response::Error(e) => e,
+            other => panic!("expected an error reply, got {other:?}"),
+        }
+    }
+
+    pub fn feed(&mut self, id: EffectId, outcome: RequestOutcome) {
+        assert!(self.call.poll_effect().is_none(), "drain before feeding");
+        self.call.handle_outcome(self.now, id, outcome);
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+}
+
+pub fn ack(seq: u64) -> RequestOutcome {
+    RequestOutcome::reply(format!(r#"{{"stream":"KV_leases","seq":{seq}}}"#))
+}
+
+pub fn wrong_last_sequence() -> RequestOutcome {
+    sim::api_error(400, 10071, "wrong last sequence: 7")
+}
+
+pub fn no_message() -> RequestOutcome {
+    sim::api_error(404, 10037, "no message found")
+}
+
+fn msg(
+    seq: u64,
+    kind: MsgKind,
+    headers: Vec<(&str, &str)>,
+    data: Vec<u8>,
+    time_ms: u64,
+) -> RequestOutcome {
+    let m = SimMsg {
+        seq,
+        key: "k".into(),
+        kind,
+        headers: headers
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
+        data,
+        time_ms,
+        ttl_ms: None,
+    };
+    RequestOutcome::reply(sim::stored_message_json(epoch(), &m))
+}
+
+/// A live record written at `epoch + time_ms`.
+pub fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> RequestOutcome {
+    let record = LeaseRecord {
+        holder: holder.into(),
+        acquired_at: "2026-09-21T00:00:00Z".into(),
+        ttl_ms,
+    };
+    msg(
+        seq,
+        MsgKind::Value,
+        vec![(HDR_LEASE_EVENT, "acquired"), ("Nats-TTL", "15s")],
+        record.to_json(),
+        time_ms,
+    )
+}
+
+pub fn marker(seq: u64) -> RequestOutcome {
+    msg(
+        seq,
+        MsgKind::Marker,
+        vec![(HDR_MARKER_REASON, "MaxAge"), ("Nats-TTL", "1s")],
+        vec![],
+        0,
+    )
+}
+
+pub fn tombstone(seq: u64) -> RequestOutcome {
+    msg(
+        seq,
+        MsgKind::Tombstone,
+        vec![(HDR_KV_OPERATION, "DEL"), (HDR_LEASE_EVENT, "released")],
+        vec![],
+        0,
+    )
+}
+
+pub fn corrupt(seq: u64) -> RequestOutcome {
+    msg(seq, MsgKind::Value, vec![], b"{not a record".to_vec(), 0)
+}
+
+pub fn header<'a>(w: &'a crate::js::NatsRequest, name: &str) -> Option<&'a str> {
+    w.headers
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
+}
