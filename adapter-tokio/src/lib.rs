@@ -1,1 +1,66 @@
-//! placeholder
+//! The dagnats lease service on tokio.
+//!
+//! It drives the sans-IO machines of [`dagnats_leases_core`] with async-nats: every
+//! effect is one NATS request ([`exec::send`]), every request to `api.leases.*` runs
+//! its own call machine in its own task, so a slow forward never holds up an
+//! acquire. No lease logic lives here: checks, retries and replies come from the core.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let service = dagnats_leases_tokio::service::start(client, Default::default()).await?;
+//! // ... until it is time to stop:
+//! service.shutdown().await;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod connect;
+pub mod exec;
+pub mod service;
+
+/// What went wrong in the adapter (not a lease outcome: those are replies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Connecting to or talking to NATS failed.
+    Nats,
+    /// The options given are not usable.
+    Config,
+}
+
+/// An adapter error in async-nats' style: a kind and its source.
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl Error {
+    /// An error of `kind` caused by `source`.
+    pub fn new(
+        kind: ErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// What kind of error this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.source)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}

@@ -1,0 +1,97 @@
+//! Connection options a production deployment needs, shared by the binary's commands.
+
+use std::path::PathBuf;
+
+use crate::{Error, ErrorKind};
+
+/// How to reach and authenticate to NATS.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConnectOptions {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Credentials file (JWT and nkey seed).
+    #[arg(long, env = "NATS_CREDS")]
+    pub creds: Option<PathBuf>,
+    /// User name (with --password).
+    #[arg(long, env = "NATS_USER")]
+    pub user: Option<String>,
+    /// Password (with --user).
+    #[arg(long, env = "NATS_PASSWORD")]
+    pub password: Option<String>,
+    /// Authentication token.
+    #[arg(long, env = "NATS_TOKEN")]
+    pub token: Option<String>,
+    /// Nkey seed.
+    #[arg(long, env = "NATS_NKEY")]
+    pub nkey: Option<String>,
+    /// CA certificate file for TLS (turns TLS on).
+    #[arg(long, env = "NATS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate for TLS (with --tls-key).
+    #[arg(long, env = "NATS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key for TLS (with --tls-cert).
+    #[arg(long, env = "NATS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Connection name shown by the server.
+    #[arg(long, default_value = "dagnats-leases")]
+    pub name: String,
+}
+
+impl ConnectOptions {
+    /// Connects with these options (failing fast if no server answers now);
+    /// async-nats reconnects on its own afterwards.
+    pub async fn connect(&self) -> Result<async_nats::Client, Error> {
+        let mut options = match &self.creds {
+            Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
+                .await
+                .map_err(|e| Error::new(ErrorKind::Config, e))?,
+            None => async_nats::ConnectOptions::new(),
+        };
+        match (&self.user, &self.password) {
+            (Some(u), Some(p)) => options = options.user_and_password(u.clone(), p.clone()),
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "--user and --password go together",
+                ));
+            }
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        if let Some(seed) = &self.nkey {
+            options = options.nkey(seed.clone());
+        }
+        if let Some(ca) = &self.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => options = options.add_client_certificate(c.clone(), k.clone()),
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "--tls-cert and --tls-key go together",
+                ));
+            }
+        }
+        options = options
+            .name(self.name.clone())
+            .event_callback(|event| async move {
+                tracing::info!("nats: {event}");
+            });
+        let urls: Vec<&str> = self.nats_url.split(',').map(str::trim).collect();
+        let addrs = urls
+            .iter()
+            .map(|u| u.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::new(ErrorKind::Config, e))?;
+        options
+            .connect(addrs)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Nats, e))
+    }
+}

@@ -1,0 +1,257 @@
+//! The lease service: ensures the bucket, registers the `dagnats-api` micro
+//! service, and runs each request's call machine in its own task.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::Client;
+use async_nats::service::ServiceExt;
+use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mode};
+use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
+use dagnats_leases_core::startup::{BucketOptions, Startup, StartupEffect};
+use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
+use futures::StreamExt;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::exec;
+use crate::{Error, ErrorKind as ServiceErrorKind};
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// Stream replicas of the bucket; `None` creates with 1 and leaves an existing one's.
+    pub replicas: Option<usize>,
+    /// Bound on each JetStream request.
+    pub kv_timeout: Duration,
+    /// How long shutdown waits for calls in flight.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions {
+            replicas: None,
+            kv_timeout: DEFAULT_KV_TIMEOUT,
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running service. Dropping it without [`ServiceHandle::shutdown`] aborts it.
+#[derive(Debug)]
+pub struct ServiceHandle {
+    mode: Mode,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ServiceHandle {
+    /// `Ready`, or `Unsupported` on a server without per-message TTL.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Stops taking requests, lets calls in flight finish within the bound, and returns.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ServiceHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Ensures the bucket (waiting while JetStream is not ready), then serves.
+pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
+    let info = client.server_info();
+    if info.version.is_empty() {
+        // Judging support from an empty INFO would wrongly settle on `unsupported`.
+        return Err(Error::new(
+            ServiceErrorKind::Config,
+            "the client has not received the server's INFO yet: connect without \
+             retry_on_initial_connect, or wait for the connection first",
+        ));
+    }
+    let mode = ensure_bucket(&client, &options, &info.version).await;
+    let config = CallConfig {
+        mode,
+        max_payload: info.max_payload,
+        kv_timeout: options.kv_timeout,
+    };
+    let service = client
+        .service_builder()
+        .description("dagnats leases: leader election and shard ownership over NATS")
+        .queue_group(QUEUE_GROUP)
+        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
+    let group = service.group("api.leases");
+    let mut endpoints = Vec::new();
+    for endpoint in Endpoint::ALL {
+        let e = group
+            .endpoint_builder()
+            .name(endpoint.name())
+            .add(endpoint.name())
+            .await
+            .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
+        endpoints.push((endpoint, e));
+    }
+    // The server has the subscriptions once it answers a PING sent after them.
+    client
+        .flush()
+        .await
+        .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
+    tracing::info!(
+        ?mode,
+        max_payload = info.max_payload,
+        server = %info.version,
+        "serving api.leases.* in queue group {QUEUE_GROUP}"
+    );
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(serve(
+        client,
+        service,
+        endpoints,
+        Arc::new(config),
+        stopped,
+        options.shutdown_timeout,
+    ));
+    Ok(ServiceHandle {
+        mode,
+        stop,
+        task: Some(task),
+    })
+}
+
+async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> Mode {
+    let bucket = BucketOptions {
+        replicas: options.replicas,
+    };
+    let mut startup = Startup::new(bucket, version, options.kv_timeout);
+    loop {
+        while let Some(effect) = startup.poll_effect() {
+            match effect {
+                StartupEffect::Log(line) => tracing::warn!("{line}"),
+                StartupEffect::Done(mode) => return mode,
+                StartupEffect::Request(id, request) => {
+                    let outcome = exec::send(client, request).await;
+                    startup.handle_outcome(Instant::now(), id, outcome);
+                }
+            }
+        }
+        if let Some(at) = startup.poll_timeout() {
+            tokio::time::sleep_until(at.into()).await;
+            startup.handle_timeout(Instant::now());
+        }
+    }
+}
+
+async fn serve(
+    client: Client,
+    service: async_nats::service::Service,
+    endpoints: Vec<(Endpoint, async_nats::service::endpoint::Endpoint)>,
+    config: Arc<CallConfig>,
+    mut stopped: watch::Receiver<bool>,
+    shutdown_timeout: Duration,
+) {
+    let mut requests = futures::stream::select_all(
+        endpoints
+            .into_iter()
+            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
+    );
+    let mut calls = JoinSet::new();
+    loop {
+        tokio::select! {
+            next = requests.next() => {
+                let Some((endpoint, request)) = next else { break };
+                let client = client.clone();
+                let config = *config;
+                calls.spawn(async move {
+                    let body = run_call(&client, config, endpoint, &request.message.payload).await;
+                    if let Err(e) = request.respond(Ok(body.into())).await {
+                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+                    }
+                });
+            }
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            _ = stopped.changed() => break,
+        }
+    }
+    drop(requests);
+    let _ = service.stop().await;
+    let in_flight = calls.len();
+    if in_flight > 0 {
+        tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
+    }
+    let drained = tokio::time::timeout(shutdown_timeout, async {
+        while calls.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("stopping: {} calls did not finish in time", calls.len());
+        calls.abort_all();
+    }
+    let _ = client.flush().await;
+}
+
+/// Runs one call to its reply and returns the reply body.
+pub async fn run_call(
+    client: &Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut call = Call::new(
+        config,
+        Instant::now(),
+        OffsetDateTime::now_utc(),
+        endpoint,
+        body,
+    );
+    loop {
+        let Some(effect) = call.poll_effect() else {
+            // Waiting with nothing to do can only be a forward's deadline.
+            match call.poll_timeout() {
+                Some(at) => {
+                    tokio::time::sleep_until(at.into()).await;
+                    call.handle_timeout(Instant::now());
+                    continue;
+                }
+                None => {
+                    return Response::Error(ErrorReply::new(
+                        ErrorKind::Internal,
+                        "the call stopped without a reply",
+                    ))
+                    .to_json();
+                }
+            }
+        };
+        let (id, request) = match effect {
+            Effect::Reply(response) => return response.to_json(),
+            other => other
+                .nats_request()
+                .expect("every other effect is a request"),
+        };
+        let sent = exec::send(client, request);
+        let outcome = match call.poll_timeout() {
+            Some(at) => match tokio::time::timeout_at(at.into(), sent).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    call.handle_timeout(Instant::now());
+                    continue;
+                }
+            },
+            None => sent.await,
+        };
+        call.handle_outcome(Instant::now(), id, outcome);
+    }
+}

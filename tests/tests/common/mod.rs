@@ -1,0 +1,94 @@
+//! The fixture of the scenario suite: a real nats-server and the lease service on it.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use async_nats::Client;
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// A server, a client and one service instance.
+pub struct Fx {
+    pub server: NatsServer,
+    pub client: Client,
+    pub service: Option<ServiceHandle>,
+}
+
+impl Fx {
+    /// nats-server 2.14 with the service on it.
+    pub async fn start() -> Fx {
+        Fx::on(NatsServer::start()).await
+    }
+
+    /// The service on a given server.
+    pub async fn on(server: NatsServer) -> Fx {
+        let client = connect(&server).await;
+        let service = start_service(&server).await;
+        Fx {
+            server,
+            client,
+            service: Some(service),
+        }
+    }
+
+    /// Calls `api.leases.<endpoint>` with a JSON body and returns the reply.
+    pub async fn call(&self, endpoint: &str, body: Value) -> Value {
+        self.call_raw(endpoint, body.to_string().into_bytes()).await
+    }
+
+    /// Calls with raw bytes.
+    pub async fn call_raw(&self, endpoint: &str, body: Vec<u8>) -> Value {
+        call_raw(&self.client, endpoint, body).await
+    }
+
+    pub async fn acquire(&self, key: &str, holder: &str, ttl_ms: u64) -> Value {
+        self.call(
+            "acquire",
+            json!({"key": key, "holder": holder, "ttl_ms": ttl_ms}),
+        )
+        .await
+    }
+
+    pub async fn owner(&self, key: &str) -> Value {
+        self.call("owner", json!({"key": key})).await
+    }
+}
+
+pub async fn call_raw(client: &Client, endpoint: &str, body: Vec<u8>) -> Value {
+    let reply = client
+        .request(format!("api.leases.{endpoint}"), body.into())
+        .await
+        .unwrap_or_else(|e| panic!("api.leases.{endpoint}: {e}"));
+    serde_json::from_slice(&reply.payload)
+        .unwrap_or_else(|e| panic!("reply is not JSON ({e}): {:?}", reply.payload))
+}
+
+pub async fn connect(server: &NatsServer) -> Client {
+    async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(10)))
+        .connect(server.url())
+        .await
+        .expect("connect")
+}
+
+pub async fn start_service(server: &NatsServer) -> ServiceHandle {
+    let client = connect(server).await;
+    service::start(client, ServiceOptions::default())
+        .await
+        .expect("service starts")
+}
+
+/// The kind of an error reply, or "" for a success.
+pub fn kind(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or("")
+}
+
+/// Waits for the next message on a subscription, failing after `secs`.
+pub async fn next_within(sub: &mut async_nats::Subscriber, secs: u64) -> async_nats::Message {
+    tokio::time::timeout(Duration::from_secs(secs), sub.next())
+        .await
+        .expect("a message in time")
+        .expect("subscription open")
+}

@@ -1,0 +1,662 @@
+//! The scenario suite: every rule of leases.md and contract.md against the service
+//! on a real nats-server 2.14.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::*;
+use dagnats_leases_tests::NatsServer;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_input_bound_is_enforced_and_an_invalid_call_changes_no_lease() {
+    let fx = Fx::start().await;
+    let held = fx.acquire("bounds", "h1", 10_000).await;
+    assert_eq!(held["granted"], true);
+    let before = fx.owner("bounds").await;
+    for endpoint in ["acquire", "renew", "release", "owner", "forward"] {
+        let ep = dagnats_leases_core::Endpoint::from_subject(endpoint).unwrap();
+        for body in dagnats_leases_core::sim::invalid_bodies(ep) {
+            let reply = fx.call_raw(endpoint, body.clone().into_bytes()).await;
+            assert_eq!(kind(&reply), "invalid", "{endpoint} {body}: {reply}");
+            assert!(reply["error"].as_str().unwrap().len() > 10);
+        }
+    }
+    // The same bodies aimed at the held key, with every field but one valid.
+    for body in [
+        json!({"key": "bounds", "holder": "h1", "revision": held["revision"], "ttl_ms": 1500}),
+        json!({"key": "bounds", "holder": "h1"}),
+        json!({"key": "bounds", "holder": "h1", "revision": held["revision"], "extra": true}),
+    ] {
+        assert_eq!(
+            kind(&fx.call("renew", body.clone()).await),
+            "invalid",
+            "{body}"
+        );
+        assert_eq!(kind(&fx.call("release", body).await), "invalid");
+    }
+    assert_eq!(
+        fx.owner("bounds").await,
+        before,
+        "invalid calls changed the lease"
+    );
+    // Each boundary value is accepted.
+    let max = "k".repeat(128);
+    assert_eq!(fx.acquire(&max, &max, 600_000).await["granted"], true);
+    assert_eq!(fx.acquire("b-1_A", "x", 1000).await["granted"], true);
+    let fwd = fx
+        .call(
+            "forward",
+            json!({"key": "nobody", "payload": "", "timeout_ms": 100}),
+        )
+        .await;
+    assert_eq!(kind(&fwd), "not_held");
+    let fwd = fx
+        .call(
+            "forward",
+            json!({"key": "nobody", "payload": "", "timeout_ms": 30000}),
+        )
+        .await;
+    assert_eq!(kind(&fwd), "not_held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_grants_contends_and_is_idempotent() {
+    let fx = Fx::start().await;
+    let a = fx.acquire("leader", "h1", 15_000).await;
+    assert_eq!(
+        (a["granted"].as_bool(), a["held"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(a["holder"], "h1");
+    assert_eq!(a["ttl_ms"], 15000);
+    let rev = a["revision"].as_u64().unwrap();
+    assert!(rev > 0);
+    let b = fx.acquire("leader", "h2", 15_000).await;
+    assert_eq!(b["granted"], false, "{b}");
+    assert_eq!(
+        (b["holder"].as_str(), b["revision"].as_u64()),
+        (Some("h1"), Some(rev))
+    );
+    let again = fx.acquire("leader", "h1", 15_000).await;
+    assert_eq!(again["granted"], true);
+    assert_eq!(again["revision"].as_u64(), Some(rev), "same revision");
+    let owner = fx.owner("leader").await;
+    assert_eq!(
+        owner["expires_at"], again["expires_at"],
+        "the TTL was not extended"
+    );
+    assert_eq!(owner["revision"].as_u64(), Some(rev));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_acquirers_of_one_key_exactly_one_wins() {
+    let fx = Fx::start().await;
+    let calls = (0..16).map(|i| {
+        let client = fx.client.clone();
+        tokio::spawn(async move {
+            let body = json!({"key": "race", "holder": format!("h{i}"), "ttl_ms": 10000});
+            call_raw(&client, "acquire", body.to_string().into_bytes()).await
+        })
+    });
+    let replies: Vec<Value> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let winners: Vec<&Value> = replies.iter().filter(|r| r["granted"] == true).collect();
+    assert_eq!(winners.len(), 1, "{replies:?}");
+    let winner = winners[0]["holder"].as_str().unwrap();
+    for r in &replies {
+        assert_eq!(r["holder"], winner, "every reply names the one holder: {r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_extends_with_a_new_fence_and_checks_holder_and_fence() {
+    let fx = Fx::start().await;
+    let a = fx.acquire("r", "h1", 10_000).await;
+    let rev = a["revision"].as_u64().unwrap();
+    let r = fx
+        .call(
+            "renew",
+            json!({"key": "r", "holder": "h1", "revision": rev, "ttl_ms": 20000}),
+        )
+        .await;
+    assert_eq!(r["held"], true, "{r}");
+    let new_rev = r["revision"].as_u64().unwrap();
+    assert!(new_rev > rev);
+    assert_eq!(r["acquired_at"], a["acquired_at"], "acquired_at kept");
+    assert_eq!(r["ttl_ms"], 20000);
+    assert!(r["expires_at"].as_str().unwrap() > a["expires_at"].as_str().unwrap());
+    // The old fence: fence_mismatch; another holder: lost.
+    let stale = fx
+        .call(
+            "renew",
+            json!({"key": "r", "holder": "h1", "revision": rev}),
+        )
+        .await;
+    assert_eq!(kind(&stale), "fence_mismatch", "{stale}");
+    let other = fx
+        .call(
+            "renew",
+            json!({"key": "r", "holder": "h2", "revision": new_rev}),
+        )
+        .await;
+    assert_eq!(kind(&other), "lost");
+    // A renew whose reply was lost: acquire recovers the current fence.
+    let recovered = fx.acquire("r", "h1", 10_000).await;
+    assert_eq!(recovered["granted"], true);
+    assert_eq!(recovered["revision"].as_u64(), Some(new_rev));
+    let r2 = fx
+        .call(
+            "renew",
+            json!({"key": "r", "holder": "h1", "revision": new_rev}),
+        )
+        .await;
+    assert_eq!(
+        r2["ttl_ms"], 20000,
+        "left out, ttl_ms keeps the lease's own"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_frees_the_key_under_the_fence_check() {
+    let fx = Fx::start().await;
+    let a = fx.acquire("rel", "h1", 10_000).await;
+    let rev = a["revision"].as_u64().unwrap();
+    let other = fx
+        .call(
+            "release",
+            json!({"key": "rel", "holder": "h2", "revision": rev}),
+        )
+        .await;
+    assert_eq!(kind(&other), "lost");
+    let r = fx
+        .call(
+            "release",
+            json!({"key": "rel", "holder": "h1", "revision": rev}),
+        )
+        .await;
+    assert_eq!(r["released"], true, "{r}");
+    assert_eq!(r["held"], false);
+    assert!(r["revision"].as_u64().unwrap() > rev);
+    assert_eq!(fx.owner("rel").await, json!({"held": false, "key": "rel"}));
+    let again = fx
+        .call(
+            "release",
+            json!({"key": "rel", "holder": "h1", "revision": rev}),
+        )
+        .await;
+    assert_eq!(kind(&again), "lost");
+    // A new tenure over the tombstone gets a higher fence.
+    let b = fx.acquire("rel", "h2", 10_000).await;
+    assert_eq!(b["granted"], true);
+    assert!(b["revision"].as_u64().unwrap() > r["revision"].as_u64().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_expires_a_lease_and_the_next_tenure_has_a_higher_fence() {
+    let fx = Fx::start().await;
+    let mut events = fx
+        .client
+        .subscribe("dagnats.lease.changed.exp")
+        .await
+        .unwrap();
+    let a = fx.acquire("exp", "h1", 1000).await;
+    let rev = a["revision"].as_u64().unwrap();
+    let acquired = next_within(&mut events, 5).await;
+    assert_eq!(
+        acquired
+            .headers
+            .as_ref()
+            .unwrap()
+            .get("Dagnats-Lease-Event")
+            .unwrap()
+            .as_str(),
+        "acquired"
+    );
+    // The server's own expiry marker is the event that frees the key.
+    let marker = next_within(&mut events, 5).await;
+    let headers = marker.headers.unwrap();
+    assert_eq!(
+        headers.get("Nats-Marker-Reason").unwrap().as_str(),
+        "MaxAge"
+    );
+    assert_eq!(fx.owner("exp").await["held"], false);
+    let renew = fx
+        .call(
+            "renew",
+            json!({"key": "exp", "holder": "h1", "revision": rev}),
+        )
+        .await;
+    assert_eq!(kind(&renew), "lost");
+    let release = fx
+        .call(
+            "release",
+            json!({"key": "exp", "holder": "h1", "revision": rev}),
+        )
+        .await;
+    assert_eq!(kind(&release), "lost", "releasing an expired lease is lost");
+    let b = fx.acquire("exp", "h2", 5000).await;
+    assert_eq!(b["granted"], true, "{b}");
+    assert!(b["revision"].as_u64().unwrap() > rev);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_is_one_change_event_carrying_its_revision_and_event() {
+    let fx = Fx::start().await;
+    let mut events = fx
+        .client
+        .subscribe("dagnats.lease.changed.ev")
+        .await
+        .unwrap();
+    let a = fx.acquire("ev", "h1", 10_000).await;
+    let r = fx
+        .call(
+            "renew",
+            json!({"key": "ev", "holder": "h1", "revision": a["revision"]}),
+        )
+        .await;
+    let d = fx
+        .call(
+            "release",
+            json!({"key": "ev", "holder": "h1", "revision": r["revision"]}),
+        )
+        .await;
+    for (reply, event) in [(&a, "acquired"), (&r, "renewed"), (&d, "released")] {
+        let msg = next_within(&mut events, 5).await;
+        let h = msg.headers.unwrap();
+        assert_eq!(
+            h.get("Nats-Sequence").unwrap().as_str(),
+            reply["revision"].to_string()
+        );
+        assert_eq!(h.get("Dagnats-Lease-Event").unwrap().as_str(), event);
+        assert_eq!(h.get("Nats-Subject").unwrap().as_str(), "$KV.leases.ev");
+    }
+    // A failed write (a stale renew) gives no event.
+    let stale = fx
+        .call(
+            "renew",
+            json!({"key": "ev", "holder": "h1", "revision": a["revision"]}),
+        )
+        .await;
+    assert_eq!(kind(&stale), "lost");
+    fx.client.flush().await.unwrap();
+    let more = tokio::time::timeout(Duration::from_millis(300), events.next()).await;
+    assert!(more.is_err(), "an extra event: {more:?}");
+}
+
+/// An owner on `dagnats.lease.inbox.<holder>.>` that answers as `behaviour` says.
+async fn owner_task(
+    client: async_nats::Client,
+    holder: &str,
+    behaviour: &'static str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>, Vec<u8>)>,
+) {
+    let mut sub = client
+        .subscribe(format!("dagnats.lease.inbox.{holder}.>"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let fence = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Dagnats-Lease-Fence"))
+                .map(|v| v.as_str().to_string());
+            let _ = tx.send((msg.subject.to_string(), fence, msg.payload.to_vec()));
+            let Some(reply) = msg.reply else { continue };
+            match behaviour {
+                "echo" => client.publish(reply, msg.payload).await.unwrap(),
+                "reject" => {
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Dagnats-Lease-Reject", "stale");
+                    client
+                        .publish_with_headers(reply, h, "".into())
+                        .await
+                        .unwrap()
+                }
+                "silent" => {}
+                big => {
+                    let n: usize = big.parse().unwrap();
+                    client.publish(reply, vec![b'x'; n].into()).await.unwrap()
+                }
+            }
+        }
+    });
+    (task, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_reaches_the_owner_with_the_fence_and_relays_its_reply() {
+    let fx = Fx::start().await;
+    let a = fx.acquire("fw", "own1", 10_000).await;
+    let (_task, mut seen) = owner_task(fx.client.clone(), "own1", "echo").await;
+    let payload: Vec<u8> = (0..=255u8).collect();
+    let reply = fx
+        .call(
+            "forward",
+            json!({"key": "fw", "payload": b64(&payload), "timeout_ms": 2000}),
+        )
+        .await;
+    assert_eq!(reply["payload"], b64(&payload), "{reply}");
+    assert_eq!(
+        (reply["holder"].as_str(), &reply["revision"]),
+        (Some("own1"), &a["revision"])
+    );
+    let (subject, fence, body) = seen.recv().await.unwrap();
+    assert_eq!(subject, "dagnats.lease.inbox.own1.fw");
+    assert_eq!(fence.unwrap(), a["revision"].to_string());
+    assert_eq!(body, payload);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_without_an_owner_or_a_responder() {
+    let fx = Fx::start().await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "none", "payload": "", "timeout_ms": 1000}),
+        )
+        .await;
+    assert_eq!(kind(&r), "not_held");
+    let a = fx.acquire("dead", "gone", 10_000).await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "dead", "payload": "", "timeout_ms": 1000}),
+        )
+        .await;
+    assert_eq!(kind(&r), "owner_unavailable", "{r}");
+    assert_eq!(
+        (r["holder"].as_str(), &r["revision"]),
+        (Some("gone"), &a["revision"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_to_a_silent_owner_times_out_after_exactly_one_request() {
+    let fx = Fx::start().await;
+    fx.acquire("slow", "mute", 10_000).await;
+    let (_task, mut seen) = owner_task(fx.client.clone(), "mute", "silent").await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "slow", "payload": "", "timeout_ms": 300}),
+        )
+        .await;
+    assert_eq!(kind(&r), "owner_timeout", "{r}");
+    assert_eq!(r["holder"], "mute");
+    assert!(seen.recv().await.is_some());
+    assert!(seen.try_recv().is_err(), "a timeout is never retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_rejected_by_an_owner_that_stays_is_owner_rejected_after_one_attempt() {
+    let fx = Fx::start().await;
+    fx.acquire("rj", "stubborn", 10_000).await;
+    let (_task, mut seen) = owner_task(fx.client.clone(), "stubborn", "reject").await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "rj", "payload": "", "timeout_ms": 2000}),
+        )
+        .await;
+    assert_eq!(kind(&r), "owner_rejected", "{r}");
+    let mut attempts = 0;
+    while seen.try_recv().is_ok() {
+        attempts += 1;
+    }
+    assert!((1..=3).contains(&attempts), "{attempts}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_rejected_by_an_old_owner_succeeds_at_the_new_one() {
+    let fx = Fx::start().await;
+    let a = fx.acquire("ho", "old", 10_000).await;
+    // The old owner rejects, and hands the lease over before it replies.
+    let mut sub = fx
+        .client
+        .subscribe("dagnats.lease.inbox.old.>")
+        .await
+        .unwrap();
+    let client = fx.client.clone();
+    let rev = a["revision"].clone();
+    let handover = tokio::spawn(async move {
+        let msg = sub.next().await.unwrap();
+        let body = json!({"key": "ho", "holder": "old", "revision": rev});
+        call_raw(&client, "release", body.to_string().into_bytes()).await;
+        let body = json!({"key": "ho", "holder": "new", "ttl_ms": 10000});
+        let b = call_raw(&client, "acquire", body.to_string().into_bytes()).await;
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Dagnats-Lease-Reject", "stale");
+        client
+            .publish_with_headers(msg.reply.unwrap(), h, "".into())
+            .await
+            .unwrap();
+        b
+    });
+    let (_task, _seen) = owner_task(fx.client.clone(), "new", "echo").await;
+    fx.client.flush().await.unwrap();
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "ho", "payload": b64(b"hi"), "timeout_ms": 5000}),
+        )
+        .await;
+    let b = handover.await.unwrap();
+    assert_eq!(r["holder"], "new", "{r}");
+    assert_eq!(r["revision"], b["revision"]);
+    assert_eq!(r["payload"], b64(b"hi"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_reply_too_large_at_the_servers_max_payload() {
+    let server = NatsServer::builder().max_payload(64 * 1024).start();
+    let max = server.info().max_payload as usize;
+    let fx = Fx::on(server).await;
+    let a = fx.acquire("big", "own", 10_000).await;
+    let wrapper = json!({"payload": "", "key": "big", "holder": "own", "revision": a["revision"]})
+        .to_string()
+        .len();
+    let fits = (max - wrapper) / 4 * 3;
+    let fits_s: &'static str = Box::leak(fits.to_string().into_boxed_str());
+    let (_t, _s) = owner_task(fx.client.clone(), "own", fits_s).await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "big", "payload": "", "timeout_ms": 5000}),
+        )
+        .await;
+    assert_eq!(
+        r["holder"],
+        "own",
+        "a reply just under max_payload succeeds: {}",
+        kind(&r)
+    );
+    let over: &'static str = Box::leak((fits + 3).to_string().into_boxed_str());
+    let fx2_owner = "own2";
+    fx.acquire("big2", fx2_owner, 10_000).await;
+    let (_t2, _s2) = owner_task(fx.client.clone(), fx2_owner, over).await;
+    let r = fx
+        .call(
+            "forward",
+            json!({"key": "big2", "payload": "", "timeout_ms": 5000}),
+        )
+        .await;
+    assert_eq!(kind(&r), "reply_too_large", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subject_replies_unsupported_on_a_2_9_server() {
+    let server = NatsServer::start_legacy();
+    assert!(server.version().starts_with("2.9"), "{}", server.version());
+    let fx = Fx::on(server).await;
+    assert_eq!(
+        fx.service.as_ref().unwrap().mode(),
+        dagnats_leases_core::Mode::Unsupported
+    );
+    for (endpoint, body) in [
+        (
+            "acquire",
+            json!({"key": "k", "holder": "h", "ttl_ms": 1000}),
+        ),
+        ("renew", json!({"key": "k", "holder": "h", "revision": 1})),
+        ("release", json!({"key": "k", "holder": "h", "revision": 1})),
+        ("owner", json!({"key": "k"})),
+        (
+            "forward",
+            json!({"key": "k", "payload": "", "timeout_ms": 100}),
+        ),
+    ] {
+        let r = fx.call(endpoint, body).await;
+        assert_eq!(kind(&r), "unsupported", "{endpoint}: {r}");
+    }
+    // Nothing was created.
+    let info = fx
+        .client
+        .request("$JS.API.STREAM.INFO.KV_leases", "".into())
+        .await
+        .unwrap();
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    assert_eq!(info["error"]["err_code"], 10059, "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_queue_group_and_answer_each_request_once() {
+    let fx = Fx::start().await;
+    let _second = start_service(&fx.server).await;
+    let inbox = fx.client.new_inbox();
+    let mut replies = fx.client.subscribe(format!("{inbox}.*")).await.unwrap();
+    let n = 40;
+    for i in 0..n {
+        let body = json!({"key": format!("q{}", i % 5), "holder": format!("h{i}"), "ttl_ms": 5000});
+        fx.client
+            .publish_with_reply(
+                "api.leases.acquire",
+                format!("{inbox}.{i}"),
+                body.to_string().into(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut seen = HashSet::new();
+    for _ in 0..n {
+        let msg = next_within(&mut replies, 10).await;
+        assert!(
+            seen.insert(msg.subject.to_string()),
+            "answered twice: {}",
+            msg.subject
+        );
+    }
+    fx.client.flush().await.unwrap();
+    let extra = tokio::time::timeout(Duration::from_millis(300), replies.next()).await;
+    assert!(extra.is_err(), "an extra reply");
+    // Both instances took a share, as $SRV.STATS tells.
+    let ping_inbox = fx.client.new_inbox();
+    let mut sub = fx.client.subscribe(ping_inbox.clone()).await.unwrap();
+    fx.client
+        .publish_with_reply("$SRV.STATS.dagnats-api", ping_inbox, "".into())
+        .await
+        .unwrap();
+    let mut total = 0;
+    for _ in 0..2 {
+        let msg = next_within(&mut sub, 5).await;
+        let v: Value = serde_json::from_slice(&msg.payload).unwrap();
+        let acquire = v["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "acquire")
+            .unwrap();
+        total += acquire["num_requests"].as_u64().unwrap();
+    }
+    assert_eq!(total, n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_registers_as_the_dagnats_api_micro_service() {
+    let fx = Fx::start().await;
+    let info = fx
+        .client
+        .request("$SRV.INFO.dagnats-api", "".into())
+        .await
+        .unwrap();
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    assert_eq!(info["name"], "dagnats-api");
+    let endpoints = info["endpoints"].as_array().unwrap();
+    let mut subjects: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e["subject"].as_str().unwrap())
+        .collect();
+    subjects.sort();
+    assert_eq!(
+        subjects,
+        [
+            "api.leases.acquire",
+            "api.leases.forward",
+            "api.leases.owner",
+            "api.leases.release",
+            "api.leases.renew"
+        ]
+    );
+    for e in endpoints {
+        assert_eq!(e["queue_group"], "dagnats-leases", "{e}");
+    }
+    let ping = fx
+        .client
+        .request("$SRV.PING.dagnats-api", "".into())
+        .await
+        .unwrap();
+    let ping: Value = serde_json::from_slice(&ping.payload).unwrap();
+    assert_eq!(ping["name"], "dagnats-api");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_survives_a_nats_server_restart_and_the_service_serves_again() {
+    let mut fx = Fx::start().await;
+    let a = fx.acquire("durable", "h1", 60_000).await;
+    fx.server.restart();
+    // The service and client reconnect by themselves; wait for the service to answer.
+    // Poll with a short backoff until both have reconnected (bounded: 30 s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut owner = Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        let body = json!({"key": "durable"}).to_string().into();
+        if let Ok(msg) = fx.client.request("api.leases.owner", body).await {
+            owner = serde_json::from_slice(&msg.payload).unwrap();
+            if owner["held"] == true {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        (owner["holder"].as_str(), &owner["revision"]),
+        (Some("h1"), &a["revision"]),
+        "{owner}"
+    );
+    let renewed = fx
+        .call(
+            "renew",
+            json!({"key": "durable", "holder": "h1", "revision": a["revision"]}),
+        )
+        .await;
+    assert!(
+        renewed["revision"].as_u64().unwrap() > a["revision"].as_u64().unwrap(),
+        "{renewed}"
+    );
+}
