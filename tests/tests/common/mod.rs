@@ -24,8 +24,8 @@ impl Fx {
 
     /// The service on a given server.
     pub async fn on(server: NatsServer) -> Fx {
-        let client = connect(&server).await;
         let service = start_service(&server).await;
+        let client = connect(&server).await;
         Fx {
             server,
             client,
