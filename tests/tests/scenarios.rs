@@ -660,3 +660,24 @@ async fn a_held_lease_survives_a_nats_server_restart_and_the_service_serves_agai
         "{renewed}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_forward_does_not_hold_up_other_calls() {
+    let fx = Fx::start().await;
+    fx.acquire("slowkey", "mute", 10_000).await;
+    let (_task, mut seen) = owner_task(fx.client.clone(), "mute", "silent").await;
+    let client = fx.client.clone();
+    let forward = tokio::spawn(async move {
+        let body = json!({"key": "slowkey", "payload": "", "timeout_ms": 30000});
+        call_raw(&client, "forward", body.to_string().into_bytes()).await
+    });
+    // Once the owner holds the forwarded request, the forward is in flight.
+    seen.recv().await.unwrap();
+    let a = fx.acquire("other", "h1", 5000).await;
+    assert_eq!(a["granted"], true);
+    assert!(
+        !forward.is_finished(),
+        "the forward is still waiting on its owner"
+    );
+    forward.abort();
+}
