@@ -1,0 +1,42 @@
+//! Request decoding never panics, accepts only in-bound requests, and an invalid
+//! body ends its call with `invalid` before any KV effect.
+#![no_main]
+
+use std::time::Instant;
+
+use dagnats_leases_core::call::{Call, CallConfig, Effect};
+use dagnats_leases_core::wire::{Endpoint, ErrorKind, Request};
+use libfuzzer_sys::fuzz_target;
+
+fn name_ok(s: &str) -> bool {
+    (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn ttl_ok(t: u64) -> bool {
+    (1000..=600_000).contains(&t) && t % 1000 == 0
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&pick, body)) = data.split_first() else { return };
+    let endpoint = Endpoint::ALL[pick as usize % Endpoint::ALL.len()];
+    let decoded = Request::decode(endpoint, body);
+    match &decoded {
+        Ok(Request::Acquire(r)) => assert!(name_ok(&r.key) && name_ok(&r.holder) && ttl_ok(r.ttl_ms)),
+        Ok(Request::Renew(r)) => assert!(name_ok(&r.key) && name_ok(&r.holder) && r.ttl_ms.is_none_or(ttl_ok)),
+        Ok(Request::Release(r)) => assert!(name_ok(&r.key) && name_ok(&r.holder)),
+        Ok(Request::Owner(r)) => assert!(name_ok(&r.key)),
+        Ok(Request::Forward(r)) => assert!(name_ok(&r.key) && (100..=30_000).contains(&r.timeout_ms)),
+        Err(e) => assert_eq!(e.kind, ErrorKind::Invalid),
+    }
+    let mut call = Call::new(CallConfig::ready(1 << 20), Instant::now(), time::OffsetDateTime::UNIX_EPOCH, endpoint, body);
+    let first = call.poll_effect().expect("a call always has a first effect");
+    if decoded.is_err() {
+        match first {
+            Effect::Reply(r) => assert_eq!(r.error_kind(), Some(ErrorKind::Invalid)),
+            other => panic!("an invalid body reached {other:?}"),
+        }
+        assert!(call.poll_effect().is_none() && call.is_done());
+    } else {
+        assert!(!matches!(first, Effect::Reply(_)), "a valid request replied without reading");
+    }
+});
