@@ -11,6 +11,14 @@ use crate::record::{
 };
 use crate::wire::{Endpoint, ErrorKind, Response};
 
+/// The acquire's create meets an existing key, and its leader read finds `state`.
+fn create_conflicts_then_reads(d: &mut Drive, state: RequestOutcome) {
+    let w = d.write();
+    d.feed(w.id, wrong_last_sequence());
+    let r = d.read();
+    d.feed(r.id, state);
+}
+
 const ACQUIRE: &str = r#"{"key":"k","holder":"me","ttl_ms":15000}"#;
 
 fn acquired(r: Response) -> crate::wire::AcquireReply {
@@ -66,10 +74,7 @@ fn every_write_carries_ttl_expected_revision_and_event_headers() {
 #[test]
 fn acquire_of_a_key_held_by_another_replies_granted_false_naming_that_holder() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, held(40, "other", 15000, 5000));
+    create_conflicts_then_reads(&mut d, held(40, "other", 15000, 5000));
     let a = acquired(d.reply());
     assert!(!a.granted);
     assert_eq!((a.lease.holder.as_str(), a.lease.revision), ("other", 40));
@@ -82,10 +87,7 @@ fn acquire_of_a_key_held_by_another_replies_granted_false_naming_that_holder() {
 #[test]
 fn acquire_by_the_current_holder_is_idempotent_same_revision_ttl_not_extended() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, held(40, "me", 15000, 5000));
+    create_conflicts_then_reads(&mut d, held(40, "me", 15000, 5000));
     // The reply comes straight from the read: no write, so the TTL is not extended.
     let a = acquired(d.reply());
     assert!(a.granted);
@@ -100,10 +102,7 @@ fn acquire_by_the_current_holder_is_idempotent_same_revision_ttl_not_extended() 
 #[test]
 fn acquire_over_an_expiry_marker_expects_the_marker_revision() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, marker(17));
+    create_conflicts_then_reads(&mut d, marker(17));
     let w = d.write();
     assert_eq!(w.expected_revision, 17);
     assert_eq!(
@@ -118,10 +117,7 @@ fn acquire_over_an_expiry_marker_expects_the_marker_revision() {
 #[test]
 fn acquire_over_a_tombstone_expects_its_revision() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, tombstone(9));
+    create_conflicts_then_reads(&mut d, tombstone(9));
     let w = d.write();
     assert_eq!((w.expected_revision, w.event), (9, LeaseEvent::Acquired));
 }
@@ -129,10 +125,7 @@ fn acquire_over_a_tombstone_expects_its_revision() {
 #[test]
 fn acquire_of_a_key_gone_between_create_and_read_creates_again() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, no_message());
+    create_conflicts_then_reads(&mut d, no_message());
     let w = d.write();
     assert_eq!(w.expected_revision, 0);
     d.feed(w.id, ack(3));
@@ -169,10 +162,7 @@ fn acquire_whose_create_reply_is_lost_is_unavailable_and_a_retry_recovers_the_fe
     assert_eq!(d.error().kind, ErrorKind::Unavailable);
     // The create landed; the retried acquire finds it and returns it.
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, held(5, "me", 15000, 0));
+    create_conflicts_then_reads(&mut d, held(5, "me", 15000, 0));
     let a = acquired(d.reply());
     assert!(a.granted);
     assert_eq!(a.lease.revision, 5);
@@ -366,10 +356,7 @@ fn a_corrupt_record_is_internal_and_left_as_it_is() {
         assert_eq!(d.error().kind, ErrorKind::Internal, "{endpoint:?}");
     }
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
-    let w = d.write();
-    d.feed(w.id, wrong_last_sequence());
-    let r = d.read();
-    d.feed(r.id, corrupt(40));
+    create_conflicts_then_reads(&mut d, corrupt(40));
     assert_eq!(d.error().kind, ErrorKind::Internal);
 }
 
