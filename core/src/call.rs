@@ -286,21 +286,6 @@ impl Call {
         call
     }
 
-    /// Starts a call from an already decoded request.
-    pub fn from_request(
-        config: CallConfig,
-        now: Instant,
-        wall: OffsetDateTime,
-        request: Request,
-    ) -> Call {
-        let mut call = Call::new(config, now, wall, request.endpoint(), b"");
-        if config.mode == Mode::Ready {
-            call.effects.clear();
-            call.start(now, request);
-        }
-        call
-    }
-
     fn start(&mut self, now: Instant, request: Request) {
         match request {
             Request::Acquire(r) => {

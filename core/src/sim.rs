@@ -689,11 +689,10 @@ impl World {
         };
         let now = self.now();
         let (id, outcome): (EffectId, RequestOutcome) = match &effect {
-            Effect::KvRead(r) => {
+            Effect::KvRead(_) => {
                 let (id, req) = effect.nats_request().expect("a request");
                 let outcome = self.sim.handle(&req);
                 self.calls[i].last_read = js::parse_read(&outcome).ok();
-                let _ = r;
                 (
                     id,
                     if lose_reply {
