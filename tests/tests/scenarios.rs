@@ -681,3 +681,32 @@ async fn a_slow_forward_does_not_hold_up_other_calls() {
     );
     forward.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_stream_after_startup_is_unavailable_never_unsupported() {
+    let fx = Fx::start().await;
+    // What a leader election looks like from outside: no stream answers.
+    let deleted = fx
+        .client
+        .request("$JS.API.STREAM.DELETE.KV_leases", "".into())
+        .await
+        .unwrap();
+    let deleted: Value = serde_json::from_slice(&deleted.payload).unwrap();
+    assert_eq!(deleted["success"], true, "{deleted}");
+    let acquire = fx.acquire("k", "h", 5000).await;
+    assert_eq!(
+        kind(&acquire),
+        "unavailable",
+        "a write with no stream: {acquire}"
+    );
+    let owner = fx.owner("k").await;
+    assert_eq!(
+        kind(&owner),
+        "unavailable",
+        "a read with no stream: {owner}"
+    );
+    let renew = fx
+        .call("renew", json!({"key": "k", "holder": "h", "revision": 1}))
+        .await;
+    assert_eq!(kind(&renew), "unavailable");
+}
