@@ -318,17 +318,20 @@ fn owner_of_a_free_expired_or_released_key_is_held_false() {
     }
 }
 
+/// Every call that starts with a leader read, with a valid body for key `k`.
+const CALLS_THAT_READ_FIRST: [(Endpoint, &str); 4] = [
+    (Endpoint::Owner, r#"{"key":"k"}"#),
+    (Endpoint::Renew, RENEW),
+    (Endpoint::Release, RELEASE),
+    (
+        Endpoint::Forward,
+        r#"{"key":"k","payload":"","timeout_ms":1000}"#,
+    ),
+];
+
 #[test]
 fn every_read_goes_through_the_stream_leader() {
-    for (endpoint, body) in [
-        (Endpoint::Owner, r#"{"key":"k"}"#),
-        (Endpoint::Renew, RENEW),
-        (Endpoint::Release, RELEASE),
-        (
-            Endpoint::Forward,
-            r#"{"key":"k","payload":"","timeout_ms":1000}"#,
-        ),
-    ] {
+    for (endpoint, body) in CALLS_THAT_READ_FIRST {
         let mut d = Drive::new(endpoint, body);
         let (_, req) = Effect::KvRead(d.read()).nats_request().unwrap();
         assert_eq!(
@@ -341,15 +344,7 @@ fn every_read_goes_through_the_stream_leader() {
 
 #[test]
 fn a_corrupt_record_is_internal_and_left_as_it_is() {
-    for (endpoint, body) in [
-        (Endpoint::Owner, r#"{"key":"k"}"#),
-        (Endpoint::Renew, RENEW),
-        (Endpoint::Release, RELEASE),
-        (
-            Endpoint::Forward,
-            r#"{"key":"k","payload":"","timeout_ms":1000}"#,
-        ),
-    ] {
+    for (endpoint, body) in CALLS_THAT_READ_FIRST {
         let mut d = Drive::new(endpoint, body);
         let r = d.read();
         d.feed(r.id, corrupt(40));
