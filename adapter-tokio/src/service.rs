@@ -11,9 +11,9 @@ use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{BucketOptions, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use time::OffsetDateTime;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::exec;
 use crate::{Error, ErrorKind as ServiceErrorKind};
@@ -70,8 +70,38 @@ impl Drop for ServiceHandle {
     }
 }
 
-/// Ensures the bucket (waiting while JetStream is not ready), then serves.
+/// Ensures the bucket (waiting while JetStream is not ready), then serves on tokio.
 pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
+    let prepared = prepare(client, options).await?;
+    Ok(ServiceHandle {
+        mode: prepared.mode,
+        stop: prepared.stop,
+        task: Some(tokio::spawn(prepared.serve)),
+    })
+}
+
+/// A service ready to serve: its mode, its stop switch, and the one future that
+/// serves every request until the switch is thrown. The future spawns nothing, so
+/// any executor can run it (the smol adapter runs it under `async_compat`).
+pub struct Prepared {
+    /// `Ready`, or `Unsupported` on a server without per-message TTL.
+    pub mode: Mode,
+    /// Send `true` to stop taking requests and drain the calls in flight.
+    pub stop: watch::Sender<bool>,
+    /// Serves until stopped; needs tokio's timer (a tokio runtime or `async_compat`).
+    pub serve: futures::future::BoxFuture<'static, ()>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Ensures the bucket and registers the endpoints; returns the serving future.
+pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared, Error> {
     let info = client.server_info();
     if info.version.is_empty() {
         // Judging support from an empty INFO would wrongly settle on `unsupported`.
@@ -117,18 +147,18 @@ pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHan
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(serve(
+    let serve = serve(
         client,
         service,
         endpoints,
         Arc::new(config),
         stopped,
         options.shutdown_timeout,
-    ));
-    Ok(ServiceHandle {
+    );
+    Ok(Prepared {
         mode,
         stop,
-        task: Some(task),
+        serve: Box::pin(serve),
     })
 }
 
@@ -168,21 +198,23 @@ async fn serve(
             .into_iter()
             .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
     );
-    let mut calls = JoinSet::new();
+    // Every call in flight is polled by this one future: calls run concurrently
+    // without spawning, so the same loop serves on any executor.
+    let mut calls = FuturesUnordered::new();
     loop {
         tokio::select! {
             next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
                 let client = client.clone();
                 let config = *config;
-                calls.spawn(async move {
+                calls.push(async move {
                     let body = run_call(&client, config, endpoint, &request.message.payload).await;
                     if let Err(e) = request.respond(Ok(body.into())).await {
                         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
                     }
                 });
             }
-            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            Some(()) = calls.next(), if !calls.is_empty() => {}
             _ = stopped.changed() => break,
         }
     }
@@ -193,13 +225,13 @@ async fn serve(
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
     let drained = tokio::time::timeout(shutdown_timeout, async {
-        while calls.join_next().await.is_some() {}
+        while calls.next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
         tracing::warn!("stopping: {} calls did not finish in time", calls.len());
-        calls.abort_all();
     }
+    drop(calls);
     let _ = client.flush().await;
 }
 

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use async_nats::Client;
+use dagnats_leases_core::Mode;
 use dagnats_leases_tests::NatsServer;
-use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{self, ServiceOptions};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -13,7 +14,33 @@ use serde_json::{Value, json};
 pub struct Fx {
     pub server: NatsServer,
     pub client: Client,
-    pub service: Option<ServiceHandle>,
+    pub service: Option<Service>,
+}
+
+/// The service under test, on the runtime `DAGNATS_TEST_RUNTIME` names
+/// (`tokio`, the default, or `smol`): one suite, run once per runtime.
+pub enum Service {
+    /// On the test's own tokio runtime.
+    Tokio(service::ServiceHandle),
+    /// On smol's executor, in a thread of its own; dropping the sender stops it.
+    Smol {
+        mode: Mode,
+        _stop: smol::channel::Sender<()>,
+    },
+}
+
+impl Service {
+    pub fn mode(&self) -> Mode {
+        match self {
+            Service::Tokio(h) => h.mode(),
+            Service::Smol { mode, .. } => *mode,
+        }
+    }
+}
+
+/// Which runtime the suite runs the service on.
+pub fn runtime() -> String {
+    std::env::var("DAGNATS_TEST_RUNTIME").unwrap_or_else(|_| "tokio".into())
 }
 
 impl Fx {
@@ -73,11 +100,38 @@ pub async fn connect(server: &NatsServer) -> Client {
         .expect("connect")
 }
 
-pub async fn start_service(server: &NatsServer) -> ServiceHandle {
-    let client = connect(server).await;
-    service::start(client, ServiceOptions::default())
-        .await
-        .expect("service starts")
+pub async fn start_service(server: &NatsServer) -> Service {
+    match runtime().as_str() {
+        "tokio" => {
+            let client = connect(server).await;
+            let handle = service::start(client, ServiceOptions::default())
+                .await
+                .expect("service starts");
+            Service::Tokio(handle)
+        }
+        "smol" => {
+            let url = server.url();
+            let (stop, stopped) = smol::channel::bounded::<()>(1);
+            let (mode_tx, mode_rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                smol::block_on(async move {
+                    let client = dagnats_leases_smol::connect(&url).await.expect("connect");
+                    let handle = dagnats_leases_smol::start(client, ServiceOptions::default())
+                        .await
+                        .expect("service starts on smol");
+                    mode_tx.send(handle.mode()).unwrap();
+                    let _ = stopped.recv().await;
+                    handle.shutdown().await;
+                })
+            });
+            let mode =
+                tokio::task::spawn_blocking(move || mode_rx.recv().expect("smol service started"))
+                    .await
+                    .unwrap();
+            Service::Smol { mode, _stop: stop }
+        }
+        other => panic!("DAGNATS_TEST_RUNTIME is tokio or smol, not {other:?}"),
+    }
 }
 
 /// The kind of an error reply, or "" for a success.
