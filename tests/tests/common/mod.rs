@@ -25,7 +25,8 @@ pub enum Service {
     /// On smol's executor, in a thread of its own; dropping the sender stops it.
     Smol {
         mode: Mode,
-        _stop: smol::channel::Sender<()>,
+        stop: smol::channel::Sender<()>,
+        thread: std::thread::JoinHandle<()>,
     },
 }
 
@@ -36,11 +37,34 @@ impl Service {
             Service::Smol { mode, .. } => *mode,
         }
     }
+
+    /// Stops the service and waits until it has stopped.
+    pub async fn stop(self) {
+        match self {
+            Service::Tokio(h) => h.shutdown().await,
+            Service::Smol { stop, thread, .. } => {
+                drop(stop);
+                tokio::task::spawn_blocking(move || thread.join().unwrap())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
 }
+
+static RUNTIME: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 /// Which runtime the suite runs the service on.
 pub fn runtime() -> String {
+    if let Some(r) = RUNTIME.lock().unwrap().clone() {
+        return r;
+    }
     std::env::var("DAGNATS_TEST_RUNTIME").unwrap_or_else(|_| "tokio".into())
+}
+
+/// Overrides `DAGNATS_TEST_RUNTIME` for this process (the runtime benchmark).
+pub fn set_runtime(runtime: &str) {
+    *RUNTIME.lock().unwrap() = Some(runtime.to_string());
 }
 
 impl Fx {
@@ -113,7 +137,7 @@ pub async fn start_service(server: &NatsServer) -> Service {
             let url = server.url();
             let (stop, stopped) = smol::channel::bounded::<()>(1);
             let (mode_tx, mode_rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
+            let thread = std::thread::spawn(move || {
                 smol::block_on(async move {
                     let client = dagnats_leases_smol::connect(&url).await.expect("connect");
                     let handle = dagnats_leases_smol::start(client, ServiceOptions::default())
@@ -128,7 +152,7 @@ pub async fn start_service(server: &NatsServer) -> Service {
                 tokio::task::spawn_blocking(move || mode_rx.recv().expect("smol service started"))
                     .await
                     .unwrap();
-            Service::Smol { mode, _stop: stop }
+            Service::Smol { mode, stop, thread }
         }
         other => panic!("DAGNATS_TEST_RUNTIME is tokio or smol, not {other:?}"),
     }
