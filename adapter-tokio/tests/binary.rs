@@ -1,70 +1,14 @@
-//! The `dagnats-leases serve` binary: it serves, and SIGTERM stops it cleanly (exit 0).
+//! The `dagnats-leases` binary: it serves, and stops cleanly.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use dagnats_leases_tests::NatsServer;
+#[path = "support/serve_binary.rs"]
+mod serve_binary;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_answers_and_exits_zero_on_sigterm() {
-    let server = NatsServer::start();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagnats-leases"))
-        .args([
-            "serve",
-            "--nats-url",
-            &server.url(),
-            "--shutdown-timeout-ms",
-            "2000",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the binary starts");
-    let client = async_nats::connect(server.url()).await.unwrap();
-    // Bounded wait for the service's micro-service PING to be answered.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if client
-            .request("$SRV.PING.dagnats-api", "".into())
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the service never came up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let reply = client
-        .request("api.leases.owner", r#"{"key":"k"}"#.into())
-        .await
-        .unwrap();
-    assert_eq!(&reply.payload[..], br#"{"held":false,"key":"k"}"#);
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(exit.code(), Some(0), "SIGTERM ends the service with exit 0");
-    // It stopped taking requests.
-    let after = client
-        .request("api.leases.owner", r#"{"key":"k"}"#.into())
-        .await;
-    assert!(after.is_err(), "still answering after shutdown");
+    serve_binary::serves_and_exits_zero_on_sigterm(env!("CARGO_BIN_EXE_dagnats-leases")).await;
 }
 
 #[test]
 fn serve_without_a_server_fails_with_a_clear_exit_code() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dagnats-leases"))
-        .args(["serve", "--nats-url", "nats://127.0.0.1:1"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+    serve_binary::fails_with_exit_2_without_a_server(env!("CARGO_BIN_EXE_dagnats-leases"));
 }
