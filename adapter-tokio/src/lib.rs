@@ -15,6 +15,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod connect;
 pub mod exec;
 pub mod service;

@@ -1,10 +1,10 @@
 //! `dagnats-leases`: the lease service and its operator commands.
 
-use std::time::Duration;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dagnats_leases_tokio::connect::ConnectOptions;
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::cli::{self, ServeArgs};
+use dagnats_leases_tokio::service;
 
 #[derive(Parser)]
 #[command(
@@ -20,71 +20,30 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve api.leases.* until SIGINT or SIGTERM.
-    Serve {
-        #[command(flatten)]
-        connect: ConnectOptions,
-        /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
-        #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
-        replicas: Option<usize>,
-        /// Bound on each JetStream request, in milliseconds.
-        #[arg(long, default_value_t = 5000)]
-        kv_timeout_ms: u64,
-        /// How long shutdown waits for calls in flight, in milliseconds.
-        #[arg(long, default_value_t = 10_000)]
-        shutdown_timeout_ms: u64,
-    },
+    Serve(ServeArgs),
 }
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Serve {
-            connect,
-            replicas,
-            kv_timeout_ms,
-            shutdown_timeout_ms,
-        } => {
-            let client = match connect.connect().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!("cannot connect to {}: {e}", connect.nats_url);
-                    return std::process::ExitCode::from(2);
-                }
-            };
-            let options = ServiceOptions {
-                replicas,
-                kv_timeout: Duration::from_millis(kv_timeout_ms),
-                shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
-            };
-            let handle = match service::start(client, options).await {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::error!("cannot start: {e}");
-                    return std::process::ExitCode::from(1);
-                }
-            };
-            wait_for_signal().await;
-            tracing::info!("signal received: stopping");
-            handle.shutdown().await;
-            tracing::info!("stopped");
-            std::process::ExitCode::SUCCESS
+async fn main() -> ExitCode {
+    cli::init_logging();
+    let Command::Serve(args) = Cli::parse().command;
+    let client = match args.connect.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+            return ExitCode::from(cli::EXIT_NO_SERVER);
         }
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    };
+    let handle = match service::start(client, args.service_options()).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+    };
+    cli::wait_for_signal().await;
+    tracing::info!("signal received: stopping");
+    handle.shutdown().await;
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
 }
