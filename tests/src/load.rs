@@ -1,0 +1,508 @@
+//! The load driver of the fault suite: holders campaigning for keys over raw NATS
+//! requests, readers, and a watcher of change events, all recording into a
+//! [`History`].
+//!
+//! A holder is one task per (holder, key). It follows the holder rules of the
+//! contract with nothing but JSON requests to `api.leases.*`:
+//! - acquire; on `granted: true` it owns the key until its local deadline, the send
+//!   time of the write that set the lease's TTL plus the TTL (for an idempotent
+//!   grant after unanswered writes: the earliest of those sends);
+//! - renew every ttl/3 with the last fence; step down on `lost` or
+//!   `fence_mismatch`, or when the deadline passes;
+//! - retry `unavailable`, `internal` and timeouts with backoff;
+//! - while owner, write to the [`FencedStore`] with its fence, checking the
+//!   deadline before each write; now and then release the key, to exercise release.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::Client;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::history::{
+    Belief, Call, Expiry, FencedStore, History, Nanos, Op, Outcome, Record, ms, now,
+};
+
+/// How long a holder waits for one reply.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A reply to a lease call, or why there is none.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A success body.
+    Ok(Value),
+    /// An error reply: its kind and sentence.
+    Err(String, String),
+    /// No reply in time, or no responders, or a broken body.
+    NoReply(String),
+}
+
+/// Sends one lease call and waits up to `timeout`.
+pub async fn call(client: &Client, endpoint: &str, body: &Value, timeout: Duration) -> Reply {
+    let req = client.request(format!("api.leases.{endpoint}"), body.to_string().into());
+    match tokio::time::timeout(timeout, req).await {
+        Err(_) => Reply::NoReply("timeout".into()),
+        Ok(Err(e)) => Reply::NoReply(e.to_string()),
+        Ok(Ok(msg)) => match serde_json::from_slice::<Value>(&msg.payload) {
+            Err(e) => Reply::NoReply(format!("reply is not JSON: {e}")),
+            Ok(v) => match v["kind"].as_str() {
+                Some(kind) => Reply::Err(kind.to_owned(), v["error"].to_string()),
+                None => Reply::Ok(v),
+            },
+        },
+    }
+}
+
+/// Where an owner's writes go.
+#[derive(Clone, Debug)]
+pub enum StoreTarget {
+    /// Straight into an in-process store.
+    Local(FencedStore),
+    /// Over NATS to [`serve_store`] on this subject (for holder processes).
+    Remote(Client, String),
+}
+
+impl StoreTarget {
+    /// Writes with `fence`; `None` when the store did not answer.
+    pub async fn write(&self, key: &str, holder: &str, fence: u64) -> Option<bool> {
+        match self {
+            StoreTarget::Local(store) => Some(store.write(key, holder, fence)),
+            StoreTarget::Remote(client, subject) => {
+                let body = json!({"key": key, "holder": holder, "revision": fence});
+                let req = client.request(subject.clone(), body.to_string().into());
+                let reply = tokio::time::timeout(REQUEST_TIMEOUT, req)
+                    .await
+                    .ok()?
+                    .ok()?;
+                Some(&reply.payload[..] == b"accepted")
+            }
+        }
+    }
+}
+
+/// Answers store writes sent by holder processes on `subject` until the
+/// subscription ends: `accepted` or `rejected`.
+pub async fn serve_store(client: Client, subject: String, store: FencedStore) {
+    let mut sub = client
+        .subscribe(subject)
+        .await
+        .expect("subscribe the store");
+    while let Some(msg) = sub.next().await {
+        let Ok(v) = serde_json::from_slice::<Value>(&msg.payload) else {
+            continue;
+        };
+        let (Some(key), Some(holder), Some(rev)) = (
+            v["key"].as_str(),
+            v["holder"].as_str(),
+            v["revision"].as_u64(),
+        ) else {
+            continue;
+        };
+        let answer = if store.write(key, holder, rev) {
+            "accepted"
+        } else {
+            "rejected"
+        };
+        if let Some(reply) = msg.reply {
+            let _ = client.publish(reply, answer.into()).await;
+        }
+    }
+}
+
+/// How one holder behaves.
+#[derive(Clone, Debug)]
+pub struct HolderConfig {
+    /// The holder id (unique per process).
+    pub holder: String,
+    /// The key it campaigns for.
+    pub key: String,
+    /// The TTL it asks for.
+    pub ttl_ms: u64,
+    /// How often an owner writes to the store.
+    pub write_every: Duration,
+    /// How often a candidate tries again after `granted: false`.
+    pub campaign_every: Duration,
+    /// The chance, at each step of an owner (a write or a renewal, every
+    /// `write_every` or so), of releasing the key (0.0 never).
+    pub release_chance: f64,
+    /// Work between the deadline check and the store write: a pause that lands here
+    /// makes the write late. `Duration::ZERO` writes right after the check.
+    pub work: Duration,
+}
+
+/// Events a holder reports beside the history (for the holder process's stdout).
+pub trait Observer: Send + Sync {
+    /// The holder checked its deadline and is about to do `work` before writing.
+    fn working(&self, _key: &str, _fence: u64) {}
+}
+
+struct NoObserver;
+impl Observer for NoObserver {}
+
+fn jitter(d: Duration) -> Duration {
+    d + d.mul_f64(fastrand::f64() * 0.5)
+}
+
+async fn sleep_until(t: Nanos) {
+    let left = t.saturating_sub(now());
+    if left > 0 {
+        tokio::time::sleep(Duration::from_nanos(left)).await;
+    }
+}
+
+/// Runs one holder until `stop`, then releases what it holds.
+pub async fn run_holder(
+    client: Client,
+    cfg: HolderConfig,
+    store: StoreTarget,
+    history: History,
+    stop: Arc<AtomicBool>,
+) {
+    run_holder_observed(client, cfg, store, history, stop, Arc::new(NoObserver)).await
+}
+
+/// [`run_holder`], telling `observer` when it is between check and write.
+pub async fn run_holder_observed(
+    client: Client,
+    cfg: HolderConfig,
+    store: StoreTarget,
+    history: History,
+    stop: Arc<AtomicBool>,
+    observer: Arc<dyn Observer>,
+) {
+    let ttl = ms(cfg.ttl_ms);
+    let key = cfg.key.clone();
+    let holder = cfg.holder.clone();
+    let record = |op: Op, sent: Nanos, outcome: Outcome| {
+        history.call(Call {
+            key: key.clone(),
+            caller: holder.clone(),
+            op,
+            sent,
+            replied: now(),
+            outcome,
+        });
+    };
+    // The send time of the oldest write whose outcome is unknown since the last answered one.
+    let mut pending_since: Option<Nanos> = None;
+    // The last answered write: (revision, lower bound of its time).
+    let mut known: Option<(u64, Nanos)> = None;
+    let mut backoff = Duration::from_millis(50);
+    while !stop.load(Ordering::Relaxed) {
+        // Candidate.
+        let sent = now();
+        let body = json!({"key": key, "holder": holder, "ttl_ms": cfg.ttl_ms});
+        let (fence, mut deadline, from) =
+            match call(&client, "acquire", &body, REQUEST_TIMEOUT).await {
+                Reply::Ok(v) if v["granted"] == true => {
+                    let rev = v["revision"].as_u64().expect("revision");
+                    let lb = match known {
+                        Some((k, lb)) if k == rev => lb,
+                        _ => pending_since.map_or(sent, |p| p.min(sent)),
+                    };
+                    pending_since = None;
+                    known = Some((rev, lb));
+                    record(
+                        Op::Acquire,
+                        sent,
+                        Outcome::Granted {
+                            revision: rev,
+                            ttl_ms: cfg.ttl_ms,
+                            write_lb: lb,
+                        },
+                    );
+                    backoff = Duration::from_millis(50);
+                    (rev, lb + ttl, now())
+                }
+                Reply::Ok(v) => {
+                    record(
+                        Op::Acquire,
+                        sent,
+                        Outcome::Held {
+                            holder: v["holder"].as_str().unwrap_or("").to_owned(),
+                            revision: v["revision"].as_u64().unwrap_or(0),
+                        },
+                    );
+                    tokio::time::sleep(jitter(cfg.campaign_every)).await;
+                    continue;
+                }
+                Reply::Err(kind, error) => {
+                    assert!(
+                        kind == "unavailable" || kind == "internal",
+                        "acquire {key} by {holder}: {kind}: {error}"
+                    );
+                    pending_since.get_or_insert(sent);
+                    record(Op::Acquire, sent, Outcome::Unknown { why: kind });
+                    tokio::time::sleep(jitter(backoff)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+                Reply::NoReply(why) => {
+                    pending_since.get_or_insert(sent);
+                    record(Op::Acquire, sent, Outcome::Unknown { why });
+                    tokio::time::sleep(jitter(backoff)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+        // Owner (while the deadline holds).
+        let tenure = fence;
+        let mut fence = fence;
+        let mut last_write_send = deadline - ttl;
+        let mut next_write = now();
+        let until;
+        loop {
+            let t = now();
+            if t >= deadline {
+                until = deadline;
+                break;
+            }
+            if stop.load(Ordering::Relaxed) || fastrand::f64() < cfg.release_chance {
+                let sent = now();
+                until = sent;
+                let body = json!({"key": key, "holder": holder, "revision": fence});
+                let outcome = match call(&client, "release", &body, REQUEST_TIMEOUT).await {
+                    Reply::Ok(v) => Outcome::Released {
+                        revision: v["revision"].as_u64().expect("revision"),
+                    },
+                    Reply::Err(kind, _) if kind == "lost" || kind == "fence_mismatch" => {
+                        Outcome::Refused { kind }
+                    }
+                    Reply::Err(why, _) | Reply::NoReply(why) => Outcome::Unknown { why },
+                };
+                record(Op::Release, sent, outcome);
+                // `known` stays: if this release did not act, a later acquire is
+                // granted idempotently on the lease that write set.
+                break;
+            }
+            let renew_at = last_write_send + ttl / 3;
+            if t >= renew_at {
+                let sent = now();
+                let body =
+                    json!({"key": key, "holder": holder, "revision": fence, "ttl_ms": cfg.ttl_ms});
+                match call(&client, "renew", &body, REQUEST_TIMEOUT).await {
+                    Reply::Ok(v) => {
+                        let rev = v["revision"].as_u64().expect("revision");
+                        record(
+                            Op::Renew,
+                            sent,
+                            Outcome::Renewed {
+                                revision: rev,
+                                ttl_ms: cfg.ttl_ms,
+                            },
+                        );
+                        fence = rev;
+                        deadline = sent + ttl;
+                        last_write_send = sent;
+                        known = Some((rev, sent));
+                        pending_since = None;
+                    }
+                    Reply::Err(kind, _) if kind == "lost" || kind == "fence_mismatch" => {
+                        record(Op::Renew, sent, Outcome::Refused { kind });
+                        until = now().min(deadline);
+                        break;
+                    }
+                    Reply::Err(why, _) | Reply::NoReply(why) => {
+                        pending_since.get_or_insert(sent);
+                        record(Op::Renew, sent, Outcome::Unknown { why });
+                        // Retry soon, while the deadline holds.
+                        last_write_send = now().saturating_sub(ttl / 3) + ms(100);
+                    }
+                }
+                continue;
+            }
+            if t >= next_write {
+                observer.working(&key, fence);
+                if !cfg.work.is_zero() {
+                    tokio::time::sleep(cfg.work).await;
+                }
+                let _ = store.write(&key, &holder, fence).await;
+                next_write = now() + cfg.write_every.as_nanos() as u64;
+                continue;
+            }
+            sleep_until(next_write.min(renew_at).min(deadline)).await;
+        }
+        history.push(Record::Belief(Belief {
+            key: key.clone(),
+            holder: holder.clone(),
+            revision: tenure,
+            from,
+            until: until.max(from),
+        }));
+        tokio::time::sleep(jitter(cfg.campaign_every)).await;
+    }
+}
+
+/// Reads the owner of each key in turn until `stop`, recording every answer.
+pub async fn run_reader(
+    client: Client,
+    name: String,
+    keys: Vec<String>,
+    every: Duration,
+    history: History,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        for key in &keys {
+            let sent = now();
+            let outcome = match call(&client, "owner", &json!({"key": key}), REQUEST_TIMEOUT).await
+            {
+                Reply::Ok(v) if v["held"] == true => Outcome::Held {
+                    holder: v["holder"].as_str().unwrap_or("").to_owned(),
+                    revision: v["revision"].as_u64().unwrap_or(0),
+                },
+                Reply::Ok(_) => Outcome::Free,
+                Reply::Err(why, _) | Reply::NoReply(why) => Outcome::Unknown { why },
+            };
+            history.call(Call {
+                key: key.clone(),
+                caller: name.clone(),
+                op: Op::Read,
+                sent,
+                replied: now(),
+                outcome,
+            });
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// What one subscriber saw on `dagnats.lease.changed.>`: for each key, the
+/// `Nats-Sequence` of every event in arrival order.
+pub type Seen = Arc<std::sync::Mutex<HashMap<String, Vec<u64>>>>;
+
+/// Subscribes to the change events; records expiry markers into `history` (when
+/// given) and every sequence into the returned [`Seen`]. Returns once subscribed.
+pub async fn watch_events(client: Client, history: Option<History>) -> Seen {
+    let seen: Seen = Arc::default();
+    let mut sub = client
+        .subscribe("dagnats.lease.changed.>")
+        .await
+        .expect("subscribe to change events");
+    client.flush().await.expect("flush the subscription");
+    let out = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let observed = now();
+            let key = msg.subject.rsplit('.').next().unwrap_or("").to_owned();
+            let headers = msg.headers.unwrap_or_default();
+            let Some(seq) = headers
+                .get("Nats-Sequence")
+                .and_then(|s| s.as_str().parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if headers.get("Nats-Marker-Reason").is_some()
+                && let Some(h) = &history
+            {
+                h.push(Record::Expiry(Expiry {
+                    key: key.clone(),
+                    seq,
+                    observed,
+                }));
+            }
+            out.lock().unwrap().entry(key).or_default().push(seq);
+        }
+    });
+    seen
+}
+
+/// Connects a client for the load (all URLs given, in this order of preference).
+pub async fn connect(urls: &[String]) -> Client {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .connect(urls.join(","))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {urls:?}: {e}"))
+}
+
+/// Campaigning holders and readers over a set of keys, recording one history.
+pub struct Load {
+    /// The history every task records into.
+    pub history: History,
+    /// The store every in-process holder writes through.
+    pub store: FencedStore,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// An idle load with its history and store.
+    pub fn new() -> Load {
+        let history = History::new();
+        Load {
+            store: FencedStore::new(history.clone()),
+            history,
+            stop: Arc::new(AtomicBool::new(false)),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Starts `holders` holders, each campaigning for every key, holder `h` on a
+    /// client that prefers `urls_of(h)`.
+    pub async fn holders(
+        &mut self,
+        holders: usize,
+        keys: &[String],
+        ttl_ms: u64,
+        urls_of: impl Fn(usize) -> Vec<String>,
+    ) {
+        for h in 0..holders {
+            let client = connect(&urls_of(h)).await;
+            for key in keys {
+                let cfg = HolderConfig {
+                    holder: format!("holder-{h}"),
+                    key: key.clone(),
+                    ttl_ms,
+                    write_every: Duration::from_millis(100),
+                    campaign_every: Duration::from_millis(150),
+                    release_chance: 0.01,
+                    work: Duration::ZERO,
+                };
+                self.tasks.push(tokio::spawn(run_holder(
+                    client.clone(),
+                    cfg,
+                    StoreTarget::Local(self.store.clone()),
+                    self.history.clone(),
+                    Arc::clone(&self.stop),
+                )));
+            }
+        }
+    }
+
+    /// Starts a reader on a client that prefers `urls`.
+    pub async fn reader(&mut self, name: &str, keys: &[String], urls: &[String]) {
+        let client = connect(urls).await;
+        self.tasks.push(tokio::spawn(run_reader(
+            client,
+            name.to_owned(),
+            keys.to_vec(),
+            Duration::from_millis(50),
+            self.history.clone(),
+            Arc::clone(&self.stop),
+        )));
+    }
+
+    /// A flag the tasks stop on.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stop)
+    }
+
+    /// Stops every task (holders release what they hold) and waits for them.
+    pub async fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks.drain(..) {
+            task.await.expect("a load task panicked");
+        }
+    }
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Self::new()
+    }
+}
