@@ -5,7 +5,9 @@
 //! the key's KV revision is the fencing token. This crate holds every lease rule as
 //! pure, synchronous state machines: wire types and strict validation ([`wire`]),
 //! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
-//! one machine per call ([`call`]) and bucket startup ([`startup`]).
+//! one machine per call ([`call`]) and bucket startup ([`startup`]); and the holder
+//! side: a campaigning, renewing [`holder::Holder`] and the owner-side and downstream
+//! checks of [`guard`].
 //!
 //! # Determinism
 //!
@@ -48,6 +50,8 @@
 #![warn(missing_docs)]
 
 pub mod call;
+pub mod guard;
+pub mod holder;
 pub mod js;
 pub mod record;
 pub mod startup;
@@ -58,6 +62,8 @@ pub mod wire;
 pub mod sim;
 
 pub use call::{Call, CallConfig, Effect, EffectId, Mode};
+pub use guard::{FenceGuard, InboxGuard};
+pub use holder::{Holder, HolderConfig, HolderEvent};
 pub use js::{NatsRequest, RequestOutcome};
 pub use wire::{Endpoint, ErrorKind, Request, Response};
 

@@ -357,7 +357,8 @@ pub fn check_name(field: &str, value: &str) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-fn check_ttl(ttl_ms: u64) -> Result<(), ErrorReply> {
+/// Checks a `ttl_ms` against the bounds: 1000 to 600000, whole seconds.
+pub fn check_ttl(ttl_ms: u64) -> Result<(), ErrorReply> {
     if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
         return Err(invalid(format!(
             "field `ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS}, got {ttl_ms}"
@@ -468,6 +469,52 @@ impl Response {
             Response::Error(e) => Some(e.kind),
             _ => None,
         }
+    }
+}
+
+impl Response {
+    /// Reads a reply body as a client of `endpoint` receives it: an error reply when it
+    /// carries `kind`, else the success shape of that endpoint. `Err` names what does
+    /// not parse.
+    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Response, String> {
+        let value: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| format!("the {} reply is not JSON: {e}", endpoint.name()))?;
+        let shape =
+            |e: serde_json::Error| format!("the {} reply is malformed: {e}", endpoint.name());
+        if value.get("kind").is_some() {
+            return serde_json::from_value(value)
+                .map(Response::Error)
+                .map_err(shape);
+        }
+        match endpoint {
+            Endpoint::Acquire => serde_json::from_value(value).map(Response::Acquired),
+            Endpoint::Renew => serde_json::from_value(value).map(Response::Lease),
+            Endpoint::Release => serde_json::from_value(value).map(Response::Released),
+            Endpoint::Owner if value.get("held") == Some(&serde_json::Value::Bool(false)) => {
+                serde_json::from_value(value).map(Response::Free)
+            }
+            Endpoint::Owner => serde_json::from_value(value).map(Response::Lease),
+            Endpoint::Forward => serde_json::from_value(value).map(Response::Forwarded),
+        }
+        .map_err(shape)
+    }
+}
+
+impl Request {
+    /// The JSON body a client sends for this request (a forward's payload as base64).
+    pub fn to_json(&self) -> Vec<u8> {
+        let encoded = match self {
+            Request::Acquire(r) => serde_json::to_vec(r),
+            Request::Renew(r) => serde_json::to_vec(r),
+            Request::Release(r) => serde_json::to_vec(r),
+            Request::Owner(r) => serde_json::to_vec(r),
+            Request::Forward(r) => serde_json::to_vec(&ForwardRequestWire {
+                key: r.key.clone(),
+                payload: base64::engine::general_purpose::STANDARD.encode(&r.payload),
+                timeout_ms: r.timeout_ms,
+            }),
+        };
+        encoded.expect("request types always serialise")
     }
 }
 

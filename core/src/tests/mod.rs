@@ -1,5 +1,7 @@
 //! The core's tests: table tests, one per rule, and property tests over the simulator.
 
+mod holder;
+mod holder_world;
 mod properties;
 mod rules;
 mod startup;

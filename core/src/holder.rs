@@ -1,0 +1,764 @@
+//! The holder side of a lease, as a pure machine: campaign for a key, renew it about
+//! every ttl/3, and step down the moment ownership can no longer be proven.
+//!
+//! [`Holder`] follows the holder rules of the lease contract:
+//!
+//! - It believes it owns the key only until its *local deadline*: the moment the
+//!   last successful acquire or renew was **sent**, plus the TTL, less a margin for
+//!   clock drift. The server wrote the lease after the request was sent, so the
+//!   server's expiry is never earlier than that deadline: a slow reply can only
+//!   shorten what the holder believes, never lengthen it.
+//! - A request whose outcome is unknown (timed out, or the connection failed) may
+//!   still have written. Until a reply settles the state, the earliest such send
+//!   bounds any lease the holder later learns about.
+//! - `lost` steps down at once. `fence_mismatch` (a renew whose first reply was lost)
+//!   is recovered with an idempotent acquire, which returns the current fence; if
+//!   another holder has the key by then, the holder steps down.
+//! - Acquire is idempotent and does not extend a lease, so an acquire that returns
+//!   the fence the holder already knew keeps the deadline it had.
+//!
+//! Like every machine in this crate it does no IO and reads no clock: feed it
+//! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
+//! [`Holder::poll_request`] and [`Holder::poll_event`].
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use dagnats_leases_core::holder::{Holder, HolderConfig, HolderEvent};
+//! use dagnats_leases_core::js::RequestOutcome;
+//!
+//! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
+//! # fn sleep_until(_: Instant) {}
+//! let config = HolderConfig::new("notify-leader", "notify-7f3a", Duration::from_secs(15));
+//! let mut holder = Holder::new(config, Instant::now()).expect("valid config");
+//! loop {
+//!     while let Some(request) = holder.poll_request() {
+//!         let outcome = send(&request.body, &request.endpoint.subject(), request.timeout);
+//!         holder.handle_outcome(Instant::now(), request.id, outcome);
+//!     }
+//!     while let Some(event) = holder.poll_event() {
+//!         match event {
+//!             HolderEvent::Elected { fence, .. } => println!("leader, fence {fence}"),
+//!             HolderEvent::SteppedDown { reason } => println!("not leader: {reason}"),
+//!             _ => {}
+//!         }
+//!     }
+//!     if holder.is_done() {
+//!         break;
+//!     }
+//!     if let Some(at) = holder.poll_timeout() {
+//!         sleep_until(at);
+//!     }
+//!     holder.handle_timeout(Instant::now());
+//! }
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::js::RequestOutcome;
+use crate::wire::{
+    self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ReleaseRequest, RenewRequest, Request,
+    Response,
+};
+
+/// The default bound on clock drift between a holder and the server: 1%, far more
+/// than any NTP-disciplined clock drifts over one TTL.
+pub const DEFAULT_MAX_CLOCK_DRIFT_PPM: u32 = 10_000;
+
+/// How a [`Holder`] campaigns and renews.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderConfig {
+    /// The lease key.
+    pub key: String,
+    /// This process's holder ID (unique per process).
+    pub holder: String,
+    /// The lease TTL: whole seconds, 1 s to 10 min.
+    pub ttl: Duration,
+    /// How often to renew: ttl/3 by default.
+    pub renew_every: Duration,
+    /// How long to wait before asking again when another holder has the key (ttl/3 by
+    /// default; a change event for the key asks at once, see [`Holder::handle_changed`]).
+    pub campaign_every: Duration,
+    /// How long to wait after a failed request before trying again.
+    pub retry_every: Duration,
+    /// Bound on one request to the service.
+    pub request_timeout: Duration,
+    /// Bound on how much faster the server's clock may run than the holder's, in parts
+    /// per million; the local deadline is shortened by this share of the TTL.
+    pub max_clock_drift_ppm: u32,
+}
+
+impl HolderConfig {
+    /// The defaults for `ttl`: renew and campaign every ttl/3, retry after ttl/10 (0.1
+    /// to 1 s), requests bounded by ttl/4 (at most 5 s), 1% clock drift.
+    pub fn new(key: impl Into<String>, holder: impl Into<String>, ttl: Duration) -> Self {
+        HolderConfig {
+            key: key.into(),
+            holder: holder.into(),
+            ttl,
+            renew_every: ttl / 3,
+            campaign_every: ttl / 3,
+            retry_every: (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            request_timeout: (ttl / 4).min(Duration::from_secs(5)),
+            max_clock_drift_ppm: DEFAULT_MAX_CLOCK_DRIFT_PPM,
+        }
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Checks the key, holder and TTL against the contract's bounds.
+    pub fn validate(&self) -> Result<(), ErrorReply> {
+        wire::check_name("key", &self.key)?;
+        wire::check_name("holder", &self.holder)?;
+        wire::check_ttl(self.ttl_ms())?;
+        if self.renew_every.is_zero() || self.renew_every >= self.ttl {
+            return Err(ErrorReply::new(
+                ErrorKind::Invalid,
+                "renew_every must be above zero and below the ttl",
+            ));
+        }
+        if self.request_timeout.is_zero() || self.retry_every.is_zero() {
+            return Err(ErrorReply::new(
+                ErrorKind::Invalid,
+                "request_timeout and retry_every must be above zero",
+            ));
+        }
+        if self.max_clock_drift_ppm >= 500_000 {
+            return Err(ErrorReply::new(
+                ErrorKind::Invalid,
+                "max_clock_drift_ppm must be below 500000",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How long after a send the holder may still believe the lease is its: the TTL
+    /// less the drift margin.
+    pub fn believed_span(&self, ttl: Duration) -> Duration {
+        let margin = ttl.as_micros() * u128::from(self.max_clock_drift_ppm) / 1_000_000;
+        ttl.saturating_sub(Duration::from_micros(
+            u64::try_from(margin).unwrap_or(u64::MAX),
+        ))
+    }
+}
+
+/// Tags a [`HolderRequest`] so its outcome can be fed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// A request the adapter sends to the lease service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderRequest {
+    /// Feed the outcome back with this id.
+    pub id: RequestId,
+    /// The subject is `endpoint.subject()`.
+    pub endpoint: Endpoint,
+    /// The JSON body.
+    pub body: Vec<u8>,
+    /// Give up waiting after this long and feed back [`RequestOutcome::TimedOut`].
+    pub timeout: Duration,
+}
+
+/// Why a holder stopped acting as owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepDownReason {
+    /// The service said the lease is no longer this holder's (`lost`, or a
+    /// `fence_mismatch` whose recovery found another holder).
+    Lost,
+    /// The local deadline passed without a successful renewal.
+    DeadlineMissed,
+    /// The application asked to stop (the lease is released).
+    Stopped,
+    /// The service refused the request for good (`invalid` or `unsupported`).
+    Failed,
+}
+
+impl fmt::Display for StepDownReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StepDownReason::Lost => "lost",
+            StepDownReason::DeadlineMissed => "deadline_missed",
+            StepDownReason::Stopped => "stopped",
+            StepDownReason::Failed => "failed",
+        })
+    }
+}
+
+/// What changed about this holder's ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderEvent {
+    /// A tenure began: act as owner until `deadline`, fencing writes with `fence`.
+    Elected {
+        /// The acquire revision: the start of the tenure.
+        fence: u64,
+        /// The local deadline, on the holder's clock.
+        deadline: Instant,
+    },
+    /// A renewal succeeded: the same tenure, a higher fence, a later deadline.
+    Renewed {
+        /// The tenure's acquire revision.
+        tenure: u64,
+        /// The new fence.
+        fence: u64,
+        /// The new local deadline.
+        deadline: Instant,
+    },
+    /// Stop acting as owner now.
+    SteppedDown {
+        /// Why.
+        reason: StepDownReason,
+    },
+    /// The service refused for good; the holder is done.
+    Failed {
+        /// The error kind the service replied with.
+        kind: ErrorKind,
+        /// Its sentence.
+        message: String,
+    },
+}
+
+/// The tenure a holder is in, while its deadline has not passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    /// The acquire revision that began the tenure.
+    pub tenure: u64,
+    /// The latest fence (the revision of the last acquire or renew).
+    pub fence: u64,
+    /// The local deadline.
+    pub deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl Purpose {
+    fn endpoint(self) -> Endpoint {
+        match self {
+            Purpose::Acquire => Endpoint::Acquire,
+            Purpose::Renew => Endpoint::Renew,
+            Purpose::Release => Endpoint::Release,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    id: RequestId,
+    purpose: Purpose,
+    sent_at: Instant,
+    /// The fence a renew or release carried.
+    fence: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not owner: ask at `next_at`.
+    Campaigning { next_at: Instant },
+    /// Granted `revision`, but an acquire whose outcome is unknown may have written it
+    /// long ago: a renew proves a fresh lease before the holder acts as owner.
+    Confirming { revision: u64 },
+    /// Owner until `ownership.deadline`; renew (or recover with an acquire) at `next_at`.
+    Owner {
+        ownership: Ownership,
+        next_at: Instant,
+        recovering: bool,
+    },
+    /// Releasing before finishing; `fence` is what to release (if anything).
+    Stopping { fence: Option<u64>, attempts: u32 },
+    /// Finished: no more requests or events.
+    Done,
+}
+
+/// How many requests a stop may send (release, recovery acquire, release again).
+const MAX_STOP_REQUESTS: u32 = 3;
+
+/// Renews whose outcome is unknown: the earliest send, and the highest fence one
+/// carried. Such a renew can still write only while the key's revision is that fence,
+/// so seeing any higher revision retires them.
+#[derive(Debug, Clone, Copy)]
+struct UnknownRenews {
+    since: Instant,
+    fence: u64,
+}
+
+/// One holder campaigning for one key. See the [module docs](self).
+#[derive(Debug)]
+pub struct Holder {
+    config: HolderConfig,
+    phase: Phase,
+    in_flight: Option<InFlight>,
+    /// The earliest send of an acquire whose outcome is unknown. Such an acquire may
+    /// still reach the service and write whenever the key is free, so this never
+    /// clears: grants that it might explain are confirmed with a renew.
+    unknown_acquire: Option<Instant>,
+    unknown_renews: Option<UnknownRenews>,
+    /// The last fence a reply confirmed and the deadline it gave, kept across
+    /// step-downs: an idempotent acquire returning it does not extend it.
+    confirmed: Option<(u64, Instant)>,
+    next_id: u64,
+    requests: VecDeque<HolderRequest>,
+    events: VecDeque<HolderEvent>,
+}
+
+impl Holder {
+    /// A holder that campaigns at once. `Err` when the config is outside the bounds.
+    pub fn new(config: HolderConfig, now: Instant) -> Result<Holder, ErrorReply> {
+        config.validate()?;
+        let mut holder = Holder {
+            config,
+            phase: Phase::Campaigning { next_at: now },
+            in_flight: None,
+            unknown_acquire: None,
+            unknown_renews: None,
+            confirmed: None,
+            next_id: 0,
+            requests: VecDeque::new(),
+            events: VecDeque::new(),
+        };
+        holder.drive(now);
+        Ok(holder)
+    }
+
+    /// The config this holder runs with.
+    pub fn config(&self) -> &HolderConfig {
+        &self.config
+    }
+
+    /// The tenure this holder is in at `now`, or `None`: also `None` once the local
+    /// deadline has passed, even before [`Holder::handle_timeout`] is called.
+    pub fn ownership(&self, now: Instant) -> Option<Ownership> {
+        match self.phase {
+            Phase::Owner { ownership, .. } if now < ownership.deadline => Some(ownership),
+            _ => None,
+        }
+    }
+
+    /// Whether the holder has finished (stopped, or refused for good).
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done && self.requests.is_empty()
+    }
+
+    /// The next request to send, if any.
+    pub fn poll_request(&mut self) -> Option<HolderRequest> {
+        self.requests.pop_front()
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<HolderEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Holder::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Campaigning { next_at } if self.in_flight.is_none() => Some(next_at),
+            Phase::Owner {
+                ownership, next_at, ..
+            } => Some(if self.in_flight.is_none() {
+                next_at.min(ownership.deadline)
+            } else {
+                ownership.deadline
+            }),
+            _ => None,
+        }
+    }
+
+    /// Acts on the time: steps down at the deadline, renews or campaigns when due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.drive(now);
+    }
+
+    /// A change event for the key arrived: when not owner, ask again now rather than
+    /// at the next campaign tick (a released or expired key is free at once).
+    pub fn handle_changed(&mut self, now: Instant) {
+        if let Phase::Campaigning { next_at } = &mut self.phase {
+            *next_at = (*next_at).min(now);
+        }
+        self.drive(now);
+    }
+
+    /// Stops: steps down now, releases the lease if this holder has one, then is done.
+    pub fn stop(&mut self, now: Instant) {
+        let fence = match self.phase {
+            Phase::Owner { ownership, .. } => {
+                self.events.push_back(HolderEvent::SteppedDown {
+                    reason: StepDownReason::Stopped,
+                });
+                Some(ownership.fence)
+            }
+            Phase::Confirming { revision } => Some(revision),
+            Phase::Campaigning { .. } => None,
+            Phase::Stopping { .. } | Phase::Done => return,
+        };
+        self.phase = Phase::Stopping { fence, attempts: 0 };
+        self.drive(now);
+    }
+
+    /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
+    /// waits for are ignored.
+    pub fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+        let Some(flight) = self.in_flight.filter(|f| f.id == id) else {
+            return;
+        };
+        self.in_flight = None;
+        let reply = match &outcome {
+            RequestOutcome::Reply { payload, .. } => {
+                Response::decode(flight.purpose.endpoint(), payload).ok()
+            }
+            _ => None,
+        };
+        match (&outcome, reply) {
+            (RequestOutcome::Reply { .. }, Some(reply)) => self.on_reply(now, flight, reply),
+            // Nobody received it: nothing was written.
+            (RequestOutcome::NoResponders, _) => self.on_transient(now, flight),
+            // It may have been processed, or may still be.
+            _ => {
+                self.mark_unknown(flight);
+                self.on_transient(now, flight);
+            }
+        }
+        self.drive(now);
+    }
+
+    fn mark_unknown(&mut self, flight: InFlight) {
+        match flight.purpose {
+            Purpose::Acquire => {
+                let since = self
+                    .unknown_acquire
+                    .map_or(flight.sent_at, |t| t.min(flight.sent_at));
+                self.unknown_acquire = Some(since);
+            }
+            Purpose::Renew => {
+                let merged = match self.unknown_renews {
+                    Some(u) => UnknownRenews {
+                        since: u.since.min(flight.sent_at),
+                        fence: u.fence.max(flight.fence),
+                    },
+                    None => UnknownRenews {
+                        since: flight.sent_at,
+                        fence: flight.fence,
+                    },
+                };
+                self.unknown_renews = Some(merged);
+            }
+            // Only a stop releases, and a stopped holder believes nothing.
+            Purpose::Release => {}
+        }
+    }
+
+    /// A reply showed the key at `revision`: renews carrying a lower fence can no
+    /// longer write.
+    fn saw_revision(&mut self, revision: u64) {
+        if self.unknown_renews.is_some_and(|u| revision > u.fence) {
+            self.unknown_renews = None;
+        }
+    }
+
+    fn on_reply(&mut self, now: Instant, flight: InFlight, reply: Response) {
+        match (flight.purpose, reply) {
+            (Purpose::Acquire, Response::Acquired(r)) if r.granted => {
+                // Unknown renews may have written this very revision: bound it first.
+                self.on_granted(now, flight, r.lease.revision, r.lease.ttl_ms);
+                self.saw_revision(r.lease.revision);
+            }
+            (Purpose::Acquire, Response::Acquired(r)) => {
+                // Another holder has it.
+                self.saw_revision(r.lease.revision);
+                match self.phase {
+                    Phase::Owner { .. } => self.step_down(now, StepDownReason::Lost),
+                    Phase::Stopping { .. } => self.phase = Phase::Done,
+                    _ => self.campaign_after(now, self.config.campaign_every),
+                }
+            }
+            (Purpose::Renew, Response::Lease(lease)) => {
+                self.saw_revision(lease.revision);
+                self.on_renewed(flight, lease.revision, lease.ttl_ms);
+            }
+            (Purpose::Release, Response::Released(_)) => {
+                self.confirmed = None;
+                self.phase = Phase::Done;
+            }
+            (_, Response::Error(e)) => self.on_error(now, flight, e),
+            // A reply of the wrong shape: treat like an unknown outcome.
+            _ => {
+                self.mark_unknown(flight);
+                self.on_transient(now, flight);
+            }
+        }
+    }
+
+    fn lease_ttl(&self, reply_ttl_ms: u64) -> Duration {
+        self.config.ttl.min(Duration::from_millis(reply_ttl_ms))
+    }
+
+    /// A renew wrote `revision` after `flight` was sent: the soundest proof there is.
+    fn on_renewed(&mut self, flight: InFlight, revision: u64, ttl_ms: u64) {
+        let deadline = flight.sent_at + self.config.believed_span(self.lease_ttl(ttl_ms));
+        self.confirmed = Some((revision, deadline));
+        let next_at = flight.sent_at + self.config.renew_every;
+        match self.phase {
+            Phase::Owner { ownership, .. } => {
+                let ownership = Ownership {
+                    fence: revision,
+                    deadline,
+                    ..ownership
+                };
+                self.phase = Phase::Owner {
+                    ownership,
+                    next_at,
+                    recovering: false,
+                };
+                self.events.push_back(HolderEvent::Renewed {
+                    tenure: ownership.tenure,
+                    fence: revision,
+                    deadline,
+                });
+            }
+            Phase::Confirming { .. } => {
+                self.phase = Phase::Owner {
+                    ownership: Ownership {
+                        tenure: revision,
+                        fence: revision,
+                        deadline,
+                    },
+                    next_at,
+                    recovering: false,
+                };
+                self.events.push_back(HolderEvent::Elected {
+                    fence: revision,
+                    deadline,
+                });
+            }
+            Phase::Stopping { ref mut fence, .. } => *fence = Some(revision),
+            Phase::Campaigning { .. } | Phase::Done => {}
+        }
+    }
+
+    fn on_granted(&mut self, now: Instant, flight: InFlight, revision: u64, ttl_ms: u64) {
+        // When the lease at `revision` was written at the earliest: by this request, or
+        // by an earlier one whose outcome is unknown.
+        let written_after = [
+            Some(flight.sent_at),
+            self.unknown_acquire,
+            self.unknown_renews.map(|u| u.since),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .expect("the send time is always there");
+        let deadline = match self.confirmed {
+            // Acquire does not extend: the lease is the one already confirmed.
+            Some((fence, deadline)) if fence == revision => deadline,
+            _ => written_after + self.config.believed_span(self.lease_ttl(ttl_ms)),
+        };
+        match self.phase {
+            Phase::Stopping { .. } => {
+                self.phase = Phase::Stopping {
+                    fence: Some(revision),
+                    attempts: self.stop_attempts(),
+                };
+            }
+            Phase::Owner { ownership, .. } => {
+                // A recovery after fence_mismatch. The lease at `revision` was written
+                // after the one the current deadline stands on, so it lasts at least as
+                // long: keep the later of the two.
+                let deadline = deadline.max(ownership.deadline);
+                let ownership = Ownership {
+                    fence: revision.max(ownership.fence),
+                    deadline,
+                    ..ownership
+                };
+                self.confirmed = Some((ownership.fence, deadline));
+                self.phase = Phase::Owner {
+                    ownership,
+                    next_at: flight.sent_at + self.config.renew_every,
+                    recovering: false,
+                };
+                self.events.push_back(HolderEvent::Renewed {
+                    tenure: ownership.tenure,
+                    fence: ownership.fence,
+                    deadline,
+                });
+            }
+            Phase::Campaigning { .. } if deadline > now => {
+                self.confirmed = Some((revision, deadline));
+                self.phase = Phase::Owner {
+                    ownership: Ownership {
+                        tenure: revision,
+                        fence: revision,
+                        deadline,
+                    },
+                    next_at: flight.sent_at + self.config.renew_every,
+                    recovering: false,
+                };
+                self.events.push_back(HolderEvent::Elected {
+                    fence: revision,
+                    deadline,
+                });
+            }
+            // Ours on the server, but nothing proves when it was written: a renew will.
+            Phase::Campaigning { .. } => self.phase = Phase::Confirming { revision },
+            Phase::Confirming { .. } | Phase::Done => {}
+        }
+    }
+
+    fn on_error(&mut self, now: Instant, flight: InFlight, e: ErrorReply) {
+        match e.kind {
+            ErrorKind::Invalid | ErrorKind::Unsupported => {
+                if let Phase::Owner { .. } = self.phase {
+                    self.events.push_back(HolderEvent::SteppedDown {
+                        reason: StepDownReason::Failed,
+                    });
+                }
+                self.events.push_back(HolderEvent::Failed {
+                    kind: e.kind,
+                    message: e.error,
+                });
+                self.phase = Phase::Done;
+            }
+            ErrorKind::Lost => match self.phase {
+                Phase::Owner { .. } => self.step_down(now, StepDownReason::Lost),
+                Phase::Stopping { .. } => self.phase = Phase::Done,
+                _ => self.campaign_after(now, Duration::ZERO),
+            },
+            ErrorKind::FenceMismatch => match &mut self.phase {
+                Phase::Owner {
+                    next_at,
+                    recovering,
+                    ..
+                } => {
+                    *recovering = true;
+                    *next_at = now;
+                }
+                // Ask again: the acquire returns the current fence.
+                Phase::Confirming { .. } => self.campaign_after(now, Duration::ZERO),
+                Phase::Stopping { .. } => self.send(now, Purpose::Acquire, 0),
+                _ => {}
+            },
+            _ => self.on_transient(now, flight),
+        }
+    }
+
+    fn on_transient(&mut self, now: Instant, flight: InFlight) {
+        let retry = now + self.config.retry_every;
+        match &mut self.phase {
+            Phase::Campaigning { next_at } | Phase::Owner { next_at, .. } => *next_at = retry,
+            Phase::Confirming { .. } => self.campaign_after(now, self.config.retry_every),
+            // One release attempt is enough: the TTL frees the key anyway. A renew or
+            // acquire that was in flight when the stop came still leads to a release.
+            Phase::Stopping { .. } if flight.purpose == Purpose::Release => {
+                self.phase = Phase::Done
+            }
+            Phase::Stopping { .. } | Phase::Done => {}
+        }
+    }
+
+    fn stop_attempts(&self) -> u32 {
+        match self.phase {
+            Phase::Stopping { attempts, .. } => attempts,
+            _ => 0,
+        }
+    }
+
+    fn step_down(&mut self, now: Instant, reason: StepDownReason) {
+        self.events.push_back(HolderEvent::SteppedDown { reason });
+        let wait = match reason {
+            StepDownReason::Lost => Duration::ZERO,
+            _ => self.config.retry_every,
+        };
+        self.campaign_after(now, wait);
+    }
+
+    fn campaign_after(&mut self, now: Instant, wait: Duration) {
+        self.phase = Phase::Campaigning {
+            next_at: now + wait,
+        };
+    }
+
+    /// Steps down at the deadline, and sends what is due.
+    fn drive(&mut self, now: Instant) {
+        if let Phase::Owner { ownership, .. } = self.phase
+            && now >= ownership.deadline
+        {
+            // An unanswered request may still write; its outcome is unknown.
+            if let Some(flight) = self.in_flight.take() {
+                self.mark_unknown(flight);
+            }
+            self.step_down(now, StepDownReason::DeadlineMissed);
+        }
+        if self.in_flight.is_some() {
+            return;
+        }
+        match self.phase {
+            Phase::Campaigning { next_at } if now >= next_at => {
+                self.send(now, Purpose::Acquire, 0);
+            }
+            Phase::Confirming { revision } => self.send(now, Purpose::Renew, revision),
+            Phase::Owner {
+                ownership,
+                next_at,
+                recovering,
+            } if now >= next_at => {
+                let purpose = if recovering {
+                    Purpose::Acquire
+                } else {
+                    Purpose::Renew
+                };
+                self.send(now, purpose, ownership.fence);
+            }
+            Phase::Stopping { fence, attempts } => match fence {
+                Some(fence) if attempts < MAX_STOP_REQUESTS => {
+                    self.send(now, Purpose::Release, fence)
+                }
+                _ => self.phase = Phase::Done,
+            },
+            _ => {}
+        }
+    }
+
+    fn send(&mut self, now: Instant, purpose: Purpose, fence: u64) {
+        let (key, holder) = (self.config.key.clone(), self.config.holder.clone());
+        let request = match purpose {
+            Purpose::Acquire => Request::Acquire(AcquireRequest {
+                key,
+                holder,
+                ttl_ms: self.config.ttl_ms(),
+            }),
+            Purpose::Renew => Request::Renew(RenewRequest {
+                key,
+                holder,
+                revision: fence,
+                ttl_ms: Some(self.config.ttl_ms()),
+            }),
+            Purpose::Release => Request::Release(ReleaseRequest {
+                key,
+                holder,
+                revision: fence,
+            }),
+        };
+        if let Phase::Stopping { attempts, .. } = &mut self.phase {
+            *attempts += 1;
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.in_flight = Some(InFlight {
+            id,
+            purpose,
+            sent_at: now,
+            fence,
+        });
+        self.requests.push_back(HolderRequest {
+            id,
+            endpoint: request.endpoint(),
+            body: request.to_json(),
+            timeout: self.config.request_timeout,
+        });
+    }
+}

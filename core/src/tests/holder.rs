@@ -1,0 +1,550 @@
+//! Table tests of the holder machine and the two guards: one input sequence, the
+//! requests and events it must give.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::guard::{FenceGuard, InboxGuard, RejectReason};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, StepDownReason};
+use crate::js::RequestOutcome;
+use crate::wire::{Endpoint, ErrorKind};
+
+const TTL: Duration = Duration::from_secs(15);
+
+fn config() -> HolderConfig {
+    HolderConfig::new("leader", "h1", TTL)
+}
+
+fn span() -> Duration {
+    config().believed_span(TTL)
+}
+
+fn lease(revision: u64, holder: &str) -> serde_json::Value {
+    json!({"held": true, "key": "leader", "holder": holder, "revision": revision,
+        "acquired_at": "2026-10-18T12:00:00Z", "expires_at": "2026-10-18T12:00:15Z",
+        "ttl_ms": 15000})
+}
+
+fn granted(revision: u64) -> RequestOutcome {
+    let mut v = lease(revision, "h1");
+    v["granted"] = json!(true);
+    RequestOutcome::reply(v.to_string())
+}
+
+fn refused(revision: u64) -> RequestOutcome {
+    let mut v = lease(revision, "h2");
+    v["granted"] = json!(false);
+    RequestOutcome::reply(v.to_string())
+}
+
+fn renewed(revision: u64) -> RequestOutcome {
+    RequestOutcome::reply(lease(revision, "h1").to_string())
+}
+
+fn error(kind: &str) -> RequestOutcome {
+    RequestOutcome::reply(json!({"error": "says the service", "kind": kind}).to_string())
+}
+
+fn body(r: &HolderRequest) -> serde_json::Value {
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+struct Run {
+    holder: Holder,
+    t0: Instant,
+}
+
+impl Run {
+    fn new(config: HolderConfig) -> Run {
+        let t0 = Instant::now();
+        Run {
+            holder: Holder::new(config, t0).unwrap(),
+            t0,
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn request(&mut self) -> HolderRequest {
+        self.holder
+            .poll_request()
+            .expect("the holder wants to send")
+    }
+
+    fn no_request(&mut self) {
+        assert_eq!(self.holder.poll_request(), None);
+    }
+
+    fn answer(&mut self, ms: u64, r: &HolderRequest, outcome: RequestOutcome) {
+        self.holder.handle_outcome(self.at(ms), r.id, outcome);
+    }
+
+    fn events(&mut self) -> Vec<HolderEvent> {
+        std::iter::from_fn(|| self.holder.poll_event()).collect()
+    }
+
+    /// Acquire sent at 0, granted `revision` at `reply_ms`.
+    fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Run {
+        let mut run = Run::new(config);
+        let r = run.request();
+        run.answer(reply_ms, &r, granted(revision));
+        assert!(matches!(run.events()[..], [HolderEvent::Elected { .. }]));
+        run
+    }
+}
+
+#[test]
+fn first_request_is_an_acquire_of_the_configured_lease() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Acquire);
+    assert_eq!(
+        body(&r),
+        json!({"key": "leader", "holder": "h1", "ttl_ms": 15000})
+    );
+    assert_eq!(r.timeout, Duration::from_millis(3750));
+    run.no_request();
+}
+
+#[test]
+fn the_deadline_counts_from_the_send_not_the_reply() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    // The reply takes 4 s: the holder may believe only what is left of the TTL.
+    run.answer(4000, &r, granted(7));
+    let deadline = run.at(0) + span();
+    assert_eq!(run.events(), [HolderEvent::Elected { fence: 7, deadline }]);
+    assert!(
+        run.holder
+            .ownership(deadline - Duration::from_millis(1))
+            .is_some()
+    );
+    assert_eq!(run.holder.ownership(deadline), None);
+}
+
+#[test]
+fn the_drift_margin_shortens_the_deadline() {
+    let span = config().believed_span(TTL);
+    assert_eq!(span, Duration::from_millis(14_850));
+    let mut strict = config();
+    strict.max_clock_drift_ppm = 0;
+    assert_eq!(strict.believed_span(TTL), TTL);
+}
+
+#[test]
+fn renews_a_third_of_the_ttl_after_the_last_send_with_the_current_fence() {
+    let mut run = Run::elected(config(), 7, 100);
+    run.no_request();
+    assert_eq!(run.holder.poll_timeout(), Some(run.at(5000)));
+    run.holder.handle_timeout(run.at(4999));
+    run.no_request();
+    run.holder.handle_timeout(run.at(5000));
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Renew);
+    assert_eq!(
+        body(&r),
+        json!({"key": "leader", "holder": "h1", "revision": 7, "ttl_ms": 15000})
+    );
+    run.answer(5300, &r, renewed(9));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Renewed {
+            tenure: 7,
+            fence: 9,
+            deadline: run.at(5000) + span()
+        }]
+    );
+    assert_eq!(run.holder.poll_timeout(), Some(run.at(10_000)));
+}
+
+#[test]
+fn lost_steps_down_at_once_and_campaigns_again() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let r = run.request();
+    run.answer(5001, &r, error("lost"));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::Lost
+        }]
+    );
+    assert_eq!(run.holder.ownership(run.at(5001)), None);
+    assert_eq!(run.request().endpoint, Endpoint::Acquire);
+}
+
+#[test]
+fn no_renewal_before_the_deadline_steps_down_even_with_a_renew_in_flight() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    let deadline = run.at(0) + span();
+    // Nothing answers: the deadline is the next thing to act on.
+    assert_eq!(run.holder.poll_timeout(), Some(deadline));
+    assert!(
+        run.holder.ownership(deadline).is_none(),
+        "believes past its deadline"
+    );
+    run.holder.handle_timeout(deadline);
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::DeadlineMissed
+        }]
+    );
+    // A late success of that renew no longer counts.
+    run.answer(15_000, &renew, renewed(9));
+    assert_eq!(run.events(), []);
+    assert_eq!(run.holder.ownership(run.at(15_000)), None);
+}
+
+#[test]
+fn retries_a_failed_renew_until_the_deadline() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let r = run.request();
+    run.answer(5010, &r, error("unavailable"));
+    run.no_request();
+    assert_eq!(run.holder.poll_timeout(), Some(run.at(6010)));
+    run.holder.handle_timeout(run.at(6010));
+    let r = run.request();
+    assert_eq!(body(&r)["revision"], 7);
+    run.answer(6020, &r, RequestOutcome::NoResponders);
+    assert!(run.holder.ownership(run.at(6020)).is_some());
+    assert_eq!(run.events(), []);
+}
+
+#[test]
+fn fence_mismatch_is_recovered_with_an_acquire_that_returns_the_current_fence() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let first = run.request();
+    // The first renew's reply is lost: it did write (fence 9).
+    run.answer(8750, &first, RequestOutcome::TimedOut);
+    run.holder.handle_timeout(run.at(9750));
+    let retry = run.request();
+    assert_eq!(body(&retry)["revision"], 7);
+    run.answer(9760, &retry, error("fence_mismatch"));
+    let recover = run.request();
+    assert_eq!(recover.endpoint, Endpoint::Acquire);
+    run.answer(9770, &recover, granted(9));
+    // Fence 9 was written by the renew sent at 5000: that bounds the deadline.
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Renewed {
+            tenure: 7,
+            fence: 9,
+            deadline: run.at(5000) + span()
+        }]
+    );
+}
+
+#[test]
+fn fence_mismatch_whose_recovery_finds_another_holder_steps_down() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let r = run.request();
+    run.answer(5001, &r, error("fence_mismatch"));
+    let recover = run.request();
+    run.answer(5002, &recover, refused(12));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::Lost
+        }]
+    );
+}
+
+#[test]
+fn an_acquire_retried_after_a_timeout_counts_from_the_first_send() {
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(3750, &first, RequestOutcome::TimedOut);
+    run.holder.handle_timeout(run.at(5000));
+    let retry = run.request();
+    run.answer(5001, &retry, granted(3));
+    let deadline = run.at(0) + span();
+    assert_eq!(run.events(), [HolderEvent::Elected { fence: 3, deadline }]);
+}
+
+#[test]
+fn no_responders_proves_nothing_was_written() {
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(1, &first, RequestOutcome::NoResponders);
+    run.holder.handle_timeout(run.at(2000));
+    let retry = run.request();
+    run.answer(2001, &retry, granted(3));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Elected {
+            fence: 3,
+            deadline: run.at(2000) + span()
+        }]
+    );
+}
+
+#[test]
+fn an_idempotent_acquire_does_not_extend_the_deadline() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let r = run.request();
+    run.answer(5001, &r, error("fence_mismatch"));
+    let recover = run.request();
+    // Same fence as confirmed: the lease written at 0, not at 5001.
+    run.answer(5002, &recover, granted(7));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Renewed {
+            tenure: 7,
+            fence: 7,
+            deadline: run.at(0) + span()
+        }]
+    );
+}
+
+#[test]
+fn an_idempotent_grant_past_the_old_deadline_is_not_an_election() {
+    let mut run = Run::elected(config(), 7, 1);
+    let deadline = run.at(0) + span();
+    run.holder.handle_timeout(deadline);
+    assert_eq!(run.events().len(), 1);
+    run.holder.handle_timeout(deadline + Duration::from_secs(1));
+    let r = run.request();
+    run.answer(16_000, &r, granted(7));
+    assert_eq!(run.events(), [], "elected on a lease it may not believe in");
+    assert_eq!(run.holder.ownership(run.at(16_000)), None);
+}
+
+#[test]
+fn another_holder_means_campaigning_again_later_or_on_a_change_event() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(10, &r, refused(4));
+    assert_eq!(run.events(), []);
+    assert_eq!(run.holder.poll_timeout(), Some(run.at(5010)));
+    run.no_request();
+    run.holder.handle_changed(run.at(100));
+    assert_eq!(run.request().endpoint, Endpoint::Acquire);
+}
+
+#[test]
+fn stop_steps_down_first_then_releases_with_the_current_fence() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.stop(run.at(10));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::Stopped
+        }]
+    );
+    assert_eq!(run.holder.ownership(run.at(10)), None);
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Release);
+    assert_eq!(
+        body(&r),
+        json!({"key": "leader", "holder": "h1", "revision": 7})
+    );
+    assert!(!run.holder.is_done());
+    let released =
+        json!({"released": true, "held": false, "key": "leader", "holder": "h1", "revision": 8});
+    run.answer(11, &r, RequestOutcome::reply(released.to_string()));
+    assert!(run.holder.is_done());
+}
+
+#[test]
+fn stop_with_an_acquire_in_flight_releases_what_it_grants() {
+    let mut run = Run::new(config());
+    let acquire = run.request();
+    run.holder.stop(run.at(1));
+    run.no_request();
+    run.answer(2, &acquire, granted(5));
+    assert_eq!(run.events(), [], "never elected while stopping");
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Release);
+    assert_eq!(body(&r)["revision"], 5);
+}
+
+#[test]
+fn invalid_or_unsupported_ends_the_holder_with_the_reason() {
+    for kind in ["invalid", "unsupported"] {
+        let mut run = Run::new(config());
+        let r = run.request();
+        run.answer(1, &r, error(kind));
+        let events = run.events();
+        assert!(
+            matches!(&events[..], [HolderEvent::Failed { kind: k, .. }] if k.as_str() == kind),
+            "{events:?}"
+        );
+        assert!(run.holder.is_done());
+        assert_eq!(run.holder.poll_timeout(), None);
+    }
+}
+
+#[test]
+fn a_malformed_reply_counts_as_an_unknown_outcome() {
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(1, &first, RequestOutcome::reply("not json"));
+    assert_eq!(run.events(), []);
+    run.holder.handle_timeout(run.at(1001));
+    let retry = run.request();
+    run.answer(1002, &retry, granted(2));
+    // The first request may have written: its send bounds the deadline.
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::Elected { deadline, .. }] if deadline == run.at(0) + span()
+    ));
+}
+
+#[test]
+fn the_config_is_checked_against_the_contract_bounds() {
+    let bad = [
+        HolderConfig::new("a.b", "h1", TTL),
+        HolderConfig::new("leader", "", TTL),
+        HolderConfig::new("leader", "h1", Duration::from_millis(1500)),
+        HolderConfig::new("leader", "h1", Duration::from_secs(601)),
+    ];
+    for config in bad {
+        let err = Holder::new(config.clone(), Instant::now()).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Invalid, "{config:?}");
+    }
+}
+
+// The guards.
+
+const INBOX: &str = "dagnats.lease.inbox.h1.leader";
+
+#[test]
+fn inbox_guard_rejects_until_a_tenure_begins_and_after_it_ends() {
+    let now = Instant::now();
+    let mut guard = InboxGuard::new("h1");
+    assert_eq!(
+        guard.check(now, INBOX, Some("5")),
+        Err(RejectReason::NotOwner)
+    );
+    guard.begin("leader", 5, now + TTL);
+    assert_eq!(guard.check(now, INBOX, Some("5")).unwrap().fence, 5);
+    assert_eq!(guard.check(now, INBOX, Some("9")).unwrap().fence, 9);
+    guard.end("leader");
+    assert_eq!(
+        guard.check(now, INBOX, Some("5")),
+        Err(RejectReason::NotOwner)
+    );
+}
+
+#[test]
+fn inbox_guard_rejects_past_the_local_deadline() {
+    let now = Instant::now();
+    let mut guard = InboxGuard::new("h1");
+    guard.begin("leader", 5, now + TTL);
+    assert!(
+        guard
+            .check(now + TTL - Duration::from_millis(1), INBOX, Some("5"))
+            .is_ok()
+    );
+    assert_eq!(
+        guard.check(now + TTL, INBOX, Some("5")),
+        Err(RejectReason::NotOwner)
+    );
+    guard.extend("leader", now + 2 * TTL);
+    assert!(guard.check(now + TTL, INBOX, Some("5")).is_ok());
+}
+
+#[test]
+fn inbox_guard_rejects_a_missing_malformed_or_stale_fence() {
+    let now = Instant::now();
+    let mut guard = InboxGuard::new("h1");
+    guard.begin("leader", 42, now + TTL);
+    assert_eq!(
+        guard.check(now, INBOX, None),
+        Err(RejectReason::MissingFence)
+    );
+    for bad in [
+        "",
+        "-1",
+        "+42",
+        " 42",
+        "42 ",
+        "4.2e1",
+        "x",
+        "18446744073709551616",
+    ] {
+        assert_eq!(
+            guard.check(now, INBOX, Some(bad)),
+            Err(RejectReason::MalformedFence),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        guard.check(now, INBOX, Some("41")),
+        Err(RejectReason::StaleFence)
+    );
+}
+
+#[test]
+fn inbox_guard_knows_only_its_own_inbox() {
+    let now = Instant::now();
+    let mut guard = InboxGuard::new("h1");
+    guard.begin("leader", 1, now + TTL);
+    for subject in [
+        "dagnats.lease.inbox.h2.leader",
+        "dagnats.lease.inbox.h1.",
+        "dagnats.lease.inbox.h1.leader.x",
+        "api.leases.acquire",
+    ] {
+        assert_eq!(
+            guard.check(now, subject, Some("1")),
+            Err(RejectReason::WrongSubject),
+            "{subject}"
+        );
+    }
+}
+
+#[test]
+fn inbox_guard_follows_holder_events() {
+    let now = Instant::now();
+    let mut guard = InboxGuard::new("h1");
+    let deadline = now + TTL;
+    guard.observe("leader", &HolderEvent::Elected { fence: 3, deadline });
+    assert!(guard.check(now, INBOX, Some("3")).is_ok());
+    let later = deadline + TTL;
+    guard.observe(
+        "leader",
+        &HolderEvent::Renewed {
+            tenure: 3,
+            fence: 6,
+            deadline: later,
+        },
+    );
+    assert!(guard.check(deadline, INBOX, Some("3")).is_ok());
+    guard.observe(
+        "leader",
+        &HolderEvent::SteppedDown {
+            reason: StepDownReason::Lost,
+        },
+    );
+    assert_eq!(
+        guard.check(now, INBOX, Some("6")),
+        Err(RejectReason::NotOwner)
+    );
+}
+
+#[test]
+fn fence_guard_admits_equal_and_higher_fences_and_refuses_lower() {
+    let mut guard = FenceGuard::new();
+    assert_eq!(guard.highest(), None);
+    assert!(guard.admit(10).is_ok());
+    assert!(guard.admit(10).is_ok());
+    assert!(guard.admit(12).is_ok());
+    let stale = guard.admit(11).unwrap_err();
+    assert_eq!((stale.fence, stale.highest), (11, 12));
+    assert_eq!(
+        guard.highest(),
+        Some(12),
+        "a refused write must not lower the mark"
+    );
+}
