@@ -1,0 +1,307 @@
+//! The report: medians over rounds, ratios to the baseline, the table on stdout,
+//! `report.json` and a plot of latency against concurrency (hand-written SVG).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::CONCURRENCIES;
+use crate::Results;
+use crate::load::{Op, Stats};
+use crate::memory::Memory;
+
+/// What the run ran on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    /// CPU cores the machine has.
+    pub cores: usize,
+    /// nats-server version.
+    pub nats_server: String,
+    /// etcd version, if etcd ran.
+    pub etcd: Option<String>,
+    /// Rounds; every figure is the median over them.
+    pub rounds: usize,
+    /// Calls per measurement at concurrency 1.
+    pub calls_c1: usize,
+    /// Calls per measurement at concurrency 16 and 64.
+    pub calls_tp: usize,
+}
+
+/// The figures of one implementation for one operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    /// `c1`, `c16`, `c64`: median over rounds of each statistic.
+    #[serde(flatten)]
+    pub at: BTreeMap<String, Stats>,
+    /// p50 at concurrency 1 over the baseline's (median over rounds of each).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_p50: Option<f64>,
+    /// Throughput at 64 in flight over the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_ops_per_s_64: Option<f64>,
+    /// The p50 ratio of each round on its own (same round's baseline).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ratio_p50_rounds: Vec<f64>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The machine and the run's sizes.
+    pub setup: Setup,
+    /// Operation, then implementation.
+    pub operations: BTreeMap<String, BTreeMap<String, Figures>>,
+    /// Resident memory of the service with leases held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Vec<Memory>>,
+}
+
+fn key(c: usize) -> String {
+    format!("c{c}")
+}
+
+/// Order of implementations in the table and the plot.
+const ORDER: [&str; 4] = ["baseline", "tokio", "smol", "etcd"];
+
+impl Report {
+    /// Medians and ratios of every measurement.
+    pub fn new(results: &Results, memory: Option<Vec<Memory>>, setup: Setup) -> Report {
+        let mut operations: BTreeMap<String, BTreeMap<String, Figures>> = BTreeMap::new();
+        for op in Op::ALL {
+            let base = results.get(&(op, "baseline".to_string()));
+            for imp in ORDER {
+                let Some(per_c) = results.get(&(op, imp.to_string())) else {
+                    continue;
+                };
+                let at: BTreeMap<String, Stats> = per_c
+                    .iter()
+                    .map(|(c, rounds)| (key(*c), Stats::median(rounds)))
+                    .collect();
+                let (mut ratio_p50, mut ratio_ops, mut ratio_p50_rounds) = (None, None, Vec::new());
+                if let Some(base) = base
+                    && imp != "baseline"
+                {
+                    let b1 = Stats::median(&base[&1]);
+                    ratio_p50 = Some(at[&key(1)].p50_us / b1.p50_us);
+                    let b64 = Stats::median(&base[&64]);
+                    ratio_ops = Some(at[&key(64)].ops_per_s / b64.ops_per_s);
+                    ratio_p50_rounds = per_c[&1]
+                        .iter()
+                        .zip(&base[&1])
+                        .map(|(s, b)| s.p50_us / b.p50_us)
+                        .collect();
+                }
+                operations.entry(op.name().to_string()).or_default().insert(
+                    imp.to_string(),
+                    Figures {
+                        at,
+                        ratio_p50,
+                        ratio_ops_per_s_64: ratio_ops,
+                        ratio_p50_rounds,
+                    },
+                );
+            }
+        }
+        Report {
+            setup,
+            operations,
+            memory,
+        }
+    }
+
+    /// The table on stdout.
+    pub fn print(&self) {
+        let s = &self.setup;
+        println!();
+        println!(
+            "medians over {} rounds; {} cores; nats-server {}{}; latency in us, throughput in calls/s",
+            s.rounds,
+            s.cores,
+            s.nats_server,
+            s.etcd
+                .as_ref()
+                .map(|v| format!(", etcd {v}"))
+                .unwrap_or_default()
+        );
+        println!(
+            "{:<8} {:<9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "op",
+            "impl",
+            "p50@1",
+            "p99@1",
+            "ops@1",
+            "p50@16",
+            "ops@16",
+            "p50@64",
+            "ops@64",
+            "p50/base",
+            "ops64/base"
+        );
+        for op in Op::ALL {
+            let Some(per_impl) = self.operations.get(op.name()) else {
+                continue;
+            };
+            for imp in ORDER {
+                let Some(f) = per_impl.get(imp) else { continue };
+                let get = |c: usize| f.at.get(&key(c)).copied();
+                let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+                let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+                println!(
+                    "{:<8} {:<9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                    op.name(),
+                    imp,
+                    num(get(1).map(|s| s.p50_us)),
+                    num(get(1).map(|s| s.p99_us)),
+                    num(get(1).map(|s| s.ops_per_s)),
+                    num(get(16).map(|s| s.p50_us)),
+                    num(get(16).map(|s| s.ops_per_s)),
+                    num(get(64).map(|s| s.p50_us)),
+                    num(get(64).map(|s| s.ops_per_s)),
+                    ratio(f.ratio_p50),
+                    ratio(f.ratio_ops_per_s_64),
+                );
+            }
+        }
+        if let Some(memory) = &self.memory {
+            println!();
+            for m in memory {
+                let steps: Vec<String> = m
+                    .steps
+                    .iter()
+                    .map(|s| format!("{} leases: {} KiB", s.leases, s.rss_kib))
+                    .collect();
+                println!("memory {:<6} {}", m.implementation, steps.join(", "));
+            }
+        }
+    }
+}
+
+fn color(imp: &str) -> &'static str {
+    match imp {
+        "baseline" => "#444444",
+        "tokio" => "#1f77b4",
+        "smol" => "#2ca02c",
+        _ => "#d62728",
+    }
+}
+
+/// Latency (p50, solid; p99, dashed) against concurrency, one panel per operation.
+pub fn plot(report: &Report) -> String {
+    let (pw, ph, ml, mt, mb) = (300.0, 230.0, 55.0, 40.0, 40.0);
+    let panels: Vec<&String> = report.operations.keys().collect();
+    let ordered: Vec<&str> = Op::ALL
+        .iter()
+        .map(|o| o.name())
+        .filter(|n| panels.iter().any(|p| p.as_str() == *n))
+        .collect();
+    let width = ordered.len() as f64 * (pw + ml) + 20.0;
+    let height = ph + mt + mb + 30.0;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        svg,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="16" font-size="13">Latency against concurrency (p50 solid, p99 dashed; median of {} rounds, {} cores)</text>"#,
+        report.setup.rounds, report.setup.cores
+    );
+    let xs = |c: usize| (c as f64).log2() / 64f64.log2();
+    for (i, op) in ordered.iter().enumerate() {
+        let per_impl = &report.operations[*op];
+        let x0 = 10.0 + ml + i as f64 * (pw + ml);
+        let y0 = mt;
+        let max = per_impl
+            .values()
+            .flat_map(|f| f.at.values().map(|s| s.p99_us))
+            .fold(1.0f64, f64::max);
+        let ymax = nice(max);
+        let px = |c: usize| x0 + xs(c) * pw;
+        let py = |us: f64| y0 + ph - (us / ymax) * ph;
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#999"/><text x="{}" y="{}" text-anchor="middle" font-size="12">{op}</text>"##,
+            x0 + pw / 2.0,
+            y0 - 6.0
+        );
+        for t in 0..=4 {
+            let v = ymax * t as f64 / 4.0;
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{x0}\" x2=\"{}\" y1=\"{y}\" y2=\"{y}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>",
+                x0 + pw,
+                x0 - 4.0,
+                py(v) + 4.0,
+                y = py(v)
+            );
+        }
+        for c in CONCURRENCIES {
+            let _ = writeln!(
+                svg,
+                r#"<text x="{}" y="{}" text-anchor="middle">{c}</text>"#,
+                px(c),
+                y0 + ph + 14.0
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">in flight</text><text x="{}" y="{}" transform="rotate(-90 {} {})" text-anchor="middle">us</text>"#,
+            x0 + pw / 2.0,
+            y0 + ph + 28.0,
+            x0 - 42.0,
+            y0 + ph / 2.0,
+            x0 - 42.0,
+            y0 + ph / 2.0
+        );
+        for imp in ORDER {
+            let Some(f) = per_impl.get(imp) else { continue };
+            for (dash, pick) in [
+                ("", (|s: &Stats| s.p50_us) as fn(&Stats) -> f64),
+                (" stroke-dasharray=\"4 3\"", |s: &Stats| s.p99_us),
+            ] {
+                let points: Vec<String> = CONCURRENCIES
+                    .iter()
+                    .filter_map(|c| f.at.get(&key(*c)).map(|s| (*c, pick(s))))
+                    .map(|(c, v)| format!("{:.1},{:.1}", px(c), py(v)))
+                    .collect();
+                let _ = writeln!(
+                    svg,
+                    r#"<polyline fill="none" stroke="{}" stroke-width="1.8"{dash} points="{}"/>"#,
+                    color(imp),
+                    points.join(" ")
+                );
+            }
+        }
+    }
+    let mut lx = 10.0 + ml;
+    for imp in ORDER {
+        if !report.operations.values().any(|m| m.contains_key(imp)) {
+            continue;
+        }
+        let ly = height - 10.0;
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{lx}" x2="{}" y1="{}" y2="{}" stroke="{}" stroke-width="2"/><text x="{}" y="{ly}">{imp}</text>"#,
+            lx + 20.0,
+            ly - 4.0,
+            ly - 4.0,
+            color(imp),
+            lx + 24.0
+        );
+        lx += 90.0;
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// A round axis maximum at or above `v`.
+fn nice(v: f64) -> f64 {
+    let mag = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if m * mag >= v {
+            return m * mag;
+        }
+    }
+    10.0 * mag
+}

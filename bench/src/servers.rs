@@ -1,0 +1,96 @@
+//! The servers the benchmark runs: nats-server (v2.14.0 from `.nats/bin`, as
+//! `scripts/install-nats-server` puts it there) on a free loopback port with its own
+//! store directory. Kept here rather than borrowed from the test harness so that
+//! the benchmark builds on its own.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound, then released: fine for a benchmark's own servers).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The checkout's root.
+pub fn checkout() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("checkout")
+        .to_path_buf()
+}
+
+/// One nats-server with JetStream; killed (and its store removed) when dropped.
+pub struct Nats {
+    child: Child,
+    port: u16,
+    /// The version the server's INFO gives.
+    pub version: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    /// Starts nats-server and waits for its INFO.
+    pub fn start() -> Nats {
+        let bin = std::env::var_os("DAGNATS_NATS_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| checkout().join(".nats/bin/nats-server"));
+        assert!(
+            bin.is_file(),
+            "{} is missing: run scripts/install-nats-server",
+            bin.display()
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("dagnats-bench-nats-")
+            .tempdir()
+            .expect("temp dir");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
+        let child = Command::new(&bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path().join("store"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let version = loop {
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+                let mut line = String::new();
+                if BufReader::new(stream).read_line(&mut line).is_ok()
+                    && let Some(json) = line.strip_prefix("INFO ")
+                {
+                    let info: serde_json::Value =
+                        serde_json::from_str(json.trim()).expect("INFO is JSON");
+                    break info["version"].as_str().unwrap_or("?").to_string();
+                }
+            }
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Nats {
+            child,
+            port,
+            version,
+            _dir: dir,
+        }
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
