@@ -29,7 +29,8 @@
 //! - **(a) one owner at a time.** (a1) The beliefs of two holders of one key never
 //!   overlap. (a2) No other holder is granted the key, or reported as its owner, and
 //!   no read reports it free, before a lease that certainly stands has ended.
-//! - **(b) fences only go up.** (b1) No revision is handed to two holders, nor to a
+//! - **(b) fences only go up.** (b1) No revision is handed to two holders or two keys (a
+//!   revision is a stream sequence), nor to a
 //!   write and an expiry marker. (b2) A call sent after another call on the key was
 //!   answered never sees a lower revision (a tenure's revision is higher than every
 //!   earlier one; reads are never stale); a renew, release, or a grant to another
@@ -418,6 +419,7 @@ pub fn check(records: &[Record]) -> Verdict {
         }
     }
     let mut verdict = Verdict::default();
+    check_global_reuse(records, &mut verdict.violations);
     for (key, recs) in &keys {
         count(key, recs, &mut verdict);
         check_beliefs(key, recs, &mut verdict.violations);
@@ -596,6 +598,35 @@ fn check_reuse(key: &str, recs: &KeyRecords, out: &mut Vec<Violation>) {
                     e.seq
                 ),
             );
+        }
+    }
+}
+
+/// (b1) across keys: a revision is a stream sequence, so one write of one key owns it.
+fn check_global_reuse(records: &[Record], out: &mut Vec<Violation>) {
+    let mut owner: HashMap<u64, (&str, &str)> = HashMap::new();
+    let writes = records.iter().filter_map(|r| match r {
+        Record::Call(c) => match c.outcome {
+            Outcome::Granted { revision, .. }
+            | Outcome::Renewed { revision, .. }
+            | Outcome::Released { revision } => Some((revision, c.key.as_str(), c.caller.as_str())),
+            _ => None,
+        },
+        Record::Expiry(e) => Some((e.seq, e.key.as_str(), "(expiry marker)")),
+        _ => None,
+    });
+    for (rev, key, who) in writes {
+        match owner.get(&rev) {
+            Some(&(k, _)) if k != key => push(
+                out,
+                Rule::ReusedRevision,
+                key,
+                format!("revision {rev} of {key} (by {who}) was already a revision of {k}"),
+            ),
+            Some(_) => {} // the same key: the per-key check tells holders apart
+            None => {
+                owner.insert(rev, (key, who));
+            }
         }
     }
 }
@@ -984,6 +1015,16 @@ mod tests {
         assert!(r.contains(&Rule::RevisionNotHigher), "{r:?}");
         let h = vec![grant("a", 10 * S, 5), expiry(5, 13 * S)];
         assert!(rules(&h).contains(&Rule::ReusedRevision));
+    }
+
+    #[test]
+    fn a_revision_of_two_keys_fails() {
+        let mut other = grant("b", 20 * S, 5);
+        if let Record::Call(c) = &mut other {
+            c.key = "j".into();
+        }
+        let h = vec![grant("a", 10 * S, 5), other];
+        assert_eq!(rules(&h), vec![Rule::ReusedRevision]);
     }
 
     #[test]

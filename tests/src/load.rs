@@ -412,10 +412,14 @@ pub async fn watch_events(client: Client, history: Option<History>) -> Seen {
 
 /// Connects a client for the load (all URLs given, in this order of preference).
 pub async fn connect(urls: &[String]) -> Client {
+    let addrs: Vec<async_nats::ServerAddr> = urls
+        .iter()
+        .map(|u| u.parse().unwrap_or_else(|e| panic!("{u}: {e}")))
+        .collect();
     async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .request_timeout(Some(REQUEST_TIMEOUT))
-        .connect(urls.join(","))
+        .connect(addrs)
         .await
         .unwrap_or_else(|e| panic!("connect to {urls:?}: {e}"))
 }

@@ -42,7 +42,6 @@ async fn main() {
             let url = &args[1];
             let replicas: usize = args[2].parse().expect("REPLICAS");
             let client = async_nats::ConnectOptions::new()
-                .retry_on_initial_connect()
                 .connect(url)
                 .await
                 .expect("connect");

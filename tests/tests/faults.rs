@@ -1,0 +1,417 @@
+//! Fault scenarios on a real three-node cluster, each under load: six holders
+//! campaigning for four keys (TTL 2 s) and writing through a fenced store, readers on
+//! every node, and a watcher of expiry markers. Each ends with the history checker's
+//! verdict (printed) and asserts no violation.
+//!
+//! The scenarios run one at a time (a lock), so that two clusters do not compete for
+//! the machine's two cores. `DAGNATS_FAULTS_SCALE=N` makes every load phase N times
+//! longer (a long run).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dagnats_leases_tests::NatsCluster;
+use dagnats_leases_tests::cluster::NODES;
+use dagnats_leases_tests::history::{self, Nanos, Outcome, Record, Verdict, now};
+use dagnats_leases_tests::load::{self, Load};
+use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use serde_json::Value;
+
+const TTL_MS: u64 = 2_000;
+const HOLDERS: usize = 6;
+const STREAM: &str = "KV_leases";
+const WAIT: Duration = Duration::from_secs(30);
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn keys() -> Vec<String> {
+    (0..4).map(|i| format!("k{i}")).collect()
+}
+
+/// A load phase of `secs`, scaled by `DAGNATS_FAULTS_SCALE`.
+fn phase(secs: f64) -> Duration {
+    let scale: f64 = std::env::var("DAGNATS_FAULTS_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    Duration::from_secs_f64(secs * scale)
+}
+
+/// The cluster and its in-process service instances, instance `i` on node `i` only.
+struct Fx {
+    cluster: NatsCluster,
+    services: Vec<ServiceHandle>,
+}
+
+async fn start_service(url: String) -> ServiceHandle {
+    let client = async_nats::ConnectOptions::new()
+        .connect(url)
+        .await
+        .expect("connect the service");
+    let options = ServiceOptions {
+        replicas: Some(3),
+        ..ServiceOptions::default()
+    };
+    service::start(client, options)
+        .await
+        .expect("service starts")
+}
+
+impl Fx {
+    /// A cluster; with `services`, one service instance per node.
+    async fn start(services: bool) -> Fx {
+        let cluster = tokio::task::spawn_blocking(NatsCluster::start)
+            .await
+            .unwrap();
+        let mut fx = Fx {
+            cluster,
+            services: Vec::new(),
+        };
+        if services {
+            for i in 0..NODES {
+                let handle = start_service(fx.cluster.url(i)).await;
+                fx.services.push(handle);
+            }
+        }
+        fx
+    }
+
+    fn leader(&mut self) -> usize {
+        self.cluster.wait_stream_leader(STREAM, WAIT)
+    }
+
+    /// The load: holders (holder `h` prefers node `h % 3`), one reader per node, and
+    /// an expiry watcher.
+    async fn load(&self) -> Load {
+        let mut load = Load::new();
+        self.fill(&mut load).await;
+        load
+    }
+
+    /// Starts the load's tasks in `load`.
+    async fn fill(&self, load: &mut Load) {
+        let keys = keys();
+        load::watch_events(
+            load::connect(&self.cluster.urls()).await,
+            Some(load.history.clone()),
+        )
+        .await;
+        for i in 0..NODES {
+            load.reader(
+                &format!("reader-n{}", i + 1),
+                &keys,
+                &self.cluster.urls_from(i),
+            )
+            .await;
+        }
+        let urls: Vec<Vec<String>> = (0..NODES).map(|i| self.cluster.urls_from(i)).collect();
+        load.holders(HOLDERS, &keys, TTL_MS, |h| urls[h % NODES].clone())
+            .await;
+    }
+
+    async fn shutdown(self) {
+        for s in self.services {
+            s.shutdown().await;
+        }
+    }
+}
+
+/// Checks the history, prints the verdict line, and asserts no violation and some
+/// progress after `after` (grants or renewals answered later than it).
+fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
+    let v = history::check(records);
+    println!("faults: {name}: {v}");
+    assert!(v.violations.is_empty(), "{name}: {v}");
+    let progress = records.iter().any(|r| {
+        matches!(r, Record::Call(c) if c.replied > after
+            && matches!(c.outcome, Outcome::Granted { .. } | Outcome::Renewed { .. }))
+    });
+    assert!(
+        progress,
+        "{name}: no grant or renewal after the fault healed"
+    );
+    assert!(v.grants > 0 && v.store_writes > 0, "{name}: {v}");
+    v
+}
+
+/// Polls `f` (async) until true, failing after `WAIT` with `what`.
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !f().await {
+        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_then_restart() {
+    let _serial = serial();
+    let mut fx = Fx::start(true).await;
+    let mut load = fx.load().await;
+    tokio::time::sleep(phase(3.0)).await;
+    let leader = fx.leader();
+    fx.cluster.kill(leader);
+    let new = tokio::task::block_in_place(|| fx.leader());
+    assert_ne!(new, leader);
+    tokio::time::sleep(phase(1.0)).await;
+    tokio::task::block_in_place(|| fx.cluster.restart(leader));
+    let healed = now();
+    tokio::time::sleep(phase(4.0)).await;
+    load.stop().await;
+    verdict(
+        &format!(
+            "leader_kill (n{} killed, n{} took over)",
+            leader + 1,
+            new + 1
+        ),
+        &load.history.records(),
+        healed,
+    );
+    fx.shutdown().await;
+}
+
+/// A service instance in its own process (`fault-proc serve`), so it can be killed.
+struct ServiceProc(Child);
+
+impl ServiceProc {
+    fn spawn(url: &str) -> ServiceProc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fault-proc"))
+            .args(["serve", url, "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn fault-proc serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(WAIT)
+            .expect("the service process says ready");
+        assert_eq!(line, "\"ready\"");
+        ServiceProc(child)
+    }
+}
+
+impl Drop for ServiceProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_instance_kill_mid_load() {
+    let _serial = serial();
+    let fx = Fx::start(false).await;
+    let mut procs: Vec<ServiceProc> = Vec::new();
+    for i in 0..NODES {
+        let url = fx.cluster.url(i);
+        procs.push(
+            tokio::task::spawn_blocking(move || ServiceProc::spawn(&url))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut load = fx.load().await;
+    tokio::time::sleep(phase(3.0)).await;
+    // SIGKILL: calls in flight on that instance are lost; clients time out and retry.
+    let victim = &mut procs[1].0;
+    victim.kill().expect("kill -9 the service");
+    victim.wait().unwrap();
+    tokio::time::sleep(phase(3.0)).await;
+    let url = fx.cluster.url(1);
+    procs[1] = tokio::task::spawn_blocking(move || ServiceProc::spawn(&url))
+        .await
+        .unwrap();
+    let healed = now();
+    tokio::time::sleep(phase(3.0)).await;
+    load.stop().await;
+    let records = load.history.records();
+    let v = verdict(
+        "service_kill (instance on n2 killed, restarted)",
+        &records,
+        healed,
+    );
+    println!(
+        "faults: service_kill: {} calls without a definite answer (retried)",
+        v.unknown
+    );
+    drop(procs);
+    fx.shutdown().await;
+}
+
+/// The holder process's output: its history records, and a signal each time it has
+/// checked its deadline and started the work before a write.
+struct HolderProc {
+    child: Child,
+    records: Arc<Mutex<Vec<Record>>>,
+    working: mpsc::Receiver<u64>,
+}
+
+impl HolderProc {
+    fn spawn(urls: &[String], holder: &str, key: &str, store_subject: &str) -> HolderProc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fault-proc"))
+            .args([
+                "holder",
+                &urls.join(","),
+                holder,
+                key,
+                &TTL_MS.to_string(),
+                store_subject,
+                "100",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fault-proc holder");
+        let stdout = child.stdout.take().unwrap();
+        let records: Arc<Mutex<Vec<Record>>> = Arc::default();
+        let (tx, working) = mpsc::channel();
+        let out = Arc::clone(&records);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line).expect("a JSON line");
+                if let Some(fence) = v["working"].as_u64() {
+                    let _ = tx.send(fence);
+                } else {
+                    let r: Record = serde_json::from_value(v["record"].clone()).expect("a record");
+                    out.lock().unwrap().push(r);
+                }
+            }
+        });
+        HolderProc {
+            child,
+            records,
+            working,
+        }
+    }
+
+    fn pid(&self) -> rustix::process::Pid {
+        rustix::process::Pid::from_raw(self.child.id() as i32).unwrap()
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        rustix::process::kill_process(self.pid(), sig).expect("signal the holder");
+    }
+
+    /// The fence of its first grant, once it has one.
+    fn granted(&self) -> Option<u64> {
+        self.records.lock().unwrap().iter().find_map(|r| match r {
+            Record::Call(c) => match c.outcome {
+                Outcome::Granted { revision, .. } => Some(revision),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+
+    /// SIGTERM, wait for the exit, and return everything it recorded.
+    fn finish(mut self) -> Vec<Record> {
+        self.signal(rustix::process::Signal::TERM);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "holder process: {status}");
+        std::mem::take(&mut *self.records.lock().unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_holder_past_its_ttl_then_sigcont() {
+    let _serial = serial();
+    let fx = Fx::start(true).await;
+    let keys = keys();
+    let key = keys[0].clone();
+    let subject = "faults.store";
+    // One store: the holder process writes to it over NATS, in-process holders directly.
+    let mut load = Load::new();
+    let store_client = load::connect(&fx.cluster.urls()).await;
+    let _store = tokio::spawn(load::serve_store(
+        store_client.clone(),
+        subject.into(),
+        load.store.clone(),
+    ));
+    store_client.flush().await.unwrap();
+    let paused = HolderProc::spawn(&fx.cluster.urls_from(2), "paused-holder", &key, subject);
+    eventually("the holder process owns k0", || {
+        let got = paused.granted().is_some();
+        async move { got }
+    })
+    .await;
+    let fence = paused.granted().unwrap();
+    fx.fill(&mut load).await;
+    let history = load.history.clone();
+    let store_write = |pred: &dyn Fn(&history::StoreWrite) -> bool| {
+        history
+            .records()
+            .iter()
+            .any(|r| matches!(r, Record::Store(w) if pred(w)))
+    };
+    tokio::time::sleep(phase(2.0)).await;
+    // Freeze it right after a deadline check, in the 100 ms of work before a write.
+    while paused.working.try_recv().is_ok() {}
+    let working = tokio::task::block_in_place(|| paused.working.recv_timeout(WAIT))
+        .expect("the holder works");
+    paused.signal(rustix::process::Signal::STOP);
+    let stopped = now();
+    println!("faults: sigstop: holder process stopped holding {key} at fence {working}");
+    // Frozen well past its TTL (3 x 2 s).
+    tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
+    // Another holder has taken over and written through the fence.
+    eventually("a new owner of k0 wrote through the fence", || {
+        let seen = store_write(&|w| {
+            w.key == key && w.holder != "paused-holder" && w.accepted && w.revision > working
+        });
+        async move { seen }
+    })
+    .await;
+    paused.signal(rustix::process::Signal::CONT);
+    let resumed = now();
+    // It finishes its work and writes with the old fence, then learns it lost.
+    eventually("the woken holder wrote late", || {
+        let late = store_write(&|w| w.holder == "paused-holder" && w.at > resumed);
+        async move { late }
+    })
+    .await;
+    tokio::time::sleep(phase(2.0)).await;
+    load.stop().await;
+    let mut records = load.history.records();
+    records.extend(paused.finish());
+    let late: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Store(w)
+                if w.holder == "paused-holder" && w.at > resumed && w.revision <= working =>
+            {
+                Some(w)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!late.is_empty());
+    assert!(
+        late.iter().all(|w| !w.accepted),
+        "a late write of the woken holder was accepted: {late:?}"
+    );
+    println!(
+        "faults: sigstop: first fence {fence}, frozen {:.1} s at fence {working}; \
+         {} late writes after SIGCONT, all rejected",
+        (resumed - stopped) as f64 / 1e9,
+        late.len()
+    );
+    verdict("sigstop (holder process frozen 6 s)", &records, resumed);
+    fx.shutdown().await;
+}
