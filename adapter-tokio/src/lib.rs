@@ -16,8 +16,11 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod client;
+pub mod commands;
 pub mod connect;
 pub mod exec;
+pub mod member;
 pub mod service;
 
 /// What went wrong in the adapter (not a lease outcome: those are replies).

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dagnats_leases_tokio::cli::{self, ServeArgs};
+use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::service;
 
 #[derive(Parser)]
@@ -21,12 +22,17 @@ struct Cli {
 enum Command {
     /// Serve api.leases.* until SIGINT or SIGTERM.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Op(Op),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args = match Cli::parse().command {
+        Command::Serve(args) => args,
+        Command::Op(op) => return ExitCode::from(operate(op).await),
+    };
     cli::init_logging();
-    let Command::Serve(args) = Cli::parse().command;
     let client = match args.connect.connect().await {
         Ok(c) => c,
         Err(e) => {
@@ -46,4 +52,23 @@ async fn main() -> ExitCode {
     handle.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Runs one operator command (logging stays off: its output is the command's own).
+async fn operate(op: Op) -> u8 {
+    let connect = &op.common().connect;
+    let client = match connect.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "dagnats-leases: cannot connect to {}: {e}",
+                connect.nats_url
+            );
+            return commands::EXIT_NO_SERVER;
+        }
+    };
+    let mut out = std::io::stdout();
+    let code = commands::run(client.clone(), op, &mut out).await;
+    let _ = client.flush().await;
+    code
 }

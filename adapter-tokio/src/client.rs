@@ -1,0 +1,295 @@
+//! Typed calls to the lease service: acquire, renew, release, owner and forward.
+//!
+//! Each call is one NATS request to `api.leases.*`; protocol refusals (`lost`,
+//! `fence_mismatch`, `not_held`, ...) come back as a [`LeaseError`] whose kind is
+//! [`LeaseErrorKind::Refused`], so `?` works and a `match` on the kind tells them
+//! apart. `granted: false` on acquire is a normal answer, not an error.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use dagnats_leases_tokio::client::LeaseClient;
+//!
+//! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let leases = LeaseClient::new(nats);
+//! let reply = leases.acquire("notify-leader", "notify-7f3a", Duration::from_secs(15)).await?;
+//! if reply.granted {
+//!     let renewed = leases.renew("notify-leader", "notify-7f3a", reply.lease.revision, None).await?;
+//!     leases.release("notify-leader", "notify-7f3a", renewed.revision).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::Client;
+use base64::Engine as _;
+use dagnats_leases_core::wire::{
+    AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
+    OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,
+};
+use dagnats_leases_core::{NatsRequest, RequestOutcome};
+
+use crate::exec;
+
+/// How long a call waits for the service by default.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What kind of failure a [`LeaseError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseErrorKind {
+    /// The service answered with an error reply of this kind (`lost`, `not_held`, ...).
+    Refused(ErrorKind),
+    /// No lease service subscribes to the subject: none is running.
+    NoService,
+    /// No reply within the call's timeout (the call may have taken effect).
+    TimedOut,
+    /// The connection to NATS failed.
+    Connection,
+    /// The reply is not what the contract says a reply looks like.
+    BadReply,
+}
+
+/// A failed lease call, in async-nats' `Error<Kind>` style.
+#[derive(Debug, Clone)]
+pub struct LeaseError {
+    kind: LeaseErrorKind,
+    message: String,
+    reply: Option<ErrorReply>,
+}
+
+impl LeaseError {
+    fn new(kind: LeaseErrorKind, message: impl Into<String>) -> Self {
+        LeaseError {
+            kind,
+            message: message.into(),
+            reply: None,
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> LeaseErrorKind {
+        self.kind
+    }
+
+    /// The service's error reply, when it refused (forward errors name the owner tried).
+    pub fn reply(&self) -> Option<&ErrorReply> {
+        self.reply.as_ref()
+    }
+
+    /// Whether the caller must stop acting as owner: `lost`.
+    pub fn is_lost(&self) -> bool {
+        self.kind == LeaseErrorKind::Refused(ErrorKind::Lost)
+    }
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            LeaseErrorKind::Refused(kind) => write!(f, "{kind}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+impl From<ErrorReply> for LeaseError {
+    fn from(reply: ErrorReply) -> Self {
+        LeaseError {
+            kind: LeaseErrorKind::Refused(reply.kind),
+            message: reply.error.clone(),
+            reply: Some(reply),
+        }
+    }
+}
+
+/// Turns what came of a request into the reply, or the error it is.
+pub fn reply_of(endpoint: Endpoint, outcome: RequestOutcome) -> Result<Response, LeaseError> {
+    match outcome {
+        RequestOutcome::Reply { payload, .. } => match Response::decode(endpoint, &payload) {
+            Ok(Response::Error(e)) => Err(e.into()),
+            Ok(reply) => Ok(reply),
+            Err(why) => Err(LeaseError::new(LeaseErrorKind::BadReply, why)),
+        },
+        RequestOutcome::NoResponders => Err(LeaseError::new(
+            LeaseErrorKind::NoService,
+            format!("no lease service answers on {}", endpoint.subject()),
+        )),
+        RequestOutcome::TimedOut => Err(LeaseError::new(
+            LeaseErrorKind::TimedOut,
+            format!("{} timed out (it may have taken effect)", endpoint.name()),
+        )),
+        RequestOutcome::Failed(why) => Err(LeaseError::new(LeaseErrorKind::Connection, why)),
+    }
+}
+
+/// A forward's answer: the owner's reply body and who gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forwarded {
+    /// The owner's reply body.
+    pub payload: Vec<u8>,
+    /// The owner that answered.
+    pub holder: String,
+    /// The revision of the lease it answered under.
+    pub revision: u64,
+}
+
+/// Calls the lease service over one NATS connection. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LeaseClient {
+    nats: Client,
+    timeout: Duration,
+}
+
+impl LeaseClient {
+    /// A client with the default call timeout (10 s).
+    pub fn new(nats: Client) -> Self {
+        LeaseClient {
+            nats,
+            timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// The same client with another call timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The NATS connection underneath.
+    pub fn nats(&self) -> &Client {
+        &self.nats
+    }
+
+    async fn call(&self, request: Request, timeout: Duration) -> Result<Response, LeaseError> {
+        if let Err(e) = Request::decode(request.endpoint(), &request.to_json()) {
+            return Err(e.into());
+        }
+        let endpoint = request.endpoint();
+        let outcome = exec::send(
+            &self.nats,
+            NatsRequest {
+                subject: endpoint.subject(),
+                headers: Vec::new(),
+                payload: request.to_json(),
+                timeout,
+            },
+        )
+        .await;
+        reply_of(endpoint, outcome)
+    }
+
+    fn unexpected(endpoint: Endpoint, reply: Response) -> LeaseError {
+        LeaseError::new(
+            LeaseErrorKind::BadReply,
+            format!("unexpected {} reply: {reply:?}", endpoint.name()),
+        )
+    }
+
+    /// Asks for `key` for `ttl` (whole seconds). `granted: false` names the holder.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<AcquireReply, LeaseError> {
+        let request = Request::Acquire(AcquireRequest {
+            key: key.into(),
+            holder: holder.into(),
+            ttl_ms: millis(ttl),
+        });
+        match self.call(request, self.timeout).await? {
+            Response::Acquired(r) => Ok(r),
+            other => Err(Self::unexpected(Endpoint::Acquire, other)),
+        }
+    }
+
+    /// Extends the lease under the fence `revision`, to `ttl` or the lease's own TTL.
+    pub async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        revision: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Lease, LeaseError> {
+        let request = Request::Renew(RenewRequest {
+            key: key.into(),
+            holder: holder.into(),
+            revision,
+            ttl_ms: ttl.map(millis),
+        });
+        match self.call(request, self.timeout).await? {
+            Response::Lease(l) => Ok(l),
+            other => Err(Self::unexpected(Endpoint::Renew, other)),
+        }
+    }
+
+    /// Frees the key under the fence `revision`.
+    pub async fn release(
+        &self,
+        key: &str,
+        holder: &str,
+        revision: u64,
+    ) -> Result<ReleaseReply, LeaseError> {
+        let request = Request::Release(ReleaseRequest {
+            key: key.into(),
+            holder: holder.into(),
+            revision,
+        });
+        match self.call(request, self.timeout).await? {
+            Response::Released(r) => Ok(r),
+            other => Err(Self::unexpected(Endpoint::Release, other)),
+        }
+    }
+
+    /// Who holds `key`, read through the stream leader; `None` when nobody does.
+    pub async fn owner(&self, key: &str) -> Result<Option<Lease>, LeaseError> {
+        let request = Request::Owner(OwnerRequest { key: key.into() });
+        match self.call(request, self.timeout).await? {
+            Response::Lease(l) => Ok(Some(l)),
+            Response::Free(_) => Ok(None),
+            other => Err(Self::unexpected(Endpoint::Owner, other)),
+        }
+    }
+
+    /// Sends `payload` to whoever holds `key` and returns its reply; `timeout` (100 ms
+    /// to 30 s) bounds the whole call on the service's side.
+    pub async fn forward(
+        &self,
+        key: &str,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Forwarded, LeaseError> {
+        let request = Request::Forward(ForwardRequest {
+            key: key.into(),
+            payload: payload.to_vec(),
+            timeout_ms: millis(timeout),
+        });
+        // The service answers within `timeout`; leave room for the two hops.
+        let wait = timeout + Duration::from_secs(1);
+        match self.call(request, wait).await? {
+            Response::Forwarded(r) => {
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(&r.payload)
+                    .map_err(|e| {
+                        LeaseError::new(
+                            LeaseErrorKind::BadReply,
+                            format!("forward reply payload is not base64: {e}"),
+                        )
+                    })?;
+                Ok(Forwarded {
+                    payload,
+                    holder: r.holder,
+                    revision: r.revision,
+                })
+            }
+            other => Err(Self::unexpected(Endpoint::Forward, other)),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,417 @@
+//! The operator commands of the `dagnats-leases` binary: acquire, renew, release,
+//! owner, forward, watch and list. Human-readable lines by default, one JSON object
+//! per line with `--json`.
+//!
+//! Exit codes: 0 done; 3 the lease is not yours or not held (`lost`, `not_held`,
+//! acquire not granted, owner of a free key); 4 `fence_mismatch`; 1 any other error;
+//! 2 no NATS server (or bad arguments).
+
+use std::io::Write;
+use std::time::Duration;
+
+use async_nats::Client;
+use base64::Engine as _;
+use dagnats_leases_core::record::{
+    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE, STREAM,
+};
+use dagnats_leases_core::wire::{ErrorKind, Lease};
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::client::{LeaseClient, LeaseError, LeaseErrorKind};
+use crate::connect::ConnectOptions;
+
+/// Exit code: done.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: any error not listed below.
+pub const EXIT_ERROR: u8 = 1;
+/// Exit code: no NATS server could be reached (clap also uses 2 for bad arguments).
+pub const EXIT_NO_SERVER: u8 = 2;
+/// Exit code: the lease is not the caller's, or nobody holds it.
+pub const EXIT_NOT_HELD: u8 = 3;
+/// Exit code: `fence_mismatch`: acquire again to learn the current fence.
+pub const EXIT_FENCE_MISMATCH: u8 = 4;
+
+/// What every operator command takes: how to reach NATS, and the output format.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub connect: ConnectOptions,
+    /// One JSON object per line instead of readable text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One operator command.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Op {
+    /// Ask for a lease: prints it when granted, the current holder when not (exit 3).
+    Acquire {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease key.
+        key: String,
+        /// Your holder ID.
+        #[arg(long)]
+        holder: String,
+        /// Time to live, whole seconds in milliseconds.
+        #[arg(long, default_value_t = 15_000)]
+        ttl_ms: u64,
+    },
+    /// Extend a lease under its fence.
+    Renew {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease key.
+        key: String,
+        /// Your holder ID.
+        #[arg(long)]
+        holder: String,
+        /// The fence from your last reply.
+        #[arg(long)]
+        revision: u64,
+        /// New time to live (default: the lease's own).
+        #[arg(long)]
+        ttl_ms: Option<u64>,
+    },
+    /// Free a lease under its fence.
+    Release {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease key.
+        key: String,
+        /// Your holder ID.
+        #[arg(long)]
+        holder: String,
+        /// The fence from your last reply.
+        #[arg(long)]
+        revision: u64,
+    },
+    /// Who holds a key (exit 3 when nobody does).
+    Owner {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease key.
+        key: String,
+    },
+    /// Send a request to whoever holds a key and print its reply.
+    Forward {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease key.
+        key: String,
+        /// The request body.
+        #[arg(long, default_value = "")]
+        payload: String,
+        /// Bound on the whole call, 100 to 30000 ms.
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+    },
+    /// Print change events, one line each (an expiry shows as `expired`).
+    Watch {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// A key, or every key when left out.
+        key: Option<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// List the held leases in the bucket.
+    List {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+impl Op {
+    /// The connection and output options of this command.
+    pub fn common(&self) -> &Common {
+        match self {
+            Op::Acquire { common, .. }
+            | Op::Renew { common, .. }
+            | Op::Release { common, .. }
+            | Op::Owner { common, .. }
+            | Op::Forward { common, .. }
+            | Op::Watch { common, .. }
+            | Op::List { common } => common,
+        }
+    }
+}
+
+/// Runs `op` and returns the exit code; output goes to `out`, errors to stderr.
+pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
+    let json = op.common().json;
+    let leases = LeaseClient::new(nats.clone());
+    let result = match op {
+        Op::Acquire {
+            key,
+            holder,
+            ttl_ms,
+            ..
+        } => match leases
+            .acquire(&key, &holder, Duration::from_millis(ttl_ms))
+            .await
+        {
+            Ok(r) => {
+                let line = if json {
+                    serde_json::to_string(&r).expect("replies serialise")
+                } else if r.granted {
+                    format!("granted {}", describe(&r.lease))
+                } else {
+                    format!("not granted: {}", describe(&r.lease))
+                };
+                let _ = writeln!(out, "{line}");
+                Ok(if r.granted { EXIT_OK } else { EXIT_NOT_HELD })
+            }
+            Err(e) => Err(e),
+        },
+        Op::Renew {
+            key,
+            holder,
+            revision,
+            ttl_ms,
+            ..
+        } => leases
+            .renew(&key, &holder, revision, ttl_ms.map(Duration::from_millis))
+            .await
+            .map(|l| print_lease(out, json, "renewed", &l)),
+        Op::Release {
+            key,
+            holder,
+            revision,
+            ..
+        } => leases.release(&key, &holder, revision).await.map(|r| {
+            let line = if json {
+                serde_json::to_string(&r).expect("replies serialise")
+            } else {
+                format!("released {} (revision {})", r.key, r.revision)
+            };
+            let _ = writeln!(out, "{line}");
+            EXIT_OK
+        }),
+        Op::Owner { key, .. } => leases.owner(&key).await.map(|lease| match lease {
+            Some(l) => print_lease(out, json, "held", &l),
+            None => {
+                let line = if json {
+                    json!({"held": false, "key": key}).to_string()
+                } else {
+                    format!("{key} is not held")
+                };
+                let _ = writeln!(out, "{line}");
+                EXIT_NOT_HELD
+            }
+        }),
+        Op::Forward {
+            key,
+            payload,
+            timeout_ms,
+            ..
+        } => leases
+            .forward(&key, payload.as_bytes(), Duration::from_millis(timeout_ms))
+            .await
+            .map(|f| {
+                let line = if json {
+                    json!({
+                        "payload": base64::engine::general_purpose::STANDARD.encode(&f.payload),
+                        "key": key, "holder": f.holder, "revision": f.revision,
+                    })
+                    .to_string()
+                } else {
+                    String::from_utf8_lossy(&f.payload).into_owned()
+                };
+                let _ = writeln!(out, "{line}");
+                EXIT_OK
+            }),
+        Op::Watch { key, count, .. } => return watch(&nats, key, count, json, out).await,
+        Op::List { .. } => return list(&nats, &leases, json, out).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => report(&e, json, out),
+    }
+}
+
+fn describe(l: &Lease) -> String {
+    format!(
+        "{} to {} (revision {}, acquired {}, expires {})",
+        l.key, l.holder, l.revision, l.acquired_at, l.expires_at
+    )
+}
+
+fn print_lease(out: &mut (dyn Write + Send), json: bool, verb: &str, l: &Lease) -> u8 {
+    let line = if json {
+        serde_json::to_string(l).expect("leases serialise")
+    } else {
+        format!("{verb} {}", describe(l))
+    };
+    let _ = writeln!(out, "{line}");
+    EXIT_OK
+}
+
+/// Prints a failed call (stderr for humans, the error reply on stdout for `--json`).
+fn report(e: &LeaseError, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+    if json {
+        let value = match e.reply() {
+            Some(reply) => serde_json::to_value(reply).expect("replies serialise"),
+            None => json!({"error": e.to_string(), "kind": format!("{:?}", e.kind())}),
+        };
+        let _ = writeln!(out, "{value}");
+    } else {
+        eprintln!("dagnats-leases: {e}");
+    }
+    exit_code(e)
+}
+
+/// The exit code of a failed call.
+pub fn exit_code(e: &LeaseError) -> u8 {
+    match e.kind() {
+        LeaseErrorKind::Refused(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
+        LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
+        LeaseErrorKind::Connection => EXIT_NO_SERVER,
+        _ => EXIT_ERROR,
+    }
+}
+
+/// What a change event says happened: the writer's `Dagnats-Lease-Event`, or
+/// `expired` for the server's expiry marker.
+pub fn event_name(headers: Option<&async_nats::HeaderMap>) -> &'static str {
+    let get = |name: &str| {
+        headers
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    if get(HDR_MARKER_REASON).is_some() {
+        return "expired";
+    }
+    match get(HDR_LEASE_EVENT).as_deref() {
+        Some("acquired") => "acquired",
+        Some("renewed") => "renewed",
+        Some("released") => "released",
+        _ if get(HDR_KV_OPERATION).is_some() => "deleted",
+        _ => "written",
+    }
+}
+
+async fn watch(
+    nats: &Client,
+    key: Option<String>,
+    count: Option<u64>,
+    json: bool,
+    out: &mut (dyn Write + Send),
+) -> u8 {
+    let subject = format!("dagnats.lease.changed.{}", key.as_deref().unwrap_or("*"));
+    let mut sub = match nats.subscribe(subject).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dagnats-leases: cannot subscribe: {e}");
+            return EXIT_NO_SERVER;
+        }
+    };
+    let _ = nats.flush().await;
+    // Tell a script the subscription is live (stderr, so stdout stays events only).
+    eprintln!("watching {}", sub_subject(key.as_deref()));
+    let mut seen = 0;
+    while count.is_none_or(|c| seen < c) {
+        let Some(message) = sub.next().await else {
+            break;
+        };
+        seen += 1;
+        let key = message
+            .subject
+            .as_str()
+            .rsplit('.')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let event = event_name(message.headers.as_ref());
+        let revision: u64 = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HDR_SEQUENCE))
+            .and_then(|v| v.as_str().parse().ok())
+            .unwrap_or_default();
+        let holder = serde_json::from_slice::<serde_json::Value>(&message.payload)
+            .ok()
+            .and_then(|v| v["holder"].as_str().map(str::to_string));
+        let line = if json {
+            json!({"key": key, "event": event, "revision": revision, "holder": holder}).to_string()
+        } else {
+            match holder {
+                Some(h) => format!("{revision} {key} {event} {h}"),
+                None => format!("{revision} {key} {event}"),
+            }
+        };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+    EXIT_OK
+}
+
+fn sub_subject(key: Option<&str>) -> String {
+    format!("dagnats.lease.changed.{}", key.unwrap_or("*"))
+}
+
+async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream = match js.get_stream(STREAM).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dagnats-leases: no leases bucket: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let subjects = match stream.info_with_subjects("$KV.leases.>").await {
+        Ok(mut info) => {
+            let mut all = Vec::new();
+            while let Some(page) = info.next().await {
+                match page {
+                    Ok((subject, _)) => all.push(subject),
+                    Err(e) => {
+                        eprintln!("dagnats-leases: cannot list keys: {e}");
+                        return EXIT_ERROR;
+                    }
+                }
+            }
+            all
+        }
+        Err(e) => {
+            eprintln!("dagnats-leases: cannot list keys: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let mut keys: Vec<String> = subjects
+        .iter()
+        .filter_map(|s| s.strip_prefix("$KV.leases.").map(str::to_string))
+        .collect();
+    keys.sort();
+    let mut held = 0;
+    for key in keys {
+        // Each through the stream leader, as every call is.
+        match leases.owner(&key).await {
+            Ok(Some(l)) => {
+                held += 1;
+                let line = if json {
+                    serde_json::to_string(&l).expect("leases serialise")
+                } else {
+                    describe(&l)
+                };
+                let _ = writeln!(out, "{line}");
+            }
+            Ok(None) => {}
+            Err(e) => return report(&e, json, out),
+        }
+    }
+    if !json {
+        let _ = writeln!(out, "{held} held");
+    }
+    EXIT_OK
+}
