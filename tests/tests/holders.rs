@@ -1,0 +1,231 @@
+//! The holder library against a real nats-server and the service: election,
+//! failover with a higher fence, step-down on `lost`, forwarding to the elected owner
+//! with the reject rules, and shards spread over several members.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use common::Fx;
+use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
+use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
+use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind};
+use dagnats_leases_tokio::member::{Change, Elector, Member, Ownership, Shards};
+use dagnats_leases_core::wire::ErrorKind;
+
+const TTL: Duration = Duration::from_secs(2);
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn member(fx: &Fx, holder: &str) -> Member {
+    Member::new(common::connect(&fx.server).await, holder).expect("valid holder")
+}
+
+async fn next(elector: &mut Elector) -> Change {
+    tokio::time::timeout(WAIT, elector.next())
+        .await
+        .expect("an ownership change in time")
+        .expect("the elector runs")
+}
+
+async fn next_shard(shards: &mut Shards) -> Change {
+    tokio::time::timeout(WAIT, shards.next())
+        .await
+        .expect("a shard change in time")
+        .expect("the shards run")
+}
+
+fn fence_of(change: &Change) -> u64 {
+    match change.ownership {
+        Ownership::Elected { fence } => fence,
+        ref other => panic!("expected an election, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn one_of_three_is_elected_and_on_stop_another_takes_over_with_a_higher_fence() {
+    let fx = Fx::start().await;
+    let leases = LeaseClient::new(fx.client.clone());
+    let members = [
+        member(&fx, "r0").await,
+        member(&fx, "r1").await,
+        member(&fx, "r2").await,
+    ];
+    let mut electors: Vec<Elector> = members
+        .iter()
+        .map(|m| m.elect("leader", TTL).unwrap())
+        .collect();
+    // Whoever is elected first is the owner the service reports.
+    let (first, change) = {
+        let waits = electors.iter_mut().map(|e| Box::pin(next(e)));
+        let (change, index, _) = futures::future::select_all(waits).await;
+        (index, change)
+    };
+    let fence = fence_of(&change);
+    let owner = leases.owner("leader").await.unwrap().expect("held");
+    assert_eq!(owner.holder, format!("r{first}"));
+    assert_eq!(owner.revision, fence);
+    // Nobody else believes it leads.
+    for (i, e) in electors.iter().enumerate() {
+        assert_eq!(e.is_leader(), i == first, "r{i}");
+    }
+    // The leader stops (steps down and releases): another is elected above its fence.
+    let leader = electors.remove(first);
+    leader.stop().await;
+    let waits = electors.iter_mut().map(|e| Box::pin(next(e)));
+    let (change, _, _) = futures::future::select_all(waits).await;
+    let new_fence = fence_of(&change);
+    assert!(new_fence > fence, "fence {new_fence} not above {fence}");
+    let owner = leases.owner("leader").await.unwrap().expect("held");
+    assert_ne!(owner.holder, format!("r{first}"));
+    for e in electors {
+        e.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_leader_steps_down_when_renew_says_lost() {
+    let fx = Fx::start().await;
+    let m = member(&fx, "victim").await;
+    let mut elector = m.elect("leader", TTL).unwrap();
+    let fence = fence_of(&next(&mut elector).await);
+    // Someone with the same holder ID and fence releases it (an operator by hand),
+    // and another holder takes the key: the next renew is `lost`.
+    let leases = LeaseClient::new(fx.client.clone());
+    leases.release("leader", "victim", fence).await.unwrap();
+    let taken = leases.acquire("leader", "usurper", TTL * 5).await.unwrap();
+    assert!(taken.granted);
+    // The elector may first see a renewal race; it must end up stepped down as lost.
+    let change = next(&mut elector).await;
+    assert_eq!(
+        change.ownership,
+        Ownership::SteppedDown {
+            reason: StepDownReason::Lost
+        }
+    );
+    assert!(!elector.is_leader());
+    elector.stop().await;
+}
+
+#[tokio::test]
+async fn a_forward_reaches_the_elected_owner_and_stale_fences_are_rejected() {
+    let fx = Fx::start().await;
+    let m = member(&fx, "owner-1").await;
+    let mut inbox = m.inbox().await.unwrap();
+    let mut elector = m.elect("leader", TTL).unwrap();
+    let fence = fence_of(&next(&mut elector).await);
+    let echo = tokio::spawn(async move {
+        let request = inbox.next().await.expect("a forwarded request");
+        assert_eq!(request.key, "leader");
+        let reply = format!("{}@{}", String::from_utf8_lossy(&request.payload), request.fence);
+        request.respond(reply).await.unwrap();
+        inbox
+    });
+    let leases = LeaseClient::new(fx.client.clone());
+    let got = leases
+        .forward("leader", b"ping", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got.holder, "owner-1");
+    assert!(got.revision >= fence);
+    assert_eq!(String::from_utf8_lossy(&got.payload), format!("ping@{}", got.revision));
+    let inbox = echo.await.unwrap();
+
+    // Straight to the inbox: no fence, a fence below the tenure, or a key not owned.
+    let subject = "dagnats.lease.inbox.owner-1.leader";
+    let cases: [(&str, Option<String>); 3] = [
+        (subject, None),
+        (subject, Some((fence - 1).to_string())),
+        ("dagnats.lease.inbox.owner-1.other", Some(fence.to_string())),
+    ];
+    let mut inbox = inbox;
+    let serve = tokio::spawn(async move { inbox.next().await.map(|r| r.key) });
+    for (subject, fence) in cases {
+        let mut headers = HeaderMap::new();
+        if let Some(f) = &fence {
+            headers.insert(HDR_FENCE, f.as_str());
+        }
+        let reply = fx
+            .client
+            .request_with_headers(subject, headers, "x".into())
+            .await
+            .unwrap();
+        let reject = reply.headers.as_ref().and_then(|h| h.get(HDR_REJECT));
+        assert_eq!(reject.map(|v| v.as_str()), Some("stale"), "{subject} {fence:?}");
+        assert!(reply.payload.is_empty());
+    }
+    serve.abort();
+    elector.stop().await;
+}
+
+#[tokio::test]
+async fn a_forward_after_the_owner_stopped_is_not_held() {
+    let fx = Fx::start().await;
+    let m = member(&fx, "gone").await;
+    let _inbox = m.inbox().await.unwrap();
+    let mut elector = m.elect("leader", TTL).unwrap();
+    next(&mut elector).await;
+    elector.stop().await;
+    let err = LeaseClient::new(fx.client.clone())
+        .forward("leader", b"ping", Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::NotHeld));
+}
+
+#[tokio::test]
+async fn shards_spread_over_several_members() {
+    let fx = Fx::start().await;
+    let keys = ["s0", "s1", "s2", "s3", "s4", "s5"];
+    let mut all = Vec::new();
+    for i in 0..3 {
+        let m = member(&fx, &format!("worker-{i}")).await;
+        all.push(m.shards(&keys, 2, TTL).unwrap());
+    }
+    // Each member ends up with two elections (it stops campaigning at two).
+    for shards in all.iter_mut() {
+        let mut held = BTreeSet::new();
+        while held.len() < 2 {
+            let change = next_shard(shards).await;
+            if let Ownership::Elected { .. } = change.ownership {
+                held.insert(change.key);
+            }
+        }
+    }
+    let leases = LeaseClient::new(fx.client.clone());
+    let mut owners = BTreeSet::new();
+    for key in keys {
+        let owner = leases.owner(key).await.unwrap().expect("every shard held");
+        owners.insert(owner.holder.clone());
+    }
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    for (i, shards) in all.iter().enumerate() {
+        let held = shards.held();
+        assert_eq!(held.len(), 2, "worker-{i} holds {held:?}");
+        for (key, tenure) in held {
+            let owner = leases.owner(&key).await.unwrap().unwrap();
+            assert_eq!(owner.holder, format!("worker-{i}"));
+            assert!(owner.revision >= tenure.fence);
+        }
+    }
+    for shards in all {
+        shards.stop().await;
+    }
+    for key in keys {
+        assert_eq!(leases.owner(key).await.unwrap(), None, "{key} still held");
+    }
+}
+
+#[tokio::test]
+async fn a_holder_config_outside_the_bounds_is_refused_before_any_request() {
+    let fx = Fx::start().await;
+    let m = member(&fx, "r0").await;
+    let err = m.elect("a.b", TTL).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    let mut config = HolderConfig::new("leader", "r0", Duration::from_millis(1500));
+    config.renew_every = Duration::from_millis(500);
+    let err = m.elect_with(config).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert!(Member::new(fx.client.clone(), "bad holder").is_err());
+}
