@@ -11,9 +11,9 @@ use async_nats::HeaderMap;
 use common::Fx;
 use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
+use dagnats_leases_core::wire::ErrorKind;
 use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind};
 use dagnats_leases_tokio::member::{Change, Elector, Member, Ownership, Shards};
-use dagnats_leases_core::wire::ErrorKind;
 
 const TTL: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(20);
@@ -118,7 +118,11 @@ async fn a_forward_reaches_the_elected_owner_and_stale_fences_are_rejected() {
     let echo = tokio::spawn(async move {
         let request = inbox.next().await.expect("a forwarded request");
         assert_eq!(request.key, "leader");
-        let reply = format!("{}@{}", String::from_utf8_lossy(&request.payload), request.fence);
+        let reply = format!(
+            "{}@{}",
+            String::from_utf8_lossy(&request.payload),
+            request.fence
+        );
         request.respond(reply).await.unwrap();
         inbox
     });
@@ -129,7 +133,10 @@ async fn a_forward_reaches_the_elected_owner_and_stale_fences_are_rejected() {
         .unwrap();
     assert_eq!(got.holder, "owner-1");
     assert!(got.revision >= fence);
-    assert_eq!(String::from_utf8_lossy(&got.payload), format!("ping@{}", got.revision));
+    assert_eq!(
+        String::from_utf8_lossy(&got.payload),
+        format!("ping@{}", got.revision)
+    );
     let inbox = echo.await.unwrap();
 
     // Straight to the inbox: no fence, a fence below the tenure, or a key not owned.
@@ -152,7 +159,11 @@ async fn a_forward_reaches_the_elected_owner_and_stale_fences_are_rejected() {
             .await
             .unwrap();
         let reject = reply.headers.as_ref().and_then(|h| h.get(HDR_REJECT));
-        assert_eq!(reject.map(|v| v.as_str()), Some("stale"), "{subject} {fence:?}");
+        assert_eq!(
+            reject.map(|v| v.as_str()),
+            Some("stale"),
+            "{subject} {fence:?}"
+        );
         assert!(reply.payload.is_empty());
     }
     serve.abort();

@@ -1,0 +1,286 @@
+//! The operator commands of `dagnats-leases` against a real server and the service:
+//! output, `--json`, and the exit codes that tell "not yours" from errors.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tokio::member::{Member, Ownership};
+use dagnats_leases_tokio::service::{self, ServiceOptions};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
+
+struct Cli {
+    url: String,
+}
+
+impl Cli {
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(["--nats-url".to_string(), self.url.clone()]);
+        tokio::task::spawn_blocking(move || Command::new(BIN).args(&all).output().unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Runs with `--json` and returns the exit code and the one JSON line.
+    async fn json(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.run(&all).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{args:?}: not one JSON line ({e}): {text}"));
+        (out.status.code().unwrap(), value)
+    }
+}
+
+async fn setup() -> (NatsServer, service::ServiceHandle, Cli) {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let handle = service::start(client, ServiceOptions::default())
+        .await
+        .unwrap();
+    let cli = Cli { url: server.url() };
+    (server, handle, cli)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_renew_release_owner_with_their_exit_codes() {
+    let (_server, _service, cli) = setup().await;
+    let (code, got) = cli
+        .json(&["acquire", "job", "--holder", "ops-1", "--ttl-ms", "30000"])
+        .await;
+    assert_eq!(code, 0);
+    assert_eq!(got["granted"], true);
+    let rev = got["revision"].as_u64().unwrap();
+
+    // Someone else: not granted, exit 3, the reply names the holder.
+    let (code, other) = cli.json(&["acquire", "job", "--holder", "ops-2"]).await;
+    assert_eq!(code, 3);
+    assert_eq!(
+        (other["granted"].clone(), other["holder"].clone()),
+        (false.into(), "ops-1".into())
+    );
+
+    let (code, renewed) = cli
+        .json(&[
+            "renew",
+            "job",
+            "--holder",
+            "ops-1",
+            "--revision",
+            &rev.to_string(),
+        ])
+        .await;
+    assert_eq!(code, 0);
+    let rev2 = renewed["revision"].as_u64().unwrap();
+    assert!(rev2 > rev);
+
+    // The old fence: fence_mismatch, exit 4. Another holder: lost, exit 3.
+    let (code, err) = cli
+        .json(&[
+            "renew",
+            "job",
+            "--holder",
+            "ops-1",
+            "--revision",
+            &rev.to_string(),
+        ])
+        .await;
+    assert_eq!((code, err["kind"].as_str()), (4, Some("fence_mismatch")));
+    let (code, err) = cli
+        .json(&[
+            "renew",
+            "job",
+            "--holder",
+            "ops-2",
+            "--revision",
+            &rev2.to_string(),
+        ])
+        .await;
+    assert_eq!((code, err["kind"].as_str()), (3, Some("lost")));
+
+    let (code, owner) = cli.json(&["owner", "job"]).await;
+    assert_eq!((code, owner["holder"].as_str()), (0, Some("ops-1")));
+
+    let (code, released) = cli
+        .json(&[
+            "release",
+            "job",
+            "--holder",
+            "ops-1",
+            "--revision",
+            &rev2.to_string(),
+        ])
+        .await;
+    assert_eq!((code, released["released"].clone()), (0, true.into()));
+    let (code, owner) = cli.json(&["owner", "job"]).await;
+    assert_eq!((code, owner["held"].clone()), (3, false.into()));
+    let (code, err) = cli
+        .json(&[
+            "release",
+            "job",
+            "--holder",
+            "ops-1",
+            "--revision",
+            &rev2.to_string(),
+        ])
+        .await;
+    assert_eq!((code, err["kind"].as_str()), (3, Some("lost")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readable_output_and_invalid_input() {
+    let (_server, _service, cli) = setup().await;
+    let out = cli.run(&["acquire", "job", "--holder", "ops-1"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("granted job to ops-1 (revision "),
+        "{text}"
+    );
+    let out = cli.run(&["owner", "free-key"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "free-key is not held"
+    );
+    // Refused before any request, with the field named.
+    let out = cli
+        .run(&["acquire", "job", "--holder", "ops-1", "--ttl-ms", "1500"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid") && err.contains("ttl_ms"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_is_exit_2() {
+    let cli = Cli {
+        url: "nats://127.0.0.1:1".into(),
+    };
+    let out = cli.run(&["owner", "job"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_the_held_leases() {
+    let (_server, _service, cli) = setup().await;
+    for (key, holder) in [("a", "h1"), ("b", "h2"), ("c", "h3")] {
+        let (code, _) = cli.json(&["acquire", key, "--holder", holder]).await;
+        assert_eq!(code, 0);
+    }
+    let (_, b) = cli.json(&["owner", "b"]).await;
+    let rev = b["revision"].to_string();
+    cli.json(&["release", "b", "--holder", "h2", "--revision", &rev])
+        .await;
+    let out = cli.run(&["list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let held: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let keys: Vec<&str> = held.iter().map(|l| l["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["a", "c"]);
+    let out = cli.run(&["list"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("2 held\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_each_change_and_an_expiry_as_expired() {
+    use tokio::io::AsyncBufReadExt;
+    let (server, _service, cli) = setup().await;
+    let mut watcher = tokio::process::Command::new(BIN)
+        .args(["watch", "w", "--count", "5", "--nats-url", &server.url()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the watcher says its subscription is live.
+    let mut stderr = tokio::io::BufReader::new(watcher.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(20), stderr.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ready.as_deref(), Some("watching dagnats.lease.changed.w"));
+
+    let revision = |v: &Value| v["revision"].as_u64().unwrap();
+    let (_, got) = cli
+        .json(&["acquire", "w", "--holder", "h1", "--ttl-ms", "1000"])
+        .await;
+    let (_, renewed) = cli
+        .json(&[
+            "renew",
+            "w",
+            "--holder",
+            "h1",
+            "--revision",
+            &revision(&got).to_string(),
+        ])
+        .await;
+    let (_, released) = cli
+        .json(&[
+            "release",
+            "w",
+            "--holder",
+            "h1",
+            "--revision",
+            &revision(&renewed).to_string(),
+        ])
+        .await;
+    // A lease of 1 s that nobody renews: the server's expiry marker follows it, as the
+    // next write to the stream.
+    let (_, again) = cli
+        .json(&["acquire", "w", "--holder", "h2", "--ttl-ms", "1000"])
+        .await;
+    assert_eq!(again["granted"], true);
+    let out = tokio::time::timeout(Duration::from_secs(20), watcher.wait_with_output())
+        .await
+        .expect("five events within 20 s")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{} w acquired h1", revision(&got)),
+            format!("{} w renewed h1", revision(&renewed)),
+            format!("{} w released", revision(&released)),
+            format!("{} w acquired h2", revision(&again)),
+            format!("{} w expired", revision(&again) + 1),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_prints_the_owners_reply() {
+    let (server, _service, cli) = setup().await;
+    let member = Member::new(async_nats::connect(server.url()).await.unwrap(), "echo-1").unwrap();
+    let mut inbox = member.inbox().await.unwrap();
+    let mut elector = member.elect("svc", Duration::from_secs(5)).unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(20), elector.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(change.ownership, Ownership::Elected { .. }));
+    tokio::spawn(async move {
+        while let Some(r) = inbox.next().await {
+            let body = format!("echo: {}", String::from_utf8_lossy(&r.payload));
+            r.respond(body).await.unwrap();
+        }
+    });
+    let out = cli.run(&["forward", "svc", "--payload", "hello"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "echo: hello\n");
+    let (code, got) = cli.json(&["forward", "svc", "--payload", "hi"]).await;
+    assert_eq!((code, got["holder"].as_str()), (0, Some("echo-1")));
+    elector.stop().await;
+    let (code, err) = cli.json(&["forward", "svc", "--payload", "hi"]).await;
+    assert_eq!((code, err["kind"].as_str()), (3, Some("not_held")));
+}
