@@ -18,17 +18,17 @@ use dagnats_leases_tests::cluster::NODES;
 use dagnats_leases_tests::history::{self, Nanos, Outcome, Record, Verdict, now};
 use dagnats_leases_tests::load::{self, Load};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const TTL_MS: u64 = 2_000;
 const HOLDERS: usize = 6;
 const STREAM: &str = "KV_leases";
 const WAIT: Duration = Duration::from_secs(30);
 
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
 }
 
 fn keys() -> Vec<String> {
@@ -128,6 +128,20 @@ impl Fx {
 fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
     let v = history::check(records);
     println!("faults: {name}: {v}");
+    if !v.violations.is_empty() {
+        // Keep the history for a post-mortem: one JSON record a line.
+        let file = std::env::temp_dir().join(format!(
+            "faults-{}-{}.jsonl",
+            name.split(' ').next().unwrap_or("x"),
+            std::process::id()
+        ));
+        let lines: Vec<String> = records
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        std::fs::write(&file, lines.join("\n")).unwrap();
+        println!("faults: {name}: history written to {}", file.display());
+    }
     assert!(v.violations.is_empty(), "{name}: {v}");
     let progress = records.iter().any(|r| {
         matches!(r, Record::Call(c) if c.replied > after
@@ -156,7 +170,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_then_restart() {
-    let _serial = serial();
+    let _serial = serial().await;
     let mut fx = Fx::start(true).await;
     let mut load = fx.load().await;
     tokio::time::sleep(phase(3.0)).await;
@@ -216,7 +230,7 @@ impl Drop for ServiceProc {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_instance_kill_mid_load() {
-    let _serial = serial();
+    let _serial = serial().await;
     let fx = Fx::start(false).await;
     let mut procs: Vec<ServiceProc> = Vec::new();
     for i in 0..NODES {
@@ -331,7 +345,7 @@ impl HolderProc {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_holder_past_its_ttl_then_sigcont() {
-    let _serial = serial();
+    let _serial = serial().await;
     let fx = Fx::start(true).await;
     let keys = keys();
     let key = keys[0].clone();
@@ -413,5 +427,251 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
         late.len()
     );
     verdict("sigstop (holder process frozen 6 s)", &records, resumed);
+    fx.shutdown().await;
+}
+
+/// The revision an acquire, renew or owner reply shows.
+fn rev(v: &Value) -> u64 {
+    v["revision"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no revision in {v}"))
+}
+
+async fn call_ok(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match load::call(client, endpoint, &body, load::REQUEST_TIMEOUT).await {
+            load::Reply::Ok(v) => return v,
+            other => {
+                assert!(Instant::now() < deadline, "{endpoint} {body}: {other:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The highest revision any answer in the history showed.
+fn max_revision(records: &[Record]) -> u64 {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Call(c) => match &c.outcome {
+                Outcome::Granted { revision, .. }
+                | Outcome::Renewed { revision, .. }
+                | Outcome::Released { revision }
+                | Outcome::Held { revision, .. } => Some(*revision),
+                _ => None,
+            },
+            Record::Expiry(e) => Some(e.seq),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restart_keeps_leases_and_revisions() {
+    let _serial = serial().await;
+    let mut fx = Fx::start(true).await;
+    // Leases that must survive: ten keys held by one keeper with a long TTL.
+    let keeper = load::connect(&fx.cluster.urls()).await;
+    let held: Vec<String> = (0..10).map(|i| format!("held-{i}")).collect();
+    let mut before = Vec::new();
+    for key in &held {
+        let v = call_ok(
+            &keeper,
+            "acquire",
+            json!({"key": key, "holder": "keeper", "ttl_ms": 120_000}),
+        )
+        .await;
+        assert_eq!(v["granted"], true, "{v}");
+        before.push(rev(&v));
+    }
+    let mut load = fx.load().await;
+    tokio::time::sleep(phase(3.0)).await;
+    // Power loss: every node killed at once, then all started again.
+    tokio::task::block_in_place(|| {
+        fx.cluster.kill_all();
+        fx.cluster.restart_all();
+        fx.leader();
+    });
+    let seen_before = max_revision(&load.history.records());
+    // Held leases kept their holder and revision.
+    for (key, r) in held.iter().zip(&before) {
+        let v = call_ok(&keeper, "owner", json!({"key": key})).await;
+        assert_eq!(
+            (v["holder"].as_str(), rev(&v)),
+            (Some("keeper"), *r),
+            "{key}: {v}"
+        );
+    }
+    let healed = now();
+    tokio::time::sleep(phase(4.0)).await;
+    // Renewing them now gives revisions above everything handed out before the crash.
+    let mut after = Vec::new();
+    for (key, r) in held.iter().zip(&before) {
+        let v = call_ok(
+            &keeper,
+            "renew",
+            json!({"key": key, "holder": "keeper", "revision": r}),
+        )
+        .await;
+        after.push(rev(&v));
+    }
+    load.stop().await;
+    let records = load.history.records();
+    assert!(
+        after.iter().all(|&r| r > seen_before),
+        "renewals after the restart {after:?} must exceed {seen_before}"
+    );
+    let mut all = after.clone();
+    all.extend(&before);
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 2 * held.len(), "a revision handed out twice");
+    println!(
+        "faults: cluster_restart: {} held leases kept holder and revision; renewals after it got {}..={} (highest before: {seen_before})",
+        held.len(),
+        after.iter().min().unwrap(),
+        after.iter().max().unwrap()
+    );
+    verdict(
+        "cluster_restart (all 3 nodes kill -9, restarted)",
+        &records,
+        healed,
+    );
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_of_the_leaders_node_then_heal() {
+    let _serial = serial().await;
+    let mut fx = Fx::start(true).await;
+    let mut load = fx.load().await;
+    // A reader that only ever talks to the node that will be cut off.
+    let leader = fx.leader();
+    load.reader("reader-isolated", &keys(), &[fx.cluster.url(leader)])
+        .await;
+    tokio::time::sleep(phase(3.0)).await;
+    fx.cluster.isolate(leader);
+    let cut = now();
+    // The majority elects another leader; the cut node's clients see unavailable.
+    let others: Vec<usize> = (0..NODES).filter(|&i| i != leader).collect();
+    eventually("the majority elects a new leader", || {
+        let got = others.iter().any(|&i| {
+            fx.cluster
+                .stream_leader_via(i, STREAM)
+                .is_some_and(|l| l != leader)
+        });
+        async move { got }
+    })
+    .await;
+    tokio::time::sleep(phase(4.0)).await;
+    fx.cluster.heal();
+    let healed = now();
+    tokio::time::sleep(phase(4.0)).await;
+    load.stop().await;
+    let records = load.history.records();
+    let isolated_reads = records
+        .iter()
+        .filter(|r| {
+            matches!(r, Record::Call(c) if c.caller == "reader-isolated"
+            && c.sent > cut && c.replied < healed
+            && !matches!(c.outcome, Outcome::Unknown { .. }))
+        })
+        .count();
+    println!(
+        "faults: partition: {isolated_reads} reads answered on the cut-off node while cut; \
+         cut at {cut}, healed at {healed} (CLOCK_MONOTONIC ns)"
+    );
+    verdict(
+        &format!("partition (n{} cut off from its peers, healed)", leader + 1),
+        &records,
+        healed,
+    );
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_arrive_once_per_write_on_every_node() {
+    let _serial = serial().await;
+    let mut fx = Fx::start(true).await;
+    let mut watchers = Vec::new();
+    for i in 0..NODES {
+        let client = load::connect(&[fx.cluster.url(i)]).await;
+        watchers.push(load::watch_events(client, None).await);
+    }
+    let mut load = fx.load().await;
+    tokio::time::sleep(phase(3.0)).await;
+    // A leader change in the middle (a graceful stepdown: no outage, no lost events).
+    let leader = fx.leader();
+    let step = fx
+        .cluster
+        .js_api(
+            leader,
+            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}"),
+            &json!({}),
+        )
+        .expect("stepdown");
+    assert_eq!(step["success"], true, "{step}");
+    tokio::time::sleep(phase(3.0)).await;
+    load.stop().await;
+    let healed = now();
+    let records = load.history.records();
+    // Every acknowledged write, and every expiry marker.
+    let mut writes: Vec<(String, u64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Call(c) => match c.outcome {
+                Outcome::Renewed { revision, .. } | Outcome::Released { revision } => {
+                    Some((c.key.clone(), revision))
+                }
+                Outcome::Granted {
+                    revision, write_lb, ..
+                } if write_lb >= c.sent => Some((c.key.clone(), revision)),
+                _ => None,
+            },
+            Record::Expiry(e) => Some((e.key.clone(), e.seq)),
+            _ => None,
+        })
+        .collect();
+    writes.sort_unstable();
+    writes.dedup();
+    for (i, seen) in watchers.iter().enumerate() {
+        eventually(
+            "every write's event reached every node's subscriber",
+            || {
+                let seen = seen.lock().unwrap();
+                let all = writes
+                    .iter()
+                    .all(|(k, r)| seen.get(k).is_some_and(|s| s.contains(r)));
+                async move { all }
+            },
+        )
+        .await;
+        let seen = seen.lock().unwrap();
+        let mut total = 0;
+        for (key, seqs) in seen.iter() {
+            let mut sorted = seqs.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(
+                sorted.len(),
+                seqs.len(),
+                "n{}: a duplicate event on {key}: {seqs:?}",
+                i + 1
+            );
+            total += seqs.len();
+        }
+        println!(
+            "faults: events: subscriber on n{} saw {total} events, each once",
+            i + 1
+        );
+    }
+    verdict(
+        &format!("events (leader n{} stepped down mid-load)", leader + 1),
+        &records,
+        healed.saturating_sub(history::ms(3_000)),
+    );
     fx.shutdown().await;
 }

@@ -1,0 +1,145 @@
+//! Soak: many keys held and renewed at ttl/3 for a set time on one node, counting
+//! lost leases (expected: none) and renew latency percentiles.
+//!
+//! CI's short run: 10,000 keys, TTL 30 s (renewals every 10 s, about 1,000 a second),
+//! 25 s, at most 64 requests in flight. Longer: `DAGNATS_SOAK_SECS` (duration),
+//! `DAGNATS_SOAK_KEYS`, `DAGNATS_SOAK_TTL_MS`, `DAGNATS_SOAK_IN_FLIGHT`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::load::{self, Reply};
+use dagnats_leases_tokio::service::{self, ServiceOptions};
+use serde_json::json;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Default)]
+struct Counts {
+    renewals: AtomicU64,
+    lost: AtomicU64,
+    retried: AtomicU64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_many_keys_renewed_at_a_third_of_the_ttl() {
+    let keys = env("DAGNATS_SOAK_KEYS", 10_000) as usize;
+    let secs = env("DAGNATS_SOAK_SECS", 25);
+    let ttl_ms = env("DAGNATS_SOAK_TTL_MS", 30_000);
+    let in_flight = env("DAGNATS_SOAK_IN_FLIGHT", 64) as usize;
+    let ttl = Duration::from_millis(ttl_ms);
+
+    let server = NatsServer::builder().sync_always(true).start();
+    let svc_client = async_nats::connect(server.url()).await.expect("connect");
+    let svc = service::start(svc_client, ServiceOptions::default())
+        .await
+        .expect("service starts");
+    let client = load::connect(&[server.url()]).await;
+
+    let started = Instant::now();
+    let end = started + Duration::from_secs(secs);
+    let counts = Arc::new(Counts::default());
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let acquired = Arc::new(AtomicU64::new(0));
+    // `in_flight` workers, each owning every in_flight-th key: at most that many
+    // requests in flight, each key renewed when a third of its TTL has passed.
+    let mut workers = Vec::new();
+    for w in 0..in_flight {
+        let client = client.clone();
+        let counts = Arc::clone(&counts);
+        let latencies = Arc::clone(&latencies);
+        let acquired = Arc::clone(&acquired);
+        workers.push(tokio::spawn(async move {
+            // (key, fence, send time of the last successful write)
+            let mut mine: Vec<(String, u64, Instant)> = Vec::new();
+            for k in (w..keys).step_by(in_flight) {
+                let key = format!("soak-{k}");
+                let body = json!({"key": key, "holder": "soaker", "ttl_ms": ttl_ms});
+                let sent = Instant::now();
+                match load::call(&client, "acquire", &body, load::REQUEST_TIMEOUT).await {
+                    Reply::Ok(v) if v["granted"] == true => {
+                        mine.push((key, v["revision"].as_u64().unwrap(), sent));
+                        acquired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => panic!("acquire {key}: {other:?}"),
+                }
+            }
+            let mut i = 0;
+            while !mine.is_empty() {
+                let (key, fence, last) = &mut mine[i];
+                let due = *last + ttl / 3;
+                if due >= end {
+                    break; // every later key is due later still
+                }
+                tokio::time::sleep_until(due.into()).await;
+                loop {
+                    let body = json!({"key": key, "holder": "soaker", "revision": fence});
+                    let sent = Instant::now();
+                    let reply = load::call(&client, "renew", &body, load::REQUEST_TIMEOUT).await;
+                    let took = sent.elapsed();
+                    match reply {
+                        Reply::Ok(v) if sent < *last + ttl => {
+                            *fence = v["revision"].as_u64().unwrap();
+                            *last = sent;
+                            counts.renewals.fetch_add(1, Ordering::Relaxed);
+                            latencies.lock().unwrap().push(took.as_micros() as u32);
+                            break;
+                        }
+                        Reply::Err(kind, _) if kind == "lost" || kind == "fence_mismatch" => {
+                            counts.lost.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        _ if Instant::now() >= *last + ttl => {
+                            // The local deadline passed before a renewal got through.
+                            counts.lost.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        _ => {
+                            counts.retried.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                i = (i + 1) % mine.len();
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("a soak worker panicked");
+    }
+    let elapsed = started.elapsed();
+    let mut lat = std::mem::take(&mut *latencies.lock().unwrap());
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1000.0
+    };
+    let renewals = counts.renewals.load(Ordering::Relaxed);
+    let lost = counts.lost.load(Ordering::Relaxed);
+    println!(
+        "soak: {} keys held, ttl {} s, {:.0} s: {renewals} renewals ({:.0}/s), lost {lost}, \
+         retried {}, renew latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} in flight at most)",
+        acquired.load(Ordering::Relaxed),
+        ttl_ms / 1000,
+        elapsed.as_secs_f64(),
+        renewals as f64 / elapsed.as_secs_f64(),
+        counts.retried.load(Ordering::Relaxed),
+        pct(0.50),
+        pct(0.99),
+        pct(1.0),
+        in_flight
+    );
+    assert_eq!(acquired.load(Ordering::Relaxed), keys as u64);
+    assert_eq!(lost, 0, "leases lost during the soak");
+    assert!(renewals > 0, "no renewal in {secs} s");
+    svc.shutdown().await;
+}
