@@ -220,10 +220,34 @@ impl NatsCluster {
         }
     }
 
-    /// Polls until `$JS.API.INFO` answers without error on every running node.
+    /// Polls until `$JS.API.INFO` answers without error on every running node, and,
+    /// with all three running, until a three-replica stream can be placed (the meta
+    /// group knows every peer): a probe stream is created and deleted.
     #[track_caller]
     pub fn wait_jetstream(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
+        self.wait_api(deadline, timeout);
+        if self.nodes.iter().all(|n| n.pid().is_some()) {
+            let body = json!({"name": "HARNESS_READY", "subjects": ["harness.ready"],
+                "storage": "memory", "num_replicas": NODES});
+            loop {
+                let last = match self.js_api(0, "$JS.API.STREAM.CREATE.HARNESS_READY", &body) {
+                    Ok(v) if v.get("error").is_none() => break,
+                    Ok(v) => v.to_string(),
+                    Err(e) => e,
+                };
+                assert!(
+                    Instant::now() < deadline,
+                    "no three-replica placement within {timeout:?}: {last}"
+                );
+                std::thread::sleep(POLL);
+            }
+            let _ = self.js_api(0, "$JS.API.STREAM.DELETE.HARNESS_READY", &json!({}));
+        }
+    }
+
+    #[track_caller]
+    fn wait_api(&self, deadline: Instant, timeout: Duration) {
         for i in 0..NODES {
             if self.nodes[i].pid().is_none() {
                 continue;
