@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream::Stream};
 use async_nats::{Client, HeaderMap, Message};
 use base64::Engine as _;
 use bytes::Bytes;
@@ -18,7 +17,11 @@ use dagnats_leases_core::record::{
     QUEUE_GROUP, STREAM, format_time, inbox_subject, kv_subject,
 };
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use serde::Deserialize;
+
+/// JetStream's bound on its own requests, as the service's default.
+const KV_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Every field any of the five requests has; the baseline reads what it needs.
 #[derive(Deserialize)]
@@ -34,48 +37,45 @@ struct Body<'a> {
     timeout_ms: Option<u64>,
 }
 
-#[derive(Clone)]
-struct Ctx {
-    client: Client,
-    js: jetstream::Context,
-    stream: Stream<()>,
-}
-
-/// Serves the five subjects until the process is killed.
-pub async fn serve(url: &str) {
-    let client = async_nats::connect(url).await.expect("baseline connects");
-    let js = jetstream::new(client.clone());
-    let stream = js
-        .get_stream_no_info(STREAM)
+/// Serves the five subjects until the process is killed. Like the service, one
+/// future polls every call in flight; unlike it, there is no micro-service
+/// framework, no validation, and only what the load generator reads is replied.
+pub async fn serve(url: &str, user: &str, password: &str) {
+    let client = async_nats::ConnectOptions::new()
+        .user_and_password(user.to_string(), password.to_string())
+        .connect(url)
         .await
-        .expect("the leases stream exists (the service created it)");
-    let ctx = Ctx { client, js, stream };
+        .expect("baseline connects");
     let mut subs = Vec::new();
     for name in ["acquire", "renew", "release", "owner", "forward"] {
-        let sub = ctx
-            .client
+        let sub = client
             .queue_subscribe(format!("api.leases.{name}"), QUEUE_GROUP.to_string())
             .await
             .expect("subscribe");
         subs.push(sub.map(move |m| (name, m)).boxed());
     }
-    ctx.client.flush().await.expect("flush");
-    let mut all = futures::stream::select_all(subs);
-    while let Some((name, msg)) = all.next().await {
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let Some(reply_to) = msg.reply.clone() else {
-                return;
-            };
-            let body = handle(&ctx, name, &msg)
-                .await
-                .unwrap_or_else(|e| format!(r#"{{"error":"{e}","kind":"internal"}}"#));
-            let _ = ctx.client.publish(reply_to, Bytes::from(body)).await;
-        });
+    client.flush().await.expect("flush");
+    let mut requests = futures::stream::select_all(subs);
+    let mut calls = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            next = requests.next() => {
+                let Some((name, msg)) = next else { break };
+                let client = client.clone();
+                calls.push(async move {
+                    let Some(reply_to) = msg.reply.clone() else { return };
+                    let body = handle(&client, name, &msg)
+                        .await
+                        .unwrap_or_else(|e| format!(r#"{{"error":"{e}","kind":"internal"}}"#));
+                    let _ = client.publish(reply_to, Bytes::from(body)).await;
+                });
+            }
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+        }
     }
 }
 
-async fn handle(ctx: &Ctx, name: &str, msg: &Message) -> Result<String, String> {
+async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, String> {
     let body: Body = serde_json::from_slice(&msg.payload).map_err(|e| e.to_string())?;
     let subject = kv_subject(body.key);
     match name {
@@ -86,90 +86,109 @@ async fn handle(ctx: &Ctx, name: &str, msg: &Message) -> Result<String, String> 
                 body.holder.unwrap_or(""),
                 format_time(time::OffsetDateTime::now_utc())
             );
-            let seq = write(ctx, subject, 0, Some(ttl_ms), "acquired", record.into()).await?;
+            let seq = write(client, subject, 0, Some(ttl_ms), "acquired", record.into()).await?;
             Ok(format!(r#"{{"granted":true,"revision":{seq}}}"#))
         }
         "renew" => {
-            let msg = read(ctx, &subject).await?.ok_or("not held")?;
+            let (seq, data) = read(client, &subject).await?.ok_or("not held")?;
             let ttl_ms = body.ttl_ms.unwrap_or(15_000);
-            let seq = write(
-                ctx,
-                subject,
-                msg.sequence,
-                Some(ttl_ms),
-                "renewed",
-                msg.payload,
-            )
-            .await?;
+            let seq = write(client, subject, seq, Some(ttl_ms), "renewed", data.into()).await?;
             Ok(format!(r#"{{"held":true,"revision":{seq}}}"#))
         }
         "release" => {
-            let msg = read(ctx, &subject).await?.ok_or("not held")?;
-            let seq = write(ctx, subject, msg.sequence, None, "released", Bytes::new()).await?;
+            let (seq, _) = read(client, &subject).await?.ok_or("not held")?;
+            let seq = write(client, subject, seq, None, "released", Bytes::new()).await?;
             Ok(format!(
                 r#"{{"released":true,"held":false,"revision":{seq}}}"#
             ))
         }
-        "owner" => match read(ctx, &subject).await? {
-            Some(msg) => Ok(format!(r#"{{"held":true,"revision":{}}}"#, msg.sequence)),
+        "owner" => match read(client, &subject).await? {
+            Some((seq, _)) => Ok(format!(r#"{{"held":true,"revision":{seq}}}"#)),
             None => Ok(r#"{"held":false}"#.to_string()),
         },
         "forward" => {
-            let msg = read(ctx, &subject).await?.ok_or("not held")?;
+            let (seq, data) = read(client, &subject).await?.ok_or("not held")?;
             #[derive(Deserialize)]
             struct Record<'a> {
                 holder: &'a str,
             }
-            let record: Record = serde_json::from_slice(&msg.payload).map_err(|e| e.to_string())?;
+            let record: Record = serde_json::from_slice(&data).map_err(|e| e.to_string())?;
             let b64 = base64::engine::general_purpose::STANDARD;
             let payload = b64
                 .decode(body.payload.unwrap_or(""))
                 .map_err(|e| e.to_string())?;
             let mut headers = HeaderMap::new();
-            headers.insert(HDR_FENCE, msg.sequence.to_string().as_str());
+            headers.insert(HDR_FENCE, seq.to_string().as_str());
             let request = async_nats::Request::new()
                 .headers(headers)
                 .payload(payload.into())
                 .timeout(Some(Duration::from_millis(
                     body.timeout_ms.unwrap_or(5_000),
                 )));
-            let reply = ctx
-                .client
+            let reply = client
                 .send_request(inbox_subject(record.holder, body.key), request)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(format!(
-                r#"{{"payload":"{}","revision":{}}}"#,
-                b64.encode(&reply.payload),
-                msg.sequence
+                r#"{{"payload":"{}","revision":{seq}}}"#,
+                b64.encode(&reply.payload)
             ))
         }
         _ => Err("unknown subject".into()),
     }
 }
 
-/// The leader read (`$JS.API.STREAM.MSG.GET.KV_leases` with `last_by_subj`).
-async fn read(
-    ctx: &Ctx,
-    subject: &str,
-) -> Result<Option<async_nats::jetstream::message::StreamMessage>, String> {
-    use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    match ctx.stream.get_last_raw_message_by_subject(subject).await {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(None),
-        Err(e) => Err(e.to_string()),
+/// The leader read: a request to `$JS.API.STREAM.MSG.GET.KV_leases` with
+/// `last_by_subj`; the key's revision and stored value, `None` if never written.
+async fn read(client: &Client, subject: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
+    #[derive(Deserialize)]
+    struct Reply {
+        message: Option<Stored>,
+        error: Option<ApiError>,
+    }
+    #[derive(Deserialize)]
+    struct Stored {
+        seq: u64,
+        #[serde(default)]
+        data: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct ApiError {
+        err_code: u64,
+    }
+    let request = async_nats::Request::new()
+        .payload(format!(r#"{{"last_by_subj":"{subject}"}}"#).into())
+        .timeout(Some(KV_TIMEOUT));
+    let reply = client
+        .send_request(format!("$JS.API.STREAM.MSG.GET.{STREAM}"), request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let reply: Reply = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+    match (reply.message, reply.error) {
+        (Some(m), _) => {
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(m.data.unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+            Ok(Some((m.seq, data)))
+        }
+        (None, Some(e)) if e.err_code == 10037 => Ok(None),
+        _ => Err("message get failed".into()),
     }
 }
 
 /// A JetStream publish with the service's headers; returns the new revision.
 async fn write(
-    ctx: &Ctx,
+    client: &Client,
     subject: String,
     expected: u64,
     ttl_ms: Option<u64>,
     event: &str,
     payload: Bytes,
 ) -> Result<u64, String> {
+    #[derive(Deserialize)]
+    struct Ack {
+        seq: Option<u64>,
+    }
     let mut headers = HeaderMap::new();
     headers.insert(
         HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -180,12 +199,19 @@ async fn write(
         Some(ttl) => headers.insert(HDR_TTL, format!("{}s", ttl / 1000).as_str()),
         None => headers.insert(HDR_KV_OPERATION, "DEL"),
     }
-    let ack = ctx
-        .js
-        .publish_with_headers(subject, headers, payload)
-        .await
-        .map_err(|e| e.to_string())?
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(payload)
+        .timeout(Some(KV_TIMEOUT));
+    let reply = client
+        .send_request(subject, request)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(ack.sequence)
+    let ack: Ack = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+    ack.seq.ok_or_else(|| {
+        format!(
+            "publish failed: {}",
+            String::from_utf8_lossy(&reply.payload).replace('"', "'")
+        )
+    })
 }

@@ -3,17 +3,20 @@
 //! acquire = a lease grant plus a put-if-absent transaction, renew = one keepalive,
 //! release = a revoke, owner = a get. etcd has no forward.
 
+use std::ops::Range;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
+};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 use crate::load::{self, Op};
 use crate::servers::free_port;
-use crate::{CONCURRENCIES, Results};
 
 /// The lease TTL etcd's leases get, in seconds.
 const TTL_S: i64 = 120;
@@ -110,46 +113,81 @@ async fn hold_many(client: &Client, keys: Vec<String>) -> Vec<i64> {
         .await
 }
 
-/// Acquire, renew, release and owner at each concurrency, into `results`.
-pub async fn measure_all(
-    client: &Client,
-    round: usize,
-    calls: usize,
-    tp_calls: usize,
-    results: &mut Results,
-) {
-    for op in [Op::Acquire, Op::Renew, Op::Release, Op::Owner] {
-        for c in CONCURRENCIES {
-            let n = if c == 1 { calls } else { tp_calls };
-            let stats = measure(client, op, &format!("etcd{round}"), c, n).await;
-            results
-                .entry((op, "etcd".to_string()))
-                .or_default()
-                .entry(c)
-                .or_default()
-                .push(stats);
+/// One operation against etcd, ready to run (see [`load::Target`]).
+pub struct EtcdTarget {
+    client: Client,
+    op: Op,
+    tag: String,
+    concurrency: usize,
+    /// Release: one lease per call.
+    leases: Vec<i64>,
+    /// Owner: one key per worker.
+    keys: Vec<String>,
+    /// Renew: one keepalive stream per worker.
+    keepers: Vec<tokio::sync::Mutex<(LeaseKeeper, LeaseKeepAliveStream)>>,
+}
+
+impl EtcdTarget {
+    /// Sets up `calls` calls of `op` at `concurrency`.
+    pub async fn prepare(
+        client: &Client,
+        op: Op,
+        tag: &str,
+        concurrency: usize,
+        calls: usize,
+    ) -> Arc<EtcdTarget> {
+        let name = op.name();
+        let (mut leases, mut keys, mut keepers) = (Vec::new(), Vec::new(), Vec::new());
+        match op {
+            Op::Acquire => {}
+            Op::Release => {
+                let keys = (0..calls)
+                    .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
+                    .collect();
+                leases = hold_many(client, keys).await;
+            }
+            Op::Renew => {
+                let keys = (0..concurrency)
+                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
+                    .collect();
+                for lease in hold_many(client, keys).await {
+                    let pair = client
+                        .clone()
+                        .lease_keep_alive(lease)
+                        .await
+                        .expect("keepalive stream");
+                    keepers.push(tokio::sync::Mutex::new(pair));
+                }
+            }
+            Op::Owner | Op::Forward => {
+                keys = (0..concurrency)
+                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
+                    .collect();
+                hold_many(client, keys.clone()).await;
+            }
         }
+        Arc::new(EtcdTarget {
+            client: client.clone(),
+            op,
+            tag: tag.to_string(),
+            concurrency,
+            leases,
+            keys,
+            keepers,
+        })
     }
 }
 
-async fn measure(
-    client: &Client,
-    op: Op,
-    tag: &str,
-    concurrency: usize,
-    calls: usize,
-) -> load::Stats {
-    let name = op.name();
-    match op {
-        Op::Acquire => {
-            let tag = tag.to_string();
-            load::run_workers(concurrency, calls, |_, range| {
-                let mut c = client.clone();
-                let tag = tag.clone();
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
+impl load::Target for EtcdTarget {
+    fn work(self: Arc<Self>, w: usize, range: Range<usize>) -> BoxFuture<'static, Vec<Duration>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let mut lat = Vec::with_capacity(range.len());
+            let name = self.op.name();
+            match self.op {
+                Op::Acquire => {
                     for i in range {
-                        let key = format!("{name}-{tag}-{concurrency}-{i}");
+                        let key = format!("{name}-{}-{}-{i}", self.tag, self.concurrency);
                         let start = Instant::now();
                         let lease = c.lease_grant(TTL_S, None).await.expect("grant").id();
                         let txn = Txn::new()
@@ -164,22 +202,10 @@ async fn measure(
                         lat.push(start.elapsed());
                         assert!(reply.succeeded(), "a fresh key is granted");
                     }
-                    lat
                 }
-            })
-            .await
-        }
-        Op::Renew => {
-            let keys = (0..concurrency)
-                .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                .collect();
-            let leases = Arc::new(hold_many(client, keys).await);
-            load::run_workers(concurrency, calls, |w, range| {
-                let mut c = client.clone();
-                let lease = leases[w];
-                async move {
-                    let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.expect("ka");
-                    let mut lat = Vec::with_capacity(range.len());
+                Op::Renew => {
+                    let mut pair = self.keepers[w].lock().await;
+                    let (keeper, stream) = &mut *pair;
                     for _ in range {
                         let start = Instant::now();
                         keeper.keep_alive().await.expect("keepalive");
@@ -187,51 +213,25 @@ async fn measure(
                         lat.push(start.elapsed());
                         assert!(reply.is_some_and(|r| r.ttl() > 0), "the lease lives");
                     }
-                    lat
                 }
-            })
-            .await
-        }
-        Op::Release => {
-            let keys = (0..calls)
-                .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
-                .collect();
-            let leases = Arc::new(hold_many(client, keys).await);
-            load::run_workers(concurrency, calls, |_, range| {
-                let mut c = client.clone();
-                let leases = leases.clone();
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
+                Op::Release => {
                     for i in range {
                         let start = Instant::now();
-                        c.lease_revoke(leases[i]).await.expect("revoke");
+                        c.lease_revoke(self.leases[i]).await.expect("revoke");
                         lat.push(start.elapsed());
                     }
-                    lat
                 }
-            })
-            .await
-        }
-        Op::Owner | Op::Forward => {
-            let keys: Vec<String> = (0..concurrency)
-                .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                .collect();
-            hold_many(client, keys.clone()).await;
-            load::run_workers(concurrency, calls, |w, range| {
-                let mut c = client.clone();
-                let key = keys[w].clone();
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
+                Op::Owner | Op::Forward => {
+                    let key = self.keys[w].as_str();
                     for _ in range {
                         let start = Instant::now();
-                        let reply = c.get(key.as_str(), None).await.expect("get");
+                        let reply = c.get(key, None).await.expect("get");
                         lat.push(start.elapsed());
                         assert_eq!(reply.kvs().len(), 1, "the key is held");
                     }
-                    lat
                 }
-            })
-            .await
-        }
+            }
+            lat
+        })
     }
 }

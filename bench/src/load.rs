@@ -1,9 +1,9 @@
 //! The load generator: closed-loop workers, each sending one request at a time,
 //! and the statistics of what they measured.
 
-use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, jetstream};
@@ -13,6 +13,7 @@ use dagnats_leases_core::record::{
     inbox_wildcard, kv_subject,
 };
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -101,19 +102,27 @@ impl Stats {
     }
 }
 
-/// Runs `concurrency` workers over `calls` calls split between them; worker `w`
-/// gets its index and its range of call numbers and returns its latencies.
-pub async fn run_workers<F, Fut>(concurrency: usize, calls: usize, make: F) -> Stats
-where
-    F: Fn(usize, Range<usize>) -> Fut,
-    Fut: Future<Output = Vec<Duration>> + Send + 'static,
-{
+/// One operation against one implementation, ready to run: worker `w` of a slice
+/// makes the calls numbered `range` and returns their latencies.
+pub trait Target: Send + Sync + 'static {
+    /// The work of worker `w` over calls `range`.
+    fn work(self: Arc<Self>, w: usize, range: Range<usize>) -> BoxFuture<'static, Vec<Duration>>;
+}
+
+/// Runs calls `range` of `target` with `concurrency` workers; latencies and the
+/// time the slice took.
+async fn run_slice(
+    target: Arc<dyn Target>,
+    concurrency: usize,
+    range: Range<usize>,
+) -> (Vec<Duration>, Duration) {
     let barrier = Arc::new(tokio::sync::Barrier::new(concurrency + 1));
-    let per = calls.div_ceil(concurrency);
+    let per = range.len().div_ceil(concurrency);
     let mut tasks = Vec::with_capacity(concurrency);
     for w in 0..concurrency {
-        let range = (w * per).min(calls)..((w + 1) * per).min(calls);
-        let work = make(w, range);
+        let lo = (range.start + w * per).min(range.end);
+        let hi = (range.start + (w + 1) * per).min(range.end);
+        let work = target.clone().work(w, lo..hi);
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -122,11 +131,56 @@ where
     }
     barrier.wait().await;
     let start = Instant::now();
-    let mut lat = Vec::with_capacity(calls);
+    let mut lat = Vec::with_capacity(range.len());
     for t in tasks {
         lat.extend(t.await.expect("worker"));
     }
-    Stats::from(lat, start.elapsed())
+    (lat, start.elapsed())
+}
+
+/// Measures several implementations of one operation interleaved in time: the
+/// calls are cut into `slices`, and each slice runs on every target in turn (the
+/// order rotating), so a burst of noise from elsewhere on the machine hits all of
+/// them alike. Returns the statistics of each target, in order.
+pub async fn interleaved(
+    targets: &[Arc<dyn Target>],
+    concurrency: usize,
+    calls: usize,
+    slices: usize,
+) -> Vec<Stats> {
+    let mut lat: Vec<Vec<Duration>> = vec![Vec::with_capacity(calls); targets.len()];
+    let mut elapsed = vec![Duration::ZERO; targets.len()];
+    for s in 0..slices {
+        let range = s * calls / slices..(s + 1) * calls / slices;
+        for k in 0..targets.len() {
+            let t = (k + s) % targets.len();
+            let (l, e) = run_slice(targets[t].clone(), concurrency, range.clone()).await;
+            lat[t].extend(l);
+            elapsed[t] += e;
+        }
+    }
+    lat.into_iter()
+        .zip(elapsed)
+        .map(|(l, e)| Stats::from(l, e))
+        .collect()
+}
+
+/// Measures one target alone (warm-ups, memory traffic, profiles).
+pub async fn alone(target: Arc<dyn Target>, concurrency: usize, calls: usize) -> Stats {
+    let (l, e) = run_slice(target, concurrency, 0..calls).await;
+    Stats::from(l, e)
+}
+
+/// Sets up and measures one operation against one implementation alone.
+pub async fn measure(
+    client: &Client,
+    op: Op,
+    tag: &str,
+    concurrency: usize,
+    calls: usize,
+) -> Stats {
+    let target = NatsTarget::prepare(client, op, tag, concurrency, calls).await;
+    alone(target, concurrency, calls).await
 }
 
 /// Writes a lease straight into the bucket (the setup of renew, release, owner and
@@ -200,79 +254,98 @@ fn subject(op: Op) -> &'static str {
     }
 }
 
-/// Measures `op` against whatever serves `api.leases.*` now. `tag` makes the keys
-/// of this measurement unique.
-pub async fn measure(
-    client: &Client,
-    js: &jetstream::Context,
+/// One operation against whatever serves `api.leases.*` for `client`'s account.
+pub struct NatsTarget {
+    client: Client,
     op: Op,
-    tag: &str,
-    concurrency: usize,
-    calls: usize,
-) -> Stats {
-    let subject = subject(op);
-    let name = op.name();
-    match op {
-        Op::Acquire => {
-            let tag = tag.to_string();
-            run_workers(concurrency, calls, |_, range| {
-                let client = client.clone();
-                let tag = tag.clone();
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
-                    for i in range {
-                        let body = format!(
+    /// Acquire and release: one body per call.
+    per_call: Vec<Bytes>,
+    /// Renew, owner and forward: one key per worker.
+    keys: Vec<String>,
+    /// Renew: each worker's current fence.
+    revisions: Vec<AtomicU64>,
+}
+
+impl NatsTarget {
+    /// Sets up `calls` calls of `op` at `concurrency`; `tag` keeps its keys apart.
+    pub async fn prepare(
+        client: &Client,
+        op: Op,
+        tag: &str,
+        concurrency: usize,
+        calls: usize,
+    ) -> Arc<NatsTarget> {
+        let js = jetstream::new(client.clone());
+        let name = op.name();
+        let (mut per_call, mut keys, mut revisions) = (Vec::new(), Vec::new(), Vec::new());
+        match op {
+            Op::Acquire => {
+                per_call = (0..calls)
+                    .map(|i| {
+                        format!(
                             r#"{{"key":"{name}-{tag}-{concurrency}-{i}","holder":"{HOLDER}","ttl_ms":{TTL_MS}}}"#
-                        );
-                        lat.push(call(&client, subject, body.into()).await.0);
-                    }
-                    lat
-                }
-            })
-            .await
-        }
-        Op::Release => {
-            let keys: Vec<String> = (0..calls)
-                .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
-                .collect();
-            let revs = put_leases(js, &keys, HOLDER).await;
-            let bodies: Arc<Vec<Bytes>> = Arc::new(
-                keys.iter()
+                        )
+                        .into()
+                    })
+                    .collect();
+            }
+            Op::Release => {
+                let keys: Vec<String> = (0..calls)
+                    .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
+                    .collect();
+                let revs = put_leases(&js, &keys, HOLDER).await;
+                per_call = keys
+                    .iter()
                     .zip(&revs)
                     .map(|(k, r)| {
                         format!(r#"{{"key":"{k}","holder":"{HOLDER}","revision":{r}}}"#).into()
                     })
-                    .collect(),
-            );
-            run_workers(concurrency, calls, |_, range| {
-                let client = client.clone();
-                let bodies = bodies.clone();
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
-                    for i in range {
-                        lat.push(call(&client, subject, bodies[i].clone()).await.0);
-                    }
-                    lat
-                }
-            })
-            .await
+                    .collect();
+            }
+            Op::Renew | Op::Owner | Op::Forward => {
+                let holder = if op == Op::Forward {
+                    ECHO_HOLDER
+                } else {
+                    HOLDER
+                };
+                keys = (0..concurrency)
+                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
+                    .collect();
+                revisions = put_leases(&js, &keys, holder)
+                    .await
+                    .into_iter()
+                    .map(AtomicU64::new)
+                    .collect();
+            }
         }
-        Op::Renew | Op::Owner | Op::Forward => {
-            let holder = if op == Op::Forward {
-                ECHO_HOLDER
-            } else {
-                HOLDER
-            };
-            let keys: Vec<String> = (0..concurrency)
-                .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                .collect();
-            let revs = put_leases(js, &keys, holder).await;
-            run_workers(concurrency, calls, |w, range| {
-                let client = client.clone();
-                let key = keys[w].clone();
-                let mut revision = revs[w];
-                async move {
-                    let mut lat = Vec::with_capacity(range.len());
+        Arc::new(NatsTarget {
+            client: client.clone(),
+            op,
+            per_call,
+            keys,
+            revisions,
+        })
+    }
+}
+
+impl Target for NatsTarget {
+    fn work(self: Arc<Self>, w: usize, range: Range<usize>) -> BoxFuture<'static, Vec<Duration>> {
+        Box::pin(async move {
+            let op = self.op;
+            let subject = subject(op);
+            let mut lat = Vec::with_capacity(range.len());
+            match op {
+                Op::Acquire | Op::Release => {
+                    for i in range {
+                        lat.push(
+                            call(&self.client, subject, self.per_call[i].clone())
+                                .await
+                                .0,
+                        );
+                    }
+                }
+                Op::Renew | Op::Owner | Op::Forward => {
+                    let key = &self.keys[w];
                     let fixed: Bytes = match op {
                         Op::Owner => format!(r#"{{"key":"{key}"}}"#).into(),
                         _ => format!(
@@ -282,25 +355,28 @@ pub async fn measure(
                     };
                     for _ in range {
                         let body = match op {
-                            Op::Renew => format!(
-                                r#"{{"key":"{key}","holder":"{HOLDER}","revision":{revision},"ttl_ms":{TTL_MS}}}"#
-                            )
-                            .into(),
+                            Op::Renew => {
+                                let revision = self.revisions[w].load(Ordering::Relaxed);
+                                format!(
+                                    r#"{{"key":"{key}","holder":"{HOLDER}","revision":{revision},"ttl_ms":{TTL_MS}}}"#
+                                )
+                                .into()
+                            }
                             _ => fixed.clone(),
                         };
-                        let (took, reply) = call(&client, subject, body).await;
+                        let (took, reply) = call(&self.client, subject, body).await;
                         if op == Op::Renew {
-                            revision = reply["revision"].as_u64().expect("renew revision");
+                            let r = reply["revision"].as_u64().expect("renew revision");
+                            self.revisions[w].store(r, Ordering::Relaxed);
                         }
                         if op == Op::Forward {
                             assert_eq!(reply["payload"].as_str(), Some(FORWARD_PAYLOAD));
                         }
                         lat.push(took);
                     }
-                    lat
                 }
-            })
-            .await
-        }
+            }
+            lat
+        })
     }
 }

@@ -11,6 +11,7 @@ mod etcd;
 mod load;
 mod memory;
 mod procs;
+mod profile;
 mod report;
 mod servers;
 
@@ -43,6 +44,24 @@ enum Command {
         /// The server.
         #[arg(long)]
         nats_url: String,
+        /// Account user.
+        #[arg(long)]
+        user: String,
+        /// Its password.
+        #[arg(long)]
+        password: String,
+    },
+    /// Profile baseline and service under callgrind: instructions and allocations per call.
+    Profile {
+        /// Calls per operation, sequential.
+        #[arg(long, default_value_t = 500)]
+        calls: usize,
+        /// Operations (default: all five).
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        /// Where the profiles go (default: target/bench in the checkout).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -52,7 +71,7 @@ pub struct RunArgs {
     /// A short smoke run: one round, few calls, a small memory step.
     #[arg(long)]
     pub quick: bool,
-    /// Rounds; each runs every implementation once, in a rotating order.
+    /// Rounds; each starts every implementation afresh.
     #[arg(long)]
     pub rounds: Option<usize>,
     /// Calls per measurement at concurrency 1.
@@ -61,6 +80,9 @@ pub struct RunArgs {
     /// Calls per measurement at concurrency 16 and 64.
     #[arg(long)]
     pub tp_calls: Option<usize>,
+    /// Slices each measurement is cut into, to interleave the implementations.
+    #[arg(long)]
+    pub slices: Option<usize>,
     /// Leases held for the large memory figure.
     #[arg(long)]
     pub mem_leases: Option<usize>,
@@ -86,7 +108,23 @@ fn main() {
         .build()
         .expect("runtime");
     match cli.command {
-        Some(Command::Baseline { nats_url }) => rt.block_on(baseline::serve(&nats_url)),
+        Some(Command::Baseline {
+            nats_url,
+            user,
+            password,
+        }) => rt.block_on(baseline::serve(&nats_url, &user, &password)),
+        Some(Command::Profile { calls, ops, out }) => {
+            let ops: Vec<Op> = if ops.is_empty() {
+                Op::ALL.to_vec()
+            } else {
+                Op::ALL
+                    .into_iter()
+                    .filter(|o| ops.iter().any(|n| n == o.name()))
+                    .collect()
+            };
+            let out = out.unwrap_or_else(|| servers::checkout().join("target/bench"));
+            rt.block_on(profile::run(&out, calls, &ops))
+        }
         None => rt.block_on(run(cli.run)),
     }
 }
@@ -94,36 +132,33 @@ fn main() {
 async fn run(args: RunArgs) {
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
     let calls = args.calls.unwrap_or(if args.quick { 100 } else { 1000 });
-    let tp_calls = args.tp_calls.unwrap_or(if args.quick { 320 } else { 3200 });
+    let tp_calls = args.tp_calls.unwrap_or(if args.quick { 640 } else { 6400 });
+    let slices = args.slices.unwrap_or(if args.quick { 4 } else { 10 });
     let mem_leases = args
         .mem_leases
         .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-    let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("checkout")
-            .join("target/bench")
-    });
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| servers::checkout().join("target/bench"));
     std::fs::create_dir_all(&out).expect("report dir");
 
     let server = servers::Nats::start();
     let url = server.url();
-    let client = async_nats::ConnectOptions::new()
-        .request_timeout(Some(std::time::Duration::from_secs(10)))
-        .connect(&url)
-        .await
-        .expect("connect");
-    let js = async_nats::jetstream::new(client.clone());
-    load::echo_owner(client.clone()).await;
+    let mut clients = Vec::new();
+    for imp in Impl::ALL {
+        let client = server.connect(imp.name()).await;
+        load::echo_owner(client.clone()).await;
+        // The service creates the bucket in each account; the baseline needs it there.
+        procs::create_bucket(imp.name(), &url, &out, &client).await;
+        clients.push((imp, client));
+    }
     println!(
         "nats-server {} on {url}; {} cores; {rounds} rounds; {calls} calls at concurrency 1, \
-         {tp_calls} at 16 and 64",
+         {tp_calls} at 16 and 64, in {slices} interleaved slices",
         server.version,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-
-    // The service creates the bucket; the baseline needs it there.
-    procs::start(Impl::Tokio, &url, &out, &client).await.stop();
 
     #[cfg(feature = "etcd")]
     let etcd = (!args.no_etcd).then(|| etcd::Etcd::start(&out));
@@ -139,33 +174,46 @@ async fn run(args: RunArgs) {
 
     let mut results: Results = BTreeMap::new();
     for round in 0..rounds {
-        let mut order = Impl::ALL.to_vec();
-        order.rotate_left(round % Impl::ALL.len());
-        for imp in order {
-            let running = procs::start(imp, &url, &out, &client).await;
-            let tag = format!("{}{round}", imp.name());
+        // Fresh processes each round, all running at once, each in its own account.
+        let mut running = Vec::new();
+        for (imp, client) in &clients {
+            running.push(procs::start(*imp, &url, &out, client).await);
+            let tag = format!("w{}{round}", imp.name());
             // Warm-up: connections, caches, the first allocations.
-            load::measure(&client, &js, Op::Acquire, &format!("w{tag}"), 4, 200).await;
-            load::measure(&client, &js, Op::Owner, &format!("w{tag}"), 4, 200).await;
-            for op in Op::ALL {
-                for c in CONCURRENCIES {
-                    let n = if c == 1 { calls } else { tp_calls };
-                    let stats = load::measure(&client, &js, op, &tag, c, n).await;
+            load::measure(client, Op::Acquire, &tag, 4, 200).await;
+            load::measure(client, Op::Owner, &tag, 4, 200).await;
+        }
+        for op in Op::ALL {
+            for c in CONCURRENCIES {
+                let n = if c == 1 { calls } else { tp_calls };
+                let tag = format!("r{round}");
+                let mut names = Vec::new();
+                let mut targets: Vec<std::sync::Arc<dyn load::Target>> = Vec::new();
+                for (imp, client) in &clients {
+                    names.push(imp.name().to_string());
+                    targets.push(load::NatsTarget::prepare(client, op, &tag, c, n).await);
+                }
+                #[cfg(feature = "etcd")]
+                if let Some(client) = &etcd_client
+                    && op != Op::Forward
+                {
+                    names.push("etcd".to_string());
+                    targets.push(etcd::EtcdTarget::prepare(client, op, &tag, c, n).await);
+                }
+                let stats = load::interleaved(&targets, c, n, slices).await;
+                for (name, stats) in names.into_iter().zip(stats) {
                     results
-                        .entry((op, imp.name().to_string()))
+                        .entry((op, name))
                         .or_default()
                         .entry(c)
                         .or_default()
                         .push(stats);
                 }
             }
-            running.stop();
-            println!("round {round}: {} done", imp.name());
+            println!("round {round}: {} done", op.name());
         }
-        #[cfg(feature = "etcd")]
-        if let Some(client) = &etcd_client {
-            etcd::measure_all(client, round, calls, tp_calls, &mut results).await;
-            println!("round {round}: etcd done");
+        for r in running {
+            r.stop();
         }
     }
     #[cfg(feature = "etcd")]
@@ -175,7 +223,7 @@ async fn run(args: RunArgs) {
     #[cfg(not(feature = "etcd"))]
     let etcd_version: Option<String> = None;
     let nats_version = server.version.clone();
-    drop(client);
+    drop(clients);
     drop(server);
 
     let memory = if args.no_memory {

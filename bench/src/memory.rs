@@ -35,11 +35,7 @@ pub async fn measure(out: &Path, many: usize) -> Vec<Memory> {
     let mut all = Vec::new();
     for imp in [Impl::Tokio, Impl::Smol] {
         let server = crate::servers::Nats::start();
-        let client = async_nats::ConnectOptions::new()
-            .request_timeout(Some(Duration::from_secs(30)))
-            .connect(server.url())
-            .await
-            .expect("connect");
+        let client = server.connect(imp.name()).await;
         let js = async_nats::jetstream::new(client.clone());
         let running = procs::start(imp, &server.url(), out, &client).await;
         let mut steps = Vec::new();
@@ -47,12 +43,12 @@ pub async fn measure(out: &Path, many: usize) -> Vec<Memory> {
         for (tag, target) in [("m0", 0usize), ("m1", 1_000), ("m2", many)] {
             let n = target.saturating_sub(held);
             if n > 0 {
-                load::measure(&client, &js, Op::Acquire, tag, 64, n).await;
+                load::measure(&client, Op::Acquire, tag, 64, n).await;
                 held += n;
             }
             // The same traffic at every step (it also holds 64 leases of its own),
             // so the figures differ only by the leases held.
-            load::measure(&client, &js, Op::Owner, tag, 64, 2_000).await;
+            load::measure(&client, Op::Owner, tag, 64, 2_000).await;
             held += 64;
             tokio::time::sleep(Duration::from_millis(500)).await;
             let stream_messages = js

@@ -46,29 +46,35 @@ pub fn bin_dir() -> PathBuf {
 
 /// Starts `imp` against `url`, its log in `log_dir`, and waits until it answers.
 pub async fn start(imp: Impl, url: &str, log_dir: &Path, client: &Client) -> Running {
-    start_with(imp, url, log_dir, client, &[]).await
+    start_with(imp, imp.name(), url, log_dir, client, &[]).await
 }
 
-/// Like [`start`], with a command that wraps the binary (e.g. valgrind).
+/// Runs the tokio service once in `account` (whose client is `client`), so that
+/// the account has the leases bucket: the baseline does not create it.
+pub async fn create_bucket(account: &str, url: &str, log_dir: &Path, client: &Client) {
+    start_with(Impl::Tokio, account, url, log_dir, client, &[])
+        .await
+        .stop();
+}
+
+/// Like [`start`], in `account`, with a command that wraps the binary (e.g. valgrind).
 pub async fn start_with(
     imp: Impl,
+    account: &str,
     url: &str,
     log_dir: &Path,
     client: &Client,
     wrapper: &[String],
 ) -> Running {
     let dir = bin_dir();
-    let (bin, args): (PathBuf, Vec<&str>) = match imp {
-        Impl::Baseline => (
-            std::env::current_exe().expect("exe"),
-            vec!["baseline", "--nats-url", url],
-        ),
-        Impl::Tokio => (dir.join("dagnats-leases"), vec!["serve", "--nats-url", url]),
-        Impl::Smol => (
-            dir.join("dagnats-leases-smol"),
-            vec!["serve", "--nats-url", url],
-        ),
+    let auth = ["--user", account, "--password", crate::servers::PASSWORD];
+    let (bin, first): (PathBuf, &str) = match imp {
+        Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
+        Impl::Tokio => (dir.join("dagnats-leases"), "serve"),
+        Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
     };
+    let mut args = vec![first, "--nats-url", url];
+    args.extend(auth);
     assert!(
         bin.is_file(),
         "{} is missing: build it first (scripts/bench does)",

@@ -9,6 +9,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The accounts of the benchmark's nats-server, one per implementation.
+pub const ACCOUNTS: [&str; 3] = ["baseline", "tokio", "smol"];
+/// Every account user's password.
+pub const PASSWORD: &str = "bench";
+
 /// A free loopback port (bound, then released: fine for a benchmark's own servers).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -51,9 +56,24 @@ impl Nats {
             .expect("temp dir");
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
+        // One account per implementation: each has its own `api.leases.*` and its
+        // own `KV_leases`, so all of them can run at once and the load generator
+        // can interleave its calls between them.
+        let mut conf = format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\naccounts {{\n",
+            dir.path().join("store").display().to_string()
+        );
+        for account in ACCOUNTS {
+            conf += &format!(
+                "  {account}: {{ jetstream: enabled, users: [{{user: {account}, password: {PASSWORD}}}] }}\n"
+            );
+        }
+        conf += "}\n";
+        let conf_path = dir.path().join("nats.conf");
+        std::fs::write(&conf_path, conf).expect("config");
         let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path().join("store"))
+            .arg("-c")
+            .arg(&conf_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -85,6 +105,16 @@ impl Nats {
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// A client in `account`.
+    pub async fn connect(&self, account: &str) -> async_nats::Client {
+        async_nats::ConnectOptions::new()
+            .user_and_password(account.to_string(), PASSWORD.to_string())
+            .request_timeout(Some(Duration::from_secs(30)))
+            .connect(self.url())
+            .await
+            .expect("connect")
     }
 }
 
