@@ -1,182 +1,228 @@
-//! The demo: three replicas elect a leader over `api.leases.*`, the leader dies,
-//! another takes over with a higher fence, and a fenced store turns away the old
-//! leader's late write. Run by `scripts/demo` against a running service.
+//! The demo `scripts/demo` runs against a local nats-server and lease service: three
+//! replicas (the `replica` example, as child processes) elect a leader with the holder
+//! library; the leader is frozen past its lease (SIGSTOP), another takes over with a
+//! higher fence, the frozen one wakes and its late write is rejected by a fenced
+//! store; then the new leader is killed (SIGKILL) and a third takes over. The store is
+//! a NATS responder here, keeping a `FenceGuard`.
 
+use std::collections::HashMap;
+use std::process::Stdio;
 use std::time::Duration;
 
+use dagnats_leases_core::guard::FenceGuard;
+use dagnats_leases_tokio::client::LeaseClient;
 use futures::StreamExt;
-use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
 
-async fn call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    let msg = client
-        .request(format!("api.leases.{endpoint}"), body.to_string().into())
-        .await
-        .expect("the lease service answers");
-    serde_json::from_slice(&msg.payload).expect("JSON reply")
+const KEY: &str = "demo-leader";
+
+/// What the store saw.
+#[derive(Debug)]
+enum StoreEvent {
+    Accepted {
+        writer: String,
+        fence: u64,
+    },
+    Rejected {
+        writer: String,
+        fence: u64,
+        highest: u64,
+    },
 }
 
-/// A downstream store that accepts a write only with a fence at least the highest seen.
-#[derive(Default)]
-struct FencedStore {
-    highest: u64,
-}
-
-impl FencedStore {
-    fn write(&mut self, who: &str, fence: u64, what: &str) {
-        if fence < self.highest {
-            println!(
-                "  store: REJECTED {who}'s write {what:?} (fence {fence} < {})",
-                self.highest
-            );
-        } else {
-            self.highest = fence;
-            println!("  store: accepted {who}'s write {what:?} (fence {fence})");
-        }
-    }
+fn say(line: &str) {
+    println!("{line}");
 }
 
 #[tokio::main]
 async fn main() {
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let client = async_nats::connect(&url).await.expect("connect to NATS");
-    // Wait until the service answers its micro-service PING.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let ping = client.request("$SRV.PING.dagnats-api", "".into()).await;
-        if ping.is_ok() {
-            break;
+    let replica_bin = std::env::var("REPLICA_BIN").expect("REPLICA_BIN names the replica example");
+    let nats = async_nats::connect(&url).await.expect("connect to NATS");
+    let leases = LeaseClient::new(nats.clone()).with_timeout(Duration::from_secs(5));
+    wait_for_service(&nats).await;
+
+    // The fenced store.
+    let (store_tx, mut store_rx) = mpsc::unbounded_channel();
+    let mut writes = nats.subscribe("demo.store.write").await.unwrap();
+    nats.flush().await.unwrap();
+    let store_nats = nats.clone();
+    tokio::spawn(async move {
+        let mut guard = FenceGuard::new();
+        while let Some(m) = writes.next().await {
+            let fence: u64 = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Demo-Fence"))
+                .and_then(|v| v.as_str().parse().ok())
+                .unwrap_or(0);
+            let writer = String::from_utf8_lossy(&m.payload)
+                .split(' ')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let event = match guard.admit(fence) {
+                Ok(()) => StoreEvent::Accepted { writer, fence },
+                Err(stale) => StoreEvent::Rejected {
+                    writer,
+                    fence,
+                    highest: stale.highest,
+                },
+            };
+            if let Some(reply) = m.reply {
+                let _ = store_nats.publish(reply, "ok".into()).await;
+            }
+            let _ = store_tx.send(event);
         }
+    });
+
+    say("== three replicas campaign for \"demo-leader\" (lease ttl 3 s)");
+    let mut pids = HashMap::new();
+    let mut children = Vec::new();
+    for name in ["r1", "r2", "r3"] {
+        let mut child = tokio::process::Command::new(&replica_bin)
+            .arg(name)
+            .env("NATS_URL", &url)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a replica");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                println!("  {line}");
+            }
+        });
+        pids.insert(name.to_string(), child.id().expect("running"));
+        children.push((name, child));
+    }
+
+    let (first, fence1) = wait_for_writer(&mut store_rx, None).await;
+    let lease = leases.owner(KEY).await.unwrap().expect("held");
+    say(&format!(
+        "== {first} leads (the service agrees: holder {}, revision {}); the store took its write with fence {fence1}",
+        lease.holder, lease.revision
+    ));
+
+    say(&format!(
+        "== freezing {first} (SIGSTOP) until well past its 3 s lease"
+    ));
+    signal(pids[&first], "-STOP");
+    let (second, fence2) = wait_for_writer(&mut store_rx, Some(&first)).await;
+    say(&format!(
+        "== {second} took over with fence {fence2} (> {fence1}) while {first} was frozen"
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    say(&format!(
+        "== waking {first} (SIGCONT): it was mid-write with fence {fence1}"
+    ));
+    signal(pids[&first], "-CONT");
+    let rejected = wait_for_rejection(&mut store_rx, &first).await;
+    match rejected {
+        Some((fence, highest)) => say(&format!(
+            "== the store REJECTED {first}'s late write: fence {fence} < {highest}"
+        )),
+        None => say(&format!(
+            "== {first} woke and saw its deadline had passed: it wrote nothing late"
+        )),
+    }
+
+    say(&format!("== killing the leader {second} (SIGKILL)"));
+    signal(pids[&second], "-KILL");
+    let (third, fence3) = wait_for_writer(&mut store_rx, Some(&second)).await;
+    say(&format!(
+        "== {third} leads with fence {fence3} (> {fence2}) after {second} died"
+    ));
+    say(&format!(
+        "== fences in order: {first} {fence1} -> {second} {fence2} -> {third} {fence3}"
+    ));
+
+    // Stop the rest: SIGTERM makes a replica step down and release.
+    for (name, mut child) in children {
+        if name != second {
+            signal(pids[name], "-TERM");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    let after = leases.owner(KEY).await.unwrap();
+    say(&format!(
+        "== replicas stopped; {KEY} is {}",
+        if after.is_none() {
+            "free"
+        } else {
+            "still held"
+        }
+    ));
+    assert!(fence1 < fence2 && fence2 < fence3, "fences must grow");
+    assert!(
+        rejected.is_some(),
+        "the late write should have been rejected"
+    );
+}
+
+async fn wait_for_service(nats: &async_nats::Client) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while nats
+        .request("$SRV.PING.dagnats-api", "".into())
+        .await
+        .is_err()
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the lease service did not come up"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let key = "demo-leader";
-    let ttl_ms = 2000;
-    let mut events = client
-        .subscribe(format!("dagnats.lease.changed.{key}"))
-        .await
-        .unwrap();
-    let replicas = ["replica-a", "replica-b", "replica-c"];
-    println!("three replicas campaign for {key:?} (ttl {ttl_ms} ms):");
-    let mut leader = None;
-    for r in replicas {
-        let reply = call(
-            &client,
-            "acquire",
-            json!({"key": key, "holder": r, "ttl_ms": ttl_ms}),
-        )
-        .await;
-        let outcome = if reply["granted"] == true {
-            "elected"
-        } else {
-            "follows"
-        };
-        println!(
-            "  {r}: {outcome} (leader {} at fence {})",
-            reply["holder"], reply["revision"]
-        );
-        if reply["granted"] == true {
-            leader = Some((r, reply["revision"].as_u64().unwrap()));
-        }
-    }
-    let (old, old_fence) = leader.expect("one replica was elected");
-    let mut store = FencedStore::default();
-    store.write(old, old_fence, "config v1");
-
-    // The leader serves forwarded requests on its inbox.
-    let mut inbox = client
-        .subscribe(format!("dagnats.lease.inbox.{old}.>"))
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
-    let responder = client.clone();
-    let serving = tokio::spawn(async move {
-        if let Some(msg) = inbox.next().await {
-            let reply = format!("{old} handled {}", String::from_utf8_lossy(&msg.payload));
-            responder
-                .publish(msg.reply.unwrap(), reply.into())
-                .await
-                .unwrap();
-        }
-    });
-    let payload = base64_encode(b"job-17");
-    let fwd = call(
-        &client,
-        "forward",
-        json!({"key": key, "payload": payload, "timeout_ms": 2000}),
-    )
-    .await;
-    println!(
-        "forward to whoever leads: {} answered {:?}",
-        fwd["holder"],
-        String::from_utf8_lossy(&base64_decode(fwd["payload"].as_str().unwrap_or("")))
-    );
-    serving.await.unwrap();
-
-    println!("{old} freezes (no more renewals); the server expires its lease...");
-    loop {
-        let msg = tokio::time::timeout(Duration::from_secs(10), events.next())
-            .await
-            .expect("the expiry event")
-            .unwrap();
-        let h = msg.headers.unwrap_or_default();
-        if h.get("Nats-Marker-Reason").is_some() {
-            println!(
-                "  event: expired (revision {})",
-                h.get("Nats-Sequence").map(|v| v.as_str()).unwrap_or("?")
-            );
-            break;
-        }
-    }
-    let mut new_leader = None;
-    for r in replicas.iter().filter(|r| **r != old) {
-        let reply = call(
-            &client,
-            "acquire",
-            json!({"key": key, "holder": r, "ttl_ms": ttl_ms}),
-        )
-        .await;
-        if reply["granted"] == true {
-            println!(
-                "  {r}: elected at fence {} (was {old_fence})",
-                reply["revision"]
-            );
-            new_leader = Some((*r, reply["revision"].as_u64().unwrap()));
-            break;
-        }
-    }
-    let (new, new_fence) = new_leader.expect("a new leader");
-    assert!(new_fence > old_fence, "a new tenure's fence is higher");
-    store.write(new, new_fence, "config v2");
-    println!("{old} wakes up and still believes it leads:");
-    let renew = call(
-        &client,
-        "renew",
-        json!({"key": key, "holder": old, "revision": old_fence}),
-    )
-    .await;
-    println!("  its renew: {} ({})", renew["kind"], renew["error"]);
-    store.write(old, old_fence, "config v1-late");
-    let release = call(
-        &client,
-        "release",
-        json!({"key": key, "holder": new, "revision": new_fence}),
-    )
-    .await;
-    println!("{new} releases the lease: released={}", release["released"]);
-    println!("demo done: one leader at a time, and the late write was fenced off");
 }
 
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+/// The first writer the store accepts that is not `not`.
+async fn wait_for_writer(
+    rx: &mut mpsc::UnboundedReceiver<StoreEvent>,
+    not: Option<&str>,
+) -> (String, u64) {
+    let wait = async {
+        while let Some(event) = rx.recv().await {
+            if let StoreEvent::Accepted { writer, fence } = event
+                && Some(writer.as_str()) != not
+            {
+                return (writer, fence);
+            }
+        }
+        panic!("the store stopped");
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("a leader wrote within 30 s")
 }
 
-fn base64_decode(s: &str) -> Vec<u8> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(s)
-        .unwrap_or_default()
+/// A rejected write from `writer` within a few seconds, if any.
+async fn wait_for_rejection(
+    rx: &mut mpsc::UnboundedReceiver<StoreEvent>,
+    writer: &str,
+) -> Option<(u64, u64)> {
+    let wait = async {
+        while let Some(event) = rx.recv().await {
+            if let StoreEvent::Rejected {
+                writer: w,
+                fence,
+                highest,
+            } = event
+                && w == writer
+            {
+                return Some((fence, highest));
+            }
+        }
+        None
+    };
+    tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
 }
