@@ -64,3 +64,102 @@ pub async fn start(
         task,
     })
 }
+
+pub use dagnats_leases_tokio::client::{Forwarded, LeaseError, LeaseErrorKind};
+pub use dagnats_leases_tokio::member::{
+    Change, Elector, ForwardedRequest, Inbox, Member, Ownership, Shards, Tenure,
+};
+
+/// A holder-library [`Member`] whose background work (campaigns, renewals) runs on
+/// smol's executor under [`Compat`]. [`Elector::next`], [`Elector::stop`] and
+/// [`Shards`] work from plain smol code; wrap [`Member::inbox`] and
+/// [`ForwardedRequest::respond`] in [`Compat`] (they talk to NATS directly).
+///
+/// ```no_run
+/// smol::block_on(async {
+///     let client = dagnats_leases_smol::connect("nats://127.0.0.1:4222").await?;
+///     let member = dagnats_leases_smol::member(client, "notify-7f3a")?;
+///     let mut elector = member.elect("notify-leader", std::time::Duration::from_secs(15))?;
+///     while let Some(change) = elector.next().await {
+///         println!("{change:?}");
+///     }
+///     Ok::<_, Box<dyn std::error::Error>>(())
+/// })
+/// # .unwrap();
+/// ```
+pub fn member(client: async_nats::Client, holder: &str) -> Result<Member, LeaseError> {
+    let spawn: dagnats_leases_tokio::member::Spawner = std::sync::Arc::new(|f| {
+        smol::spawn(Compat::new(f)).detach();
+    });
+    Member::with_spawner(client, holder, spawn)
+}
+
+/// The typed lease calls, for smol: each call of [`LeaseClient`] is run under
+/// [`Compat`] (async-nats' request timeout needs tokio's timer).
+#[derive(Debug, Clone)]
+pub struct LeaseClient {
+    inner: dagnats_leases_tokio::client::LeaseClient,
+}
+
+impl LeaseClient {
+    /// A client with the default call timeout.
+    pub fn new(client: async_nats::Client) -> Self {
+        LeaseClient {
+            inner: dagnats_leases_tokio::client::LeaseClient::new(client),
+        }
+    }
+
+    /// The tokio adapter's client underneath (its futures need [`Compat`] on smol).
+    pub fn inner(&self) -> &dagnats_leases_tokio::client::LeaseClient {
+        &self.inner
+    }
+
+    /// See [`dagnats_leases_tokio::client::LeaseClient::acquire`].
+    pub async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
+        Compat::new(self.inner.acquire(key, holder, ttl)).await
+    }
+
+    /// See [`dagnats_leases_tokio::client::LeaseClient::renew`].
+    pub async fn renew(
+        &self,
+        key: &str,
+        holder: &str,
+        revision: u64,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<dagnats_leases_core::wire::Lease, LeaseError> {
+        Compat::new(self.inner.renew(key, holder, revision, ttl)).await
+    }
+
+    /// See [`dagnats_leases_tokio::client::LeaseClient::release`].
+    pub async fn release(
+        &self,
+        key: &str,
+        holder: &str,
+        revision: u64,
+    ) -> Result<dagnats_leases_core::wire::ReleaseReply, LeaseError> {
+        Compat::new(self.inner.release(key, holder, revision)).await
+    }
+
+    /// See [`dagnats_leases_tokio::client::LeaseClient::owner`].
+    pub async fn owner(
+        &self,
+        key: &str,
+    ) -> Result<Option<dagnats_leases_core::wire::Lease>, LeaseError> {
+        Compat::new(self.inner.owner(key)).await
+    }
+
+    /// See [`dagnats_leases_tokio::client::LeaseClient::forward`].
+    pub async fn forward(
+        &self,
+        key: &str,
+        payload: &[u8],
+        timeout: std::time::Duration,
+    ) -> Result<Forwarded, LeaseError> {
+        Compat::new(self.inner.forward(key, payload, timeout)).await
+    }
+}
