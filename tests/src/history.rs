@@ -43,6 +43,15 @@
 //!   the next owner's first write; such writes are counted in the verdict
 //!   ([`Verdict::late_accepted`]) but are not a violation of fencing.
 //!
+//! # Known stale reads ([`check_with`])
+//!
+//! A scenario that reproduces a known, documented read anomaly (a cut-off stream
+//! leader answering reads from its old state) checks with an [`Allowance`]: reports
+//! that show an older state (a lower revision than one already answered, or "free"
+//! while a lease stood), answered to named callers within a time window, are counted
+//! ([`Verdict::known_stale_reads`]) and kept ([`Verdict::known`]) instead of failing.
+//! Only reports can be allowed, never what a write, a belief or the store shows.
+//!
 //! The checker is a plain function of the recorded history: the unit tests below feed
 //! it histories that must fail and histories that must pass.
 
@@ -320,6 +329,51 @@ pub struct Violation {
     pub key: String,
     /// The records that show it.
     pub detail: String,
+    /// The call whose answer breaks the rule, when that answer is a *report* (an
+    /// `owner` reply, or an acquire's `granted: false` naming a holder): what
+    /// [`check_with`] may attribute to a known stale reader. `None` for every
+    /// violation a write, a belief, an expiry or the store shows.
+    pub read: Option<Call>,
+}
+
+/// Reads that [`check_with`] counts as known instead of failing: answers to
+/// `stale_reads_from` callers, sent at or after `window.0` and answered by
+/// `window.1`, that show an *older* state than the history already had. That is a
+/// reported owner whose revision is below one answered before the call was sent
+/// ([`Rule::RevisionNotHigher`]), or a read saying "free" while a lease certainly
+/// stood ([`Rule::GrantWhileHeld`]). Nothing else is ever allowed: not overlapping
+/// beliefs, reused revisions, forged fences, stale store writes, any grant, renewal
+/// or release, nor a report of a *newer* owner than the history shows.
+///
+/// Name the callers by a fact of the setup, not a guess from the answers: for
+/// example the clients connected to the cut-off node only (every call they make is
+/// answered there), or, for the short time after a heal while the deposed leader
+/// still answers every node's reads, all of them. [`check_with`] takes several.
+#[derive(Clone, Debug, Default)]
+pub struct Allowance {
+    /// The callers whose stale reports are known.
+    pub stale_reads_from: Vec<String>,
+    /// `(from, until)` on `CLOCK_MONOTONIC`: the call was sent at or after `from`
+    /// and answered at or before `until`.
+    pub window: (Nanos, Nanos),
+}
+
+impl Allowance {
+    /// Whether `v` is a known stale read under this allowance.
+    pub fn covers(&self, v: &Violation) -> bool {
+        let Some(c) = &v.read else {
+            return false;
+        };
+        let stale_shape = match (v.rule, &c.outcome) {
+            (Rule::RevisionNotHigher, Outcome::Held { .. }) => true,
+            (Rule::GrantWhileHeld, Outcome::Free) => c.op == Op::Read,
+            _ => false,
+        };
+        stale_shape
+            && self.stale_reads_from.contains(&c.caller)
+            && c.sent >= self.window.0
+            && c.replied <= self.window.1
+    }
 }
 
 /// The checker's verdict on a history.
@@ -344,8 +398,13 @@ pub struct Verdict {
     /// Accepted store writes whose lease had certainly ended (before any newer
     /// owner wrote: allowed by fencing, counted for the record).
     pub late_accepted: usize,
-    /// The broken rules.
+    /// The broken rules (with [`check_with`]: those its [`Allowance`] does not cover).
     pub violations: Vec<Violation>,
+    /// With [`check_with`]: how many calls (distinct answers) showed a stale read the
+    /// allowance covers. Always 0 from [`check`].
+    pub known_stale_reads: usize,
+    /// With [`check_with`]: the violations those calls showed, kept for the record.
+    pub known: Vec<Violation>,
 }
 
 impl Verdict {
@@ -407,6 +466,29 @@ struct KeyRecords<'a> {
     writes: Vec<&'a StoreWrite>,
 }
 
+/// Checks a history against rules (a), (b), (c), like [`check`], but moves the
+/// violations any of `allowances` covers (stale reports by its callers within its
+/// window)
+/// out of [`Verdict::violations`] into [`Verdict::known`], counting the calls that
+/// showed them in [`Verdict::known_stale_reads`]. Every other violation stays.
+pub fn check_with(records: &[Record], allowances: &[Allowance]) -> Verdict {
+    let mut verdict = check(records);
+    let (known, rest): (Vec<Violation>, Vec<Violation>) = std::mem::take(&mut verdict.violations)
+        .into_iter()
+        .partition(|v| allowances.iter().any(|a| a.covers(v)));
+    let mut calls: Vec<(&str, &str, Nanos, Nanos)> = known
+        .iter()
+        .filter_map(|v| v.read.as_ref())
+        .map(|c| (c.key.as_str(), c.caller.as_str(), c.sent, c.replied))
+        .collect();
+    calls.sort_unstable();
+    calls.dedup();
+    verdict.known_stale_reads = calls.len();
+    verdict.violations = rest;
+    verdict.known = known;
+    verdict
+}
+
 /// Checks a history against rules (a), (b), (c) (see the module docs).
 pub fn check(records: &[Record]) -> Verdict {
     let mut keys: BTreeMap<&str, KeyRecords> = BTreeMap::new();
@@ -462,7 +544,23 @@ fn push(out: &mut Vec<Violation>, rule: Rule, key: &str, detail: String) {
         rule,
         key: key.to_owned(),
         detail,
+        read: None,
     });
+}
+
+/// Whether a call's answer is a report (an `owner` reply, or a holder named by an
+/// acquire's `granted: false`) rather than the result of a write.
+fn is_report(c: &Call) -> bool {
+    matches!(c.outcome, Outcome::Held { .. } | Outcome::Free)
+}
+
+/// [`push`] for a violation shown by the answer to `c`: a report is kept with it
+/// ([`Violation::read`]) so that [`check_with`] can attribute it.
+fn push_shown_by(out: &mut Vec<Violation>, rule: Rule, key: &str, c: &Call, detail: String) {
+    push(out, rule, key, detail);
+    if is_report(c) {
+        out.last_mut().unwrap().read = Some(c.clone());
+    }
 }
 
 /// (a1): beliefs of different holders never overlap.
@@ -549,10 +647,11 @@ fn check_standing(key: &str, recs: &KeyRecords, out: &mut Vec<Violation>) {
                 _ => false,
             };
             if bad {
-                push(
+                push_shown_by(
                     out,
                     Rule::GrantWhileHeld,
                     key,
+                    o,
                     format!(
                         "{o:?} answered while the lease of {w:?} certainly stood (until {end})"
                     ),
@@ -678,10 +777,11 @@ fn check_monotonic(key: &str, recs: &KeyRecords, out: &mut Vec<Violation>) {
             _ => false,
         };
         if rev < top || (strict && rev == top) {
-            push(
+            push_shown_by(
                 out,
                 Rule::RevisionNotHigher,
                 key,
+                c,
                 format!("{c:?} shows revision {rev}, but {what} was answered before it was sent"),
             );
         }
@@ -1059,6 +1159,152 @@ mod tests {
             ),
         ];
         assert_eq!(rules(&h), vec![Rule::RevisionNotHigher]);
+    }
+
+    /// A reader on the cut-off node, and the window of the cut (10.5 s to 12 s).
+    fn cut_allowance() -> Allowance {
+        Allowance {
+            stale_reads_from: vec!["reader-cut".into(), "b".into()],
+            window: (10 * S + ms(500), 12 * S),
+        }
+    }
+    fn read_by(caller: &str, sent: Nanos, o: Outcome) -> Record {
+        call("k", caller, Op::Read, sent, sent + ms(1), o)
+    }
+    /// a is granted 1 and renews to 2; then a report of a at 1 (stale) by `caller`.
+    fn stale_read_by(caller: &str, sent: Nanos) -> Vec<Record> {
+        vec![
+            grant("a", 10 * S, 1),
+            renew("a", 10 * S + ms(600), 2),
+            read_by(
+                caller,
+                sent,
+                Outcome::Held {
+                    holder: "a".into(),
+                    revision: 1,
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_stale_read_inside_the_allowance_is_counted_as_known() {
+        let h = stale_read_by("reader-cut", 11 * S);
+        assert_eq!(
+            rules(&h),
+            vec![Rule::RevisionNotHigher],
+            "check alone fails it"
+        );
+        let v = check_with(&h, &[cut_allowance()]);
+        assert!(v.violations.is_empty(), "{v}");
+        assert_eq!(v.known_stale_reads, 1);
+        assert_eq!(v.known.len(), 1);
+        assert_eq!(v.known[0].rule, Rule::RevisionNotHigher);
+        // A read saying "free" while a's lease stands, and a holder's acquire answered
+        // `granted: false` naming the replaced owner: reports, known too.
+        let mut h = stale_read_by("reader-cut", 11 * S);
+        h.push(read_by("reader-cut", 11 * S + ms(100), Outcome::Free));
+        h.push(call(
+            "k",
+            "b",
+            Op::Acquire,
+            11 * S + ms(200),
+            11 * S + ms(201),
+            Outcome::Held {
+                holder: "a".into(),
+                revision: 1,
+            },
+        ));
+        let v = check_with(&h, &[cut_allowance()]);
+        assert!(v.violations.is_empty(), "{v}");
+        assert_eq!(v.known_stale_reads, 3, "{:?}", v.known);
+    }
+
+    #[test]
+    fn a_stale_read_outside_the_window_or_from_another_caller_fails() {
+        // Answered after the window closed.
+        let h = stale_read_by("reader-cut", 12 * S);
+        let v = check_with(&h, &[cut_allowance()]);
+        assert_eq!(v.violations.len(), 1, "{v}");
+        assert_eq!(v.violations[0].rule, Rule::RevisionNotHigher);
+        assert_eq!(v.known_stale_reads, 0);
+        // Sent before the window opened.
+        let mut h = stale_read_by("reader-cut", 10 * S + ms(700));
+        h.push(renew("a", 10 * S + ms(650), 3));
+        let early = check_with(
+            &h,
+            &[Allowance {
+                window: (10 * S + ms(701), 12 * S),
+                ..cut_allowance()
+            }],
+        );
+        assert_eq!(early.violations.len(), 1, "{early}");
+        // From a reader on another node.
+        let v = check_with(&stale_read_by("reader-n2", 11 * S), &[cut_allowance()]);
+        assert_eq!(v.violations.len(), 1, "{v}");
+        assert_eq!(v.known_stale_reads, 0);
+        // Unless a second allowance names it for a window that holds the read.
+        let after_heal = Allowance {
+            stale_reads_from: vec!["reader-n2".into()],
+            window: (11 * S, 11 * S + ms(500)),
+        };
+        let v = check_with(
+            &stale_read_by("reader-n2", 11 * S),
+            &[cut_allowance(), after_heal.clone()],
+        );
+        assert!(v.violations.is_empty(), "{v}");
+        assert_eq!(v.known_stale_reads, 1);
+        let v = check_with(
+            &stale_read_by("reader-n2", 11 * S + ms(600)),
+            &[cut_allowance(), after_heal],
+        );
+        assert_eq!(v.violations.len(), 1, "{v}");
+    }
+
+    #[test]
+    fn only_stale_reports_are_allowed_inside_the_window() {
+        let allow = cut_allowance();
+        let kinds = |h: &[Record]| -> Vec<Rule> {
+            let v = check_with(h, std::slice::from_ref(&allow));
+            assert_eq!(v.known_stale_reads, 0, "{:?}", v.known);
+            v.violations.iter().map(|v| v.rule).collect()
+        };
+        // Overlapping beliefs of allowed callers.
+        let h = vec![
+            belief("reader-cut", 1, 11 * S, 11 * S + ms(500)),
+            belief("b", 4, 11 * S + ms(100), 11 * S + ms(600)),
+        ];
+        assert_eq!(kinds(&h), vec![Rule::OverlappingBeliefs]);
+        // A stale store write accepted from an allowed caller.
+        let h = vec![
+            grant("b", 8 * S, 2),
+            expiry(3, 10 * S + ms(400)),
+            grant("a", 10 * S + ms(600), 4),
+            write("a", 4, 11 * S, true),
+            write("b", 2, 11 * S + ms(1), true),
+        ];
+        assert_eq!(kinds(&h), vec![Rule::StaleWriteAccepted]);
+        // A grant to an allowed caller while a's lease stands (a write, not a read).
+        let h = vec![grant("a", 10 * S, 1), grant("b", 11 * S, 3)];
+        assert_eq!(kinds(&h), vec![Rule::GrantWhileHeld]);
+        // A reused revision, and a renewal that does not raise the fence.
+        let h = vec![grant("a", 10 * S, 5), grant("b", 11 * S + ms(900), 5)];
+        assert!(kinds(&h).contains(&Rule::ReusedRevision));
+        let h = vec![grant("b", 11 * S, 3), renew("b", 11 * S + ms(600), 3)];
+        assert_eq!(kinds(&h), vec![Rule::RevisionNotHigher]);
+        // A report of a *newer* owner than the standing lease's: not a stale shape.
+        let h = vec![
+            grant("a", 10 * S, 1),
+            read_by(
+                "reader-cut",
+                11 * S,
+                Outcome::Held {
+                    holder: "c".into(),
+                    revision: 3,
+                },
+            ),
+        ];
+        assert_eq!(kinds(&h), vec![Rule::GrantWhileHeld]);
     }
 
     #[test]

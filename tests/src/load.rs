@@ -410,7 +410,9 @@ pub async fn watch_events(client: Client, history: Option<History>) -> Seen {
     seen
 }
 
-/// Connects a client for the load (all URLs given, in this order of preference).
+/// Connects a client for the load to one of `urls`, failing over to the others
+/// (async-nats shuffles the list, so which node it lands on is random; see
+/// [`connect_only`] for a client on one known node).
 pub async fn connect(urls: &[String]) -> Client {
     let addrs: Vec<async_nats::ServerAddr> = urls
         .iter()
@@ -422,6 +424,24 @@ pub async fn connect(urls: &[String]) -> Client {
         .connect(addrs)
         .await
         .unwrap_or_else(|e| panic!("connect to {urls:?}: {e}"))
+}
+
+/// Connects a client to the server at `url` only: it never fails over to another
+/// node, nor to servers the cluster announces. Every call it makes goes through
+/// that node, and so is answered by the service instance connected there (the
+/// server delivers a request to a local member of the service's queue group before
+/// any remote one, and a cut-off node has no remote one), which lets a checker
+/// attribute an answer to a node by its caller alone.
+pub async fn connect_only(url: &str) -> Client {
+    let addr: async_nats::ServerAddr = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .retain_servers_order()
+        .ignore_discovered_servers()
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
 /// Campaigning holders and readers over a set of keys, recording one history.
@@ -447,7 +467,7 @@ impl Load {
     }
 
     /// Starts `holders` holders, each campaigning for every key, holder `h` on a
-    /// client that prefers `urls_of(h)`.
+    /// client connected to one of `urls_of(h)` ([`connect`]).
     pub async fn holders(
         &mut self,
         holders: usize,
@@ -457,30 +477,60 @@ impl Load {
     ) {
         for h in 0..holders {
             let client = connect(&urls_of(h)).await;
-            for key in keys {
-                let cfg = HolderConfig {
-                    holder: format!("holder-{h}"),
-                    key: key.clone(),
-                    ttl_ms,
-                    write_every: Duration::from_millis(100),
-                    campaign_every: Duration::from_millis(150),
-                    release_chance: 0.01,
-                    work: Duration::ZERO,
-                };
-                self.tasks.push(tokio::spawn(run_holder(
-                    client.clone(),
-                    cfg,
-                    StoreTarget::Local(self.store.clone()),
-                    self.history.clone(),
-                    Arc::clone(&self.stop),
-                )));
-            }
+            self.holder(h, client, keys, ttl_ms);
         }
     }
 
-    /// Starts a reader on a client that prefers `urls`.
+    /// Starts `holders` holders like [`Load::holders`], holder `h` on a client
+    /// connected to `url_of(h)` only ([`connect_only`]).
+    pub async fn pinned_holders(
+        &mut self,
+        holders: usize,
+        keys: &[String],
+        ttl_ms: u64,
+        url_of: impl Fn(usize) -> String,
+    ) {
+        for h in 0..holders {
+            let client = connect_only(&url_of(h)).await;
+            self.holder(h, client, keys, ttl_ms);
+        }
+    }
+
+    /// Holder `h` (`holder-{h}`), one task per key, on `client`.
+    fn holder(&mut self, h: usize, client: Client, keys: &[String], ttl_ms: u64) {
+        for key in keys {
+            let cfg = HolderConfig {
+                holder: format!("holder-{h}"),
+                key: key.clone(),
+                ttl_ms,
+                write_every: Duration::from_millis(100),
+                campaign_every: Duration::from_millis(150),
+                release_chance: 0.01,
+                work: Duration::ZERO,
+            };
+            self.tasks.push(tokio::spawn(run_holder(
+                client.clone(),
+                cfg,
+                StoreTarget::Local(self.store.clone()),
+                self.history.clone(),
+                Arc::clone(&self.stop),
+            )));
+        }
+    }
+
+    /// Starts a reader on a client connected to one of `urls` ([`connect`]).
     pub async fn reader(&mut self, name: &str, keys: &[String], urls: &[String]) {
         let client = connect(urls).await;
+        self.reader_on(name, keys, client);
+    }
+
+    /// Starts a reader on a client connected to `url` only ([`connect_only`]).
+    pub async fn pinned_reader(&mut self, name: &str, keys: &[String], url: &str) {
+        let client = connect_only(url).await;
+        self.reader_on(name, keys, client);
+    }
+
+    fn reader_on(&mut self, name: &str, keys: &[String], client: Client) {
         self.tasks.push(tokio::spawn(run_reader(
             client,
             name.to_owned(),

@@ -87,11 +87,32 @@ impl Fx {
         self.cluster.wait_stream_leader(STREAM, WAIT)
     }
 
-    /// The load: holders (holder `h` prefers node `h % 3`), one reader per node, and
-    /// an expiry watcher.
+    /// The load: holders (holder `h` on a client given every node, node `h % 3`
+    /// first; async-nats picks among them at random), readers likewise, and an
+    /// expiry watcher.
     async fn load(&self) -> Load {
         let mut load = Load::new();
         self.fill(&mut load).await;
+        load
+    }
+
+    /// The same load with every holder and reader pinned to one node
+    /// ([`load::connect_only`]): holder `h` on node `h % 3`, `reader-n{i}` on node
+    /// `i`. So each caller's calls are answered by one known service instance.
+    async fn pinned_load(&self) -> Load {
+        let mut load = Load::new();
+        let keys = keys();
+        load::watch_events(
+            load::connect(&self.cluster.urls()).await,
+            Some(load.history.clone()),
+        )
+        .await;
+        for i in 0..NODES {
+            load.pinned_reader(&pinned_reader(i), &keys, &self.cluster.url(i))
+                .await;
+        }
+        load.pinned_holders(HOLDERS, &keys, TTL_MS, |h| self.cluster.url(h % NODES))
+            .await;
         load
     }
 
@@ -123,11 +144,58 @@ impl Fx {
     }
 }
 
+/// The name of the pinned load's reader on node `i`.
+fn pinned_reader(i: usize) -> String {
+    format!("reader-n{}", i + 1)
+}
+
+/// The callers of [`Fx::pinned_load`] connected to node `node` only.
+fn pinned_callers(node: usize) -> Vec<String> {
+    (0..HOLDERS)
+        .filter(|h| h % NODES == node)
+        .map(|h| format!("holder-{h}"))
+        .chain([pinned_reader(node)])
+        .collect()
+}
+
 /// Checks the history, prints the verdict line, and asserts no violation and some
 /// progress after `after` (grants or renewals answered later than it).
 fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
-    let v = history::check(records);
-    println!("faults: {name}: {v}");
+    verdict_with(name, records, after, &[])
+}
+
+/// [`verdict`], with the stale reads that `known` covers counted (and printed, per
+/// allowance, under its label) instead of failing; every other violation still fails.
+fn verdict_with(
+    name: &str,
+    records: &[Record],
+    after: Nanos,
+    known: &[(history::Allowance, &str)],
+) -> Verdict {
+    let allowances: Vec<history::Allowance> = known.iter().map(|(a, _)| a.clone()).collect();
+    let v = history::check_with(records, &allowances);
+    if known.is_empty() {
+        println!("faults: {name}: {v}");
+    } else {
+        let mut line = format!("faults: {name}: {}", v.summary());
+        for (i, (_, label)) in known.iter().enumerate() {
+            // Distinct calls whose first covering allowance is this one.
+            let mut calls: Vec<(&str, &str, Nanos)> = v
+                .known
+                .iter()
+                .filter(|k| allowances.iter().position(|a| a.covers(k)) == Some(i))
+                .filter_map(|k| k.read.as_ref())
+                .map(|c| (c.key.as_str(), c.caller.as_str(), c.sent))
+                .collect();
+            calls.sort_unstable();
+            calls.dedup();
+            line.push_str(&format!(", known stale reads {label}: {}", calls.len()));
+        }
+        for k in v.violations.iter().take(20) {
+            line.push_str(&format!("\n  {:?} on {}: {}", k.rule, k.key, k.detail));
+        }
+        println!("{line}");
+    }
     if !v.violations.is_empty() {
         // Keep the history for a post-mortem: one JSON record a line.
         let file = std::env::temp_dir().join(format!(
@@ -543,20 +611,43 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
     fx.shutdown().await;
 }
 
-/// Known violation, kept out of the default run so CI stays meaningful: when the
-/// node cut off is the `KV_leases` stream leader, it keeps answering
-/// `STREAM.MSG.GET` from its own state for a few seconds after the majority elected
-/// a new leader, so `owner` asked through that node reports a replaced owner (writes
-/// stay safe: they need quorum). Run it with `cargo test --test faults -- --ignored`.
+/// How long after the heal the deposed leader's stale reads are still known: its
+/// routes come back within about a second and it steps down on the first message of
+/// the new term (its last stale answers came 0.3-0.5 s after the heal here); one TTL
+/// is ample, and a stale read later than that fails.
+const HEAL_MARGIN_MS: u64 = TTL_MS;
+
+/// The `KV_leases` stream leader's node is cut off from its peers (it keeps serving
+/// its own clients), the majority elects a new leader, then the cut is healed.
+///
+/// Known violation, counted and printed rather than failed (README, Fault tests):
+/// the cut-off leader goes on answering `STREAM.MSG.GET` from its old state until it
+/// learns of the new term, so *reports* (`owner` replies, an acquire's
+/// `granted: false` owner) can name a superseded owner or revision. During the cut
+/// only the cut node's own service instance can ask it; in the moment after the
+/// heal, before it steps down, every node's service can (a MSG.GET reaches every
+/// server, and the deposed one still answers as leader). Writes stay safe (they need
+/// quorum). To tell the cut node's answers apart by fact rather than by timing, the
+/// load is pinned ([`Fx::pinned_load`]): every holder and reader talks to one node
+/// only, and a node's clients are answered by its own service instance.
+///
+/// The history is checked with `history::check_with` and two allowances: stale
+/// reports (a revision below one already answered, or "free" while a lease stood)
+/// to callers pinned to the cut node, sent after the cut and answered by
+/// `HEAL_MARGIN_MS` after the heal; and stale reports to any caller sent after the
+/// heal and answered within that margin. Each is counted and printed. Everything
+/// else fails the test: overlapping beliefs, reused revisions, forged fences, stale
+/// store writes, any grant, renewal or release (including an idempotent
+/// `granted: true` answered from the stale state), a report of a newer owner than
+/// the history shows, and stale reads to the majority's callers while cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known: a partitioned stream leader serves stale MSG.GET reads (see README, Fault tests)"]
 async fn partition_of_the_leaders_node_then_heal() {
     let _serial = serial().await;
     let mut fx = Fx::start(true).await;
-    let mut load = fx.load().await;
+    let mut load = fx.pinned_load().await;
     // A reader that only ever talks to the node that will be cut off.
     let leader = fx.leader();
-    load.reader("reader-isolated", &keys(), &[fx.cluster.url(leader)])
+    load.pinned_reader("reader-isolated", &keys(), &fx.cluster.url(leader))
         .await;
     tokio::time::sleep(phase(3.0)).await;
     fx.cluster.isolate(leader);
@@ -590,12 +681,57 @@ async fn partition_of_the_leaders_node_then_heal() {
         "faults: partition: {isolated_reads} reads answered on the cut-off node while cut; \
          cut at {cut}, healed at {healed} (CLOCK_MONOTONIC ns)"
     );
-    verdict(
-        &format!("partition (n{} cut off from its peers, healed)", leader + 1),
+    let mut on_cut_node = pinned_callers(leader);
+    on_cut_node.push("reader-isolated".into());
+    let margin = healed + history::ms(HEAL_MARGIN_MS);
+    let everyone: Vec<String> = (0..NODES)
+        .flat_map(pinned_callers)
+        .chain(on_cut_node.iter().cloned())
+        .collect();
+    let known = [
+        (
+            history::Allowance {
+                stale_reads_from: on_cut_node,
+                window: (cut, margin),
+            },
+            "on the cut node",
+        ),
+        (
+            history::Allowance {
+                stale_reads_from: everyone,
+                window: (healed, margin),
+            },
+            "on other nodes just after the heal",
+        ),
+    ];
+    let v = verdict_with(
+        &format!("partition (n{} cut off, healed)", leader + 1),
         &records,
         healed,
+        &known,
     );
+    if let Some((first, last)) = stale_span(&v) {
+        let at = |t: Nanos| (t as f64 - cut as f64) / 1e9;
+        println!(
+            "faults: partition: known stale reads answered from cut + {:.3} s to cut + {:.3} s \
+             (healed at cut + {:.3} s), e.g. {}",
+            at(first),
+            at(last),
+            at(healed),
+            v.known[0].detail
+        );
+    }
     fx.shutdown().await;
+}
+
+/// The first and last answer time of the known stale reads in `v`.
+fn stale_span(v: &Verdict) -> Option<(Nanos, Nanos)> {
+    let times = v
+        .known
+        .iter()
+        .filter_map(|k| k.read.as_ref())
+        .map(|c| c.replied);
+    Some((times.clone().min()?, times.max()?))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
