@@ -270,7 +270,7 @@ pub async fn run_call(
         let (id, request) = match effect {
             Effect::Reply(response) => return response.to_json(),
             other => other
-                .nats_request()
+                .into_nats_request()
                 .expect("every other effect is a request"),
         };
         let sent = exec::send(client, request);

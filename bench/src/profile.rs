@@ -51,7 +51,7 @@ pub async fn run(out: &Path, calls: usize, ops: &[Op]) {
             let wrapper = vec![
                 "valgrind".to_string(),
                 "--tool=callgrind".to_string(),
-                "--collect-atstart=no".to_string(),
+                "--instr-atstart=no".to_string(),
                 format!("--callgrind-out-file={}", file.display()),
             ];
             let running = procs::start_with(imp, imp.name(), &url, &dir, &client, &wrapper).await;

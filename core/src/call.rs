@@ -144,11 +144,27 @@ impl Effect {
             Effect::Reply(_) => None,
         }
     }
+
+    /// Like [`Effect::nats_request`], but takes the effect, so the payload moves
+    /// into the request instead of being copied.
+    pub fn into_nats_request(self) -> Option<(EffectId, NatsRequest)> {
+        match self {
+            Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Effect::KvWrite(w) => Some((w.id, w.into_nats_request())),
+            Effect::InboxRequest(i) => Some((i.id, i.into_nats_request())),
+            Effect::Reply(_) => None,
+        }
+    }
 }
 
 impl KvWrite {
     /// The JetStream publish that makes this write.
     pub fn nats_request(&self) -> NatsRequest {
+        self.clone().into_nats_request()
+    }
+
+    /// The JetStream publish that makes this write, taking the write.
+    pub fn into_nats_request(self) -> NatsRequest {
         let mut headers = vec![
             (
                 HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -165,7 +181,7 @@ impl KvWrite {
         NatsRequest {
             subject: kv_subject(&self.key),
             headers,
-            payload: self.value.clone(),
+            payload: self.value,
             timeout: self.timeout,
         }
     }
@@ -174,10 +190,15 @@ impl KvWrite {
 impl InboxRequest {
     /// The request to `dagnats.lease.inbox.<holder>.<key>` with the fence header.
     pub fn nats_request(&self) -> NatsRequest {
+        self.clone().into_nats_request()
+    }
+
+    /// The request to the owner's inbox, taking the effect.
+    pub fn into_nats_request(self) -> NatsRequest {
         NatsRequest {
             subject: inbox_subject(&self.holder, &self.key),
             headers: vec![(HDR_FENCE, self.fence.to_string())],
-            payload: self.payload.clone(),
+            payload: self.payload,
             timeout: self.timeout,
         }
     }
