@@ -60,7 +60,7 @@ pub struct LeaseError {
 }
 
 impl LeaseError {
-    fn new(kind: LeaseErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: LeaseErrorKind, message: impl Into<String>) -> Self {
         LeaseError {
             kind,
             message: message.into(),

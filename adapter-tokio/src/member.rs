@@ -27,7 +27,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,17 +35,17 @@ use std::time::{Duration, Instant};
 use async_nats::{Client, HeaderMap, Subscriber};
 use dagnats_leases_core::guard::{InboxGuard, RejectReason};
 use dagnats_leases_core::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, RequestId, StepDownReason,
+    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, RequestId, StepDownReason,
 };
-use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
-use dagnats_leases_core::wire;
+use dagnats_leases_core::record::{HDR_FENCE, HDR_LEASE_EVENT, changed_subject, inbox_wildcard};
+use dagnats_leases_core::wire::{self, Endpoint, ErrorKind};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client::LeaseError;
+use crate::client::{LeaseError, LeaseErrorKind};
 use crate::exec;
 
 /// Runs a background future: `tokio::spawn` by default; the smol adapter passes its
@@ -58,6 +58,9 @@ pub struct Member {
     nats: Client,
     holder: String,
     guard: Arc<Mutex<InboxGuard>>,
+    /// Keys some campaign of this member runs for: one holder ID may campaign for a
+    /// key only once, or two campaigns would both believe they own it.
+    keys: Arc<Mutex<BTreeSet<String>>>,
     spawn: Spawner,
 }
 
@@ -126,6 +129,7 @@ impl Member {
         wire::check_name("holder", &holder)?;
         Ok(Member {
             guard: Arc::new(Mutex::new(InboxGuard::new(&holder))),
+            keys: Arc::default(),
             nats,
             holder,
             spawn,
@@ -194,6 +198,25 @@ impl Member {
         for c in &configs {
             c.validate()?;
         }
+        {
+            let mut keys = self.keys.lock().expect("member keys lock");
+            let mut seen = BTreeSet::new();
+            if let Some(dup) = configs
+                .iter()
+                .find(|c| keys.contains(&c.key) || !seen.insert(c.key.clone()))
+            {
+                return Err(LeaseError::new(
+                    LeaseErrorKind::Refused(ErrorKind::Invalid),
+                    format!(
+                        "key {:?} already has a campaign of holder {:?}: one holder ID \
+                         campaigns for a key once",
+                        dup.key, self.holder
+                    ),
+                ));
+            }
+            keys.extend(configs.iter().map(|c| c.key.clone()));
+        }
+        let member_keys = self.keys.clone();
         let (changes_tx, changes) = mpsc::unbounded_channel();
         let (held_tx, held) = watch::channel(Held::new());
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -205,12 +228,20 @@ impl Member {
             max_held: max_held.max(1),
             holders: BTreeMap::new(),
             failed: BTreeSet::new(),
+            deferred: VecDeque::new(),
+            gated_in_flight: 0,
             changes: changes_tx,
             held: held_tx,
         };
         (self.spawn)(
             async move {
+                let keys: Vec<String> = driver.configs.iter().map(|c| c.key.clone()).collect();
                 driver.run(stop_rx).await;
+                let mut member = member_keys.lock().expect("member keys lock");
+                for key in keys {
+                    member.remove(&key);
+                }
+                drop(member);
                 let _ = done_tx.send(());
             }
             .boxed(),
@@ -354,7 +385,16 @@ impl Shards {
     }
 }
 
-type Pending = FuturesUnordered<BoxFuture<'static, (String, RequestId, RequestOutcome)>>;
+/// A request's outcome, for `key`'s holder; `gated` when it was a campaign acquire
+/// counted against `max_held`.
+struct Answer {
+    key: String,
+    id: RequestId,
+    outcome: RequestOutcome,
+    gated: bool,
+}
+
+type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
 type ChangeFeed = SelectAll<Pin<Box<dyn futures::Stream<Item = String> + Send>>>;
 
 /// Runs the holder machines of one campaign: the one driver loop of the library.
@@ -366,6 +406,11 @@ struct Driver {
     holders: BTreeMap<String, Holder>,
     /// Keys the service refused for good (`invalid`, `unsupported`): not retried.
     failed: BTreeSet<String>,
+    /// Campaign acquires waiting for room: at most `max_held` less what is held (or
+    /// being confirmed) go out at once, so a member never wins more than it may
+    /// keep, and the keys take turns.
+    deferred: VecDeque<(String, HolderRequest)>,
+    gated_in_flight: usize,
     changes: mpsc::UnboundedSender<Change>,
     held: watch::Sender<Held>,
 }
@@ -379,7 +424,10 @@ impl Driver {
         self.rebalance(now);
         loop {
             self.drain(&mut pending);
-            let finished = self.holders.values().all(Holder::is_done) && pending.is_empty();
+            self.pump(&mut pending);
+            let finished = self.holders.values().all(Holder::is_done)
+                && pending.is_empty()
+                && self.deferred.is_empty();
             if finished && (stopping || self.failed.len() == self.configs.len()) {
                 break;
             }
@@ -391,9 +439,12 @@ impl Driver {
                 }
             };
             tokio::select! {
-                Some((key, id, outcome)) = pending.next(), if !pending.is_empty() => {
-                    if let Some(h) = self.holders.get_mut(&key) {
-                        h.handle_outcome(Instant::now(), id, outcome);
+                Some(answer) = pending.next(), if !pending.is_empty() => {
+                    if answer.gated {
+                        self.gated_in_flight -= 1;
+                    }
+                    if let Some(h) = self.holders.get_mut(&answer.key) {
+                        h.handle_outcome(Instant::now(), answer.id, answer.outcome);
                     }
                 }
                 Some(key) = feed.next(), if !stopping => {
@@ -429,26 +480,49 @@ impl Driver {
         for c in &self.configs {
             if let Ok(sub) = self.nats.subscribe(changed_subject(&c.key)).await {
                 let key = c.key.clone();
+                // Only a change that can free the key: a release, or the server's
+                // expiry marker (no event header). Renewals say nothing new.
                 let stream: Pin<Box<dyn futures::Stream<Item = String> + Send>> =
-                    Box::pin(sub.map(move |_| key.clone()));
+                    Box::pin(sub.filter_map(move |m| {
+                        let event = m
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(HDR_LEASE_EVENT))
+                            .map(|v| v.as_str().to_string());
+                        let frees = matches!(event.as_deref(), None | Some("released"));
+                        futures::future::ready(frees.then(|| key.clone()))
+                    }));
                 feed.push(stream);
             }
         }
         feed
     }
 
-    /// Campaigns for keys while fewer than `max_held` are held; releases any above it.
-    fn rebalance(&mut self, now: Instant) {
-        let owned: BTreeSet<String> = self
-            .holders
+    /// Keys held now or being confirmed: what counts against `max_held`.
+    fn holding(&self, now: Instant) -> Vec<(u64, String)> {
+        self.holders
             .iter()
-            .filter(|(_, h)| h.ownership(now).is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
+            .filter_map(|(k, h)| match h.ownership(now) {
+                Some(own) => Some((own.tenure, k.clone())),
+                None if h.status() == HolderStatus::Confirming => Some((u64::MAX, k.clone())),
+                None => None,
+            })
+            .collect()
+    }
+
+    /// Campaigns for keys while fewer than `max_held` are held; at `max_held` stops
+    /// campaigning for the rest, and should more be held, releases the newest.
+    fn rebalance(&mut self, now: Instant) {
+        let mut holding = self.holding(now);
         // Finished holders (stopped for rebalancing, or refused for good) go away.
         self.holders.retain(|_, h| !h.is_done());
-        if owned.len() >= self.max_held {
-            let keep: BTreeSet<&String> = owned.iter().take(self.max_held).collect();
+        if holding.len() >= self.max_held {
+            holding.sort();
+            let keep: BTreeSet<String> = holding
+                .into_iter()
+                .take(self.max_held)
+                .map(|(_, k)| k)
+                .collect();
             for (key, h) in self.holders.iter_mut() {
                 if !keep.contains(key) {
                     h.stop(now);
@@ -466,11 +540,50 @@ impl Driver {
         }
     }
 
+    /// Sends deferred campaign acquires while there is room under `max_held`. One
+    /// whose holder no longer waits for it (stopping) is answered "no responders"
+    /// on the spot: it was never sent, so it wrote nothing.
+    fn pump(&mut self, pending: &mut Pending) {
+        let now = Instant::now();
+        let room = self.max_held.saturating_sub(self.holding(now).len());
+        let mut kept = VecDeque::new();
+        while let Some((key, request)) = self.deferred.pop_front() {
+            let status = self.holders.get(&key).map(Holder::status);
+            if status != Some(HolderStatus::Campaigning) {
+                if let Some(h) = self.holders.get_mut(&key) {
+                    h.handle_outcome(now, request.id, RequestOutcome::NoResponders);
+                }
+                continue;
+            }
+            if self.gated_in_flight < room {
+                self.gated_in_flight += 1;
+                pending.push(send(self.nats.clone(), key, request, true));
+            } else {
+                kept.push_back((key, request));
+            }
+        }
+        self.deferred = kept;
+        // Answering deferred requests may have made the machines want more.
+        if self
+            .holders
+            .values()
+            .any(|h| h.status() != HolderStatus::Campaigning)
+        {
+            self.drain(pending);
+        }
+    }
+
     /// Sends what the machines want and passes their events on.
     fn drain(&mut self, pending: &mut Pending) {
         for (key, holder) in self.holders.iter_mut() {
             while let Some(request) = holder.poll_request() {
-                pending.push(send(self.nats.clone(), key.clone(), request));
+                let campaign = request.endpoint == Endpoint::Acquire
+                    && holder.status() == HolderStatus::Campaigning;
+                if campaign {
+                    self.deferred.push_back((key.clone(), request));
+                } else {
+                    pending.push(send(self.nats.clone(), key.clone(), request, false));
+                }
             }
             while let Some(event) = holder.poll_event() {
                 self.guard
@@ -535,7 +648,8 @@ fn send(
     nats: Client,
     key: String,
     request: HolderRequest,
-) -> BoxFuture<'static, (String, RequestId, RequestOutcome)> {
+    gated: bool,
+) -> BoxFuture<'static, Answer> {
     async move {
         let outcome = exec::send(
             &nats,
@@ -547,7 +661,12 @@ fn send(
             },
         )
         .await;
-        (key, request.id, outcome)
+        Answer {
+            key,
+            id: request.id,
+            outcome,
+            gated,
+        }
     }
     .boxed()
 }

@@ -114,23 +114,28 @@ impl HolderConfig {
         wire::check_name("key", &self.key)?;
         wire::check_name("holder", &self.holder)?;
         wire::check_ttl(self.ttl_ms())?;
-        if self.renew_every.is_zero() || self.renew_every >= self.ttl {
-            return Err(ErrorReply::new(
-                ErrorKind::Invalid,
-                "renew_every must be above zero and below the ttl",
-            ));
-        }
-        if self.request_timeout.is_zero() || self.retry_every.is_zero() {
-            return Err(ErrorReply::new(
-                ErrorKind::Invalid,
-                "request_timeout and retry_every must be above zero",
-            ));
-        }
+        let invalid = |why: &str| Err(ErrorReply::new(ErrorKind::Invalid, why.to_string()));
         if self.max_clock_drift_ppm >= 500_000 {
-            return Err(ErrorReply::new(
-                ErrorKind::Invalid,
-                "max_clock_drift_ppm must be below 500000",
-            ));
+            return invalid("max_clock_drift_ppm must be below 500000");
+        }
+        let span = self.believed_span(self.ttl);
+        if self.renew_every.is_zero() || self.renew_every >= span {
+            return invalid(
+                "renew_every must be above zero and below the ttl less the drift margin",
+            );
+        }
+        if self.request_timeout.is_zero() || self.request_timeout + self.renew_every >= span {
+            return invalid(
+                "request_timeout must be above zero, and renew_every + request_timeout below the ttl",
+            );
+        }
+        if self.retry_every.is_zero() || self.retry_every >= self.ttl {
+            return invalid("retry_every must be above zero and below the ttl");
+        }
+        if self.campaign_every.is_zero()
+            || self.campaign_every > Duration::from_millis(wire::MAX_TTL_MS)
+        {
+            return invalid("campaign_every must be above zero and at most 600 s");
         }
         Ok(())
     }
@@ -220,6 +225,21 @@ pub enum HolderEvent {
     },
 }
 
+/// Where a [`Holder`] is in its life ([`Holder::status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HolderStatus {
+    /// Not owner; asking for the key.
+    Campaigning,
+    /// Granted, proving the lease fresh with a renew before acting as owner.
+    Confirming,
+    /// Owner until the local deadline (check [`Holder::ownership`] for the instant).
+    Owner,
+    /// Stepped down for good; releasing.
+    Stopping,
+    /// Finished.
+    Done,
+}
+
 /// The tenure a holder is in, while its deadline has not passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ownership {
@@ -302,6 +322,9 @@ pub struct Holder {
     /// The last fence a reply confirmed and the deadline it gave, kept across
     /// step-downs: an idempotent acquire returning it does not extend it.
     confirmed: Option<(u64, Instant)>,
+    /// The highest revision of the key any reply has shown. A grant below it is a
+    /// stale read (a deposed stream leader answering from old state): not believed.
+    highest_seen: u64,
     next_id: u64,
     requests: VecDeque<HolderRequest>,
     events: VecDeque<HolderEvent>,
@@ -318,6 +341,7 @@ impl Holder {
             unknown_acquire: None,
             unknown_renews: None,
             confirmed: None,
+            highest_seen: 0,
             next_id: 0,
             requests: VecDeque::new(),
             events: VecDeque::new(),
@@ -337,6 +361,17 @@ impl Holder {
         match self.phase {
             Phase::Owner { ownership, .. } if now < ownership.deadline => Some(ownership),
             _ => None,
+        }
+    }
+
+    /// Where the holder is in its life.
+    pub fn status(&self) -> HolderStatus {
+        match self.phase {
+            Phase::Campaigning { .. } => HolderStatus::Campaigning,
+            Phase::Confirming { .. } => HolderStatus::Confirming,
+            Phase::Owner { .. } => HolderStatus::Owner,
+            Phase::Stopping { .. } => HolderStatus::Stopping,
+            Phase::Done => HolderStatus::Done,
         }
     }
 
@@ -456,6 +491,7 @@ impl Holder {
     /// A reply showed the key at `revision`: renews carrying a lower fence can no
     /// longer write.
     fn saw_revision(&mut self, revision: u64) {
+        self.highest_seen = self.highest_seen.max(revision);
         if self.unknown_renews.is_some_and(|u| revision > u.fence) {
             self.unknown_renews = None;
         }
@@ -463,6 +499,12 @@ impl Holder {
 
     fn on_reply(&mut self, now: Instant, flight: InFlight, reply: Response) {
         match (flight.purpose, reply) {
+            (Purpose::Acquire, Response::Acquired(r))
+                if r.granted && r.lease.revision < self.highest_seen =>
+            {
+                // Older than what this holder already saw: a stale read, not a grant.
+                self.on_transient(now, flight);
+            }
             (Purpose::Acquire, Response::Acquired(r)) if r.granted => {
                 // Unknown renews may have written this very revision: bound it first.
                 self.on_granted(now, flight, r.lease.revision, r.lease.ttl_ms);
@@ -521,10 +563,12 @@ impl Holder {
                     deadline,
                 });
             }
-            Phase::Confirming { .. } => {
+            Phase::Confirming { revision: tenure } => {
+                // The renew proves the lease at `tenure` was ours up to this write:
+                // the tenure began at the acquire's revision.
                 self.phase = Phase::Owner {
                     ownership: Ownership {
-                        tenure: revision,
+                        tenure,
                         fence: revision,
                         deadline,
                     },
@@ -532,6 +576,11 @@ impl Holder {
                     recovering: false,
                 };
                 self.events.push_back(HolderEvent::Elected {
+                    fence: tenure,
+                    deadline,
+                });
+                self.events.push_back(HolderEvent::Renewed {
+                    tenure,
                     fence: revision,
                     deadline,
                 });
@@ -603,8 +652,13 @@ impl Holder {
                     deadline,
                 });
             }
-            // Ours on the server, but nothing proves when it was written: a renew will.
-            Phase::Campaigning { .. } => self.phase = Phase::Confirming { revision },
+            // Ours on the server, but nothing proves it was written recently enough: a
+            // renew will. Remember the bound, so a later grant of the same revision
+            // is not taken as fresh once the unknown requests are retired.
+            Phase::Campaigning { .. } => {
+                self.confirmed = Some((revision, deadline));
+                self.phase = Phase::Confirming { revision };
+            }
             Phase::Confirming { .. } | Phase::Done => {}
         }
     }
@@ -642,7 +696,12 @@ impl Holder {
                 Phase::Stopping { .. } => self.send(now, Purpose::Acquire, 0),
                 _ => {}
             },
-            _ => self.on_transient(now, flight),
+            // `unavailable` or `internal`: the service may have written before it
+            // failed (a JetStream ack that timed out), so the outcome is unknown.
+            _ => {
+                self.mark_unknown(flight);
+                self.on_transient(now, flight);
+            }
         }
     }
 

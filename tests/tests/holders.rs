@@ -240,3 +240,51 @@ async fn a_holder_config_outside_the_bounds_is_refused_before_any_request() {
     assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
     assert!(Member::new(fx.client.clone(), "bad holder").is_err());
 }
+
+#[tokio::test]
+async fn one_member_campaigns_for_a_key_once() {
+    let fx = Fx::start().await;
+    let m = member(&fx, "r0").await;
+    let elector = m.elect("leader", TTL).unwrap();
+    // A second campaign of the same holder ID would believe it owns the key too.
+    let err = m.elect("leader", TTL).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    let err = m.shards(&["a", "leader"], 1, TTL).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert!(
+        m.shards(&["a", "a"], 1, TTL).is_err(),
+        "a key twice in one set"
+    );
+    // Once stopped, the key is free to campaign for again.
+    elector.stop().await;
+    m.elect("leader", TTL).unwrap().stop().await;
+}
+
+#[tokio::test]
+async fn shards_never_hold_more_than_max_held() {
+    let fx = Fx::start().await;
+    let keys = ["s0", "s1", "s2", "s3"];
+    let m = member(&fx, "greedy").await;
+    let mut shards = m.shards(&keys, 2, TTL).unwrap();
+    let mut held = BTreeSet::new();
+    while held.len() < 2 {
+        let change = next_shard(&mut shards).await;
+        match change.ownership {
+            Ownership::Elected { .. } => assert!(held.insert(change.key)),
+            other => panic!("{other:?} before holding two"),
+        }
+    }
+    // Every key was free, yet only two were ever asked for at once: no surplus won
+    // and given back.
+    let leases = LeaseClient::new(fx.client.clone());
+    let mut owned = 0;
+    for key in keys {
+        if let Some(l) = leases.owner(key).await.unwrap() {
+            assert_eq!(l.holder, "greedy");
+            owned += 1;
+        }
+    }
+    assert_eq!(owned, 2);
+    assert_eq!(shards.held().len(), 2);
+    shards.stop().await;
+}

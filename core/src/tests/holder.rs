@@ -292,18 +292,118 @@ fn an_idempotent_acquire_does_not_extend_the_deadline() {
     let mut run = Run::elected(config(), 7, 1);
     run.holder.handle_timeout(run.at(5000));
     let r = run.request();
-    run.answer(5001, &r, error("fence_mismatch"));
+    // The renew's reply is lost; it did write 8.
+    run.answer(8750, &r, RequestOutcome::TimedOut);
+    run.holder.handle_timeout(run.at(9750));
+    let retry = run.request();
+    run.answer(9760, &retry, error("fence_mismatch"));
     let recover = run.request();
-    // Same fence as confirmed: the lease written at 0, not at 5001.
-    run.answer(5002, &recover, granted(7));
+    run.answer(9770, &recover, granted(8));
+    let bound = run.at(5000) + span();
     assert_eq!(
         run.events(),
         [HolderEvent::Renewed {
             tenure: 7,
+            fence: 8,
+            deadline: bound
+        }]
+    );
+    // The next renew meets a mismatch (say a twin's write went missing), and the
+    // recovery returns 8 again: the lease written at 5000, not extended.
+    run.holder.handle_timeout(run.at(14_760));
+    let r = run.request();
+    run.answer(14_770, &r, error("fence_mismatch"));
+    let recover = run.request();
+    run.answer(14_780, &recover, granted(8));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Renewed {
+            tenure: 7,
+            fence: 8,
+            deadline: bound
+        }]
+    );
+}
+
+#[test]
+fn a_grant_older_than_a_revision_already_seen_is_a_stale_read() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(1, &r, refused(40));
+    // A deposed stream leader answers from old state: "yours, at 17".
+    run.holder.handle_timeout(run.at(5001));
+    let r = run.request();
+    run.answer(5002, &r, granted(17));
+    assert_eq!(run.events(), [], "elected on a stale read");
+    assert_eq!(run.holder.ownership(run.at(5002)), None);
+    run.holder.handle_timeout(run.at(6002));
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Acquire);
+    run.answer(6003, &r, granted(41));
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::Elected { fence: 41, .. }]
+    ));
+}
+
+#[test]
+fn unavailable_may_have_written_so_it_bounds_a_later_grant() {
+    let mut run = Run::new(config());
+    let first = run.request();
+    // The service wrote, but its JetStream ack timed out: it says unavailable.
+    run.answer(3000, &first, error("unavailable"));
+    run.holder.handle_timeout(run.at(4000));
+    let retry = run.request();
+    run.answer(4001, &retry, granted(7));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::Elected {
             fence: 7,
             deadline: run.at(0) + span()
         }]
     );
+}
+
+#[test]
+fn a_grant_too_old_to_believe_is_confirmed_by_a_renew_and_the_tenure_is_the_acquire() {
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(3750, &first, RequestOutcome::TimedOut);
+    // Much later, a grant of a lease that old acquire may have written long ago.
+    run.holder.handle_timeout(run.at(20_000));
+    let acquire = run.request();
+    run.answer(20_010, &acquire, granted(9));
+    assert_eq!(run.events(), [], "elected on a lease of unknown age");
+    let confirm = run.request();
+    assert_eq!(confirm.endpoint, Endpoint::Renew);
+    assert_eq!(body(&confirm)["revision"], 9);
+    // The confirming renew fails for now: the next grant of 9 is still not fresh.
+    run.answer(20_020, &confirm, RequestOutcome::NoResponders);
+    run.holder.handle_timeout(run.at(21_020));
+    let again = run.request();
+    assert_eq!(again.endpoint, Endpoint::Acquire);
+    run.answer(21_030, &again, granted(9));
+    assert_eq!(
+        run.events(),
+        [],
+        "a second grant of the same lease is no fresher"
+    );
+    let confirm = run.request();
+    assert_eq!(confirm.endpoint, Endpoint::Renew);
+    run.answer(21_040, &confirm, renewed(12));
+    let deadline = run.at(21_030) + span();
+    assert_eq!(
+        run.events(),
+        [
+            HolderEvent::Elected { fence: 9, deadline },
+            HolderEvent::Renewed {
+                tenure: 9,
+                fence: 12,
+                deadline
+            }
+        ]
+    );
+    assert_eq!(run.holder.ownership(run.at(21_040)).unwrap().tenure, 9);
 }
 
 #[test]
@@ -407,6 +507,26 @@ fn the_config_is_checked_against_the_contract_bounds() {
         HolderConfig::new("leader", "", TTL),
         HolderConfig::new("leader", "h1", Duration::from_millis(1500)),
         HolderConfig::new("leader", "h1", Duration::from_secs(601)),
+        HolderConfig {
+            campaign_every: Duration::ZERO,
+            ..config()
+        },
+        HolderConfig {
+            renew_every: TTL - Duration::from_millis(100),
+            ..config()
+        },
+        HolderConfig {
+            request_timeout: TTL,
+            ..config()
+        },
+        HolderConfig {
+            retry_every: Duration::MAX,
+            ..config()
+        },
+        HolderConfig {
+            campaign_every: Duration::MAX,
+            ..config()
+        },
     ];
     for config in bad {
         let err = Holder::new(config.clone(), Instant::now()).unwrap_err();
