@@ -341,9 +341,13 @@ pub struct Violation {
 /// `window.1`, that show an *older* state than the history already had. That is a
 /// reported owner whose revision is below one answered before the call was sent
 /// ([`Rule::RevisionNotHigher`]), or a read saying "free" while a lease certainly
-/// stood ([`Rule::GrantWhileHeld`]). Nothing else is ever allowed: not overlapping
-/// beliefs, reused revisions, forged fences, stale store writes, any grant, renewal
-/// or release, nor a report of a *newer* owner than the history shows.
+/// stood ([`Rule::GrantWhileHeld`]), or a *repeat* grant (an idempotent acquire,
+/// answered from the read alone, no write) of an old revision the caller held
+/// before. Nothing else is ever allowed: not overlapping beliefs, reused revisions,
+/// forged fences, stale store writes, any fresh grant, renewal or release, nor a
+/// report of a *newer* owner than the history shows. (A holder that believed a stale
+/// repeat grant would act on an old fence; the store would reject it, and the holder
+/// library refuses grants below a revision it has seen.)
 ///
 /// Name the callers by a fact of the setup, not a guess from the answers: for
 /// example the clients connected to the cut-off node only (every call they make is
@@ -366,6 +370,9 @@ impl Allowance {
         };
         let stale_shape = match (v.rule, &c.outcome) {
             (Rule::RevisionNotHigher, Outcome::Held { .. }) => true,
+            // A repeat grant of an old lease of the caller's, read from the old state:
+            // no write happened, so it is a report too. A fresh grant never is.
+            (Rule::RevisionNotHigher, Outcome::Granted { write_lb, .. }) => *write_lb < c.sent,
             (Rule::GrantWhileHeld, Outcome::Free) => c.op == Op::Read,
             _ => false,
         };
@@ -548,10 +555,16 @@ fn push(out: &mut Vec<Violation>, rule: Rule, key: &str, detail: String) {
     });
 }
 
-/// Whether a call's answer is a report (an `owner` reply, or a holder named by an
-/// acquire's `granted: false`) rather than the result of a write.
+/// Whether a call's answer is a report (an `owner` reply, a holder named by an
+/// acquire's `granted: false`, or a repeat grant: `granted: true` of a lease the call
+/// did not write, which the service answers from its read alone) rather than the
+/// result of a write.
 fn is_report(c: &Call) -> bool {
-    matches!(c.outcome, Outcome::Held { .. } | Outcome::Free)
+    match c.outcome {
+        Outcome::Held { .. } | Outcome::Free => true,
+        Outcome::Granted { write_lb, .. } => write_lb < c.sent,
+        _ => false,
+    }
 }
 
 /// [`push`] for a violation shown by the answer to `c`: a report is kept with it
@@ -1218,6 +1231,42 @@ mod tests {
         let v = check_with(&h, &[cut_allowance()]);
         assert!(v.violations.is_empty(), "{v}");
         assert_eq!(v.known_stale_reads, 3, "{:?}", v.known);
+    }
+
+    #[test]
+    fn a_stale_repeat_grant_is_known_but_a_fresh_grant_below_is_not() {
+        // b was granted 1 and renewed to 2 long ago; a holds it at 5 now. The cut
+        // node answers b's acquire from its old state: "yours, at 1".
+        let stale = |write_lb: Nanos| {
+            vec![
+                grant("b", 5 * S, 1),
+                renew("b", 5 * S + ms(300), 2),
+                grant("a", 10 * S, 5),
+                call(
+                    "k",
+                    "b",
+                    Op::Acquire,
+                    11 * S,
+                    11 * S + ms(1),
+                    Outcome::Granted {
+                        revision: 1,
+                        ttl_ms: 2000,
+                        write_lb,
+                    },
+                ),
+            ]
+        };
+        let repeat = stale(5 * S);
+        let v = check_with(&repeat, &[cut_allowance()]);
+        assert!(v.violations.is_empty(), "{v}");
+        assert_eq!(v.known_stale_reads, 1);
+        // The same answer claimed as a fresh write (write after the send): fails.
+        let fresh = stale(11 * S);
+        let v = check_with(&fresh, &[cut_allowance()]);
+        assert!(
+            !v.violations.is_empty(),
+            "a fresh grant below a revision passed: {v}"
+        );
     }
 
     #[test]
