@@ -443,8 +443,8 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
             .any(|r| matches!(r, Record::Store(w) if pred(w)))
     };
     tokio::time::sleep(phase(2.0)).await;
-    // Freeze it right after a deadline check, in the 500 ms of work before a write (long enough that a busy machine still
-    // delivers the signal inside it).
+    // Freeze it right after a deadline check, in the 500 ms of work before a write
+    // (long enough that a busy machine still delivers the signal inside it).
     while paused.working.try_recv().is_ok() {}
     let working = tokio::task::block_in_place(|| paused.working.recv_timeout(WAIT))
         .expect("the holder works");
