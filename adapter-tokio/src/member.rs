@@ -351,6 +351,18 @@ impl Elector {
 }
 
 /// Holds up to N of a set of shard keys. Stop it with [`Shards::stop`].
+///
+/// ```no_run
+/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// // Three replicas, six shards: each holds at most two.
+/// let keys = ["shard-0", "shard-1", "shard-2", "shard-3", "shard-4", "shard-5"];
+/// let mut shards = member.shards(&keys, 2, Duration::from_secs(15))?;
+/// while let Some(change) = shards.next().await {
+///     println!("{}: {:?}; now holding {:?}", change.key, change.ownership, shards.held().keys());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Shards {
     campaign: Campaign,
@@ -672,6 +684,17 @@ fn send(
 }
 
 /// Requests forwarded to this member as owner (see [`Member::inbox`]).
+///
+/// ```no_run
+/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut inbox = member.inbox().await?;
+/// while let Some(request) = inbox.next().await {
+///     // Only requests for keys this member owns, with a fence of its tenure, get here.
+///     let answer = format!("handled under fence {}", request.fence);
+///     request.respond(answer).await?;
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Inbox {
     nats: Client,
