@@ -18,9 +18,20 @@ fn create_r3_with_one_message(cluster: &NatsCluster, via: usize) {
         )
         .expect("create T");
     assert!(created.get("error").is_none(), "{created}");
-    let ack = cluster
-        .js_api(via, "t.one", &json!("hello"))
-        .expect("publish");
+    // The create returns before the stream's own group has elected a leader; until
+    // then a publish finds no responders.
+    let mut ack = Value::Null;
+    eventually("the new stream takes a publish", || {
+        match cluster.js_api(via, "t.one", &json!("hello")) {
+            Ok(a) => {
+                ack = a;
+                true
+            }
+            // Only "nobody took it" is retried: a timeout may have stored it.
+            Err(e) if e.contains("no responders") => false,
+            Err(e) => panic!("publish: {e}"),
+        }
+    });
     assert_eq!(ack["seq"], 1, "{ack}");
 }
 
