@@ -43,6 +43,19 @@ pub struct Common {
     pub json: bool,
 }
 
+/// A lease named under its fence, as renew and release take it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FencedLease {
+    /// The lease key.
+    pub key: String,
+    /// Your holder ID.
+    #[arg(long)]
+    pub holder: String,
+    /// The fence from your last reply.
+    #[arg(long)]
+    pub revision: u64,
+}
+
 /// One operator command.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Op {
@@ -65,14 +78,9 @@ pub enum Op {
         /// Connection and output options.
         #[command(flatten)]
         common: Common,
-        /// The lease key.
-        key: String,
-        /// Your holder ID.
-        #[arg(long)]
-        holder: String,
-        /// The fence from your last reply.
-        #[arg(long)]
-        revision: u64,
+        /// The lease and its fence.
+        #[command(flatten)]
+        lease: FencedLease,
         /// New time to live (default: the lease's own).
         #[arg(long)]
         ttl_ms: Option<u64>,
@@ -82,14 +90,9 @@ pub enum Op {
         /// Connection and output options.
         #[command(flatten)]
         common: Common,
-        /// The lease key.
-        key: String,
-        /// Your holder ID.
-        #[arg(long)]
-        holder: String,
-        /// The fence from your last reply.
-        #[arg(long)]
-        revision: u64,
+        /// The lease and its fence.
+        #[command(flatten)]
+        lease: FencedLease,
     },
     /// Who holds a key (exit 3 when nobody does).
     Owner {
@@ -174,30 +177,27 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             }
             Err(e) => Err(e),
         },
-        Op::Renew {
-            key,
-            holder,
-            revision,
-            ttl_ms,
-            ..
-        } => leases
-            .renew(&key, &holder, revision, ttl_ms.map(Duration::from_millis))
+        Op::Renew { lease, ttl_ms, .. } => leases
+            .renew(
+                &lease.key,
+                &lease.holder,
+                lease.revision,
+                ttl_ms.map(Duration::from_millis),
+            )
             .await
             .map(|l| print_lease(out, json, "renewed", &l)),
-        Op::Release {
-            key,
-            holder,
-            revision,
-            ..
-        } => leases.release(&key, &holder, revision).await.map(|r| {
-            let line = if json {
-                serde_json::to_string(&r).expect("replies serialise")
-            } else {
-                format!("released {} (revision {})", r.key, r.revision)
-            };
-            let _ = writeln!(out, "{line}");
-            EXIT_OK
-        }),
+        Op::Release { lease, .. } => leases
+            .release(&lease.key, &lease.holder, lease.revision)
+            .await
+            .map(|r| {
+                let line = if json {
+                    serde_json::to_string(&r).expect("replies serialise")
+                } else {
+                    format!("released {} (revision {})", r.key, r.revision)
+                };
+                let _ = writeln!(out, "{line}");
+                EXIT_OK
+            }),
         Op::Owner { key, .. } => leases.owner(&key).await.map(|lease| match lease {
             Some(l) => print_lease(out, json, "held", &l),
             None => {

@@ -86,6 +86,22 @@ impl Run {
         std::iter::from_fn(|| self.holder.poll_event()).collect()
     }
 
+    /// The renew due at 5000 times out at 8750 (it wrote, the reply was lost); its
+    /// retry at 9750, still carrying fence 7, meets `fence_mismatch` at 9760. Returns
+    /// the recovery acquire the holder sends then.
+    fn renew_written_but_reply_lost(&mut self) -> HolderRequest {
+        self.holder.handle_timeout(self.at(5000));
+        let first = self.request();
+        self.answer(8750, &first, RequestOutcome::TimedOut);
+        self.holder.handle_timeout(self.at(9750));
+        let retry = self.request();
+        assert_eq!(body(&retry)["revision"], 7);
+        self.answer(9760, &retry, error("fence_mismatch"));
+        let recover = self.request();
+        assert_eq!(recover.endpoint, Endpoint::Acquire);
+        recover
+    }
+
     /// Acquire sent at 0, granted `revision` at `reply_ms`.
     fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Run {
         let mut run = Run::new(config);
@@ -220,16 +236,8 @@ fn retries_a_failed_renew_until_the_deadline() {
 #[test]
 fn fence_mismatch_is_recovered_with_an_acquire_that_returns_the_current_fence() {
     let mut run = Run::elected(config(), 7, 1);
-    run.holder.handle_timeout(run.at(5000));
-    let first = run.request();
     // The first renew's reply is lost: it did write (fence 9).
-    run.answer(8750, &first, RequestOutcome::TimedOut);
-    run.holder.handle_timeout(run.at(9750));
-    let retry = run.request();
-    assert_eq!(body(&retry)["revision"], 7);
-    run.answer(9760, &retry, error("fence_mismatch"));
-    let recover = run.request();
-    assert_eq!(recover.endpoint, Endpoint::Acquire);
+    let recover = run.renew_written_but_reply_lost();
     run.answer(9770, &recover, granted(9));
     // Fence 9 was written by the renew sent at 5000: that bounds the deadline.
     assert_eq!(
@@ -290,14 +298,8 @@ fn no_responders_proves_nothing_was_written() {
 #[test]
 fn an_idempotent_acquire_does_not_extend_the_deadline() {
     let mut run = Run::elected(config(), 7, 1);
-    run.holder.handle_timeout(run.at(5000));
-    let r = run.request();
     // The renew's reply is lost; it did write 8.
-    run.answer(8750, &r, RequestOutcome::TimedOut);
-    run.holder.handle_timeout(run.at(9750));
-    let retry = run.request();
-    run.answer(9760, &retry, error("fence_mismatch"));
-    let recover = run.request();
+    let recover = run.renew_written_but_reply_lost();
     run.answer(9770, &recover, granted(8));
     let bound = run.at(5000) + span();
     assert_eq!(
