@@ -36,6 +36,11 @@ impl Op {
     /// Every operation, in the contract's order.
     pub const ALL: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Owner, Op::Forward];
 
+    /// Whether the call writes to the stream (so nats-server's sync matters).
+    pub fn writes(self) -> bool {
+        matches!(self, Op::Acquire | Op::Renew | Op::Release)
+    }
+
     /// The endpoint name.
     pub fn name(self) -> &'static str {
         match self {
@@ -141,20 +146,24 @@ async fn run_slice(
 /// Measures several implementations of one operation interleaved in time: the
 /// calls are cut into `slices`, and each slice runs on every target in turn (the
 /// order rotating), so a burst of noise from elsewhere on the machine hits all of
-/// them alike. Returns the statistics of each target, in order.
+/// them alike. Each target comes with its own number of calls (a slow one may make
+/// fewer). Returns the statistics of each target, in order.
 pub async fn interleaved(
-    targets: &[Arc<dyn Target>],
+    targets: &[(Arc<dyn Target>, usize)],
     concurrency: usize,
-    calls: usize,
     slices: usize,
 ) -> Vec<Stats> {
-    let mut lat: Vec<Vec<Duration>> = vec![Vec::with_capacity(calls); targets.len()];
+    let mut lat: Vec<Vec<Duration>> = targets
+        .iter()
+        .map(|(_, calls)| Vec::with_capacity(*calls))
+        .collect();
     let mut elapsed = vec![Duration::ZERO; targets.len()];
     for s in 0..slices {
-        let range = s * calls / slices..(s + 1) * calls / slices;
         for k in 0..targets.len() {
             let t = (k + s) % targets.len();
-            let (l, e) = run_slice(targets[t].clone(), concurrency, range.clone()).await;
+            let (target, calls) = &targets[t];
+            let range = s * calls / slices..(s + 1) * calls / slices;
+            let (l, e) = run_slice(target.clone(), concurrency, range).await;
             lat[t].extend(l);
             elapsed[t] += e;
         }

@@ -92,10 +92,35 @@ pub struct RunArgs {
     /// Leave out the memory figures.
     #[arg(long)]
     pub no_memory: bool,
+    /// nats-server's JetStream sync: `default` (lazy, every 2 minutes: baseline,
+    /// tokio, smol), `always` (an fsync before every ack, as etcd does: all three,
+    /// named `*-fsync`) or `both` (the default: the three on a lazy server plus
+    /// baseline and tokio on a second, `sync_interval: always` server, measured on
+    /// acquire, renew and release with half the calls at 16 and 64).
+    #[arg(long, value_enum, default_value_t = SyncMode::Both)]
+    pub sync: SyncMode,
+    /// Short for `--sync always`: the etcd comparison at equal durability, every
+    /// implementation and operation at full size.
+    #[arg(long, conflicts_with = "sync")]
+    pub sync_always: bool,
     /// Where the report goes (default: target/bench in the checkout).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
+
+/// Which nats-servers a run starts (see `--sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncMode {
+    /// One server, default (lazy) sync.
+    Default,
+    /// One server, `sync_interval: always`.
+    Always,
+    /// Both servers.
+    Both,
+}
+
+/// The suffix of an implementation's name on the `sync_interval: always` server.
+pub const FSYNC: &str = "-fsync";
 
 /// Every measurement: operation, implementation, concurrency, one entry per round.
 pub type Results = BTreeMap<(Op, String), BTreeMap<usize, Vec<Stats>>>;
@@ -143,20 +168,53 @@ async fn run(args: RunArgs) {
         .unwrap_or_else(|| servers::checkout().join("target/bench"));
     std::fs::create_dir_all(&out).expect("report dir");
 
-    let server = servers::Nats::start();
-    let url = server.url();
+    let sync = if args.sync_always {
+        SyncMode::Always
+    } else {
+        args.sync
+    };
+    // Each server with the implementations it serves; on the fsync-always one the
+    // names get `-fsync`. In `both`, smol is left out there to keep the run short.
+    let mut plan: Vec<(servers::Sync, Vec<Impl>)> = Vec::new();
+    if sync != SyncMode::Always {
+        plan.push((servers::Sync::Default, Impl::ALL.to_vec()));
+    }
+    match sync {
+        SyncMode::Always => plan.push((servers::Sync::Always, Impl::ALL.to_vec())),
+        SyncMode::Both => plan.push((servers::Sync::Always, vec![Impl::Baseline, Impl::Tokio])),
+        SyncMode::Default => {}
+    }
+    let mut servers = Vec::new();
     let mut clients = Vec::new();
-    for imp in Impl::ALL {
-        let client = server.connect(imp.name()).await;
-        load::echo_owner(client.clone()).await;
-        // The service creates the bucket in each account; the baseline needs it there.
-        procs::create_bucket(imp.name(), &url, &out, &client).await;
-        clients.push((imp, client));
+    let mut nats_sync = BTreeMap::new();
+    for (sync, imps) in plan {
+        let server = servers::Nats::start_sync(sync);
+        let url = server.url();
+        for imp in imps {
+            let label = match sync {
+                servers::Sync::Default => imp.name().to_string(),
+                servers::Sync::Always => format!("{}{FSYNC}", imp.name()),
+            };
+            let client = server.connect(imp.name()).await;
+            load::echo_owner(client.clone()).await;
+            // The service creates the bucket in each account; the baseline needs it there.
+            procs::create_bucket(imp.name(), &url, &out, &client).await;
+            nats_sync.insert(label.clone(), sync.name().to_string());
+            clients.push((imp, label, url.clone(), client));
+        }
+        println!(
+            "nats-server {} on {url}, JetStream sync {}",
+            server.version,
+            match sync {
+                servers::Sync::Default => "default (lazy, every 2 min)",
+                servers::Sync::Always => "always (fsync before every ack)",
+            }
+        );
+        servers.push(server);
     }
     println!(
-        "nats-server {} on {url}; {} cores; {rounds} rounds; {calls} calls at concurrency 1, \
+        "{} cores; {rounds} rounds; {calls} calls at concurrency 1, \
          {tp_calls} at 16 and 64, in {slices} interleaved slices",
-        server.version,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
 
@@ -176,8 +234,8 @@ async fn run(args: RunArgs) {
     for round in 0..rounds {
         // Fresh processes each round, all running at once, each in its own account.
         let mut running = Vec::new();
-        for (imp, client) in &clients {
-            running.push(procs::start(*imp, &url, &out, client).await);
+        for (imp, label, url, client) in &clients {
+            running.push(procs::start(*imp, label, url, &out, client).await);
             let tag = format!("w{}{round}", imp.name());
             // Warm-up: connections, caches, the first allocations.
             load::measure(client, Op::Acquire, &tag, 4, 200).await;
@@ -188,19 +246,32 @@ async fn run(args: RunArgs) {
                 let n = if c == 1 { calls } else { tp_calls };
                 let tag = format!("r{round}");
                 let mut names = Vec::new();
-                let mut targets: Vec<std::sync::Arc<dyn load::Target>> = Vec::new();
-                for (imp, client) in &clients {
-                    names.push(imp.name().to_string());
-                    targets.push(load::NatsTarget::prepare(client, op, &tag, c, n).await);
+                let mut targets: Vec<(std::sync::Arc<dyn load::Target>, usize)> = Vec::new();
+                for (_, label, _, client) in &clients {
+                    let fsync = label.ends_with(FSYNC);
+                    // In `both`, the second server measures only what writes (owner
+                    // and forward write nothing, so its sync cannot matter), with
+                    // half the calls at 16 and 64 (each write waits for an fsync,
+                    // one at a time): the full run stays within about 6 minutes.
+                    if sync == SyncMode::Both && fsync && !op.writes() {
+                        continue;
+                    }
+                    let n = if sync == SyncMode::Both && fsync && c > 1 {
+                        n / 2
+                    } else {
+                        n
+                    };
+                    names.push(label.clone());
+                    targets.push((load::NatsTarget::prepare(client, op, &tag, c, n).await, n));
                 }
                 #[cfg(feature = "etcd")]
                 if let Some(client) = &etcd_client
                     && op != Op::Forward
                 {
                     names.push("etcd".to_string());
-                    targets.push(etcd::EtcdTarget::prepare(client, op, &tag, c, n).await);
+                    targets.push((etcd::EtcdTarget::prepare(client, op, &tag, c, n).await, n));
                 }
-                let stats = load::interleaved(&targets, c, n, slices).await;
+                let stats = load::interleaved(&targets, c, slices).await;
                 for (name, stats) in names.into_iter().zip(stats) {
                     results
                         .entry((op, name))
@@ -222,9 +293,9 @@ async fn run(args: RunArgs) {
     drop(etcd);
     #[cfg(not(feature = "etcd"))]
     let etcd_version: Option<String> = None;
-    let nats_version = server.version.clone();
+    let nats_version = servers[0].version.clone();
     drop(clients);
-    drop(server);
+    drop(servers);
 
     let memory = if args.no_memory {
         None
@@ -238,6 +309,7 @@ async fn run(args: RunArgs) {
         report::Setup {
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             nats_server: nats_version,
+            nats_sync,
             etcd: etcd_version,
             rounds,
             calls_c1: calls,

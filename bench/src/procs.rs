@@ -44,15 +44,16 @@ pub fn bin_dir() -> PathBuf {
     exe.parent().expect("exe dir").to_path_buf()
 }
 
-/// Starts `imp` against `url`, its log in `log_dir`, and waits until it answers.
-pub async fn start(imp: Impl, url: &str, log_dir: &Path, client: &Client) -> Running {
-    start_with(imp, imp.name(), url, log_dir, client, &[]).await
+/// Starts `imp` against `url`, its log `<label>.log` in `log_dir`, and waits until
+/// it answers.
+pub async fn start(imp: Impl, label: &str, url: &str, log_dir: &Path, client: &Client) -> Running {
+    start_with(imp, imp.name(), label, url, log_dir, client, &[]).await
 }
 
 /// Runs the tokio service once in `account` (whose client is `client`), so that
 /// the account has the leases bucket: the baseline does not create it.
 pub async fn create_bucket(account: &str, url: &str, log_dir: &Path, client: &Client) {
-    start_with(Impl::Tokio, account, url, log_dir, client, &[])
+    start_with(Impl::Tokio, account, "bucket", url, log_dir, client, &[])
         .await
         .stop();
 }
@@ -61,6 +62,7 @@ pub async fn create_bucket(account: &str, url: &str, log_dir: &Path, client: &Cl
 pub async fn start_with(
     imp: Impl,
     account: &str,
+    label: &str,
     url: &str,
     log_dir: &Path,
     client: &Client,
@@ -80,7 +82,7 @@ pub async fn start_with(
         "{} is missing: build it first (scripts/bench does)",
         bin.display()
     );
-    let log = std::fs::File::create(log_dir.join(format!("{}.log", imp.name()))).expect("log");
+    let log = std::fs::File::create(log_dir.join(format!("{label}.log"))).expect("log");
     let mut cmd = match wrapper.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);

@@ -54,7 +54,8 @@ pub async fn run(out: &Path, calls: usize, ops: &[Op]) {
                 "--instr-atstart=no".to_string(),
                 format!("--callgrind-out-file={}", file.display()),
             ];
-            let running = procs::start_with(imp, imp.name(), &url, &dir, &client, &wrapper).await;
+            let running =
+                procs::start_with(imp, imp.name(), imp.name(), &url, &dir, &client, &wrapper).await;
             let tag = format!("p{}", imp.name());
             load::measure(&client, op, &format!("w{tag}"), 1, 50).await;
             control(running.pid(), "on");

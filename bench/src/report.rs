@@ -18,6 +18,9 @@ pub struct Setup {
     pub cores: usize,
     /// nats-server version.
     pub nats_server: String,
+    /// The JetStream sync of each implementation's nats-server: `default` (lazy,
+    /// every 2 minutes) or `always` (`sync_interval: always`, names ending `-fsync`).
+    pub nats_sync: BTreeMap<String, String>,
     /// etcd version, if etcd ran.
     pub etcd: Option<String>,
     /// Rounds; every figure is the median over them.
@@ -52,9 +55,32 @@ pub struct Report {
     pub setup: Setup,
     /// Operation, then implementation.
     pub operations: BTreeMap<String, BTreeMap<String, Figures>>,
+    /// The service (tokio, on each sync) against etcd: operation, then implementation.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub vs_etcd: BTreeMap<String, BTreeMap<String, VsEtcd>>,
     /// Resident memory of the service with leases held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<Vec<Memory>>,
+}
+
+/// One implementation against etcd, medians over rounds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct VsEtcd {
+    /// etcd's p50 at concurrency 1 over this one's (above 1: this one is faster).
+    pub etcd_p50_over_this_c1: f64,
+    /// This one's throughput at 16 in flight over etcd's.
+    pub ops_per_s_c16_over_etcd: f64,
+    /// This one's throughput at 64 in flight over etcd's.
+    pub ops_per_s_c64_over_etcd: f64,
+}
+
+/// The floor an implementation is compared with: the baseline on the same server.
+fn baseline_of(imp: &str) -> &'static str {
+    if imp.ends_with(crate::FSYNC) {
+        "baseline-fsync"
+    } else {
+        "baseline"
+    }
 }
 
 fn key(c: usize) -> String {
@@ -62,17 +88,31 @@ fn key(c: usize) -> String {
 }
 
 /// Order of implementations in the table and the plot.
-const ORDER: [&str; 4] = ["baseline", "tokio", "smol", "etcd"];
+const ORDER: [&str; 7] = [
+    "baseline",
+    "tokio",
+    "smol",
+    "baseline-fsync",
+    "tokio-fsync",
+    "smol-fsync",
+    "etcd",
+];
 
 impl Report {
     /// Medians and ratios of every measurement.
     pub fn new(results: &Results, memory: Option<Vec<Memory>>, setup: Setup) -> Report {
         let mut operations: BTreeMap<String, BTreeMap<String, Figures>> = BTreeMap::new();
         for op in Op::ALL {
-            let base = results.get(&(op, "baseline".to_string()));
             for imp in ORDER {
                 let Some(per_c) = results.get(&(op, imp.to_string())) else {
                     continue;
+                };
+                // etcd's floor: the lazy baseline, else the fsync one.
+                let base = match imp {
+                    "etcd" => results
+                        .get(&(op, "baseline".to_string()))
+                        .or_else(|| results.get(&(op, "baseline-fsync".to_string()))),
+                    _ => results.get(&(op, baseline_of(imp).to_string())),
                 };
                 let at: BTreeMap<String, Stats> = per_c
                     .iter()
@@ -80,7 +120,7 @@ impl Report {
                     .collect();
                 let (mut ratio_p50, mut ratio_ops, mut ratio_p50_rounds) = (None, None, Vec::new());
                 if let Some(base) = base
-                    && imp != "baseline"
+                    && !imp.starts_with("baseline")
                 {
                     let b1 = Stats::median(&base[&1]);
                     ratio_p50 = Some(at[&key(1)].p50_us / b1.p50_us);
@@ -103,9 +143,28 @@ impl Report {
                 );
             }
         }
+        let mut vs_etcd: BTreeMap<String, BTreeMap<String, VsEtcd>> = BTreeMap::new();
+        for (op, per_impl) in &operations {
+            let Some(etcd) = per_impl.get("etcd") else {
+                continue;
+            };
+            for imp in ["tokio", "tokio-fsync"] {
+                let Some(f) = per_impl.get(imp) else { continue };
+                let ops = |c: usize| f.at[&key(c)].ops_per_s / etcd.at[&key(c)].ops_per_s;
+                vs_etcd.entry(op.clone()).or_default().insert(
+                    imp.to_string(),
+                    VsEtcd {
+                        etcd_p50_over_this_c1: etcd.at[&key(1)].p50_us / f.at[&key(1)].p50_us,
+                        ops_per_s_c16_over_etcd: ops(16),
+                        ops_per_s_c64_over_etcd: ops(64),
+                    },
+                );
+            }
+        }
         Report {
             setup,
             operations,
+            vs_etcd,
             memory,
         }
     }
@@ -125,7 +184,7 @@ impl Report {
                 .unwrap_or_default()
         );
         println!(
-            "{:<8} {:<9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "{:<8} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "op",
             "impl",
             "p50@1",
@@ -148,7 +207,7 @@ impl Report {
                 let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
                 let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
                 println!(
-                    "{:<8} {:<9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                    "{:<8} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
                     op.name(),
                     imp,
                     num(get(1).map(|s| s.p50_us)),
@@ -161,6 +220,22 @@ impl Report {
                     ratio(f.ratio_p50),
                     ratio(f.ratio_ops_per_s_64),
                 );
+            }
+        }
+        if !self.vs_etcd.is_empty() {
+            println!();
+            println!(
+                "against etcd (fsync on every write): etcd p50@1 / this, this ops / etcd ops at 16 and 64"
+            );
+            for (op, per_impl) in &self.vs_etcd {
+                for (imp, v) in per_impl {
+                    println!(
+                        "{op:<8} {imp:<14} {:>6.2} {:>6.2} {:>6.2}",
+                        v.etcd_p50_over_this_c1,
+                        v.ops_per_s_c16_over_etcd,
+                        v.ops_per_s_c64_over_etcd
+                    );
+                }
             }
         }
         if let Some(memory) = &self.memory {
@@ -182,6 +257,9 @@ fn color(imp: &str) -> &'static str {
         "baseline" => "#444444",
         "tokio" => "#1f77b4",
         "smol" => "#2ca02c",
+        "baseline-fsync" => "#8c564b",
+        "tokio-fsync" => "#9467bd",
+        "smol-fsync" => "#bcbd22",
         _ => "#d62728",
     }
 }
@@ -289,7 +367,7 @@ pub fn plot(report: &Report) -> String {
             color(imp),
             lx + 24.0
         );
-        lx += 90.0;
+        lx += 20.0 + 7.0 * imp.len() as f64 + 16.0;
     }
     svg.push_str("</svg>\n");
     svg

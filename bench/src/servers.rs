@@ -30,6 +30,27 @@ pub fn checkout() -> PathBuf {
         .to_path_buf()
 }
 
+/// How often nats-server fsyncs its JetStream store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Sync {
+    /// The default: `sync_interval` unset, a sync every 2 minutes (lazy). An
+    /// acknowledged write can be lost if the machine (not the process) dies.
+    Default,
+    /// `sync_interval: always`: an fsync after every write, before its ack (what
+    /// the README recommends and what etcd does with its WAL).
+    Always,
+}
+
+impl Sync {
+    /// The name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sync::Default => "default",
+            Sync::Always => "always",
+        }
+    }
+}
+
 /// One nats-server with JetStream; killed (and its store removed) when dropped.
 pub struct Nats {
     child: Child,
@@ -40,8 +61,13 @@ pub struct Nats {
 }
 
 impl Nats {
-    /// Starts nats-server and waits for its INFO.
+    /// Starts nats-server with the default (lazy) sync and waits for its INFO.
     pub fn start() -> Nats {
+        Nats::start_sync(Sync::Default)
+    }
+
+    /// Starts nats-server with `sync` and waits for its INFO.
+    pub fn start_sync(sync: Sync) -> Nats {
         let bin = std::env::var_os("DAGNATS_NATS_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| checkout().join(".nats/bin/nats-server"));
@@ -59,8 +85,12 @@ impl Nats {
         // One account per implementation: each has its own `api.leases.*` and its
         // own `KV_leases`, so all of them can run at once and the load generator
         // can interleave its calls between them.
+        let sync_interval = match sync {
+            Sync::Default => "",
+            Sync::Always => ", sync_interval: always",
+        };
         let mut conf = format!(
-            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?} }}\naccounts {{\n",
+            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?}{sync_interval} }}\naccounts {{\n",
             dir.path().join("store").display().to_string()
         );
         for account in ACCOUNTS {
