@@ -164,16 +164,17 @@ impl LeaseClient {
     }
 
     async fn call(&self, request: Request, timeout: Duration) -> Result<Response, LeaseError> {
-        if let Err(e) = Request::decode(request.endpoint(), &request.to_json()) {
-            return Err(e.into());
-        }
+        // The service's own validation, run here first: bad input fails before any
+        // request, with the same sentence the service would reply.
         let endpoint = request.endpoint();
+        let payload = request.to_json();
+        Request::decode(endpoint, &payload)?;
         let outcome = exec::send(
             &self.nats,
             NatsRequest {
                 subject: endpoint.subject(),
                 headers: Vec::new(),
-                payload: request.to_json(),
+                payload,
                 timeout,
             },
         )

@@ -309,7 +309,7 @@ async fn watch(
     out: &mut (dyn Write + Send),
 ) -> u8 {
     let subject = format!("dagnats.lease.changed.{}", key.as_deref().unwrap_or("*"));
-    let mut sub = match nats.subscribe(subject).await {
+    let mut sub = match nats.subscribe(subject.clone()).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("dagnats-leases: cannot subscribe: {e}");
@@ -318,7 +318,7 @@ async fn watch(
     };
     let _ = nats.flush().await;
     // Tell a script the subscription is live (stderr, so stdout stays events only).
-    eprintln!("watching {}", sub_subject(key.as_deref()));
+    eprintln!("watching {subject}");
     let mut seen = 0;
     while count.is_none_or(|c| seen < c) {
         let Some(message) = sub.next().await else {
@@ -354,10 +354,6 @@ async fn watch(
         let _ = out.flush();
     }
     EXIT_OK
-}
-
-fn sub_subject(key: Option<&str>) -> String {
-    format!("dagnats.lease.changed.{}", key.unwrap_or("*"))
 }
 
 async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Write + Send)) -> u8 {

@@ -435,8 +435,11 @@ impl Driver {
         let now = Instant::now();
         self.rebalance(now);
         loop {
+            // Drain and pump until no deferred request was answered on the spot.
             self.drain(&mut pending);
-            self.pump(&mut pending);
+            while self.pump(&mut pending) {
+                self.drain(&mut pending);
+            }
             let finished = self.holders.values().all(Holder::is_done)
                 && pending.is_empty()
                 && self.deferred.is_empty();
@@ -555,15 +558,18 @@ impl Driver {
     /// Sends deferred campaign acquires while there is room under `max_held`. One
     /// whose holder no longer waits for it (stopping) is answered "no responders"
     /// on the spot: it was never sent, so it wrote nothing.
-    fn pump(&mut self, pending: &mut Pending) {
+    /// Returns whether it answered any here (its machine may want to send again).
+    fn pump(&mut self, pending: &mut Pending) -> bool {
         let now = Instant::now();
         let room = self.max_held.saturating_sub(self.holding(now).len());
         let mut kept = VecDeque::new();
+        let mut answered_here = false;
         while let Some((key, request)) = self.deferred.pop_front() {
             let status = self.holders.get(&key).map(Holder::status);
             if status != Some(HolderStatus::Campaigning) {
                 if let Some(h) = self.holders.get_mut(&key) {
                     h.handle_outcome(now, request.id, RequestOutcome::NoResponders);
+                    answered_here = true;
                 }
                 continue;
             }
@@ -575,14 +581,7 @@ impl Driver {
             }
         }
         self.deferred = kept;
-        // Answering deferred requests may have made the machines want more.
-        if self
-            .holders
-            .values()
-            .any(|h| h.status() != HolderStatus::Campaigning)
-        {
-            self.drain(pending);
-        }
+        answered_here
     }
 
     /// Sends what the machines want and passes their events on.
@@ -759,13 +758,13 @@ impl Inbox {
                 Err(reason) => {
                     self.rejected += 1;
                     tracing::debug!(subject = %message.subject, %reason, "forward rejected");
-                    self.reject(message.reply, reason).await;
+                    self.reject(message.reply).await;
                 }
             }
         }
     }
 
-    async fn reject(&self, reply: Option<async_nats::Subject>, _reason: RejectReason) {
+    async fn reject(&self, reply: Option<async_nats::Subject>) {
         let Some(reply) = reply else { return };
         let (name, value) = RejectReason::reply_header();
         let mut headers = HeaderMap::new();

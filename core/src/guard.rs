@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::holder::HolderEvent;
-use crate::record::{HDR_FENCE, HDR_REJECT, REJECT_STALE};
+use crate::record::{HDR_REJECT, REJECT_STALE};
 
 /// Why a forwarded request was rejected (the reply is an empty body with
 /// `Dagnats-Lease-Reject: stale` in every case).
@@ -152,11 +152,6 @@ impl InboxGuard {
             key: key.to_string(),
             fence,
         })
-    }
-
-    /// The fence header's name, for adapters reading it off a message.
-    pub fn fence_header() -> &'static str {
-        HDR_FENCE
     }
 }
 

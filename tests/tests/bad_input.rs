@@ -2,31 +2,15 @@
 //! service get `kind: invalid` with a sentence, change no lease, and the service
 //! keeps serving.
 
-use std::time::Duration;
+mod common;
 
 use async_nats::Client;
+use common::{call_raw, connect};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 use serde_json::{Value, json};
 
 const ENDPOINTS: [&str; 5] = ["acquire", "renew", "release", "owner", "forward"];
-
-async fn connect(server: &NatsServer) -> Client {
-    async_nats::ConnectOptions::new()
-        .request_timeout(Some(Duration::from_secs(10)))
-        .connect(server.url())
-        .await
-        .expect("connect")
-}
-
-async fn call_raw(client: &Client, endpoint: &str, body: Vec<u8>) -> Value {
-    let reply = client
-        .request(format!("api.leases.{endpoint}"), body.into())
-        .await
-        .unwrap_or_else(|e| panic!("api.leases.{endpoint}: {e}"));
-    serde_json::from_slice(&reply.payload)
-        .unwrap_or_else(|e| panic!("reply is not JSON ({e}): {:?}", reply.payload))
-}
 
 /// What must not change: every held key's owner read, and the stream's last sequence.
 async fn snapshot(client: &Client, keys: &[String]) -> (Vec<Value>, u64) {
