@@ -487,12 +487,14 @@ pub fn invalid_bodies(endpoint: Endpoint) -> Vec<String> {
         ],
         Endpoint::Release => &[
             r#"{"key":"k","holder":"h"}"#,
-            r#"{"key":"k","holder":"h","revision":1,"ttl_ms":1000}"#,
+            r#"{"key":"k","holder":"h","revision":1,"ttl":1000}"#,
+            r#"{"key":"k","holder":"h","revison":1}"#,
             r#"{"key":"k","holder":"h h","revision":1}"#,
             r#"{"key":"k","revision":1}"#,
         ],
         Endpoint::Owner => &[
-            r#"{"key":"k","holder":"h"}"#,
+            r#"{"key":"k","holdr":"h"}"#,
+            r#"{"key":"k","revision":"1"}"#,
             r#"{"key":7}"#,
             r#"{"key":null}"#,
         ],

@@ -145,7 +145,6 @@ impl ErrorReply {
 
 /// `api.leases.acquire`: grant `key` to `holder` for `ttl_ms` if nobody holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
     /// The lease key, one subject token.
     pub key: String,
@@ -157,7 +156,6 @@ pub struct AcquireRequest {
 
 /// `api.leases.renew`: extend the lease to `ttl_ms` from now under the fence check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RenewRequest {
     /// The lease key.
     pub key: String,
@@ -172,7 +170,6 @@ pub struct RenewRequest {
 
 /// `api.leases.release`: free the key under the fence check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     /// The lease key.
     pub key: String,
@@ -184,7 +181,6 @@ pub struct ReleaseRequest {
 
 /// `api.leases.owner`: who holds `key`, with no side effects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct OwnerRequest {
     /// The lease key.
     pub key: String,
@@ -253,57 +249,94 @@ impl Request {
 
     /// Decodes and validates a request body for `endpoint`.
     ///
-    /// Every failure is an `invalid` [`ErrorReply`] whose sentence names the field.
+    /// The four lease calls share one set of request fields (`key`, `holder`,
+    /// `revision`, `ttl_ms`): each checks the ones it uses and ignores the others,
+    /// because clients reuse one request struct for every call. Any other field is
+    /// `invalid`. Every failure is an `invalid` [`ErrorReply`] whose sentence names
+    /// the field.
     pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Request, ErrorReply> {
+        if endpoint == Endpoint::Forward {
+            return decode_forward(body);
+        }
+        let fields: SharedFields = decode_json(endpoint, body)?;
+        let name = endpoint.name();
+        let missing =
+            |field: &str| invalid(format!("invalid {name} request: missing field `{field}`"));
+        let key = fields.key.ok_or_else(|| missing("key"))?;
+        check_name("key", &key)?;
+        if endpoint == Endpoint::Owner {
+            return Ok(Request::Owner(OwnerRequest { key }));
+        }
+        let holder = fields.holder.ok_or_else(|| missing("holder"))?;
+        check_name("holder", &holder)?;
         match endpoint {
             Endpoint::Acquire => {
-                let r: AcquireRequest = decode_json(endpoint, body)?;
-                check_name("key", &r.key)?;
-                check_name("holder", &r.holder)?;
-                check_ttl(r.ttl_ms)?;
-                Ok(Request::Acquire(r))
-            }
-            Endpoint::Renew => {
-                let r: RenewRequest = decode_json(endpoint, body)?;
-                check_name("key", &r.key)?;
-                check_name("holder", &r.holder)?;
-                if let Some(ttl) = r.ttl_ms {
-                    check_ttl(ttl)?;
-                }
-                Ok(Request::Renew(r))
-            }
-            Endpoint::Release => {
-                let r: ReleaseRequest = decode_json(endpoint, body)?;
-                check_name("key", &r.key)?;
-                check_name("holder", &r.holder)?;
-                Ok(Request::Release(r))
-            }
-            Endpoint::Owner => {
-                let r: OwnerRequest = decode_json(endpoint, body)?;
-                check_name("key", &r.key)?;
-                Ok(Request::Owner(r))
-            }
-            Endpoint::Forward => {
-                let r: ForwardRequestWire = decode_json(endpoint, body)?;
-                check_name("key", &r.key)?;
-                if !(MIN_FORWARD_TIMEOUT_MS..=MAX_FORWARD_TIMEOUT_MS).contains(&r.timeout_ms) {
-                    return Err(invalid(format!(
-                        "field `timeout_ms` must be from {MIN_FORWARD_TIMEOUT_MS} to \
-                         {MAX_FORWARD_TIMEOUT_MS}, got {}",
-                        r.timeout_ms
-                    )));
-                }
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(r.payload.as_bytes())
-                    .map_err(|e| invalid(format!("field `payload` is not base64: {e}")))?;
-                Ok(Request::Forward(ForwardRequest {
-                    key: r.key,
-                    payload,
-                    timeout_ms: r.timeout_ms,
+                let ttl_ms = fields.ttl_ms.ok_or_else(|| missing("ttl_ms"))?;
+                check_ttl(ttl_ms)?;
+                Ok(Request::Acquire(AcquireRequest {
+                    key,
+                    holder,
+                    ttl_ms,
                 }))
             }
+            Endpoint::Renew => {
+                let revision = fields.revision.ok_or_else(|| missing("revision"))?;
+                if let Some(ttl) = fields.ttl_ms {
+                    check_ttl(ttl)?;
+                }
+                Ok(Request::Renew(RenewRequest {
+                    key,
+                    holder,
+                    revision,
+                    ttl_ms: fields.ttl_ms,
+                }))
+            }
+            Endpoint::Release => {
+                let revision = fields.revision.ok_or_else(|| missing("revision"))?;
+                Ok(Request::Release(ReleaseRequest {
+                    key,
+                    holder,
+                    revision,
+                }))
+            }
+            Endpoint::Owner | Endpoint::Forward => unreachable!("decoded above"),
         }
     }
+}
+
+/// The request fields the four lease calls share. Each field is typed, so a wrong
+/// type is `invalid` even where the call ignores the field; unknown fields are not.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SharedFields {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    holder: Option<String>,
+    #[serde(default)]
+    revision: Option<u64>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+}
+
+fn decode_forward(body: &[u8]) -> Result<Request, ErrorReply> {
+    let r: ForwardRequestWire = decode_json(Endpoint::Forward, body)?;
+    check_name("key", &r.key)?;
+    if !(MIN_FORWARD_TIMEOUT_MS..=MAX_FORWARD_TIMEOUT_MS).contains(&r.timeout_ms) {
+        return Err(invalid(format!(
+            "field `timeout_ms` must be from {MIN_FORWARD_TIMEOUT_MS} to \
+             {MAX_FORWARD_TIMEOUT_MS}, got {}",
+            r.timeout_ms
+        )));
+    }
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(r.payload.as_bytes())
+        .map_err(|e| invalid(format!("field `payload` is not base64: {e}")))?;
+    Ok(Request::Forward(ForwardRequest {
+        key: r.key,
+        payload,
+        timeout_ms: r.timeout_ms,
+    }))
 }
 
 fn invalid(error: String) -> ErrorReply {

@@ -98,7 +98,87 @@ fn unknown_fields_are_rejected_by_name() {
         r#"{"key":"k","holder":"h","ttl_ms":1000,"ttl":5}"#,
         "ttl",
     );
-    rejects(Endpoint::Owner, r#"{"key":"k","holder":"h"}"#, "holder");
+    rejects(
+        Endpoint::Renew,
+        r#"{"key":"k","holder":"h","revison":3}"#,
+        "revison",
+    );
+    rejects(
+        Endpoint::Release,
+        r#"{"key":"k","holder":"h","revision":3,"ttl":15000}"#,
+        "ttl",
+    );
+    rejects(
+        Endpoint::Owner,
+        r#"{"key":"k","payload":"aGk=","timeout_ms":100}"#,
+        "payload",
+    );
+    rejects(
+        Endpoint::Acquire,
+        r#"{"key":"k","holder":"h","ttl_ms":1000,"timeout_ms":100}"#,
+        "timeout_ms",
+    );
+}
+
+/// The body leases.md's Go example sends: one struct reused for every call.
+fn shared_body(revision: u64) -> String {
+    format!(
+        r#"{{"key":"notify-leader","holder":"notify-7f3a","revision":{revision},"ttl_ms":15000}}"#
+    )
+}
+
+#[test]
+fn release_ignores_the_shared_ttl_ms() {
+    let Ok(Request::Release(r)) = kind(Endpoint::Release, &shared_body(42)) else {
+        panic!("release with ttl_ms was not accepted");
+    };
+    assert_eq!(
+        (r.key.as_str(), r.holder.as_str(), r.revision),
+        ("notify-leader", "notify-7f3a", 42)
+    );
+}
+
+#[test]
+fn owner_ignores_the_shared_holder_revision_and_ttl_ms() {
+    let Ok(Request::Owner(r)) = kind(Endpoint::Owner, &shared_body(42)) else {
+        panic!("owner with holder, revision and ttl_ms was not accepted");
+    };
+    assert_eq!(r.key, "notify-leader");
+    // Ignored fields are not range-checked: an empty holder or ttl 0 is fine here.
+    assert!(
+        kind(
+            Endpoint::Owner,
+            r#"{"key":"k","holder":"","revision":0,"ttl_ms":0}"#
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn acquire_ignores_the_shared_revision() {
+    let Ok(Request::Acquire(r)) = kind(Endpoint::Acquire, &shared_body(42)) else {
+        panic!("acquire with revision was not accepted");
+    };
+    assert_eq!((r.holder.as_str(), r.ttl_ms), ("notify-7f3a", 15_000));
+}
+
+#[test]
+fn renew_uses_every_shared_field() {
+    let Ok(Request::Renew(r)) = kind(Endpoint::Renew, &shared_body(42)) else {
+        panic!("renew was not accepted");
+    };
+    assert_eq!((r.revision, r.ttl_ms), (42, Some(15_000)));
+}
+
+#[test]
+fn an_ignored_field_of_the_wrong_type_is_still_invalid() {
+    rejects(
+        Endpoint::Release,
+        r#"{"key":"k","holder":"h","revision":3,"ttl_ms":"15s"}"#,
+        "ttl_ms",
+    );
+    rejects(Endpoint::Owner, r#"{"key":"k","revision":-1}"#, "revision");
+    rejects(Endpoint::Owner, r#"{"key":"k","holder":7}"#, "holder");
 }
 
 #[test]
