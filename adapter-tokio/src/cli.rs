@@ -20,6 +20,11 @@ pub struct ServeArgs {
     /// How long shutdown waits for calls in flight, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
+    /// Test only (feature `__test`): answer from unconfirmed reads on a replicated
+    /// bucket, so that a benchmark can measure what confirmation costs.
+    #[cfg(feature = "__test")]
+    #[arg(long, hide = true)]
+    pub unconfirmed_reads_for_tests: bool,
 }
 
 impl ServeArgs {
@@ -29,6 +34,9 @@ impl ServeArgs {
             replicas: self.replicas,
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+            #[cfg(feature = "__test")]
+            unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
+            ..ServiceOptions::default()
         }
     }
 }

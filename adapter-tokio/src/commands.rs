@@ -12,7 +12,8 @@ use std::time::Duration;
 use async_nats::Client;
 use base64::Engine as _;
 use dagnats_leases_core::record::{
-    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE, STREAM,
+    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE, LEASE_SUBJECTS, STREAM,
+    kv_subject,
 };
 use dagnats_leases_core::wire::{ErrorKind, Lease};
 use futures::StreamExt;
@@ -365,7 +366,8 @@ async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Wr
             return EXIT_ERROR;
         }
     };
-    let subjects = match stream.info_with_subjects("$KV.leases.>").await {
+    // Lease keys only: `$KV.leases.<key>.read` holds read confirmations.
+    let subjects = match stream.info_with_subjects(LEASE_SUBJECTS).await {
         Ok(mut info) => {
             let mut all = Vec::new();
             while let Some(page) = info.next().await {
@@ -386,7 +388,8 @@ async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Wr
     };
     let mut keys: Vec<String> = subjects
         .iter()
-        .filter_map(|s| s.strip_prefix("$KV.leases.").map(str::to_string))
+        .filter_map(|s| s.strip_prefix(kv_subject("").as_str()).map(str::to_string))
+        .filter(|key| !key.contains('.'))
         .collect();
     keys.sort();
     let mut held = 0;

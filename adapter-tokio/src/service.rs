@@ -1,14 +1,13 @@
 //! The lease service: ensures the bucket, registers the `dagnats-api` micro
 //! service, and runs each request's call machine in its own task.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use async_nats::service::ServiceExt;
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mode};
 use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
-use dagnats_leases_core::startup::{BucketOptions, Startup, StartupEffect};
+use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -27,6 +26,28 @@ pub struct ServiceOptions {
     pub kv_timeout: Duration,
     /// How long shutdown waits for calls in flight.
     pub shutdown_timeout: Duration,
+    /// How often the stream's replicas are asked again while serving: read
+    /// confirmation turns on when they go above 1 and off when they come back.
+    pub replicas_recheck: Duration,
+    /// Test only: answer from unconfirmed reads even on a replicated bucket, to
+    /// show what the fault tests catch without read confirmation.
+    #[cfg(feature = "__test")]
+    pub unconfirmed_reads_for_tests: bool,
+}
+
+impl ServiceOptions {
+    /// The call config for a bucket of `replicas`.
+    fn call_config(&self, base: CallConfig, replicas: usize) -> CallConfig {
+        let config = base.for_replicas(replicas);
+        #[cfg(feature = "__test")]
+        if self.unconfirmed_reads_for_tests {
+            return CallConfig {
+                confirm_reads: false,
+                ..config
+            };
+        }
+        config
+    }
 }
 
 impl Default for ServiceOptions {
@@ -35,6 +56,9 @@ impl Default for ServiceOptions {
             replicas: None,
             kv_timeout: DEFAULT_KV_TIMEOUT,
             shutdown_timeout: Duration::from_secs(10),
+            replicas_recheck: REPLICAS_RECHECK,
+            #[cfg(feature = "__test")]
+            unconfirmed_reads_for_tests: false,
         }
     }
 }
@@ -111,12 +135,14 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
              retry_on_initial_connect, or wait for the connection first",
         ));
     }
-    let mode = ensure_bucket(&client, &options, &info.version).await;
-    let config = CallConfig {
+    let (mode, replicas) = ensure_bucket(&client, &options, &info.version).await;
+    let base = CallConfig {
         mode,
         max_payload: info.max_payload,
         kv_timeout: options.kv_timeout,
+        confirm_reads: false,
     };
+    let config = options.call_config(base, replicas);
     let service = client
         .service_builder()
         .description("dagnats leases: leader election and shard ownership over NATS")
@@ -142,19 +168,14 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
     tracing::info!(
         ?mode,
+        replicas,
+        confirm_reads = config.confirm_reads,
         max_payload = info.max_payload,
         server = %info.version,
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let serve = serve(
-        client,
-        service,
-        endpoints,
-        Arc::new(config),
-        stopped,
-        options.shutdown_timeout,
-    );
+    let serve = serve(client, service, endpoints, config, options, stopped);
     Ok(Prepared {
         mode,
         stop,
@@ -162,7 +183,8 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
     })
 }
 
-async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> Mode {
+/// The mode to serve in, and the stream's replicas.
+async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> (Mode, usize) {
     let bucket = BucketOptions {
         replicas: options.replicas,
     };
@@ -171,7 +193,7 @@ async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str)
         while let Some(effect) = startup.poll_effect() {
             match effect {
                 StartupEffect::Log(line) => tracing::warn!("{line}"),
-                StartupEffect::Done(mode) => return mode,
+                StartupEffect::Done(mode) => return (mode, startup.replicas()),
                 StartupEffect::Request(id, request) => {
                     let outcome = exec::send(client, request).await;
                     startup.handle_outcome(Instant::now(), id, outcome);
@@ -189,10 +211,17 @@ async fn serve(
     client: Client,
     service: async_nats::service::Service,
     endpoints: Vec<(Endpoint, async_nats::service::endpoint::Endpoint)>,
-    config: Arc<CallConfig>,
+    mut config: CallConfig,
+    options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
-    shutdown_timeout: Duration,
 ) {
+    let shutdown_timeout = options.shutdown_timeout;
+    // The replicas are asked again now and then: read confirmation follows them.
+    let mut recheck = tokio::time::interval_at(
+        tokio::time::Instant::now() + options.replicas_recheck,
+        options.replicas_recheck,
+    );
+    let mut asking = None;
     let mut requests = futures::stream::select_all(
         endpoints
             .into_iter()
@@ -206,7 +235,7 @@ async fn serve(
             next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
                 let client = client.clone();
-                let config = *config;
+                let config = config;
                 calls.push(async move {
                     let body = run_call(&client, config, endpoint, &request.message.payload).await;
                     if let Err(e) = request.respond(Ok(body.into())).await {
@@ -215,6 +244,21 @@ async fn serve(
                 });
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
+            _ = recheck.tick(), if asking.is_none() && config.mode == Mode::Ready => {
+                let client = client.clone();
+                let request = startup::stream_info_request(config.kv_timeout);
+                asking = Some(Box::pin(async move { exec::send(&client, request).await }));
+            }
+            outcome = async { asking.as_mut().expect("guarded").await }, if asking.is_some() => {
+                asking = None;
+                if let Some(replicas) = startup::replicas_from_reply(&outcome) {
+                    let now = options.call_config(config, replicas);
+                    if now.confirm_reads != config.confirm_reads {
+                        tracing::info!(replicas, confirm_reads = now.confirm_reads, "the leases stream's replicas changed");
+                        config = now;
+                    }
+                }
+            }
             _ = stopped.changed() => break,
         }
     }

@@ -177,6 +177,16 @@ async fn list_shows_the_held_leases() {
     let rev = b["revision"].to_string();
     cli.json(&["release", "b", "--holder", "h2", "--revision", &rev])
         .await;
+    // A read confirmation such as a replicated bucket's service writes (a stand-in:
+    // this server has one replica), made to stay: list must not take it for a key.
+    let client = async_nats::connect(&cli.url).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-TTL", "60s");
+    let ack = client
+        .request_with_headers("$KV.leases.a.read", headers, "".into())
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&ack.payload).contains("\"seq\""));
     let out = cli.run(&["list", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
     let held: Vec<Value> = String::from_utf8_lossy(&out.stdout)

@@ -8,9 +8,9 @@ use time::OffsetDateTime;
 
 use crate::js::{self, JsFailure, KeyState, NatsRequest, PublishResult, RequestOutcome};
 use crate::record::{
-    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT,
-    HDR_TTL, LeaseEvent, LeaseRecord, REJECT_STALE, format_time, inbox_subject, kv_subject,
-    ttl_header,
+    CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT, HDR_TTL, LeaseEvent, LeaseRecord,
+    REJECT_STALE, confirm_subject, format_time, inbox_subject, kv_subject, ttl_header,
 };
 use crate::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardReply, ForwardRequest,
@@ -21,6 +21,26 @@ use crate::wire::{
 pub const MAX_ACQUIRE_WRITES: u32 = 4;
 /// How many times renew and release re-read after a write lost a race.
 pub const MAX_FENCED_WRITES: u32 = 2;
+/// How many times a call confirms a read before it gives up with `unavailable`.
+pub const MAX_READ_CONFIRMS: u32 = 3;
+/// The most a lease may have left for renew and release to refuse it as `lost`.
+///
+/// An expiry is not atomic on nats-server: the expiring revision is checked on a
+/// timer, then a `MaxAge` marker with `Nats-Rollup: sub` is proposed, which removes
+/// whatever the key holds when it applies. A renew that lands after the old
+/// revision's end, before the marker, is acknowledged and then wiped (seen in the
+/// partition scenario: renewed at revision 1877, marker 1878 a moment later). So a
+/// lease this close to its end (by the server's store time and the service's
+/// clock) is treated as gone: see [`expiry_guard`].
+pub const MAX_EXPIRY_GUARD: Duration = Duration::from_secs(1);
+
+/// The guard for a lease of `ttl_ms`: a quarter of it, at most [`MAX_EXPIRY_GUARD`],
+/// so that a holder renewing every third of its TTL clears it even after one
+/// failed renewal.
+pub fn expiry_guard(ttl_ms: u64) -> Duration {
+    MAX_EXPIRY_GUARD.min(Duration::from_millis(ttl_ms / 4))
+}
+
 /// How many owners a forward tries at most.
 pub const MAX_FORWARD_ATTEMPTS: u32 = 3;
 /// The default bound on one JetStream request.
@@ -46,15 +66,28 @@ pub struct CallConfig {
     pub max_payload: usize,
     /// Bound on each JetStream request.
     pub kv_timeout: Duration,
+    /// Confirm every read a call answers from with a conditional write, so that a
+    /// deposed stream leader's stale state never reaches a caller. On when the
+    /// bucket has more than one replica; with one there is no other leader.
+    pub confirm_reads: bool,
 }
 
 impl CallConfig {
-    /// A ready service with the server's `max_payload`.
+    /// A ready service with the server's `max_payload`, on a single-replica bucket.
     pub fn ready(max_payload: usize) -> Self {
         CallConfig {
             mode: Mode::Ready,
             max_payload,
             kv_timeout: DEFAULT_KV_TIMEOUT,
+            confirm_reads: false,
+        }
+    }
+
+    /// The same, with read confirmation as a bucket of `replicas` needs it.
+    pub fn for_replicas(self, replicas: usize) -> Self {
+        CallConfig {
+            confirm_reads: replicas > 1,
+            ..self
         }
     }
 }
@@ -104,6 +137,43 @@ pub struct KvWrite {
     pub timeout: Duration,
 }
 
+/// A read confirmation: a message to `$KV.leases.<key>.read` that the stream
+/// commits only if `$KV.leases.<key>`'s last revision is still `revision`. Only a
+/// leader with a quorum can commit it, so its ack proves the read was current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmRead {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key that was read.
+    pub key: String,
+    /// The key's last revision as read (0: never written).
+    pub revision: u64,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+impl ConfirmRead {
+    /// The JetStream publish that confirms the read: empty, with a 1 s TTL.
+    pub fn nats_request(&self) -> NatsRequest {
+        NatsRequest {
+            subject: confirm_subject(&self.key),
+            headers: vec![
+                (
+                    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                    self.revision.to_string(),
+                ),
+                (
+                    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+                    kv_subject(&self.key),
+                ),
+                (HDR_TTL, ttl_header(CONFIRM_TTL_MS)),
+            ],
+            payload: Vec::new(),
+            timeout: self.timeout,
+        }
+    }
+}
+
 /// A request to a holder's inbox on behalf of a forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboxRequest {
@@ -128,6 +198,8 @@ pub enum Effect {
     KvRead(KvRead),
     /// Write a key conditionally.
     KvWrite(KvWrite),
+    /// Confirm that a read was current.
+    ConfirmRead(ConfirmRead),
     /// Request an owner's inbox.
     InboxRequest(InboxRequest),
     /// Send this reply to the caller; the call is over.
@@ -140,6 +212,7 @@ impl Effect {
         match self {
             Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
             Effect::KvWrite(w) => Some((w.id, w.nats_request())),
+            Effect::ConfirmRead(c) => Some((c.id, c.nats_request())),
             Effect::InboxRequest(i) => Some((i.id, i.nats_request())),
             Effect::Reply(_) => None,
         }
@@ -151,6 +224,7 @@ impl Effect {
         match self {
             Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
             Effect::KvWrite(w) => Some((w.id, w.into_nats_request())),
+            Effect::ConfirmRead(c) => Some((c.id, c.nats_request())),
             Effect::InboxRequest(i) => Some((i.id, i.into_nats_request())),
             Effect::Reply(_) => None,
         }
@@ -208,6 +282,8 @@ impl InboxRequest {
 enum Waiting {
     Nothing,
     Read(EffectId),
+    /// A confirmation of this read is in flight.
+    Confirm(EffectId, KeyState),
     Write(EffectId),
     Inbox(EffectId),
 }
@@ -255,9 +331,11 @@ pub struct Call {
     job: Job,
     config: CallConfig,
     started_wall: OffsetDateTime,
+    started_at: Instant,
     next_id: u64,
     waiting: Waiting,
     writes: u32,
+    confirms: u32,
     effects: std::collections::VecDeque<Effect>,
 }
 
@@ -277,9 +355,11 @@ impl Call {
             job: Job::Done,
             config,
             started_wall: wall,
+            started_at: now,
             next_id: 0,
             waiting: Waiting::Nothing,
             writes: 0,
+            confirms: 0,
             effects: Default::default(),
         };
         match config.mode {
@@ -391,6 +471,12 @@ impl Call {
                 Ok(state) => self.on_read(now, state),
                 Err(f) => self.fail_js(f),
             },
+            Waiting::Confirm(w, state) if w == id => match js::parse_pub_ack(&outcome) {
+                Ok(PublishResult::Stored(_)) => self.decide(now, state),
+                // The key moved on since the read (or a write to it is in flight).
+                Ok(PublishResult::WrongLastSequence) => self.reread(now),
+                Err(f) => self.fail_js(f),
+            },
             Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
                 Ok(PublishResult::Stored(rev)) => self.on_written(rev),
                 Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
@@ -404,6 +490,29 @@ impl Call {
     fn id(&mut self) -> EffectId {
         self.next_id += 1;
         EffectId(self.next_id)
+    }
+
+    /// Reads the key again, within a forward's deadline.
+    fn reread(&mut self, now: Instant) {
+        let key = self.key().to_string();
+        match &self.job {
+            Job::Forward(f) => {
+                let deadline = f.deadline;
+                self.read_before(key, now, deadline);
+            }
+            _ => self.read(key),
+        }
+    }
+
+    /// The time left for one JetStream request: a forward's deadline bounds it too.
+    fn kv_timeout(&self, now: Instant) -> Duration {
+        match &self.job {
+            Job::Forward(f) => self
+                .config
+                .kv_timeout
+                .min(f.deadline.saturating_duration_since(now)),
+            _ => self.config.kv_timeout,
+        }
     }
 
     fn read(&mut self, key: String) {
@@ -504,7 +613,64 @@ impl Call {
         }
     }
 
+    /// A read came back. Where the call would answer from it (rather than go on to
+    /// a conditional write, which confirms itself), a bucket with replicas first
+    /// confirms it.
     fn on_read(&mut self, now: Instant, state: KeyState) {
+        if self.config.confirm_reads && !self.writes_after(now, &state) {
+            return self.confirm(now, state);
+        }
+        self.decide(now, state);
+    }
+
+    /// Whether the call's next step after this read is a conditional write.
+    fn writes_after(&self, now: Instant, state: &KeyState) -> bool {
+        match &self.job {
+            Job::Acquire(_) => matches!(state, KeyState::Absent | KeyState::Free { .. }),
+            Job::Renew(r, _) => self
+                .check_fence(now, &r.key, &r.holder, r.revision, state)
+                .is_ok(),
+            Job::Release {
+                key,
+                holder,
+                revision,
+            } => self.check_fence(now, key, holder, *revision, state).is_ok(),
+            Job::Owner { .. } | Job::Forward(_) | Job::Done => false,
+        }
+    }
+
+    fn confirm(&mut self, now: Instant, state: KeyState) {
+        let key = self.key().to_string();
+        if self.confirms >= MAX_READ_CONFIRMS {
+            let last = match &self.job {
+                Job::Forward(f) => f.last_tried.clone(),
+                _ => None,
+            };
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the read of `{key}` could not be confirmed by the stream leader \
+                         ({MAX_READ_CONFIRMS} attempts; the key kept changing): retry"
+                    ),
+                ),
+                last,
+            ));
+        }
+        self.confirms += 1;
+        let id = self.id();
+        let confirm = ConfirmRead {
+            id,
+            key,
+            revision: state.revision(),
+            timeout: self.kv_timeout(now),
+        };
+        self.waiting = Waiting::Confirm(id, state);
+        self.effects.push_back(Effect::ConfirmRead(confirm));
+    }
+
+    /// Acts on a read that is current: confirmed, or about to be by a write.
+    fn decide(&mut self, now: Instant, state: KeyState) {
         if let KeyState::Corrupt { revision, reason } = &state {
             let key = self.key().to_string();
             let last = match &self.job {
@@ -542,36 +708,38 @@ impl Call {
                     KeyState::Corrupt { .. } => unreachable!("handled above"),
                 }
             }
-            Job::Renew(r, _) => match self.check_fence(&r.key, &r.holder, r.revision, &state) {
-                Err(e) => self.fail(e),
-                Ok(record) => {
-                    let ttl_ms = r.ttl_ms.unwrap_or(record.ttl_ms);
-                    let renewed = LeaseRecord {
-                        holder: record.holder.clone(),
-                        acquired_at: record.acquired_at.clone(),
-                        ttl_ms,
-                    };
-                    let key = r.key.clone();
-                    let expected = state.revision();
-                    let value = renewed.to_json();
-                    self.job = Job::Renew(r, Some(renewed));
-                    self.fenced_write(KvWrite {
-                        id: EffectId(0),
-                        key,
-                        operation: Operation::Put,
-                        expected_revision: expected,
-                        ttl_ms: Some(ttl_ms),
-                        event: LeaseEvent::Renewed,
-                        value,
-                        timeout: self.config.kv_timeout,
-                    });
+            Job::Renew(r, _) => {
+                match self.check_fence(now, &r.key, &r.holder, r.revision, &state) {
+                    Err(e) => self.fail(e),
+                    Ok(record) => {
+                        let ttl_ms = r.ttl_ms.unwrap_or(record.ttl_ms);
+                        let renewed = LeaseRecord {
+                            holder: record.holder.clone(),
+                            acquired_at: record.acquired_at.clone(),
+                            ttl_ms,
+                        };
+                        let key = r.key.clone();
+                        let expected = state.revision();
+                        let value = renewed.to_json();
+                        self.job = Job::Renew(r, Some(renewed));
+                        self.fenced_write(KvWrite {
+                            id: EffectId(0),
+                            key,
+                            operation: Operation::Put,
+                            expected_revision: expected,
+                            ttl_ms: Some(ttl_ms),
+                            event: LeaseEvent::Renewed,
+                            value,
+                            timeout: self.config.kv_timeout,
+                        });
+                    }
                 }
-            },
+            }
             Job::Release {
                 key,
                 holder,
                 revision,
-            } => match self.check_fence(&key, &holder, revision, &state) {
+            } => match self.check_fence(now, &key, &holder, revision, &state) {
                 Err(e) => self.fail(e),
                 Ok(_) => {
                     let expected = state.revision();
@@ -619,9 +787,10 @@ impl Call {
         self.write(write);
     }
 
-    /// The holder and fence checks of renew and release.
+    /// The holder and fence checks of renew and release, and the expiry guard.
     fn check_fence(
         &self,
+        now: Instant,
         key: &str,
         holder: &str,
         revision: u64,
@@ -641,9 +810,25 @@ impl Call {
             KeyState::Held {
                 revision: current,
                 record,
-                ..
+                written_at,
             } => {
-                if *current == revision {
+                let wall = self.started_wall + now.saturating_duration_since(self.started_at);
+                let ends = *written_at + Duration::from_millis(record.ttl_ms);
+                let guard = expiry_guard(record.ttl_ms);
+                if *current == revision && wall + guard >= ends {
+                    let left = (ends - wall).max(time::Duration::ZERO);
+                    Err(ErrorReply::new(
+                        ErrorKind::Lost,
+                        format!(
+                            "the lease of `{key}` is at its end ({} ms left of {} ms, under \
+                             the {} ms a write needs to land before the server expires it): \
+                             acquire again",
+                            left.whole_milliseconds(),
+                            record.ttl_ms,
+                            guard.as_millis()
+                        ),
+                    ))
+                } else if *current == revision {
                     Ok(record.clone())
                 } else {
                     Err(ErrorReply::new(

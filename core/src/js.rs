@@ -16,6 +16,11 @@ use crate::wire::ErrorKind;
 
 /// JetStream's error code for a failed expected-last-sequence check.
 pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// JetStream's error code, in a cluster, for an expected-last-sequence write to a
+/// subject that already has a write in flight: checked from the leader's local
+/// state before any Raft round (seen on nats-server 2.14: "wrong last sequence").
+/// The key is changing: read again, as after [`ERR_WRONG_LAST_SEQUENCE`].
+pub const ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// JetStream's error code for a message that is not there.
 pub const ERR_NO_MESSAGE_FOUND: u64 = 10037;
 /// JetStream's error code for a stream that is not there.
@@ -168,7 +173,10 @@ pub fn parse_pub_ack(outcome: &RequestOutcome) -> Result<PublishResult, JsFailur
     let ack: PubAck = serde_json::from_slice(payload)
         .map_err(|e| JsFailure::internal(format!("unreadable JetStream publish ack: {e}")))?;
     match (ack.error, ack.seq) {
-        (Some(err), _) if err.err_code == ERR_WRONG_LAST_SEQUENCE => {
+        (Some(err), _)
+            if err.err_code == ERR_WRONG_LAST_SEQUENCE
+                || err.err_code == ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT =>
+        {
             Ok(PublishResult::WrongLastSequence)
         }
         (Some(err), _) => Err(err.to_failure()),

@@ -9,10 +9,19 @@ use time::format_description::well_known::Rfc3339;
 pub const BUCKET: &str = "leases";
 /// The bucket's stream.
 pub const STREAM: &str = "KV_leases";
-/// Subjects the bucket's stream stores.
+/// Subjects the bucket's stream stores: the lease keys and their read confirmations.
 pub const STREAM_SUBJECTS: &str = "$KV.leases.>";
-/// Where the server republishes every write.
+/// The lease keys alone: one token after the bucket, so never a read confirmation.
+pub const LEASE_SUBJECTS: &str = "$KV.leases.*";
+/// What a subscriber to every change event subscribes to.
 pub const CHANGED_SUBJECTS: &str = "dagnats.lease.changed.>";
+/// The RePublish destination for [`LEASE_SUBJECTS`]. The server refuses a bare `*`
+/// here (10052, "transform not valid"), so the key token is named as a wildcard.
+pub const REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}";
+/// The last token of a key's read-confirmation subject.
+pub const CONFIRM_TOKEN: &str = "read";
+/// Per-message TTL of a read confirmation: it only has to commit, not to stay.
+pub const CONFIRM_TTL_MS: u64 = 1_000;
 /// The queue group every lease endpoint joins.
 pub const QUEUE_GROUP: &str = "dagnats-leases";
 /// The micro-service name.
@@ -22,6 +31,10 @@ pub const SERVICE_NAME: &str = "dagnats-api";
 pub const HDR_TTL: &str = "Nats-TTL";
 /// Header: the write succeeds only if the key's last revision is this one (0: none).
 pub const HDR_EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+/// Header: the subject whose last sequence [`HDR_EXPECTED_LAST_SUBJECT_SEQUENCE`]
+/// checks, when it is not the subject published to (nats-server 2.11+).
+pub const HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
+    "Nats-Expected-Last-Subject-Sequence-Subject";
 /// Header: what a write did, see [`LeaseEvent`].
 pub const HDR_LEASE_EVENT: &str = "Dagnats-Lease-Event";
 /// Header: KV operation of a delete or purge.
@@ -40,6 +53,12 @@ pub const HDR_SEQUENCE: &str = "Nats-Sequence";
 /// The KV subject of a key: `$KV.leases.<key>`.
 pub fn kv_subject(key: &str) -> String {
     format!("$KV.{BUCKET}.{key}")
+}
+
+/// Where a read of `key` is confirmed: `$KV.leases.<key>.read`, two tokens after the
+/// bucket, so it can never be a lease key.
+pub fn confirm_subject(key: &str) -> String {
+    format!("$KV.{BUCKET}.{key}.{CONFIRM_TOKEN}")
 }
 
 /// The change-event subject of a key: `dagnats.lease.changed.<key>`.

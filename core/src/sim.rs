@@ -5,6 +5,11 @@
 //! JSON: revisions are one sequence across the bucket, writes check the expected
 //! last subject sequence, messages carry a per-message TTL, and an expiry leaves a
 //! `MaxAge` marker that expires in turn. Time is a virtual millisecond clock.
+//!
+//! A stream can also be a *deposed leader* ([`SimJetStream::deposed`]): a frozen
+//! copy of an older state that still answers reads from it, refuses from that
+//! state a write it expects to fail, and cannot commit any other (the caller times
+//! out), as a cut-off nats-server stream leader does until it steps down.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,8 +21,9 @@ use time::OffsetDateTime;
 use crate::call::{Call, CallConfig, Effect, EffectId};
 use crate::js::{self, KeyState, NatsRequest, RequestOutcome};
 use crate::record::{
-    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON,
-    HDR_REJECT, HDR_TTL, LeaseEvent, LeaseRecord, REJECT_STALE, STREAM,
+    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_REJECT, HDR_TTL, LeaseEvent,
+    LeaseRecord, REJECT_STALE, STREAM,
 };
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -76,6 +82,8 @@ pub struct SimJetStream {
     current: BTreeMap<String, SimMsg>,
     /// Every message ever stored, in sequence order.
     pub log: Vec<SimMsg>,
+    /// A deposed leader: answers from its frozen state, commits nothing.
+    deposed: bool,
 }
 
 impl Default for SimJetStream {
@@ -95,6 +103,15 @@ impl SimJetStream {
             last_seq: 0,
             current: BTreeMap::new(),
             log: Vec::new(),
+            deposed: false,
+        }
+    }
+
+    /// A deposed leader that still believes it leads, frozen at this state.
+    pub fn deposed(&self) -> SimJetStream {
+        SimJetStream {
+            deposed: true,
+            ..self.clone()
         }
     }
 
@@ -186,11 +203,31 @@ impl SimJetStream {
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_str())
         };
-        if let Some(expected) = header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE) {
-            let last = self.current.get(key).map_or(0, |m| m.seq);
-            if expected.parse::<u64>().ok() != Some(last) {
-                return api_error(400, 10071, &format!("wrong last sequence: {last}"));
+        // The checked subject is the published one unless the header names another.
+        let checked = match header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT) {
+            None => Some(key),
+            Some(subject) => subject.strip_prefix(KV_PREFIX),
+        };
+        match (header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE), checked) {
+            (None, _) if header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT).is_some() => {
+                return api_error(
+                    400,
+                    10193,
+                    "missing sequence for expected last sequence per subject",
+                );
             }
+            (None, _) => {}
+            (Some(_), None) => return api_error(400, 10071, "wrong last sequence: 0"),
+            (Some(expected), Some(checked)) => {
+                let last = self.current.get(checked).map_or(0, |m| m.seq);
+                if expected.parse::<u64>().ok() != Some(last) {
+                    return api_error(400, 10071, &format!("wrong last sequence: {last}"));
+                }
+            }
+        }
+        if self.deposed {
+            // Proposed, but no quorum will ever commit it.
+            return RequestOutcome::TimedOut;
         }
         let ttl_ms = match header(HDR_TTL) {
             None => None,
@@ -332,6 +369,14 @@ pub enum Op {
         lose_reply: u8,
         /// For an inbox request: how the owner answers.
         owner: OwnerBehaviour,
+        /// During a partition: the call's service reaches the deposed leader.
+        via_cut: bool,
+    },
+    /// A replicated bucket's stream leader is cut off (its state frozen, still
+    /// answering as leader to the calls that reach it), or the cut heals.
+    Partition {
+        /// Cut (a no-op while cut) or heal.
+        cut: bool,
     },
     /// Let server time pass, expiring leases.
     Advance {
@@ -355,11 +400,13 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
                 u8::arbitrary(&mut u),
                 u8::arbitrary(&mut u),
                 OwnerBehaviour::arbitrary(&mut u),
+                bool::arbitrary(&mut u),
             ) {
-                (Ok(call), Ok(lose_reply), Ok(owner)) => Op::Step {
+                (Ok(call), Ok(lose_reply), Ok(owner), Ok(via_cut)) => Op::Step {
                     call,
                     lose_reply,
                     owner,
+                    via_cut,
                 },
                 _ => break,
             }
@@ -403,14 +450,34 @@ pub enum CallKind {
         revision: u64,
     },
     /// owner
-    Owner,
+    Owner {
+        /// key
+        key: String,
+    },
     /// forward
-    Forward,
+    Forward {
+        /// key
+        key: String,
+    },
     /// a request that must be rejected
     Invalid {
         /// Whether the body is known to be invalid (raw bytes might not be).
         known: bool,
     },
+}
+
+impl Active {
+    /// The key of a renew or release.
+    fn kind_key(&self) -> String {
+        match &self.kind {
+            CallKind::Acquire { key, .. }
+            | CallKind::Renew { key, .. }
+            | CallKind::Release { key, .. }
+            | CallKind::Owner { key }
+            | CallKind::Forward { key } => key.clone(),
+            CallKind::Invalid { .. } => String::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -431,6 +498,10 @@ struct Active {
 pub struct World {
     /// The stream.
     pub sim: SimJetStream,
+    /// While partitioned: the deposed leader some calls still reach.
+    cut_leader: Option<SimJetStream>,
+    /// Whether the bucket has replicas, so a partition can depose its leader.
+    replicated: bool,
     base: Instant,
     config: CallConfig,
     holders: usize,
@@ -516,6 +587,8 @@ impl World {
     pub fn new(holders: usize, keys: usize, max_payload: usize) -> World {
         World {
             sim: SimJetStream::new(),
+            cut_leader: None,
+            replicated: false,
             base: Instant::now(),
             config: CallConfig::ready(max_payload),
             holders: holders.max(1),
@@ -525,6 +598,15 @@ impl World {
             max_granted: BTreeMap::new(),
             replies: Vec::new(),
         }
+    }
+
+    /// The same world on a replicated bucket, where partitions depose the leader,
+    /// with the service confirming its reads as it does there (`confirm_reads`), or,
+    /// to show the checks catch stale reads, not.
+    pub fn replicated(mut self, confirm_reads: bool) -> World {
+        self.replicated = true;
+        self.config.confirm_reads = confirm_reads;
+        self
     }
 
     fn now(&self) -> Instant {
@@ -597,14 +679,19 @@ impl World {
                 self.start(kind, Endpoint::Release, body.to_string())
             }
             Op::Owner { key } => {
-                let body = json!({"key": self.key(key)});
-                self.start(CallKind::Owner, Endpoint::Owner, body.to_string())
+                let key = self.key(key);
+                let body = json!({"key": key});
+                self.start(CallKind::Owner { key }, Endpoint::Owner, body.to_string())
             }
             Op::Forward { key, timeout_ms } => {
+                let key = self.key(key);
                 let timeout_ms = 100 + u64::from(timeout_ms) % 29_900;
-                let body =
-                    json!({"key": self.key(key), "payload": "cGluZw==", "timeout_ms": timeout_ms});
-                self.start(CallKind::Forward, Endpoint::Forward, body.to_string())
+                let body = json!({"key": key, "payload": "cGluZw==", "timeout_ms": timeout_ms});
+                self.start(
+                    CallKind::Forward { key },
+                    Endpoint::Forward,
+                    body.to_string(),
+                )
             }
             Op::Invalid {
                 endpoint,
@@ -622,12 +709,21 @@ impl World {
                 call,
                 lose_reply,
                 owner,
+                via_cut,
             } => {
                 if self.calls.is_empty() {
                     return Ok(());
                 }
                 let i = call as usize % self.calls.len();
-                self.step(i, lose_reply % 8 == 0, owner)
+                self.step(i, lose_reply % 8 == 0, owner, via_cut)
+            }
+            Op::Partition { cut } => {
+                if !cut {
+                    self.cut_leader = None;
+                } else if self.replicated && self.cut_leader.is_none() {
+                    self.cut_leader = Some(self.sim.deposed());
+                }
+                Ok(())
             }
             Op::Advance { ms } => {
                 // Mostly short steps, so leases live across several calls.
@@ -653,7 +749,7 @@ impl World {
             if guard > 10_000 {
                 return Err("calls never finished".to_string());
             }
-            self.step(0, false, OwnerBehaviour::Echo)?;
+            self.step(0, false, OwnerBehaviour::Echo, false)?;
         }
         Ok(())
     }
@@ -682,7 +778,13 @@ impl World {
         Ok(())
     }
 
-    fn step(&mut self, i: usize, lose_reply: bool, owner: OwnerBehaviour) -> Result<(), Violation> {
+    fn step(
+        &mut self,
+        i: usize,
+        lose_reply: bool,
+        owner: OwnerBehaviour,
+        via_cut: bool,
+    ) -> Result<(), Violation> {
         let Some(effect) = self.calls[i].pending.take() else {
             return Err(format!(
                 "call {:?} has no effect and no reply",
@@ -690,11 +792,32 @@ impl World {
             ));
         };
         let now = self.now();
+        let cut = self.cut_leader.as_mut().filter(|_| via_cut);
         let (id, outcome): (EffectId, RequestOutcome) = match &effect {
             Effect::KvRead(_) => {
                 let (id, req) = effect.nats_request().expect("a request");
-                let outcome = self.sim.handle(&req);
+                let outcome = match cut {
+                    Some(stale) => stale.handle(&req),
+                    None => self.sim.handle(&req),
+                };
                 self.calls[i].last_read = js::parse_read(&outcome).ok();
+                (
+                    id,
+                    if lose_reply {
+                        RequestOutcome::TimedOut
+                    } else {
+                        outcome
+                    },
+                )
+            }
+            Effect::KvWrite(_) | Effect::ConfirmRead(_) if cut.is_some() => {
+                let (id, req) = effect.nats_request().expect("a request");
+                let stale = cut.expect("checked");
+                (id, stale.handle(&req))
+            }
+            Effect::ConfirmRead(_) => {
+                let (id, req) = effect.nats_request().expect("a request");
+                let outcome = self.sim.handle(&req);
                 (
                     id,
                     if lose_reply {
@@ -780,8 +903,22 @@ impl World {
                     self.calls[i].reply = Some(r);
                 }
                 other => {
-                    if matches!(other, Effect::KvRead(_) | Effect::KvWrite(_)) {
+                    if matches!(
+                        other,
+                        Effect::KvRead(_) | Effect::KvWrite(_) | Effect::ConfirmRead(_)
+                    ) {
                         self.calls[i].kv_effects += 1;
+                    }
+                    if let Effect::InboxRequest(r) = &other {
+                        // Sent right after the read (and its confirmation) that chose
+                        // this owner: it must be the owner now.
+                        let live = self.sim.live(&r.key).map(|(rec, rev)| (rec.holder, rev));
+                        if live != Some((r.holder.clone(), r.fence)) {
+                            return Err(format!(
+                                "forward to {}@{} while the stream holds {live:?}: a stale read",
+                                r.holder, r.fence
+                            ));
+                        }
                     }
                     if self.calls[i].pending.replace(other).is_some() {
                         return Err("two effects in flight for one call".to_string());
@@ -896,12 +1033,22 @@ impl World {
                 if !new_tenure && !a.written.is_empty() {
                     return Err("acquire wrote but replied with another revision".to_string());
                 }
+                // A repeat grant wrote nothing: it stands only if the lease is the
+                // caller's now, or it was answered from a stale read.
+                if !new_tenure {
+                    self.check_current(key, Some((holder, r.lease.revision)), "repeat grant")?;
+                }
                 return Ok(Some((holder.clone(), key.clone(), r.lease.revision)));
             }
-            (CallKind::Acquire { holder, .. }, Response::Acquired(r)) => {
+            (CallKind::Acquire { holder, key }, Response::Acquired(r)) => {
                 if &r.lease.holder == holder {
                     return Err("granted:false naming the caller".to_string());
                 }
+                self.check_current(
+                    key,
+                    Some((&r.lease.holder, r.lease.revision)),
+                    "granted:false",
+                )?;
             }
             (CallKind::Renew { holder, key, .. }, Response::Lease(l)) => {
                 if !a.written.contains(&l.revision) || &l.holder != holder {
@@ -925,24 +1072,38 @@ impl World {
                 },
                 Response::Error(e),
             ) if matches!(e.kind, ErrorKind::Lost | ErrorKind::FenceMismatch) => {
-                let held_by_caller = match &a.last_read {
-                    Some(KeyState::Held {
-                        record,
-                        revision: r,
-                        ..
-                    }) if &record.holder == holder => Some(*r),
+                // Judged against the stream as it is when the reply is sent, not
+                // against what the call read: the read may have been stale.
+                let held_by_caller = match self.sim.live(&a.kind_key()) {
+                    Some((record, r)) if &record.holder == holder => Some(r),
                     _ => None,
                 };
+                // A lease this close to its end is lost to renew and release.
+                let at_end = self.sim.current(&a.kind_key()).is_some_and(|m| {
+                    m.expires_ms().is_some_and(|end| {
+                        let guard = crate::call::expiry_guard(m.ttl_ms.unwrap_or(0));
+                        self.sim.now_ms + guard.as_millis() as u64 >= end
+                    })
+                });
                 let right = match (e.kind, held_by_caller) {
                     (ErrorKind::Lost, None) => true,
+                    (ErrorKind::Lost, Some(r)) => r == *revision && at_end,
                     (ErrorKind::FenceMismatch, Some(r)) => r != *revision,
                     _ => false,
                 };
                 if !right {
-                    return Err(format!("{} after reading {:?}", e.kind, a.last_read));
+                    return Err(format!(
+                        "{} while the stream holds {:?}: a stale read (the call read {:?})",
+                        e.kind,
+                        self.sim.live(&a.kind_key()),
+                        a.last_read
+                    ));
                 }
             }
-            (CallKind::Forward, Response::Forwarded(f)) => {
+            (CallKind::Forward { key }, Response::Error(e)) if e.kind == ErrorKind::NotHeld => {
+                self.check_current(key, None, "not_held")?;
+            }
+            (CallKind::Forward { .. }, Response::Forwarded(f)) => {
                 if f.payload != "cGluZw==" {
                     return Err(format!("forward payload changed: {f:?}"));
                 }
@@ -957,10 +1118,33 @@ impl World {
                         | ErrorKind::OwnerTimeout
                         | ErrorKind::ReplyTooLarge
                 ) => {}
-            (CallKind::Owner, Response::Lease(_) | Response::Free(_)) => {}
+            (CallKind::Owner { key }, Response::Lease(l)) => {
+                self.check_current(key, Some((&l.holder, l.revision)), "owner")?;
+            }
+            (CallKind::Owner { key }, Response::Free(_)) => {
+                self.check_current(key, None, "owner")?;
+            }
             (kind, reply) => return Err(format!("{kind:?} replied {reply:?}")),
         }
         Ok(None)
+    }
+
+    /// A reply answered from a read must show the stream as it is now: the read it
+    /// came from (and its confirmation) happened in this same step.
+    fn check_current(
+        &self,
+        key: &str,
+        shown: Option<(&String, u64)>,
+        what: &str,
+    ) -> Result<(), Violation> {
+        let live = self.sim.live(key);
+        let now = live.as_ref().map(|(record, rev)| (&record.holder, *rev));
+        if now != shown {
+            return Err(format!(
+                "{what} of {key} showed {shown:?} while the stream holds {now:?}: a stale read"
+            ));
+        }
+        Ok(())
     }
 
     fn grant(&mut self, holder: &str, key: &str, revision: u64) {

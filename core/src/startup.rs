@@ -10,7 +10,7 @@ use crate::call::{EffectId, Mode};
 use crate::js::{
     self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure, NatsRequest, RequestOutcome,
 };
-use crate::record::{CHANGED_SUBJECTS, STREAM, STREAM_SUBJECTS};
+use crate::record::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
 use crate::wire::ErrorKind;
 
 /// The first nats-server version with per-message TTL.
@@ -21,6 +21,9 @@ pub const MARKER_TTL_NS: u64 = 1_000_000_000;
 pub const STARTUP_RETRY: Duration = Duration::from_secs(1);
 /// How long startup waits after an unexpected JetStream answer.
 pub const STARTUP_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+/// How often a running service asks the stream's replicas again, to turn read
+/// confirmation on or off when an operator changes them.
+pub const REPLICAS_RECHECK: Duration = Duration::from_secs(10);
 /// How many times startup asks again after a create raced another instance's.
 const MAX_CREATE_RACES: u32 = 3;
 
@@ -54,8 +57,14 @@ pub fn stream_config(replicas: usize) -> Value {
         "mirror_direct": false,
         "allow_msg_ttl": true,
         "subject_delete_marker_ttl": MARKER_TTL_NS,
-        "republish": { "src": STREAM_SUBJECTS, "dest": CHANGED_SUBJECTS },
+        "republish": republish(),
     })
+}
+
+/// RePublish of the lease keys only: read confirmations and their markers are
+/// stream messages too, and must never become change events.
+fn republish() -> Value {
+    json!({ "src": LEASE_SUBJECTS, "dest": REPUBLISH_DEST })
 }
 
 /// The fields startup makes right on an existing stream, and their wanted values.
@@ -66,11 +75,28 @@ fn managed_fields() -> Vec<(&'static str, Value)> {
         ("allow_direct", json!(false)),
         ("allow_msg_ttl", json!(true)),
         ("subject_delete_marker_ttl", json!(MARKER_TTL_NS)),
-        (
-            "republish",
-            json!({ "src": STREAM_SUBJECTS, "dest": CHANGED_SUBJECTS }),
-        ),
+        // Was `$KV.leases.>` before read confirmations: an older bucket migrates.
+        ("republish", republish()),
     ]
+}
+
+/// `$JS.API.STREAM.INFO.KV_leases`: asked again while serving, for the replicas.
+pub fn stream_info_request(timeout: Duration) -> NatsRequest {
+    js::api_request(format!("$JS.API.STREAM.INFO.{STREAM}"), &json!({}), timeout)
+}
+
+/// The stream's replicas from a reply to [`stream_info_request`]; `None` when the
+/// reply does not tell (an error, or JetStream unavailable): keep what was known.
+pub fn replicas_from_reply(outcome: &RequestOutcome) -> Option<usize> {
+    match js::parse_api_reply(outcome) {
+        Ok(Ok(info)) => replicas_in(&info),
+        _ => None,
+    }
+}
+
+fn replicas_in(info: &Value) -> Option<usize> {
+    let n = info.get("config")?.get("num_replicas")?.as_u64()?;
+    usize::try_from(n).ok().map(|n| n.max(1))
 }
 
 /// Parses `2.14.0`, `v2.11.0-RC.1` and the like into (major, minor).
@@ -111,6 +137,7 @@ pub struct Startup {
     waiting: Option<EffectId>,
     next_id: u64,
     races: u32,
+    replicas: usize,
     effects: std::collections::VecDeque<StartupEffect>,
 }
 
@@ -124,6 +151,7 @@ impl Startup {
             waiting: None,
             next_id: 0,
             races: 0,
+            replicas: 1,
             effects: Default::default(),
         };
         match parse_version(server_version) {
@@ -138,6 +166,12 @@ impl Startup {
             }
         }
         s
+    }
+
+    /// The stream's replicas as the server returned them (1 until known): reads
+    /// are confirmed when there are more than one.
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
     /// The next effect, if any.
@@ -215,11 +249,13 @@ impl Startup {
     }
 
     fn ask_info(&mut self) {
-        self.send(
-            Step::Info,
-            format!("$JS.API.STREAM.INFO.{STREAM}"),
-            json!({}),
-        );
+        let id = self.id();
+        self.step = Step::Info;
+        self.waiting = Some(id);
+        self.effects.push_back(StartupEffect::Request(
+            id,
+            stream_info_request(self.timeout),
+        ));
     }
 
     fn create(&mut self) {
@@ -285,6 +321,7 @@ impl Startup {
 
     /// The server's own word on the config decides: no `allow_msg_ttl: true`, no leases.
     fn check_final(&mut self, info: Value) {
+        self.replicas = replicas_in(&info).unwrap_or(1);
         let ttl = info
             .get("config")
             .and_then(|c| c.get("allow_msg_ttl"))

@@ -43,14 +43,12 @@
 //!   the next owner's first write; such writes are counted in the verdict
 //!   ([`Verdict::late_accepted`]) but are not a violation of fencing.
 //!
-//! # Known stale reads ([`check_with`])
+//! # Stale reports
 //!
-//! A scenario that reproduces a known, documented read anomaly (a cut-off stream
-//! leader answering reads from its old state) checks with an [`Allowance`]: reports
-//! that show an older state (a lower revision than one already answered, or "free"
-//! while a lease stood), answered to named callers within a time window, are counted
-//! ([`Verdict::known_stale_reads`]) and kept ([`Verdict::known`]) instead of failing.
-//! Only reports can be allowed, never what a write, a belief or the store shows.
+//! A report (an `owner` reply, an acquire's `granted: false`, a repeat grant that
+//! wrote nothing) that shows an older state than the history already had is a
+//! violation like any other, and also counted apart ([`Verdict::stale_reports`]):
+//! the partition scenario prints that count, which must be 0.
 //!
 //! The checker is a plain function of the recorded history: the unit tests below feed
 //! it histories that must fail and histories that must pass.
@@ -330,56 +328,30 @@ pub struct Violation {
     /// The records that show it.
     pub detail: String,
     /// The call whose answer breaks the rule, when that answer is a *report* (an
-    /// `owner` reply, or an acquire's `granted: false` naming a holder): what
-    /// [`check_with`] may attribute to a known stale reader. `None` for every
+    /// `owner` reply, or an acquire's `granted: false` naming a holder), for
+    /// [`Violation::is_stale_report`]. `None` for every
     /// violation a write, a belief, an expiry or the store shows.
     pub read: Option<Call>,
 }
 
-/// Reads that [`check_with`] counts as known instead of failing: answers to
-/// `stale_reads_from` callers, sent at or after `window.0` and answered by
-/// `window.1`, that show an *older* state than the history already had. That is a
-/// reported owner whose revision is below one answered before the call was sent
-/// ([`Rule::RevisionNotHigher`]), or a read saying "free" while a lease certainly
-/// stood ([`Rule::GrantWhileHeld`]), or a *repeat* grant (an idempotent acquire,
-/// answered from the read alone, no write) of an old revision the caller held
-/// before. Nothing else is ever allowed: not overlapping beliefs, reused revisions,
-/// forged fences, stale store writes, any fresh grant, renewal or release, nor a
-/// report of a *newer* owner than the history shows. (A holder that believed a stale
-/// repeat grant would act on an old fence; the store would reject it, and the holder
-/// library refuses grants below a revision it has seen.)
-///
-/// Name the callers by a fact of the setup, not a guess from the answers: for
-/// example the clients connected to the cut-off node only (every call they make is
-/// answered there), or, for the short time after a heal while the deposed leader
-/// still answers every node's reads, all of them. [`check_with`] takes several.
-#[derive(Clone, Debug, Default)]
-pub struct Allowance {
-    /// The callers whose stale reports are known.
-    pub stale_reads_from: Vec<String>,
-    /// `(from, until)` on `CLOCK_MONOTONIC`: the call was sent at or after `from`
-    /// and answered at or before `until`.
-    pub window: (Nanos, Nanos),
-}
-
-impl Allowance {
-    /// Whether `v` is a known stale read under this allowance.
-    pub fn covers(&self, v: &Violation) -> bool {
-        let Some(c) = &v.read else {
+impl Violation {
+    /// Whether this is a *stale report*: an answer that shows an older state than
+    /// the history already had, from a read alone. That is a reported owner whose
+    /// revision is below one answered before the call was sent
+    /// ([`Rule::RevisionNotHigher`]), a read saying "free" while a lease certainly
+    /// stood ([`Rule::GrantWhileHeld`]), or a *repeat* grant (an idempotent acquire
+    /// answered from its read, no write) of an old revision the caller held before.
+    /// What a cut-off stream leader answering from its old state would produce.
+    pub fn is_stale_report(&self) -> bool {
+        let Some(c) = &self.read else {
             return false;
         };
-        let stale_shape = match (v.rule, &c.outcome) {
+        match (self.rule, &c.outcome) {
             (Rule::RevisionNotHigher, Outcome::Held { .. }) => true,
-            // A repeat grant of an old lease of the caller's, read from the old state:
-            // no write happened, so it is a report too. A fresh grant never is.
             (Rule::RevisionNotHigher, Outcome::Granted { write_lb, .. }) => *write_lb < c.sent,
             (Rule::GrantWhileHeld, Outcome::Free) => c.op == Op::Read,
             _ => false,
-        };
-        stale_shape
-            && self.stale_reads_from.contains(&c.caller)
-            && c.sent >= self.window.0
-            && c.replied <= self.window.1
+        }
     }
 }
 
@@ -405,13 +377,8 @@ pub struct Verdict {
     /// Accepted store writes whose lease had certainly ended (before any newer
     /// owner wrote: allowed by fencing, counted for the record).
     pub late_accepted: usize,
-    /// The broken rules (with [`check_with`]: those its [`Allowance`] does not cover).
+    /// The broken rules.
     pub violations: Vec<Violation>,
-    /// With [`check_with`]: how many calls (distinct answers) showed a stale read the
-    /// allowance covers. Always 0 from [`check`].
-    pub known_stale_reads: usize,
-    /// With [`check_with`]: the violations those calls showed, kept for the record.
-    pub known: Vec<Violation>,
 }
 
 impl Verdict {
@@ -420,7 +387,8 @@ impl Verdict {
     pub fn summary(&self) -> String {
         format!(
             "{} grants, {} renewals, {} releases, {} expiries, {} reads, {} unknown, \
-             {} fenced writes ({} rejected, {} late accepted), violations: {}",
+             {} fenced writes ({} rejected, {} late accepted), stale reports: {}, \
+             violations: {}",
             self.grants,
             self.renewals,
             self.releases,
@@ -430,8 +398,24 @@ impl Verdict {
             self.store_writes,
             self.store_rejected,
             self.late_accepted,
+            self.stale_reports(),
             self.violations.len()
         )
+    }
+
+    /// How many distinct calls were answered with a stale report (each is also a
+    /// violation): the count a partition scenario prints.
+    pub fn stale_reports(&self) -> usize {
+        let mut calls: Vec<(&str, &str, Nanos)> = self
+            .violations
+            .iter()
+            .filter(|v| v.is_stale_report())
+            .filter_map(|v| v.read.as_ref())
+            .map(|c| (c.key.as_str(), c.caller.as_str(), c.sent))
+            .collect();
+        calls.sort_unstable();
+        calls.dedup();
+        calls.len()
     }
 }
 
@@ -471,29 +455,6 @@ struct KeyRecords<'a> {
     beliefs: Vec<&'a Belief>,
     expiries: Vec<&'a Expiry>,
     writes: Vec<&'a StoreWrite>,
-}
-
-/// Checks a history against rules (a), (b), (c), like [`check`], but moves the
-/// violations any of `allowances` covers (stale reports by its callers within its
-/// window)
-/// out of [`Verdict::violations`] into [`Verdict::known`], counting the calls that
-/// showed them in [`Verdict::known_stale_reads`]. Every other violation stays.
-pub fn check_with(records: &[Record], allowances: &[Allowance]) -> Verdict {
-    let mut verdict = check(records);
-    let (known, rest): (Vec<Violation>, Vec<Violation>) = std::mem::take(&mut verdict.violations)
-        .into_iter()
-        .partition(|v| allowances.iter().any(|a| a.covers(v)));
-    let mut calls: Vec<(&str, &str, Nanos, Nanos)> = known
-        .iter()
-        .filter_map(|v| v.read.as_ref())
-        .map(|c| (c.key.as_str(), c.caller.as_str(), c.sent, c.replied))
-        .collect();
-    calls.sort_unstable();
-    calls.dedup();
-    verdict.known_stale_reads = calls.len();
-    verdict.violations = rest;
-    verdict.known = known;
-    verdict
 }
 
 /// Checks a history against rules (a), (b), (c) (see the module docs).
@@ -568,7 +529,7 @@ fn is_report(c: &Call) -> bool {
 }
 
 /// [`push`] for a violation shown by the answer to `c`: a report is kept with it
-/// ([`Violation::read`]) so that [`check_with`] can attribute it.
+/// ([`Violation::read`]) so that [`Violation::is_stale_report`] can tell it.
 fn push_shown_by(out: &mut Vec<Violation>, rule: Rule, key: &str, c: &Call, detail: String) {
     push(out, rule, key, detail);
     if is_report(c) {
@@ -1174,69 +1135,44 @@ mod tests {
         assert_eq!(rules(&h), vec![Rule::RevisionNotHigher]);
     }
 
-    /// A reader on the cut-off node, and the window of the cut (10.5 s to 12 s).
-    fn cut_allowance() -> Allowance {
-        Allowance {
-            stale_reads_from: vec!["reader-cut".into(), "b".into()],
-            window: (10 * S + ms(500), 12 * S),
-        }
-    }
     fn read_by(caller: &str, sent: Nanos, o: Outcome) -> Record {
         call("k", caller, Op::Read, sent, sent + ms(1), o)
     }
-    /// a is granted 1 and renews to 2; then a report of a at 1 (stale) by `caller`.
-    fn stale_read_by(caller: &str, sent: Nanos) -> Vec<Record> {
-        vec![
+
+    #[test]
+    fn stale_reports_are_violations_and_counted_as_such() {
+        // a is granted 1 and renews to 2; then reports of a at 1, "free" while a's
+        // lease stands, and b's acquire told a holds it at 1: three stale reports.
+        let h = vec![
             grant("a", 10 * S, 1),
             renew("a", 10 * S + ms(600), 2),
             read_by(
-                caller,
-                sent,
+                "reader",
+                11 * S,
                 Outcome::Held {
                     holder: "a".into(),
                     revision: 1,
                 },
             ),
-        ]
-    }
-
-    #[test]
-    fn a_stale_read_inside_the_allowance_is_counted_as_known() {
-        let h = stale_read_by("reader-cut", 11 * S);
-        assert_eq!(
-            rules(&h),
-            vec![Rule::RevisionNotHigher],
-            "check alone fails it"
-        );
-        let v = check_with(&h, &[cut_allowance()]);
-        assert!(v.violations.is_empty(), "{v}");
-        assert_eq!(v.known_stale_reads, 1);
-        assert_eq!(v.known.len(), 1);
-        assert_eq!(v.known[0].rule, Rule::RevisionNotHigher);
-        // A read saying "free" while a's lease stands, and a holder's acquire answered
-        // `granted: false` naming the replaced owner: reports, known too.
-        let mut h = stale_read_by("reader-cut", 11 * S);
-        h.push(read_by("reader-cut", 11 * S + ms(100), Outcome::Free));
-        h.push(call(
-            "k",
-            "b",
-            Op::Acquire,
-            11 * S + ms(200),
-            11 * S + ms(201),
-            Outcome::Held {
-                holder: "a".into(),
-                revision: 1,
-            },
-        ));
-        let v = check_with(&h, &[cut_allowance()]);
-        assert!(v.violations.is_empty(), "{v}");
-        assert_eq!(v.known_stale_reads, 3, "{:?}", v.known);
-    }
-
-    #[test]
-    fn a_stale_repeat_grant_is_known_but_a_fresh_grant_below_is_not() {
-        // b was granted 1 and renewed to 2 long ago; a holds it at 5 now. The cut
-        // node answers b's acquire from its old state: "yours, at 1".
+            read_by("reader", 11 * S + ms(100), Outcome::Free),
+            call(
+                "k",
+                "b",
+                Op::Acquire,
+                11 * S + ms(200),
+                11 * S + ms(201),
+                Outcome::Held {
+                    holder: "a".into(),
+                    revision: 1,
+                },
+            ),
+        ];
+        let v = check(&h);
+        assert_eq!(v.violations.len(), 3, "{v}");
+        assert_eq!(v.stale_reports(), 3, "{v}");
+        assert!(v.summary().contains("stale reports: 3"), "{}", v.summary());
+        // A repeat grant answered from the old state is a stale report; the same
+        // answer claimed as a fresh write is a violation but no report.
         let stale = |write_lb: Nanos| {
             vec![
                 grant("b", 5 * S, 1),
@@ -1256,104 +1192,23 @@ mod tests {
                 ),
             ]
         };
-        let repeat = stale(5 * S);
-        let v = check_with(&repeat, &[cut_allowance()]);
-        assert!(v.violations.is_empty(), "{v}");
-        assert_eq!(v.known_stale_reads, 1);
-        // The same answer claimed as a fresh write (write after the send): fails.
-        let fresh = stale(11 * S);
-        let v = check_with(&fresh, &[cut_allowance()]);
+        let v = check(&stale(5 * S));
+        assert_eq!(v.stale_reports(), 1, "{v}");
+        let v = check(&stale(11 * S));
         assert!(
             !v.violations.is_empty(),
-            "a fresh grant below a revision passed: {v}"
+            "a fresh grant below a revision passed"
         );
-    }
-
-    #[test]
-    fn a_stale_read_outside_the_window_or_from_another_caller_fails() {
-        // Answered after the window closed.
-        let h = stale_read_by("reader-cut", 12 * S);
-        let v = check_with(&h, &[cut_allowance()]);
-        assert_eq!(v.violations.len(), 1, "{v}");
-        assert_eq!(v.violations[0].rule, Rule::RevisionNotHigher);
-        assert_eq!(v.known_stale_reads, 0);
-        // Sent before the window opened.
-        let mut h = stale_read_by("reader-cut", 10 * S + ms(700));
-        h.push(renew("a", 10 * S + ms(650), 3));
-        let early = check_with(
-            &h,
-            &[Allowance {
-                window: (10 * S + ms(701), 12 * S),
-                ..cut_allowance()
-            }],
-        );
-        assert_eq!(early.violations.len(), 1, "{early}");
-        // From a reader on another node.
-        let v = check_with(&stale_read_by("reader-n2", 11 * S), &[cut_allowance()]);
-        assert_eq!(v.violations.len(), 1, "{v}");
-        assert_eq!(v.known_stale_reads, 0);
-        // Unless a second allowance names it for a window that holds the read.
-        let after_heal = Allowance {
-            stale_reads_from: vec!["reader-n2".into()],
-            window: (11 * S, 11 * S + ms(500)),
-        };
-        let v = check_with(
-            &stale_read_by("reader-n2", 11 * S),
-            &[cut_allowance(), after_heal.clone()],
-        );
-        assert!(v.violations.is_empty(), "{v}");
-        assert_eq!(v.known_stale_reads, 1);
-        let v = check_with(
-            &stale_read_by("reader-n2", 11 * S + ms(600)),
-            &[cut_allowance(), after_heal],
-        );
-        assert_eq!(v.violations.len(), 1, "{v}");
-    }
-
-    #[test]
-    fn only_stale_reports_are_allowed_inside_the_window() {
-        let allow = cut_allowance();
-        let kinds = |h: &[Record]| -> Vec<Rule> {
-            let v = check_with(h, std::slice::from_ref(&allow));
-            assert_eq!(v.known_stale_reads, 0, "{:?}", v.known);
-            v.violations.iter().map(|v| v.rule).collect()
-        };
-        // Overlapping beliefs of allowed callers.
+        assert_eq!(v.stale_reports(), 0, "{v}");
+        // What a write, a belief or the store shows is never a report.
         let h = vec![
-            belief("reader-cut", 1, 11 * S, 11 * S + ms(500)),
+            belief("a", 1, 11 * S, 11 * S + ms(500)),
             belief("b", 4, 11 * S + ms(100), 11 * S + ms(600)),
         ];
-        assert_eq!(kinds(&h), vec![Rule::OverlappingBeliefs]);
-        // A stale store write accepted from an allowed caller.
-        let h = vec![
-            grant("b", 8 * S, 2),
-            expiry(3, 10 * S + ms(400)),
-            grant("a", 10 * S + ms(600), 4),
-            write("a", 4, 11 * S, true),
-            write("b", 2, 11 * S + ms(1), true),
-        ];
-        assert_eq!(kinds(&h), vec![Rule::StaleWriteAccepted]);
-        // A grant to an allowed caller while a's lease stands (a write, not a read).
+        let v = check(&h);
+        assert_eq!((v.violations.len(), v.stale_reports()), (1, 0), "{v}");
         let h = vec![grant("a", 10 * S, 1), grant("b", 11 * S, 3)];
-        assert_eq!(kinds(&h), vec![Rule::GrantWhileHeld]);
-        // A reused revision, and a renewal that does not raise the fence.
-        let h = vec![grant("a", 10 * S, 5), grant("b", 11 * S + ms(900), 5)];
-        assert!(kinds(&h).contains(&Rule::ReusedRevision));
-        let h = vec![grant("b", 11 * S, 3), renew("b", 11 * S + ms(600), 3)];
-        assert_eq!(kinds(&h), vec![Rule::RevisionNotHigher]);
-        // A report of a *newer* owner than the standing lease's: not a stale shape.
-        let h = vec![
-            grant("a", 10 * S, 1),
-            read_by(
-                "reader-cut",
-                11 * S,
-                Outcome::Held {
-                    holder: "c".into(),
-                    revision: 3,
-                },
-            ),
-        ];
-        assert_eq!(kinds(&h), vec![Rule::GrantWhileHeld]);
+        assert_eq!(check(&h).stale_reports(), 0);
     }
 
     #[test]

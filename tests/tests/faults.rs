@@ -161,41 +161,8 @@ fn pinned_callers(node: usize) -> Vec<String> {
 /// Checks the history, prints the verdict line, and asserts no violation and some
 /// progress after `after` (grants or renewals answered later than it).
 fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
-    verdict_with(name, records, after, &[])
-}
-
-/// [`verdict`], with the stale reads that `known` covers counted (and printed, per
-/// allowance, under its label) instead of failing; every other violation still fails.
-fn verdict_with(
-    name: &str,
-    records: &[Record],
-    after: Nanos,
-    known: &[(history::Allowance, &str)],
-) -> Verdict {
-    let allowances: Vec<history::Allowance> = known.iter().map(|(a, _)| a.clone()).collect();
-    let v = history::check_with(records, &allowances);
-    if known.is_empty() {
-        println!("faults: {name}: {v}");
-    } else {
-        let mut line = format!("faults: {name}: {}", v.summary());
-        for (i, (_, label)) in known.iter().enumerate() {
-            // Distinct calls whose first covering allowance is this one.
-            let mut calls: Vec<(&str, &str, Nanos)> = v
-                .known
-                .iter()
-                .filter(|k| allowances.iter().position(|a| a.covers(k)) == Some(i))
-                .filter_map(|k| k.read.as_ref())
-                .map(|c| (c.key.as_str(), c.caller.as_str(), c.sent))
-                .collect();
-            calls.sort_unstable();
-            calls.dedup();
-            line.push_str(&format!(", known stale reads {label}: {}", calls.len()));
-        }
-        for k in v.violations.iter().take(20) {
-            line.push_str(&format!("\n  {:?} on {}: {}", k.rule, k.key, k.detail));
-        }
-        println!("{line}");
-    }
+    let v = history::check(records);
+    println!("faults: {name}: {v}");
     if !v.violations.is_empty() {
         // Keep the history for a post-mortem: one JSON record a line.
         let file = std::env::temp_dir().join(format!(
@@ -612,39 +579,96 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
     fx.shutdown().await;
 }
 
-/// How long after the heal the deposed leader's stale reads are still known: its
-/// routes come back within about a second and it steps down on the first message of
-/// the new term (its last stale answers came 0.3-0.5 s after the heal here); one TTL
-/// is ample, and a stale read later than that fails.
-const HEAL_MARGIN_MS: u64 = TTL_MS;
-
 /// The `KV_leases` stream leader's node is cut off from its peers (it keeps serving
 /// its own clients), the majority elects a new leader, then the cut is healed.
 ///
-/// Known violation, counted and printed rather than failed (README, Fault tests):
-/// the cut-off leader goes on answering `STREAM.MSG.GET` from its old state until it
-/// learns of the new term, so *reports* (`owner` replies, an acquire's
-/// `granted: false` owner) can name a superseded owner or revision. During the cut
-/// only the cut node's own service instance can ask it; in the moment after the
-/// heal, before it steps down, every node's service can (a MSG.GET reaches every
-/// server, and the deposed one still answers as leader). Writes stay safe (they need
-/// quorum). To tell the cut node's answers apart by fact rather than by timing, the
-/// load is pinned ([`Fx::pinned_load`]): every holder and reader talks to one node
-/// only, and a node's clients are answered by its own service instance.
-///
-/// The history is checked with `history::check_with` and two allowances: stale
-/// reports (a revision below one already answered, or "free" while a lease stood)
-/// to callers pinned to the cut node, sent after the cut and answered by
-/// `HEAL_MARGIN_MS` after the heal; and stale reports to any caller sent after the
-/// heal and answered within that margin. Each is counted and printed. Everything
-/// else fails the test: overlapping beliefs, reused revisions, forged fences, stale
-/// store writes, any grant, renewal or release (including an idempotent
-/// `granted: true` answered from the stale state), a report of a newer owner than
-/// the history shows, and stale reads to the majority's callers while cut.
+/// The cut-off leader goes on answering `STREAM.MSG.GET` from its old state until
+/// it learns of the new term (up to ~16 s), first to its own node's service, and in
+/// the moment after the heal to every node's. The services confirm every read they
+/// answer from with a conditional write that only a leader with quorum commits, so
+/// none of those stale answers may reach a caller: the history is checked with no
+/// allowance at all, and the verdict line says `stale reports: 0`. The load is
+/// pinned ([`Fx::pinned_load`]): every holder and reader talks to one node only, so
+/// the cut node's own callers certainly ask the deposed leader; their reads end
+/// `unavailable` instead, and are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_of_the_leaders_node_then_heal() {
     let _serial = serial().await;
-    let mut fx = Fx::start(true).await;
+    let fx = Fx::start(true).await;
+    let v = partition_run(fx).await;
+    assert_eq!(v.stale_reports(), 0, "{v}");
+}
+
+/// The same partition with the services' read confirmation switched off (the
+/// test-only [`ServiceOptions::unconfirmed_reads_for_tests`]): the checker must see
+/// the deposed leader's stale answers. Whether the majority commits a write while
+/// the old leader still answers is a race (it did in 10 of 16 runs before reads
+/// were confirmed), so this runs on demand, not in CI:
+/// `cargo test -p dagnats-leases-tests --test faults -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a race of the server's timers: shows the old behaviour in most runs, not all"]
+async fn without_read_confirmation_the_partition_shows_stale_reads() {
+    let _serial = serial().await;
+    let mut fx = Fx::start(false).await;
+    for i in 0..NODES {
+        let client = async_nats::ConnectOptions::new()
+            .connect(fx.cluster.url(i))
+            .await
+            .expect("connect the service");
+        let options = ServiceOptions {
+            replicas: Some(3),
+            unconfirmed_reads_for_tests: true,
+            ..ServiceOptions::default()
+        };
+        fx.services.push(
+            service::start(client, options)
+                .await
+                .expect("service starts"),
+        );
+    }
+    let records = partition_history(fx).await.0;
+    let v = history::check(&records);
+    println!(
+        "faults: partition without read confirmation: {}",
+        v.summary()
+    );
+    assert!(v.stale_reports() > 0, "no stale read was seen: {v}");
+}
+
+/// Runs the partition on `fx`, prints the verdict and the reads that ended
+/// `unavailable` on the cut node, and asserts no violation.
+async fn partition_run(fx: Fx) -> Verdict {
+    let (records, cut, healed, leader) = partition_history(fx).await;
+    let mut on_cut_node = pinned_callers(leader);
+    on_cut_node.push("reader-isolated".into());
+    // The cut node's clients' calls during the cut that got no answer from a read:
+    // `unavailable` from the service, or no reply within the caller's own timeout.
+    let mut unanswered: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in &records {
+        if let Record::Call(c) = r
+            && on_cut_node.contains(&c.caller)
+            && c.sent > cut
+            && c.replied < healed
+            && let Outcome::Unknown { why } = &c.outcome
+        {
+            *unanswered.entry(why.as_str()).or_default() += 1;
+        }
+    }
+    println!(
+        "faults: partition: calls of the cut node's clients during the cut that ended \
+         without an answer (reads that could not be confirmed, writes that could not \
+         commit): {unanswered:?}; cut at {cut}, healed at {healed} (CLOCK_MONOTONIC ns)"
+    );
+    verdict(
+        &format!("partition (n{} cut off, healed)", leader + 1),
+        &records,
+        healed,
+    )
+}
+
+/// Cuts the stream leader's node off under a pinned load, heals it, and returns
+/// the history, the cut and heal times, and which node was cut.
+async fn partition_history(mut fx: Fx) -> (Vec<Record>, Nanos, Nanos, usize) {
     let mut load = fx.pinned_load().await;
     // A reader that only ever talks to the node that will be cut off.
     let leader = fx.leader();
@@ -670,69 +694,8 @@ async fn partition_of_the_leaders_node_then_heal() {
     tokio::time::sleep(phase(4.0)).await;
     load.stop().await;
     let records = load.history.records();
-    let isolated_reads = records
-        .iter()
-        .filter(|r| {
-            matches!(r, Record::Call(c) if c.caller == "reader-isolated"
-            && c.sent > cut && c.replied < healed
-            && !matches!(c.outcome, Outcome::Unknown { .. }))
-        })
-        .count();
-    println!(
-        "faults: partition: {isolated_reads} reads answered on the cut-off node while cut; \
-         cut at {cut}, healed at {healed} (CLOCK_MONOTONIC ns)"
-    );
-    let mut on_cut_node = pinned_callers(leader);
-    on_cut_node.push("reader-isolated".into());
-    let margin = healed + history::ms(HEAL_MARGIN_MS);
-    let everyone: Vec<String> = (0..NODES)
-        .flat_map(pinned_callers)
-        .chain(on_cut_node.iter().cloned())
-        .collect();
-    let known = [
-        (
-            history::Allowance {
-                stale_reads_from: on_cut_node,
-                window: (cut, margin),
-            },
-            "on the cut node",
-        ),
-        (
-            history::Allowance {
-                stale_reads_from: everyone,
-                window: (healed, margin),
-            },
-            "on other nodes just after the heal",
-        ),
-    ];
-    let v = verdict_with(
-        &format!("partition (n{} cut off, healed)", leader + 1),
-        &records,
-        healed,
-        &known,
-    );
-    if let Some((first, last)) = stale_span(&v) {
-        let at = |t: Nanos| (t as f64 - cut as f64) / 1e9;
-        println!(
-            "faults: partition: known stale reads answered from cut + {:.3} s to cut + {:.3} s \
-             (healed at cut + {:.3} s), e.g. {}",
-            at(first),
-            at(last),
-            at(healed),
-            v.known[0].detail
-        );
-    }
     fx.shutdown().await;
-}
-
-/// The first and last answer time of the known stale reads in `v`.
-fn stale_span(v: &Verdict) -> Option<(Nanos, Nanos)> {
-    let times = v
-        .known
-        .iter()
-        .filter_map(|k| k.read.as_ref())
-        .map(|c| c.replied);
-    Some((times.clone().min()?, times.max()?))
+    (records, cut, healed, leader)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -624,3 +624,40 @@ fn an_invalid_request_is_rejected_before_any_kv_effect() {
         }
     }
 }
+
+/// The server's expiry is a check and then a marker that rolls the key up: a renew
+/// landing between the two is acknowledged, then wiped. So renew and release of a
+/// lease with less than the guard left (by its store time) are `lost`, unwritten.
+#[test]
+fn renew_and_release_of_a_lease_at_its_end_are_lost_without_a_write() {
+    use crate::call::{MAX_EXPIRY_GUARD, expiry_guard};
+    assert_eq!(expiry_guard(2_000), Duration::from_millis(500));
+    assert_eq!(expiry_guard(15_000), MAX_EXPIRY_GUARD);
+    for (endpoint, body) in [
+        (Endpoint::Renew, r#"{"key":"k","holder":"me","revision":7}"#),
+        (
+            Endpoint::Release,
+            r#"{"key":"k","holder":"me","revision":7}"#,
+        ),
+    ] {
+        // Written at the epoch; the call runs a second later (support::wall).
+        // 2 s TTL: 1000 ms left, over the 500 ms guard: written.
+        let mut d = Drive::new(endpoint, body);
+        let r = d.read();
+        d.feed(r.id, held(7, "me", 2000, 0));
+        assert!(matches!(d.effect(), Effect::KvWrite(w) if w.expected_revision == 7));
+        // The same read answered 600 ms later: 400 ms left, under the guard.
+        let mut d = Drive::new(endpoint, body);
+        let r = d.read();
+        d.advance(Duration::from_millis(600));
+        d.feed(r.id, held(7, "me", 2000, 0));
+        let e = d.error();
+        assert_eq!(e.kind, ErrorKind::Lost, "{e:?}");
+        assert!(e.error.contains("at its end"), "{}", e.error);
+        // Past its end but not yet marked by the server: lost too.
+        let mut d = Drive::new(endpoint, body);
+        let r = d.read();
+        d.feed(r.id, held(7, "me", 1000, 0));
+        assert_eq!(d.error().kind, ErrorKind::Lost);
+    }
+}

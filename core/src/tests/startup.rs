@@ -65,7 +65,7 @@ fn a_missing_bucket_is_created_with_the_contract_config() {
     assert_eq!(config["num_replicas"], 1);
     assert_eq!(
         config["republish"],
-        json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"})
+        json!({"src": "$KV.leases.*", "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
     );
     s.handle_outcome(Instant::now(), id, info(config));
     assert_eq!(done(&mut s).0, Mode::Ready);
@@ -162,4 +162,52 @@ fn a_create_racing_another_instance_reads_the_config_again() {
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
     s.handle_outcome(Instant::now(), id, info(stream_config(1)));
     assert_eq!(done(&mut s).0, Mode::Ready);
+}
+
+#[test]
+fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    let mut old = stream_config(3);
+    old["republish"] = json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"});
+    s.handle_outcome(Instant::now(), id, info(old));
+    let mut logs = Vec::new();
+    let (id, r) = loop {
+        match s.poll_effect().unwrap() {
+            StartupEffect::Log(l) => logs.push(l),
+            StartupEffect::Request(id, r) => break (id, r),
+            StartupEffect::Done(_) => panic!("an old republish source must be migrated"),
+        }
+    };
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("republish") && l.contains("$KV.leases.>")),
+        "{logs:?}"
+    );
+    assert_eq!(r.subject, "$JS.API.STREAM.UPDATE.KV_leases");
+    let sent: Value = serde_json::from_slice(&r.payload).unwrap();
+    assert_eq!(sent["republish"]["src"], "$KV.leases.*");
+    assert_eq!(
+        sent["republish"]["dest"],
+        "dagnats.lease.changed.{{wildcard(1)}}"
+    );
+    s.handle_outcome(Instant::now(), id, info(sent));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(s.replicas(), 3, "replicas as the server returned them");
+}
+
+#[test]
+fn replicas_are_read_from_the_servers_config() {
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(s.replicas(), 1);
+    use crate::startup::replicas_from_reply;
+    assert_eq!(replicas_from_reply(&info(stream_config(3))), Some(3));
+    assert_eq!(replicas_from_reply(&RequestOutcome::TimedOut), None);
+    assert_eq!(
+        replicas_from_reply(&api_error(503, 10008, "unavailable")),
+        None
+    );
 }

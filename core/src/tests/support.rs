@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::call::{Call, CallConfig, Effect, EffectId, InboxRequest, KvRead, KvWrite};
+use crate::call::{Call, CallConfig, ConfirmRead, Effect, EffectId, InboxRequest, KvRead, KvWrite};
 use crate::js::RequestOutcome;
 use crate::record::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, LeaseRecord};
 use crate::sim::{self, MsgKind, SimMsg};
@@ -16,8 +16,10 @@ pub fn epoch() -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap()
 }
 
+/// A call's wall time: a second after the records these helpers write, so a
+/// lease they show is live with most of its TTL left.
 pub fn wall() -> OffsetDateTime {
-    epoch() + Duration::from_secs(100)
+    epoch() + Duration::from_secs(1)
 }
 
 pub struct Drive {
@@ -35,6 +37,22 @@ impl Drive {
         Drive {
             call: Call::new(config, now, wall(), endpoint, body.as_bytes()),
             now,
+        }
+    }
+
+    /// A call on a bucket of three replicas, which confirms its reads.
+    pub fn replicated(endpoint: Endpoint, body: &str) -> Drive {
+        Drive::with_config(
+            CallConfig::ready(MAX_PAYLOAD).for_replicas(3),
+            endpoint,
+            body,
+        )
+    }
+
+    pub fn confirm(&mut self) -> ConfirmRead {
+        match self.effect() {
+            Effect::ConfirmRead(c) => c,
+            other => panic!("expected a read confirmation, got {other:?}"),
         }
     }
 

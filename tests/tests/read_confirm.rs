@@ -1,0 +1,303 @@
+//! Read confirmation on real servers: on a three-replica bucket every read a call
+//! answers from is confirmed by a conditional write to `$KV.leases.<key>.read`;
+//! those writes (and their expiry markers) never become change events and leave
+//! nothing behind; a single replica confirms nothing; an older bucket's RePublish
+//! source is migrated; and the service follows the stream's replicas.
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::Client;
+use common::{call_raw, kind, next_within};
+use dagnats_leases_tests::{NatsCluster, NatsServer};
+use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn client(url: String) -> Client {
+    async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(10)))
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+async fn call(client: &Client, endpoint: &str, body: Value) -> Value {
+    call_raw(client, endpoint, body.to_string().into_bytes()).await
+}
+
+async fn stream_info(client: &Client, subjects_filter: &str) -> Value {
+    let reply = client
+        .request(
+            "$JS.API.STREAM.INFO.KV_leases",
+            json!({ "subjects_filter": subjects_filter })
+                .to_string()
+                .into(),
+        )
+        .await
+        .expect("stream info");
+    serde_json::from_slice(&reply.payload).expect("JSON")
+}
+
+async fn last_seq(client: &Client) -> u64 {
+    stream_info(client, "")
+        .await
+        .pointer("/state/last_seq")
+        .and_then(Value::as_u64)
+        .expect("last_seq")
+}
+
+/// The subjects the stream holds messages on now.
+async fn subjects(client: &Client) -> Vec<String> {
+    let info = stream_info(client, "$KV.leases.>").await;
+    let mut all: Vec<String> = info
+        .pointer("/state/subjects")
+        .and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    all.sort();
+    all
+}
+
+/// Polls `cond` every 50 ms until it holds, failing after [`WAIT`].
+async fn until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_service(url: String, options: ServiceOptions) -> ServiceHandle {
+    service::start(client(url).await, options)
+        .await
+        .expect("service starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_bucket_confirms_reads_and_they_never_become_events() {
+    let cluster = tokio::task::spawn_blocking(NatsCluster::start)
+        .await
+        .unwrap();
+    let options = ServiceOptions {
+        replicas: Some(3),
+        ..ServiceOptions::default()
+    };
+    let svc = start_service(cluster.url(0), options).await;
+    let c = client(cluster.url(0)).await;
+    let mut events = c.subscribe("dagnats.lease.changed.>").await.unwrap();
+    c.flush().await.unwrap();
+
+    let got = call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(got["granted"], true, "{got}");
+    let rev = got["revision"].as_u64().unwrap();
+    let first = next_within(&mut events, 10).await;
+    assert_eq!(first.subject.as_str(), "dagnats.lease.changed.k");
+
+    // Each of these answers from a read, so each writes one confirmation.
+    let before = last_seq(&c).await;
+    let owner = call(&c, "owner", json!({"key": "k"})).await;
+    assert_eq!(
+        (owner["holder"].as_str(), owner["revision"].as_u64()),
+        (Some("a"), Some(rev))
+    );
+    let other = call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "b", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(
+        (other["granted"].as_bool(), other["holder"].as_str()),
+        (Some(false), Some("a"))
+    );
+    let repeat = call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(
+        (repeat["granted"].as_bool(), repeat["revision"].as_u64()),
+        (Some(true), Some(rev))
+    );
+    let stale = call(
+        &c,
+        "renew",
+        json!({"key": "k", "holder": "a", "revision": rev + 100}),
+    )
+    .await;
+    assert_eq!(kind(&stale), "fence_mismatch", "{stale}");
+    let lost = call(
+        &c,
+        "release",
+        json!({"key": "k", "holder": "b", "revision": rev}),
+    )
+    .await;
+    assert_eq!(kind(&lost), "lost", "{lost}");
+    // A key never written: confirmed against sequence 0.
+    let free = call(&c, "owner", json!({"key": "never"})).await;
+    assert_eq!(free, json!({"held": false, "key": "never"}));
+    let not_held = call(
+        &c,
+        "forward",
+        json!({"key": "never", "payload": "aGk=", "timeout_ms": 1000}),
+    )
+    .await;
+    assert_eq!(kind(&not_held), "not_held", "{not_held}");
+    let confirmations = last_seq(&c).await - before;
+    assert_eq!(
+        confirmations, 7,
+        "one confirmation per call answered from a read"
+    );
+    let held = subjects(&c).await;
+    assert!(held.contains(&"$KV.leases.k.read".to_string()), "{held:?}");
+    assert!(
+        held.contains(&"$KV.leases.never.read".to_string()),
+        "{held:?}"
+    );
+    println!(
+        "read confirm: 7 calls answered from reads wrote {confirmations} confirmations; subjects {held:?}"
+    );
+
+    // They do not pile up: each expires (1 s) and its marker expires in turn.
+    until("the confirmations and their markers are gone", || async {
+        subjects(&c).await == ["$KV.leases.k"]
+    })
+    .await;
+    // A write after that: its event is the next one, so no confirmation or marker
+    // was republished in between.
+    let got = call(
+        &c,
+        "acquire",
+        json!({"key": "k2", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(got["granted"], true, "{got}");
+    let next = next_within(&mut events, 10).await;
+    assert_eq!(next.subject.as_str(), "dagnats.lease.changed.k2");
+    svc.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_replica_bucket_answers_reads_without_writing() {
+    let server = NatsServer::start();
+    let svc = start_service(server.url(), ServiceOptions::default()).await;
+    let c = client(server.url()).await;
+    let got = call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(got["granted"], true, "{got}");
+    let before = last_seq(&c).await;
+    call(&c, "owner", json!({"key": "k"})).await;
+    call(&c, "owner", json!({"key": "never"})).await;
+    call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "b", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(
+        last_seq(&c).await,
+        before,
+        "R1 has no other leader: nothing to confirm"
+    );
+    svc.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_buckets_republish_source_is_migrated() {
+    let server = NatsServer::start();
+    let c = client(server.url()).await;
+    // The bucket as the service made it before read confirmation.
+    let mut old = dagnats_leases_core::startup::stream_config(1);
+    old["republish"] = json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"});
+    let made = c
+        .request("$JS.API.STREAM.CREATE.KV_leases", old.to_string().into())
+        .await
+        .unwrap();
+    let made: Value = serde_json::from_slice(&made.payload).unwrap();
+    assert_eq!(made["config"]["republish"]["src"], "$KV.leases.>", "{made}");
+
+    let svc = start_service(server.url(), ServiceOptions::default()).await;
+    let info = stream_info(&c, "").await;
+    assert_eq!(
+        info["config"]["republish"],
+        json!({"src": "$KV.leases.*", "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
+    );
+    // A message on a confirmation subject is not republished; a lease write is.
+    let mut events = c.subscribe("dagnats.lease.changed.>").await.unwrap();
+    c.flush().await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-TTL", "1s");
+    c.request_with_headers("$KV.leases.x.read", headers, "".into())
+        .await
+        .unwrap();
+    let got = call(
+        &c,
+        "acquire",
+        json!({"key": "x", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    assert_eq!(got["granted"], true, "{got}");
+    let next = next_within(&mut events, 10).await;
+    assert_eq!(next.subject.as_str(), "dagnats.lease.changed.x");
+    svc.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmation_follows_the_streams_replicas() {
+    let cluster = tokio::task::spawn_blocking(NatsCluster::start)
+        .await
+        .unwrap();
+    let options = ServiceOptions {
+        replicas: None,
+        replicas_recheck: Duration::from_millis(200),
+        ..ServiceOptions::default()
+    };
+    let svc = start_service(cluster.url(0), options).await;
+    let c = client(cluster.url(0)).await;
+    call(
+        &c,
+        "acquire",
+        json!({"key": "k", "holder": "a", "ttl_ms": 30_000}),
+    )
+    .await;
+    let before = last_seq(&c).await;
+    call(&c, "owner", json!({"key": "k"})).await;
+    assert_eq!(last_seq(&c).await, before, "an R1 bucket confirms nothing");
+
+    // The operator scales the stream to three replicas.
+    let mut config = stream_info(&c, "").await["config"].clone();
+    config["num_replicas"] = json!(3);
+    let updated = c
+        .request("$JS.API.STREAM.UPDATE.KV_leases", config.to_string().into())
+        .await
+        .unwrap();
+    let updated: Value = serde_json::from_slice(&updated.payload).unwrap();
+    assert_eq!(updated["config"]["num_replicas"], 3, "{updated}");
+    until("owner reads are confirmed on the R3 stream", || async {
+        let before = last_seq(&c).await;
+        let owner = call(&c, "owner", json!({"key": "k"})).await;
+        owner["holder"] == "a" && last_seq(&c).await > before
+    })
+    .await;
+    svc.shutdown().await;
+}
