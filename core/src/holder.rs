@@ -16,6 +16,14 @@
 //!   another holder has the key by then, the holder steps down.
 //! - Acquire is idempotent and does not extend a lease, so an acquire that returns
 //!   the fence the holder already knew keeps the deadline it had.
+//! - A grant elects nobody by itself: `granted: true` cannot show whether the lease
+//!   was written by this request or is an older write under the same holder ID (a
+//!   holder made afresh for a key its process held, a restart), which the server
+//!   expires up to a TTL sooner. A renew confirms it; the tenure is the acquire's
+//!   revision, the deadline counts from the renew's send.
+//! - A reply that arrives after the local deadline never extends the tenure: a
+//!   renewal that lands after the server's expiry check is wiped by the expiry
+//!   marker that follows.
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
 //! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
@@ -443,6 +451,14 @@ impl Holder {
             return;
         };
         self.in_flight = None;
+        if matches!(self.phase, Phase::Owner { ownership, .. } if now >= ownership.deadline) {
+            // The tenure ended at the deadline, whatever this says: a renewal that
+            // lands after the server's expiry check is wiped by its marker. Whether
+            // it wrote is unknown to the campaign that follows.
+            self.mark_unknown(flight);
+            self.drive(now);
+            return;
+        }
         let reply = match &outcome {
             RequestOutcome::Reply { payload, .. } => {
                 Response::decode(flight.purpose.endpoint(), payload).ok()
@@ -636,27 +652,14 @@ impl Holder {
                     deadline,
                 });
             }
-            Phase::Campaigning { .. } if deadline > now => {
-                self.confirmed = Some((revision, deadline));
-                self.phase = Phase::Owner {
-                    ownership: Ownership {
-                        tenure: revision,
-                        fence: revision,
-                        deadline,
-                    },
-                    next_at: flight.sent_at + self.config.renew_every,
-                    recovering: false,
-                };
-                self.events.push_back(HolderEvent::Elected {
-                    fence: revision,
-                    deadline,
-                });
-            }
-            // Ours on the server, but nothing proves it was written recently enough: a
-            // renew will. Remember the bound, so a later grant of the same revision
-            // is not taken as fresh once the unknown requests are retired.
+            // Ours on the server, but a grant cannot show who wrote it, nor when: an
+            // idempotent grant of an older write under this holder ID (a holder made
+            // afresh for a key this process held before, or a restart) looks just like
+            // a fresh create, while the server expires that older write up to a TTL
+            // sooner. A renew proves it: its write came after its send. Remember the
+            // bound, so a later grant of the same revision is not taken as fresh.
             Phase::Campaigning { .. } => {
-                self.confirmed = Some((revision, deadline));
+                self.confirmed = Some((revision, deadline.min(now)));
                 self.phase = Phase::Confirming { revision };
             }
             Phase::Confirming { .. } | Phase::Done => {}

@@ -102,12 +102,22 @@ impl Run {
         recover
     }
 
-    /// Acquire sent at 0, granted `revision` at `reply_ms`.
+    /// Acquire sent and granted `revision` at 0; the renew that confirms the grant
+    /// sent at 0 too and answered at `reply_ms`. The renew is answered with the same
+    /// revision (a real one raises it), so a test's fence reads as its tenure.
     fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Run {
         let mut run = Run::new(config);
         let r = run.request();
-        run.answer(reply_ms, &r, granted(revision));
-        assert!(matches!(run.events()[..], [HolderEvent::Elected { .. }]));
+        run.answer(0, &r, granted(revision));
+        assert_eq!(run.events(), [], "a grant alone elects nobody");
+        let confirm = run.request();
+        assert_eq!(confirm.endpoint, Endpoint::Renew);
+        assert_eq!(body(&confirm)["revision"], revision);
+        run.answer(reply_ms, &confirm, renewed(revision));
+        assert!(matches!(
+            run.events()[..],
+            [HolderEvent::Elected { .. }, HolderEvent::Renewed { .. }]
+        ));
         run
     }
 }
@@ -126,13 +136,26 @@ fn first_request_is_an_acquire_of_the_configured_lease() {
 }
 
 #[test]
-fn the_deadline_counts_from_the_send_not_the_reply() {
+fn the_deadline_counts_from_the_confirming_renews_send_not_its_reply() {
     let mut run = Run::new(config());
     let r = run.request();
-    // The reply takes 4 s: the holder may believe only what is left of the TTL.
     run.answer(4000, &r, granted(7));
-    let deadline = run.at(0) + span();
-    assert_eq!(run.events(), [HolderEvent::Elected { fence: 7, deadline }]);
+    // The renew that confirms the grant is sent at 4000 and answered 4 s later: the
+    // holder may believe only what is left of the TTL from its send.
+    let confirm = run.request();
+    run.answer(8000, &confirm, renewed(8));
+    let deadline = run.at(4000) + span();
+    assert_eq!(
+        run.events(),
+        [
+            HolderEvent::Elected { fence: 7, deadline },
+            HolderEvent::Renewed {
+                tenure: 7,
+                fence: 8,
+                deadline
+            }
+        ]
+    );
     assert!(
         run.holder
             .ownership(deadline - Duration::from_millis(1))
@@ -217,6 +240,29 @@ fn no_renewal_before_the_deadline_steps_down_even_with_a_renew_in_flight() {
     assert_eq!(run.holder.ownership(run.at(15_000)), None);
 }
 
+/// A renew whose success arrives after the deadline, before the holder's timer
+/// fired: it may have landed after the server's expiry, whose marker then wipes it.
+/// It must not extend the tenure.
+#[test]
+fn a_renewal_answered_after_the_deadline_does_not_revive_the_tenure() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    let deadline = run.at(0) + span();
+    run.holder
+        .handle_outcome(deadline + Duration::from_millis(1), renew.id, renewed(9));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::DeadlineMissed
+        }]
+    );
+    assert_eq!(
+        run.holder.ownership(deadline + Duration::from_millis(1)),
+        None
+    );
+}
+
 #[test]
 fn retries_a_failed_renew_until_the_deadline() {
     let mut run = Run::elected(config(), 7, 1);
@@ -266,33 +312,57 @@ fn fence_mismatch_whose_recovery_finds_another_holder_steps_down() {
     );
 }
 
+/// The bug this rule fixes: a holder made afresh (Shards rebuilding it, `stop` then
+/// `elect`, a restart under the same ID) gets `granted: true` for an older write of
+/// its holder ID, which the server expires up to a TTL sooner than a fresh one. A
+/// grant cannot show whether it was written just now, so none elects by itself.
 #[test]
-fn an_acquire_retried_after_a_timeout_counts_from_the_first_send() {
+fn a_grant_elects_nobody_until_a_renew_proves_the_lease() {
     let mut run = Run::new(config());
-    let first = run.request();
-    run.answer(3750, &first, RequestOutcome::TimedOut);
-    run.holder.handle_timeout(run.at(5000));
-    let retry = run.request();
-    run.answer(5001, &retry, granted(3));
-    let deadline = run.at(0) + span();
-    assert_eq!(run.events(), [HolderEvent::Elected { fence: 3, deadline }]);
+    let r = run.request();
+    run.answer(10, &r, granted(3));
+    assert_eq!(run.events(), [], "elected on a grant of unknown age");
+    assert_eq!(run.holder.ownership(run.at(10)), None);
+    let confirm = run.request();
+    assert_eq!(
+        (confirm.endpoint, body(&confirm)["revision"].as_u64()),
+        (Endpoint::Renew, Some(3))
+    );
+    // The older write was at its end: the service says lost, nobody was elected.
+    run.answer(20, &confirm, error("lost"));
+    assert_eq!(run.events(), []);
+    assert_eq!(run.holder.ownership(run.at(20)), None);
+    assert_eq!(run.request().endpoint, Endpoint::Acquire);
 }
 
 #[test]
 fn no_responders_proves_nothing_was_written() {
+    // A recovery grant in a tenure: a renew that met no responders wrote nothing, so
+    // it does not bound the lease the recovery finds.
+    let mut run = Run::elected(config(), 7, 1);
+    let recover = run.renew_written_but_reply_lost();
+    run.answer(9770, &recover, granted(8));
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::Renewed {
+            tenure: 7,
+            fence: 8,
+            ..
+        }]
+    ));
     let mut run = Run::new(config());
     let first = run.request();
     run.answer(1, &first, RequestOutcome::NoResponders);
     run.holder.handle_timeout(run.at(2000));
     let retry = run.request();
     run.answer(2001, &retry, granted(3));
-    assert_eq!(
-        run.events(),
-        [HolderEvent::Elected {
-            fence: 3,
-            deadline: run.at(2000) + span()
-        }]
-    );
+    let confirm = run.request();
+    run.answer(2002, &confirm, renewed(4));
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::Elected { fence: 3, deadline }, HolderEvent::Renewed { .. }]
+            if deadline == run.at(2001) + span()
+    ));
 }
 
 #[test]
@@ -342,28 +412,36 @@ fn a_grant_older_than_a_revision_already_seen_is_a_stale_read() {
     let r = run.request();
     assert_eq!(r.endpoint, Endpoint::Acquire);
     run.answer(6003, &r, granted(41));
+    let confirm = run.request();
+    run.answer(6004, &confirm, renewed(42));
     assert!(matches!(
         run.events()[..],
-        [HolderEvent::Elected { fence: 41, .. }]
+        [
+            HolderEvent::Elected { fence: 41, .. },
+            HolderEvent::Renewed { .. }
+        ]
     ));
 }
 
 #[test]
 fn unavailable_may_have_written_so_it_bounds_a_later_grant() {
-    let mut run = Run::new(config());
-    let first = run.request();
-    // The service wrote, but its JetStream ack timed out: it says unavailable.
-    run.answer(3000, &first, error("unavailable"));
-    run.holder.handle_timeout(run.at(4000));
+    // In a tenure: a renew answered `unavailable` may have written, so a recovery
+    // grant of a newer revision is bounded by that renew's send.
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    run.answer(5010, &renew, error("unavailable"));
+    run.holder.handle_timeout(run.at(6010));
     let retry = run.request();
-    run.answer(4001, &retry, granted(7));
-    assert_eq!(
-        run.events(),
-        [HolderEvent::Elected {
-            fence: 7,
-            deadline: run.at(0) + span()
-        }]
-    );
+    run.answer(6020, &retry, error("fence_mismatch"));
+    let recover = run.request();
+    assert_eq!(recover.endpoint, Endpoint::Acquire);
+    run.answer(6030, &recover, granted(9));
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::Renewed { tenure: 7, fence: 9, deadline }]
+            if deadline == run.at(5000) + span()
+    ));
 }
 
 #[test]
@@ -495,10 +573,14 @@ fn a_malformed_reply_counts_as_an_unknown_outcome() {
     run.holder.handle_timeout(run.at(1001));
     let retry = run.request();
     run.answer(1002, &retry, granted(2));
-    // The first request may have written: its send bounds the deadline.
+    assert_eq!(run.events(), []);
+    let confirm = run.request();
+    assert_eq!(confirm.endpoint, Endpoint::Renew);
+    run.answer(1003, &confirm, renewed(3));
     assert!(matches!(
         run.events()[..],
-        [HolderEvent::Elected { deadline, .. }] if deadline == run.at(0) + span()
+        [HolderEvent::Elected { deadline, .. }, HolderEvent::Renewed { .. }]
+            if deadline == run.at(1002) + span()
     ));
 }
 

@@ -69,6 +69,11 @@ pub struct WorldParams {
     pub actual_drift_ppm: u32,
     /// Each holder's request timeout, ms per second of TTL (the default is 250: ttl/4).
     pub timeout_per_ttl_s: u64,
+    /// Mean time between re-creations of one holder, ms (0: never): its machine is
+    /// dropped without a release and a fresh one with the same holder ID takes its
+    /// place, as `Shards` does when it rebalances, `Elector::stop` then `elect` does,
+    /// or a process restarted under the same ID.
+    pub recreate_every_ms: u64,
     /// How long the world runs, simulated ms.
     pub run_ms: u64,
 }
@@ -79,16 +84,21 @@ enum Ev {
     Wake(usize),
     /// A holder freezes (GC, a VM stall, SIGSTOP): it handles nothing until it wakes.
     Pause(usize),
-    /// A holder's request reaches the service.
-    Arrive(usize, HolderRequest),
+    /// A holder's request reaches the service (from the machine of a generation).
+    Arrive(usize, u64, HolderRequest),
     /// A call's JetStream request is answered.
     Step(usize, EffectId, NatsRequest),
-    /// A reply (or a timeout) reaches a holder.
-    Outcome(usize, RequestId, RequestOutcome),
+    /// A reply (or a timeout) reaches a holder, for the machine of this generation.
+    Outcome(usize, u64, RequestId, RequestOutcome),
+    /// A holder's machine is dropped and made afresh.
+    Recreate(usize),
 }
 
 struct HolderSim {
     machine: Holder,
+    config: HolderConfig,
+    /// Bumped on every re-creation: outcomes for an older machine are dropped.
+    generation: u64,
     /// Clock rate: holder time = rate × server time.
     rate: f64,
     paused_until: u64,
@@ -101,6 +111,7 @@ struct HolderSim {
 struct ServiceCall {
     call: Call,
     holder: usize,
+    generation: u64,
     request: RequestId,
 }
 
@@ -113,6 +124,7 @@ pub struct Stats {
     pub deadline_missed: u64,
     pub failovers: u64,
     pub pauses: u64,
+    pub recreations: u64,
 }
 
 pub struct HolderWorld {
@@ -145,7 +157,9 @@ impl HolderWorld {
                 let span = 2 * u64::from(p.actual_drift_ppm) + 1;
                 let drift_ppm = rng.below(span) as f64 - f64::from(p.actual_drift_ppm);
                 HolderSim {
-                    machine: Holder::new(config, base).expect("valid config"),
+                    machine: Holder::new(config.clone(), base).expect("valid config"),
+                    config,
+                    generation: 0,
                     rate: 1.0 + drift_ppm / 1e6,
                     paused_until: 0,
                     backlog: Vec::new(),
@@ -170,6 +184,7 @@ impl HolderWorld {
         for h in 0..world.holders.len() {
             world.drain_holder(h);
             world.schedule_pause(h);
+            world.schedule_recreate(h);
         }
         world
     }
@@ -208,6 +223,13 @@ impl HolderWorld {
         }
     }
 
+    fn schedule_recreate(&mut self, h: usize) {
+        if self.p.recreate_every_ms > 0 {
+            let at = self.t + 1 + self.rng.below(2 * self.p.recreate_every_ms);
+            self.schedule(at, Ev::Recreate(h));
+        }
+    }
+
     /// One hop: usually fast, one in ten up to the maximum.
     fn latency(&mut self) -> u64 {
         let max = self.p.max_latency_ms;
@@ -226,11 +248,15 @@ impl HolderWorld {
                 self.server_ms(h, sent + request.timeout)
             };
             let id = request.id;
+            let generation = self.holders[h].generation;
             let arrive = self.t + self.latency();
             if !self.rng.chance(self.p.request_loss_percent) {
-                self.schedule(arrive, Ev::Arrive(h, request));
+                self.schedule(arrive, Ev::Arrive(h, generation, request));
             }
-            self.schedule(timeout_at, Ev::Outcome(h, id, RequestOutcome::TimedOut));
+            self.schedule(
+                timeout_at,
+                Ev::Outcome(h, generation, id, RequestOutcome::TimedOut),
+            );
         }
         while let Some(event) = self.holders[h].machine.poll_event() {
             if std::env::var_os("HOLDER_WORLD_TRACE").is_some() {
@@ -271,12 +297,12 @@ impl HolderWorld {
             };
             match effect {
                 Effect::Reply(response) => {
-                    let (h, id) = (sc.holder, sc.request);
+                    let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;
                     if !self.rng.chance(self.p.loss_percent) {
                         let at = self.t + self.latency();
                         let outcome = RequestOutcome::reply(response.to_json());
-                        self.schedule(at, Ev::Outcome(h, id, outcome));
+                        self.schedule(at, Ev::Outcome(h, generation, id, outcome));
                     }
                     return;
                 }
@@ -312,7 +338,21 @@ impl HolderWorld {
                 self.holders[h].machine.handle_timeout(now);
                 self.drain_holder(h);
             }
-            Ev::Arrive(h, request) => {
+            Ev::Recreate(h) => {
+                let now = self.holder_now(h, self.t);
+                let config = self.holders[h].config.clone();
+                let sim = &mut self.holders[h];
+                sim.machine = Holder::new(config, now).expect("valid config");
+                sim.generation += 1;
+                sim.backlog.clear();
+                sim.answered.clear();
+                self.stats.recreations += 1;
+                if !self.paused(h) {
+                    self.drain_holder(h);
+                }
+                self.schedule_recreate(h);
+            }
+            Ev::Arrive(h, generation, request) => {
                 let call = Call::new(
                     CallConfig::ready(1024 * 1024),
                     self.service_now(),
@@ -323,6 +363,7 @@ impl HolderWorld {
                 self.calls.push(Some(ServiceCall {
                     call,
                     holder: h,
+                    generation,
                     request: request.id,
                 }));
                 self.drain_call(self.calls.len() - 1);
@@ -338,8 +379,10 @@ impl HolderWorld {
                 }
                 self.drain_call(c);
             }
-            Ev::Outcome(h, id, outcome) => {
-                if self.holders[h].answered.contains(&id) {
+            Ev::Outcome(h, generation, id, outcome) => {
+                if generation != self.holders[h].generation
+                    || self.holders[h].answered.contains(&id)
+                {
                     return;
                 }
                 self.holders[h].answered.push(id);
@@ -428,17 +471,23 @@ fn describe(ev: &Ev) -> String {
     match ev {
         Ev::Wake(h) => format!("wake h{h}"),
         Ev::Pause(h) => format!("pause h{h}"),
-        Ev::Arrive(h, r) => format!("arrive h{h} #{} {:?} {}", r.id.0, r.endpoint, text(&r.body)),
+        Ev::Recreate(h) => format!("recreate h{h}"),
+        Ev::Arrive(h, g, r) => format!(
+            "arrive h{h}/{g} #{} {:?} {}",
+            r.id.0,
+            r.endpoint,
+            text(&r.body)
+        ),
         Ev::Step(c, _, r) => format!(
             "call {c}: {} {:?} {}",
             r.subject,
             r.headers,
             text(&r.payload)
         ),
-        Ev::Outcome(h, id, RequestOutcome::Reply { payload, .. }) => {
-            format!("reply h{h} #{} {}", id.0, text(payload))
+        Ev::Outcome(h, g, id, RequestOutcome::Reply { payload, .. }) => {
+            format!("reply h{h}/{g} #{} {}", id.0, text(payload))
         }
-        Ev::Outcome(h, id, o) => format!("outcome h{h} #{} {o:?}", id.0),
+        Ev::Outcome(h, g, id, o) => format!("outcome h{h}/{g} #{} {o:?}", id.0),
     }
 }
 
@@ -456,6 +505,7 @@ fn params(seed: u64, holders: usize, ttl_s: u64, pause_every_ms: u64) -> WorldPa
         configured_drift_ppm: 10_000,
         actual_drift_ppm: 10_000,
         timeout_per_ttl_s: 250,
+        recreate_every_ms: 0,
         run_ms: 120_000,
     }
 }
@@ -476,6 +526,7 @@ proptest! {
         timeout_per_ttl_s in 100u64..600,
         ack_loss_percent in 0u64..30,
         request_loss_percent in 0u64..20,
+        recreate_every_ms in prop_oneof![Just(0u64), 1_000u64..20_000],
     ) {
         let mut p = params(seed, holders, ttl_s, pause_every_ms);
         p.loss_percent = loss_percent;
@@ -483,6 +534,7 @@ proptest! {
         p.timeout_per_ttl_s = timeout_per_ttl_s;
         p.ack_loss_percent = ack_loss_percent;
         p.request_loss_percent = request_loss_percent;
+        p.recreate_every_ms = recreate_every_ms;
         let mut world = HolderWorld::new(p);
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
@@ -539,4 +591,25 @@ fn holder_world_catches_clocks_drifting_beyond_the_bound() {
         HolderWorld::new(p).run().is_err()
     });
     assert!(found, "no world caught a holder believing past its lease");
+}
+
+/// The bug of a holder made afresh for a key its holder ID held: an idempotent grant
+/// of the older write looked like a fresh one, and the fresh holder believed a TTL
+/// from its own send while the server expired the older write sooner. Worlds that
+/// drop and re-create holders (without a release) must hold the invariants.
+#[test]
+fn holders_made_afresh_never_believe_an_older_write() {
+    let mut recreations = 0;
+    for seed in 0..60 {
+        let mut p = params(seed, 3, 2, 0);
+        p.recreate_every_ms = 1_500;
+        p.loss_percent = 5;
+        p.max_latency_ms = 100;
+        p.run_ms = 60_000;
+        let mut world = HolderWorld::new(p);
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        recreations += world.stats.recreations;
+        assert!(world.stats.elections > 0, "seed {seed}: {:?}", world.stats);
+    }
+    assert!(recreations > 1000, "{recreations}");
 }
