@@ -354,6 +354,13 @@ fn decode_json<T: serde::de::DeserializeOwned>(
         Ok(value) => {
             de.end()
                 .map_err(|e| invalid(format!("invalid {name} request: body is not JSON: {e}")))?;
+            // serde reads a struct from a JSON array too (`["k","h"]` would be key
+            // and holder): only an object names its fields.
+            if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+                return Err(invalid(format!(
+                    "invalid {name} request: the body must be a JSON object"
+                )));
+            }
             Ok(value)
         }
         Err(err) => {

@@ -20,6 +20,10 @@ fuzz_target!(|data: &[u8]| {
     let Some((&pick, body)) = data.split_first() else { return };
     let endpoint = Endpoint::ALL[pick as usize % Endpoint::ALL.len()];
     let decoded = Request::decode(endpoint, body);
+    if decoded.is_ok() {
+        // Only a JSON object names its fields (serde would read an array too).
+        assert_eq!(body.iter().find(|b| !b.is_ascii_whitespace()), Some(&b'{'));
+    }
     match &decoded {
         Ok(Request::Acquire(r)) => assert!(name_ok(&r.key) && name_ok(&r.holder) && ttl_ok(r.ttl_ms)),
         Ok(Request::Renew(r)) => assert!(name_ok(&r.key) && name_ok(&r.holder) && r.ttl_ms.is_none_or(ttl_ok)),

@@ -197,6 +197,18 @@ fn a_missing_field_or_a_wrong_type_is_named() {
 }
 
 #[test]
+fn a_json_array_is_not_a_request_even_when_its_items_fit_the_fields() {
+    for (endpoint, body) in [
+        (Endpoint::Owner, r#"["key","k"]"#),
+        (Endpoint::Acquire, r#"["k","h",null,15000]"#),
+        (Endpoint::Forward, r#" ["k","aGk=",100]"#),
+    ] {
+        rejects(endpoint, body, "JSON object");
+    }
+    assert!(kind(Endpoint::Owner, " \n\t{\"key\":\"k\"}").is_ok());
+}
+
+#[test]
 fn a_body_that_is_not_json_is_invalid() {
     for body in ["", "nope", "{", r#"{"key":"k"} {}"#, "\u{0}"] {
         rejects(Endpoint::Owner, body, "JSON");
