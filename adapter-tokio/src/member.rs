@@ -52,6 +52,30 @@ use crate::exec;
 /// own.
 pub type Spawner = Arc<dyn Fn(BoxFuture<'static, ()>) + Send + Sync>;
 
+/// Sees what a member's campaigns do, as their driver does it: every request with
+/// its outcome, and every event of a key's holder machine. For metrics, tracing, or
+/// a test's history (the fault suite records the library's own view through it).
+/// Called on the driver's task: keep it quick.
+pub trait CampaignObserver: Send + Sync {
+    /// A request for `key` (`endpoint`, `body`) was sent at `sent` and came back
+    /// with `outcome` at `answered`.
+    fn request(
+        &self,
+        _key: &str,
+        _endpoint: Endpoint,
+        _body: &[u8],
+        _sent: Instant,
+        _outcome: &RequestOutcome,
+        _answered: Instant,
+    ) {
+    }
+
+    /// The holder of `key` reported `event` at `at`.
+    fn event(&self, _key: &str, _event: &HolderEvent, _at: Instant) {}
+}
+
+type Observer = Option<Arc<dyn CampaignObserver>>;
+
 /// One process among the replicas: a NATS connection and a unique holder ID.
 #[derive(Clone)]
 pub struct Member {
@@ -62,6 +86,7 @@ pub struct Member {
     /// key only once, or two campaigns would both believe they own it.
     keys: Arc<Mutex<BTreeSet<String>>>,
     spawn: Spawner,
+    observer: Observer,
 }
 
 impl std::fmt::Debug for Member {
@@ -133,7 +158,14 @@ impl Member {
             nats,
             holder,
             spawn,
+            observer: None,
         })
+    }
+
+    /// The same member, its campaigns started from now on reporting to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn CampaignObserver>) -> Member {
+        self.observer = Some(observer);
+        self
     }
 
     /// A holder ID unique to this process: `prefix` and random hex.
@@ -232,6 +264,7 @@ impl Member {
             gated_in_flight: 0,
             changes: changes_tx,
             held: held_tx,
+            observer: self.observer.clone(),
         };
         (self.spawn)(
             async move {
@@ -425,6 +458,7 @@ struct Driver {
     gated_in_flight: usize,
     changes: mpsc::UnboundedSender<Change>,
     held: watch::Sender<Held>,
+    observer: Observer,
 }
 
 impl Driver {
@@ -575,7 +609,7 @@ impl Driver {
             }
             if self.gated_in_flight < room {
                 self.gated_in_flight += 1;
-                pending.push(send(self.nats.clone(), key, request, true));
+                pending.push(send(&self.nats, &self.observer, key, request, true));
             } else {
                 kept.push_back((key, request));
             }
@@ -593,10 +627,13 @@ impl Driver {
                 if campaign {
                     self.deferred.push_back((key.clone(), request));
                 } else {
-                    pending.push(send(self.nats.clone(), key.clone(), request, false));
+                    pending.push(send(&self.nats, &self.observer, key.clone(), request, false));
                 }
             }
             while let Some(event) = holder.poll_event() {
+                if let Some(o) = &self.observer {
+                    o.event(key, &event, Instant::now());
+                }
                 self.guard
                     .lock()
                     .expect("inbox guard lock")
@@ -656,22 +693,31 @@ impl Driver {
 }
 
 fn send(
-    nats: Client,
+    nats: &Client,
+    observer: &Observer,
     key: String,
     request: HolderRequest,
     gated: bool,
 ) -> BoxFuture<'static, Answer> {
+    let nats = nats.clone();
+    let observer = observer.clone();
     async move {
+        let endpoint = request.endpoint;
+        let body = observer.as_ref().map(|_| request.body.clone());
+        let sent = Instant::now();
         let outcome = exec::send(
             &nats,
             NatsRequest {
-                subject: request.endpoint.subject(),
+                subject: endpoint.subject(),
                 headers: Vec::new(),
                 payload: request.body,
                 timeout: request.timeout,
             },
         )
         .await;
+        if let (Some(o), Some(body)) = (&observer, &body) {
+            o.request(&key, endpoint, body, sent, &outcome, Instant::now());
+        }
         Answer {
             key,
             id: request.id,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use dagnats_leases_tests::NatsCluster;
 use dagnats_leases_tests::cluster::NODES;
 use dagnats_leases_tests::history::{self, Nanos, Outcome, Record, Verdict, now};
-use dagnats_leases_tests::load::{self, Load};
+use dagnats_leases_tests::load::{self, HolderKind, Load};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
 use serde_json::{Value, json};
 
@@ -313,7 +313,13 @@ struct HolderProc {
 }
 
 impl HolderProc {
-    fn spawn(urls: &[String], holder: &str, key: &str, store_subject: &str) -> HolderProc {
+    fn spawn(
+        kind: HolderKind,
+        urls: &[String],
+        holder: &str,
+        key: &str,
+        store_subject: &str,
+    ) -> HolderProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fault-proc"))
             .args([
                 "holder",
@@ -323,6 +329,7 @@ impl HolderProc {
                 &TTL_MS.to_string(),
                 store_subject,
                 "500",
+                kind.name(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -378,14 +385,18 @@ impl HolderProc {
     }
 }
 
+/// Two holder processes, one of each kind ([`HolderKind`]: the holder library, and
+/// a client written from leases.md), each owning a key, are frozen with SIGSTOP
+/// right after a deadline check, in the 500 ms of work before a store write, for 3
+/// TTLs; others take the keys over and write through the fence; after SIGCONT each
+/// finishes its work and writes with its old fence, which the store rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_holder_past_its_ttl_then_sigcont() {
     let _serial = serial().await;
     let fx = Fx::start(true).await;
     let keys = keys();
-    let key = keys[0].clone();
     let subject = "faults.store";
-    // One store: the holder process writes to it over NATS, in-process holders directly.
+    // One store: the holder processes write to it over NATS, in-process holders directly.
     let mut load = Load::new();
     let store_client = load::connect(&fx.cluster.urls()).await;
     let _store = tokio::spawn(load::serve_store(
@@ -394,13 +405,23 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
         load.store.clone(),
     ));
     store_client.flush().await.unwrap();
-    let paused = HolderProc::spawn(&fx.cluster.urls_from(2), "paused-holder", &key, subject);
-    eventually("the holder process owns k0", || {
-        let got = paused.granted().is_some();
-        async move { got }
-    })
-    .await;
-    let fence = paused.granted().unwrap();
+    let kinds = [HolderKind::Library, HolderKind::LeasesMd];
+    let paused: Vec<(String, String, HolderProc)> = kinds
+        .iter()
+        .zip(&keys)
+        .map(|(kind, key)| {
+            let name = format!("paused-{}", kind.name());
+            let proc = HolderProc::spawn(*kind, &fx.cluster.urls_from(2), &name, key, subject);
+            (name, key.clone(), proc)
+        })
+        .collect();
+    for (name, key, proc) in &paused {
+        eventually(&format!("{name} owns {key}"), || {
+            let got = proc.granted().is_some();
+            async move { got }
+        })
+        .await;
+    }
     fx.fill(&mut load).await;
     let history = load.history.clone();
     let store_write = |pred: &dyn Fn(&history::StoreWrite) -> bool| {
@@ -410,59 +431,75 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
             .any(|r| matches!(r, Record::Store(w) if pred(w)))
     };
     tokio::time::sleep(phase(2.0)).await;
-    // Freeze it right after a deadline check, in the 500 ms of work before a write
+    // Freeze each right after a deadline check, in the 500 ms of work before a write
     // (long enough that a busy machine still delivers the signal inside it).
-    while paused.working.try_recv().is_ok() {}
-    let working = tokio::task::block_in_place(|| paused.working.recv_timeout(WAIT))
-        .expect("the holder works");
-    paused.signal(rustix::process::Signal::STOP);
-    let stopped = now();
-    println!("faults: sigstop: holder process stopped holding {key} at fence {working}");
+    let mut frozen = Vec::new();
+    for (name, key, proc) in &paused {
+        while proc.working.try_recv().is_ok() {}
+        let working = tokio::task::block_in_place(|| proc.working.recv_timeout(WAIT))
+            .unwrap_or_else(|_| panic!("{name} works"));
+        proc.signal(rustix::process::Signal::STOP);
+        println!("faults: sigstop: {name} stopped holding {key} at fence {working}");
+        frozen.push((working, now()));
+    }
     // Frozen well past its TTL (3 x 2 s).
     tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
-    // Another holder has taken over and written through the fence.
-    eventually("a new owner of k0 wrote through the fence", || {
-        let seen = store_write(&|w| {
-            w.key == key && w.holder != "paused-holder" && w.accepted && w.revision > working
-        });
-        async move { seen }
-    })
-    .await;
-    paused.signal(rustix::process::Signal::CONT);
+    for ((name, key, _), (working, _)) in paused.iter().zip(&frozen) {
+        eventually(
+            &format!("a new owner of {key} wrote through the fence"),
+            || {
+                let seen = store_write(&|w| {
+                    w.key == *key && w.holder != *name && w.accepted && w.revision > *working
+                });
+                async move { seen }
+            },
+        )
+        .await;
+    }
+    for (_, _, proc) in &paused {
+        proc.signal(rustix::process::Signal::CONT);
+    }
     let resumed = now();
-    // It finishes its work and writes with the old fence, then learns it lost.
-    eventually("the woken holder wrote late", || {
-        let late = store_write(&|w| w.holder == "paused-holder" && w.at > resumed);
-        async move { late }
-    })
-    .await;
+    // Each finishes its work and writes with its old fence, then learns it lost.
+    for (name, _, _) in &paused {
+        eventually(&format!("{name} woke and wrote late"), || {
+            let late = store_write(&|w| w.holder == *name && w.at > resumed);
+            async move { late }
+        })
+        .await;
+    }
     tokio::time::sleep(phase(2.0)).await;
     load.stop().await;
     let mut records = load.history.records();
-    records.extend(paused.finish());
-    let late: Vec<_> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Store(w)
-                if w.holder == "paused-holder" && w.at > resumed && w.revision <= working =>
-            {
-                Some(w)
-            }
-            _ => None,
-        })
-        .collect();
-    assert!(!late.is_empty());
-    assert!(
-        late.iter().all(|w| !w.accepted),
-        "a late write of the woken holder was accepted: {late:?}"
+    for ((name, _, proc), (working, stopped)) in paused.into_iter().zip(frozen) {
+        let fence = proc.granted().unwrap();
+        records.extend(proc.finish());
+        let late: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Store(w) if w.holder == name && w.at > resumed && w.revision <= working => {
+                    Some(w)
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(!late.is_empty(), "{name}: no late write");
+        assert!(
+            late.iter().all(|w| !w.accepted),
+            "a late write of the woken {name} was accepted: {late:?}"
+        );
+        println!(
+            "faults: sigstop: {name}: first fence {fence}, frozen {:.1} s at fence {working}; \
+             {} late writes after SIGCONT, all rejected",
+            (resumed - stopped) as f64 / 1e9,
+            late.len()
+        );
+    }
+    verdict(
+        "sigstop (a library and a leases.md holder process frozen 6 s)",
+        &records,
+        resumed,
     );
-    println!(
-        "faults: sigstop: first fence {fence}, frozen {:.1} s at fence {working}; \
-         {} late writes after SIGCONT, all rejected",
-        (resumed - stopped) as f64 / 1e9,
-        late.len()
-    );
-    verdict("sigstop (holder process frozen 6 s)", &records, resumed);
     fx.shutdown().await;
 }
 

@@ -65,7 +65,14 @@ async fn one_of_three_is_elected_and_on_stop_another_takes_over_with_a_higher_fe
     let fence = fence_of(&change);
     let owner = leases.owner("leader").await.unwrap().expect("held");
     assert_eq!(owner.holder, format!("r{first}"));
-    assert_eq!(owner.revision, fence);
+    // The tenure began at the acquire's revision; the renew that confirmed the grant
+    // (before the election was announced) wrote a higher one.
+    assert_eq!(electors[first].tenure().map(|t| t.tenure), Some(fence));
+    assert!(
+        owner.revision > fence,
+        "{} not above {fence}",
+        owner.revision
+    );
     // Nobody else believes it leads.
     for (i, e) in electors.iter().enumerate() {
         assert_eq!(e.is_leader(), i == first, "r{i}");
@@ -89,11 +96,19 @@ async fn a_leader_steps_down_when_renew_says_lost() {
     let fx = Fx::start().await;
     let m = member(&fx, "victim").await;
     let mut elector = m.elect("leader", TTL).unwrap();
-    let fence = fence_of(&next(&mut elector).await);
+    fence_of(&next(&mut elector).await);
     // Someone with the same holder ID and fence releases it (an operator by hand),
-    // and another holder takes the key: the next renew is `lost`.
+    // and another holder takes the key: the next renew is `lost`. The current fence
+    // is the latest renew's: ask again if a renewal moved it in between.
     let leases = LeaseClient::new(fx.client.clone());
-    leases.release("leader", "victim", fence).await.unwrap();
+    loop {
+        let fence = elector.tenure().expect("leading").fence;
+        match leases.release("leader", "victim", fence).await {
+            Ok(_) => break,
+            Err(e) if e.kind() == LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => {}
+            Err(e) => panic!("release: {e}"),
+        }
+    }
     let taken = leases.acquire("leader", "usurper", TTL * 5).await.unwrap();
     assert!(taken.granted);
     // The elector may first see a renewal race; it must end up stepped down as lost.

@@ -3,8 +3,9 @@
 //! - `fault-proc serve URL REPLICAS`: the lease service (tokio) on one NATS URL,
 //!   bucket replicas as given; prints `ready` once serving; runs until killed or
 //!   SIGTERM.
-//! - `fault-proc holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS`: one holder
-//!   (the load driver's loop) campaigning for KEY, writing to the fenced store over
+//! - `fault-proc holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS [KIND]`: one
+//!   holder (KIND `library`, the holder library, or `leases-md`, the default: a
+//!   client written from leases.md) campaigning for KEY, writing to the fenced store over
 //!   NATS on STORE_SUBJECT, with WORK_MS of work between its deadline check and each
 //!   write. Prints every history record as a JSON line (`{"record": ..}`) and
 //!   `{"working": fence}` right after each deadline check; on SIGTERM it stops,
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dagnats_leases_tests::history::{History, Record};
-use dagnats_leases_tests::load::{self, HolderConfig, Observer, StoreTarget};
+use dagnats_leases_tests::load::{self, HolderConfig, HolderKind, Observer, StoreTarget};
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 
 fn line(v: serde_json::Value) {
@@ -73,7 +74,13 @@ async fn main() {
                 line(serde_json::json!({ "record": r }));
             }));
             let stop = Arc::new(AtomicBool::new(false));
-            let task = tokio::spawn(load::run_holder_observed(
+            let kind = match args.get(7).map(String::as_str) {
+                None | Some("leases-md") => HolderKind::LeasesMd,
+                Some("library") => HolderKind::Library,
+                Some(other) => panic!("unknown holder kind {other:?}"),
+            };
+            let task = tokio::spawn(load::run_holder(
+                kind,
                 client.clone(),
                 cfg,
                 store,
@@ -88,7 +95,7 @@ async fn main() {
         }
         _ => {
             eprintln!(
-                "usage: fault-proc serve URL REPLICAS | holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS"
+                "usage: fault-proc serve URL REPLICAS | holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS [library|leases-md]"
             );
             std::process::exit(2);
         }
