@@ -221,6 +221,28 @@ pub async fn put_leases(js: &jetstream::Context, keys: &[String], holder: &str) 
         .await
 }
 
+/// Whether an owner call writes to the stream (a read confirmation, on a
+/// replicated bucket): the stream's last sequence before and after one call.
+pub async fn owner_writes(client: &Client) -> bool {
+    let js = jetstream::new(client.clone());
+    let last = || async {
+        js.get_stream(dagnats_leases_core::record::STREAM)
+            .await
+            .expect("the leases stream")
+            .cached_info()
+            .state
+            .last_sequence
+    };
+    let before = last().await;
+    call(
+        client,
+        "api.leases.owner",
+        r#"{"key":"confirm-probe"}"#.into(),
+    )
+    .await;
+    last().await != before
+}
+
 /// Replies to every forwarded request with its own body, until the client closes.
 pub async fn echo_owner(client: Client) {
     let mut sub = client

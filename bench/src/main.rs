@@ -1,8 +1,10 @@
 //! `dagnats-leases-bench`: the lease service on tokio and on smol against the floor
 //! (a bare JetStream responder doing the same operations) and against etcd, in one
 //! run on one machine; latency at concurrency 1, throughput at 16 and 64, the
-//! service's memory with 1,000 and 100,000 leases held. `scripts/bench` builds
-//! everything and runs it; the report goes to `target/bench/`.
+//! service's memory with 1,000 and 100,000 leases held. On request also the cost
+//! of read confirmation on a three-node cluster (`--r3`) and the service against
+//! an earlier commit's (`--prev-bin`). `scripts/bench` builds everything and runs
+//! it; the report goes to `target/bench/`.
 #![warn(missing_docs)]
 
 mod baseline;
@@ -103,6 +105,25 @@ pub struct RunArgs {
     /// implementation and operation at full size.
     #[arg(long, conflicts_with = "sync")]
     pub sync_always: bool,
+    /// Also start a three-node nats-server cluster (loopback, `sync_interval:
+    /// always` on every node, an R3 bucket with its leader on the node everything
+    /// connects to) and measure there, interleaved with the rest, the tokio service
+    /// with read confirmation (`tokio-r3`) and without (`tokio-unconfirmed-r3`,
+    /// `--unconfirmed-reads-for-tests`: the binary must be built with feature
+    /// `dagnats-leases-tokio/__test`), every operation, a quarter of the calls at
+    /// 16 and 64.
+    /// Ratios confirmed / unconfirmed in the table and in `r3_confirm`.
+    #[arg(long)]
+    pub r3: bool,
+    /// The `dagnats-leases` binary of an earlier commit (`scripts/bench
+    /// --r1-against REV` builds it): run as `tokio-prev` beside `tokio` on the R1
+    /// server (the lazy one; the fsync one under `--sync always`), every operation.
+    /// Ratios tokio / tokio-prev in the table and in `r1_vs_prev`.
+    #[arg(long)]
+    pub prev_bin: Option<PathBuf>,
+    /// The commit `--prev-bin` was built from, for the report.
+    #[arg(long, requires = "prev_bin")]
+    pub prev_rev: Option<String>,
     /// Where the report goes (default: target/bench in the checkout).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -121,6 +142,61 @@ pub enum SyncMode {
 
 /// The suffix of an implementation's name on the `sync_interval: always` server.
 pub const FSYNC: &str = "-fsync";
+/// The suffix of an implementation's name on the three-node cluster (`--r3`).
+pub const R3: &str = "-r3";
+
+/// Where an implementation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The single server with the default (lazy) sync.
+    Lazy,
+    /// The single server with `sync_interval: always`.
+    Fsync,
+    /// The three-node cluster, `sync_interval: always`, an R3 bucket.
+    R3,
+}
+
+impl Place {
+    /// What the implementation's name gets.
+    fn suffix(self) -> &'static str {
+        match self {
+            Place::Lazy => "",
+            Place::Fsync => FSYNC,
+            Place::R3 => R3,
+        }
+    }
+
+    /// The sync in the report's `setup.nats_sync`.
+    fn sync_name(self) -> &'static str {
+        match self {
+            Place::Lazy => "default",
+            Place::Fsync => "always",
+            Place::R3 => "always, 3-node cluster, R3",
+        }
+    }
+
+    /// The bucket's stream replicas (`--replicas` of the service).
+    fn replicas(self) -> Option<usize> {
+        (self == Place::R3).then_some(servers::CLUSTER_NODES)
+    }
+
+    /// Calls of `op` at `c` in flight here, `n` the run's figure for `c`; `None`
+    /// leaves the measurement out. In `--sync both`, the fsync server measures only
+    /// what writes (owner and forward write nothing, so its sync cannot matter),
+    /// with half the calls at 16 and 64 (each write waits for an fsync, one at a
+    /// time); the cluster measures everything (confirmation is a write) with a
+    /// quarter of the calls at 16 and 64 (each write waits for a replica's ack and
+    /// fsyncs on every node, about 1,600 writes/s here). The full run stays within
+    /// about 6 minutes; `--r3` adds 2 to 3.
+    fn calls(self, sync: SyncMode, op: Op, c: usize, n: usize) -> Option<usize> {
+        match self {
+            Place::Fsync if sync == SyncMode::Both && !op.writes() => None,
+            Place::Fsync if sync == SyncMode::Both && c > 1 => Some(n / 2),
+            Place::R3 if c > 1 => Some(n / 4),
+            _ => Some(n),
+        }
+    }
+}
 
 /// Every measurement: operation, implementation, concurrency, one entry per round.
 pub type Results = BTreeMap<(Op, String), BTreeMap<usize, Vec<Stats>>>;
@@ -173,44 +249,83 @@ async fn run(args: RunArgs) {
     } else {
         args.sync
     };
+    if let Some(bin) = &args.prev_bin {
+        assert!(bin.is_file(), "--prev-bin {}: no such file", bin.display());
+        procs::set_prev_bin(bin.clone());
+    }
     // Each server with the implementations it serves; on the fsync-always one the
-    // names get `-fsync`. In `both`, smol is left out there to keep the run short.
-    let mut plan: Vec<(servers::Sync, Vec<Impl>)> = Vec::new();
+    // names get `-fsync`, on the cluster `-r3`. In `both`, smol is left out of the
+    // fsync server to keep the run short. The earlier commit's service runs on the
+    // first server only.
+    let mut plan: Vec<(Place, Vec<Impl>)> = Vec::new();
     if sync != SyncMode::Always {
-        plan.push((servers::Sync::Default, Impl::ALL.to_vec()));
+        plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
     match sync {
-        SyncMode::Always => plan.push((servers::Sync::Always, Impl::ALL.to_vec())),
-        SyncMode::Both => plan.push((servers::Sync::Always, vec![Impl::Baseline, Impl::Tokio])),
+        SyncMode::Always => plan.push((Place::Fsync, Impl::ALL.to_vec())),
+        SyncMode::Both => plan.push((Place::Fsync, vec![Impl::Baseline, Impl::Tokio])),
         SyncMode::Default => {}
+    }
+    if args.prev_bin.is_some() {
+        plan[0].1.push(Impl::TokioPrev);
+    }
+    if args.r3 {
+        plan.push((Place::R3, vec![Impl::Tokio, Impl::TokioUnconfirmed]));
     }
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     let mut nats_sync = BTreeMap::new();
-    for (sync, imps) in plan {
-        let server = servers::Nats::start_sync(sync);
+    let mut prev_label = None;
+    for (place, imps) in plan {
+        let server = match place {
+            Place::Lazy => {
+                servers::Server::Single(servers::Nats::start_sync(servers::Sync::Default))
+            }
+            Place::Fsync => {
+                servers::Server::Single(servers::Nats::start_sync(servers::Sync::Always))
+            }
+            Place::R3 => servers::Server::Cluster(servers::Cluster::start().await),
+        };
         let url = server.url();
         for imp in imps {
-            let label = match sync {
-                servers::Sync::Default => imp.name().to_string(),
-                servers::Sync::Always => format!("{}{FSYNC}", imp.name()),
-            };
+            let label = format!("{}{}", imp.name(), place.suffix());
             let client = server.connect(imp.name()).await;
             load::echo_owner(client.clone()).await;
             // The service creates the bucket in each account; the baseline needs it there.
-            procs::create_bucket(imp.name(), &url, &out, &client).await;
-            nats_sync.insert(label.clone(), sync.name().to_string());
-            clients.push((imp, label, url.clone(), client));
+            procs::create_bucket(imp, &url, place.replicas(), &out, &client).await;
+            if place == Place::R3 {
+                let was =
+                    servers::Cluster::pin_leader(&client, dagnats_leases_core::record::STREAM)
+                        .await;
+                let replicas =
+                    servers::Cluster::replicas(&client, dagnats_leases_core::record::STREAM).await;
+                assert_eq!(
+                    replicas,
+                    servers::CLUSTER_NODES,
+                    "{label}: the bucket's replicas"
+                );
+                println!(
+                    "{label}: bucket with {replicas} replicas, stream leader {was}, now {}",
+                    servers::Cluster::name_of(0)
+                );
+            }
+            if imp == Impl::TokioPrev {
+                prev_label = Some(label.clone());
+            }
+            nats_sync.insert(label.clone(), place.sync_name().to_string());
+            clients.push((imp, label, place, client));
         }
         println!(
             "nats-server {} on {url}, JetStream sync {}",
-            server.version,
-            match sync {
-                servers::Sync::Default => "default (lazy, every 2 min)",
-                servers::Sync::Always => "always (fsync before every ack)",
+            server.version(),
+            match place {
+                Place::Lazy => "default (lazy, every 2 min)",
+                Place::Fsync => "always (fsync before every ack)",
+                Place::R3 =>
+                    "always on each of 3 cluster nodes; R3 bucket, each stream's leader on the node everything connects to",
             }
         );
-        servers.push(server);
+        servers.push((place, server));
     }
     println!(
         "{} cores; {rounds} rounds; {calls} calls at concurrency 1, \
@@ -234,8 +349,33 @@ async fn run(args: RunArgs) {
     for round in 0..rounds {
         // Fresh processes each round, all running at once, each in its own account.
         let mut running = Vec::new();
-        for (imp, label, url, client) in &clients {
-            running.push(procs::start(*imp, label, url, &out, client).await);
+        for (imp, label, place, client) in &clients {
+            let url = servers
+                .iter()
+                .find(|(p, _)| p == place)
+                .expect("its server")
+                .1
+                .url();
+            running.push(procs::start(*imp, label, &url, place.replicas(), &out, client).await);
+            if *place == Place::R3 {
+                let was =
+                    servers::Cluster::pin_leader(client, dagnats_leases_core::record::STREAM).await;
+                if was != servers::Cluster::name_of(0) {
+                    println!("round {round}: {label}'s stream leader was on {was}, moved back");
+                }
+                // The one thing that tells the two apart: confirmation writes.
+                let writes = load::owner_writes(client).await;
+                assert_eq!(
+                    writes,
+                    *imp != Impl::TokioUnconfirmed,
+                    "{label}: an owner call {} the stream",
+                    if writes {
+                        "wrote to"
+                    } else {
+                        "did not write to"
+                    }
+                );
+            }
             let tag = format!("w{}{round}", imp.name());
             // Warm-up: connections, caches, the first allocations.
             load::measure(client, Op::Acquire, &tag, 4, 200).await;
@@ -247,19 +387,9 @@ async fn run(args: RunArgs) {
                 let tag = format!("r{round}");
                 let mut names = Vec::new();
                 let mut targets: Vec<(std::sync::Arc<dyn load::Target>, usize)> = Vec::new();
-                for (_, label, _, client) in &clients {
-                    let fsync = label.ends_with(FSYNC);
-                    // In `both`, the second server measures only what writes (owner
-                    // and forward write nothing, so its sync cannot matter), with
-                    // half the calls at 16 and 64 (each write waits for an fsync,
-                    // one at a time): the full run stays within about 6 minutes.
-                    if sync == SyncMode::Both && fsync && !op.writes() {
+                for (_, label, place, client) in &clients {
+                    let Some(n) = place.calls(sync, op, c, n) else {
                         continue;
-                    }
-                    let n = if sync == SyncMode::Both && fsync && c > 1 {
-                        n / 2
-                    } else {
-                        n
                     };
                     names.push(label.clone());
                     targets.push((load::NatsTarget::prepare(client, op, &tag, c, n).await, n));
@@ -293,7 +423,7 @@ async fn run(args: RunArgs) {
     drop(etcd);
     #[cfg(not(feature = "etcd"))]
     let etcd_version: Option<String> = None;
-    let nats_version = servers[0].version.clone();
+    let nats_version = servers[0].1.version().to_string();
     drop(clients);
     drop(servers);
 
@@ -314,7 +444,20 @@ async fn run(args: RunArgs) {
             rounds,
             calls_c1: calls,
             calls_tp: tp_calls,
+            prev_rev: args
+                .prev_bin
+                .as_ref()
+                .map(|_| args.prev_rev.clone().unwrap_or_else(|| "?".to_string())),
+            r3: args.r3.then(|| report::R3Setup {
+                nodes: servers::CLUSTER_NODES,
+                sync: "always".to_string(),
+                replicas: servers::CLUSTER_NODES,
+                placement: "every client and service on n1, every stream leader on n1".to_string(),
+                calls_c1: calls,
+                calls_tp: tp_calls / 4,
+            }),
         },
+        prev_label.as_deref(),
     );
     report.print();
     let json = out.join("report.json");

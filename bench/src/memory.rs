@@ -37,7 +37,7 @@ pub async fn measure(out: &Path, many: usize) -> Vec<Memory> {
         let server = crate::servers::Nats::start();
         let client = server.connect(imp.name()).await;
         let js = async_nats::jetstream::new(client.clone());
-        let running = procs::start(imp, imp.name(), &server.url(), out, &client).await;
+        let running = procs::start(imp, imp.name(), &server.url(), None, out, &client).await;
         let mut steps = Vec::new();
         let mut held = 0;
         for (tag, target) in [("m0", 0usize), ("m1", 1_000), ("m2", many)] {

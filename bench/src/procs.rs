@@ -1,8 +1,12 @@
 //! The implementations under test, each run as a process of its own: the service
-//! binaries on tokio and on smol, and the baseline (this binary's `baseline`).
+//! binaries on tokio and on smol, and the baseline (this binary's `baseline`); on
+//! request also the tokio service with read confirmation turned off (the same
+//! binary, built with feature `__test`) and the tokio service of an earlier commit
+//! (a binary built elsewhere, see [`set_prev_bin`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
@@ -16,20 +20,44 @@ pub enum Impl {
     Tokio,
     /// `dagnats-leases-smol serve`.
     Smol,
+    /// `dagnats-leases serve` of an earlier commit (`--prev-bin`).
+    TokioPrev,
+    /// `dagnats-leases serve --unconfirmed-reads-for-tests`: no read confirmation
+    /// on a replicated bucket (needs the binary built with feature `__test`).
+    TokioUnconfirmed,
 }
 
 impl Impl {
     /// The three, floor first.
     pub const ALL: [Impl; 3] = [Impl::Baseline, Impl::Tokio, Impl::Smol];
 
-    /// The name in tables and the report.
+    /// The name in tables and the report, and the account it runs in.
     pub fn name(self) -> &'static str {
         match self {
             Impl::Baseline => "baseline",
             Impl::Tokio => "tokio",
             Impl::Smol => "smol",
+            Impl::TokioPrev => "tokio-prev",
+            Impl::TokioUnconfirmed => "tokio-unconfirmed",
         }
     }
+}
+
+/// The earlier commit's `dagnats-leases` binary, once set.
+static PREV_BIN: OnceLock<PathBuf> = OnceLock::new();
+
+/// Where [`Impl::TokioPrev`]'s binary is.
+pub fn set_prev_bin(path: PathBuf) {
+    PREV_BIN.set(path).expect("the earlier binary is set once");
+}
+
+/// How an implementation is started beyond its binary.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// A command that wraps the binary (e.g. valgrind).
+    pub wrapper: Vec<String>,
+    /// `--replicas` of the service (the bucket's stream replicas on create).
+    pub replicas: Option<usize>,
 }
 
 /// A running implementation; killed when dropped.
@@ -46,19 +74,46 @@ pub fn bin_dir() -> PathBuf {
 
 /// Starts `imp` against `url`, its log `<label>.log` in `log_dir`, and waits until
 /// it answers.
-pub async fn start(imp: Impl, label: &str, url: &str, log_dir: &Path, client: &Client) -> Running {
-    start_with(imp, imp.name(), label, url, log_dir, client, &[]).await
+pub async fn start(
+    imp: Impl,
+    label: &str,
+    url: &str,
+    replicas: Option<usize>,
+    log_dir: &Path,
+    client: &Client,
+) -> Running {
+    let options = Options {
+        replicas,
+        ..Options::default()
+    };
+    start_with(imp, imp.name(), label, url, log_dir, client, &options).await
 }
 
-/// Runs the tokio service once in `account` (whose client is `client`), so that
-/// the account has the leases bucket: the baseline does not create it.
-pub async fn create_bucket(account: &str, url: &str, log_dir: &Path, client: &Client) {
-    start_with(Impl::Tokio, account, "bucket", url, log_dir, client, &[])
+/// Runs a tokio service once in `imp`'s account (whose client is `client`), so
+/// that the account has the leases bucket (with `replicas`): the baseline does not
+/// create it. The earlier commit's service creates its own.
+pub async fn create_bucket(
+    imp: Impl,
+    url: &str,
+    replicas: Option<usize>,
+    log_dir: &Path,
+    client: &Client,
+) {
+    let creator = match imp {
+        Impl::TokioPrev => Impl::TokioPrev,
+        _ => Impl::Tokio,
+    };
+    let options = Options {
+        replicas,
+        ..Options::default()
+    };
+    let label = format!("bucket-{}", imp.name());
+    start_with(creator, imp.name(), &label, url, log_dir, client, &options)
         .await
         .stop();
 }
 
-/// Like [`start`], in `account`, with a command that wraps the binary (e.g. valgrind).
+/// Like [`start`], in `account`, with `options`.
 pub async fn start_with(
     imp: Impl,
     account: &str,
@@ -66,24 +121,44 @@ pub async fn start_with(
     url: &str,
     log_dir: &Path,
     client: &Client,
-    wrapper: &[String],
+    options: &Options,
 ) -> Running {
     let dir = bin_dir();
-    let auth = ["--user", account, "--password", crate::servers::PASSWORD];
     let (bin, first): (PathBuf, &str) = match imp {
         Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
-        Impl::Tokio => (dir.join("dagnats-leases"), "serve"),
+        Impl::Tokio | Impl::TokioUnconfirmed => (dir.join("dagnats-leases"), "serve"),
         Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
+        Impl::TokioPrev => (
+            PREV_BIN.get().expect("tokio-prev needs --prev-bin").clone(),
+            "serve",
+        ),
     };
-    let mut args = vec![first, "--nats-url", url];
-    args.extend(auth);
+    let mut args: Vec<String> = [
+        first,
+        "--nats-url",
+        url,
+        "--user",
+        account,
+        "--password",
+        crate::servers::PASSWORD,
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(r) = options.replicas
+        && imp != Impl::Baseline
+    {
+        args.extend(["--replicas".to_string(), r.to_string()]);
+    }
+    if imp == Impl::TokioUnconfirmed {
+        args.push("--unconfirmed-reads-for-tests".to_string());
+    }
     assert!(
         bin.is_file(),
         "{} is missing: build it first (scripts/bench does)",
         bin.display()
     );
     let log = std::fs::File::create(log_dir.join(format!("{label}.log"))).expect("log");
-    let mut cmd = match wrapper.split_first() {
+    let mut cmd = match options.wrapper.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
             c.args(rest).arg(&bin);
@@ -99,13 +174,21 @@ pub async fn start_with(
         .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-    let running = Running { child };
-    wait_ready(client, imp, Duration::from_secs(60)).await;
+    let mut running = Running { child };
+    let log = log_dir.join(format!("{label}.log"));
+    wait_ready(client, &mut running, label, &log, Duration::from_secs(60)).await;
     running
 }
 
-/// Waits until something answers `api.leases.owner`.
-async fn wait_ready(client: &Client, imp: Impl, within: Duration) {
+/// Waits until something answers `api.leases.owner`; panics if `running` exits
+/// first (its log says why) or nothing answers `within`.
+async fn wait_ready(
+    client: &Client,
+    running: &mut Running,
+    label: &str,
+    log: &Path,
+    within: Duration,
+) {
     let deadline = Instant::now() + within;
     loop {
         let request = async_nats::Request::new()
@@ -118,10 +201,13 @@ async fn wait_ready(client: &Client, imp: Impl, within: Duration) {
         {
             return;
         }
+        if let Ok(Some(status)) = running.child.try_wait() {
+            panic!("{label} exited ({status}): see {}", log.display());
+        }
         assert!(
             Instant::now() < deadline,
-            "{} did not start answering",
-            imp.name()
+            "{label} did not start answering: see {}",
+            log.display()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

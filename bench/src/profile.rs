@@ -41,21 +41,24 @@ pub async fn run(out: &Path, calls: usize, ops: &[Op]) {
     }
     // The service creates the bucket; the baseline needs it there.
     for (imp, client) in &clients {
-        procs::create_bucket(imp.name(), &url, &dir, client).await;
+        procs::create_bucket(*imp, &url, None, &dir, client).await;
     }
     let mut costs = Vec::new();
     for &op in ops {
         for (imp, client) in &clients {
             let (imp, client) = (*imp, client.clone());
             let file = dir.join(format!("callgrind.{}.{}.out", imp.name(), op.name()));
-            let wrapper = vec![
-                "valgrind".to_string(),
-                "--tool=callgrind".to_string(),
-                "--instr-atstart=no".to_string(),
-                format!("--callgrind-out-file={}", file.display()),
-            ];
+            let options = procs::Options {
+                wrapper: vec![
+                    "valgrind".to_string(),
+                    "--tool=callgrind".to_string(),
+                    "--instr-atstart=no".to_string(),
+                    format!("--callgrind-out-file={}", file.display()),
+                ],
+                ..procs::Options::default()
+            };
             let running =
-                procs::start_with(imp, imp.name(), imp.name(), &url, &dir, &client, &wrapper).await;
+                procs::start_with(imp, imp.name(), imp.name(), &url, &dir, &client, &options).await;
             let tag = format!("p{}", imp.name());
             load::measure(&client, op, &format!("w{tag}"), 1, 50).await;
             control(running.pid(), "on");

@@ -29,6 +29,29 @@ pub struct Setup {
     pub calls_c1: usize,
     /// Calls per measurement at concurrency 16 and 64.
     pub calls_tp: usize,
+    /// The commit `tokio-prev` was built from (`--prev-bin`, `--prev-rev`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prev_rev: Option<String>,
+    /// The three-node cluster (`--r3`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub r3: Option<R3Setup>,
+}
+
+/// The three-node cluster of `--r3`.
+#[derive(Debug, Clone, Serialize)]
+pub struct R3Setup {
+    /// nats-server nodes, on loopback, each with its own store.
+    pub nodes: usize,
+    /// JetStream sync on every node.
+    pub sync: String,
+    /// Stream replicas of each account's bucket.
+    pub replicas: usize,
+    /// Where clients, services and stream leaders are.
+    pub placement: String,
+    /// Calls per measurement at concurrency 1 there.
+    pub calls_c1: usize,
+    /// Calls per measurement at concurrency 16 and 64 there.
+    pub calls_tp: usize,
 }
 
 /// The figures of one implementation for one operation.
@@ -58,10 +81,74 @@ pub struct Report {
     /// The service (tokio, on each sync) against etcd: operation, then implementation.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub vs_etcd: BTreeMap<String, BTreeMap<String, VsEtcd>>,
+    /// Read confirmation on the three-node cluster (`--r3`): `tokio-r3` (confirmed
+    /// reads) over `tokio-unconfirmed-r3` (`--unconfirmed-reads-for-tests`), per
+    /// operation.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub r3_confirm: BTreeMap<String, Pair>,
+    /// The service against an earlier commit's on the single (R1) server
+    /// (`--prev-bin`): `tokio` over `tokio-prev` (or their `-fsync`), per operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub r1_vs_prev: Option<VsPrev>,
     /// Resident memory of the service with leases held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<Vec<Memory>>,
 }
+
+/// One implementation over another on the same server, one operation: ratios of
+/// the medians over rounds, and of each round on its own.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pair {
+    /// The numerator.
+    pub this: String,
+    /// The denominator.
+    pub over: String,
+    /// p50 at concurrency 1, this / over (above 1: this is slower).
+    pub p50_c1: f64,
+    /// Throughput at 16 in flight, this / over (below 1: this is slower).
+    pub ops_per_s_c16: f64,
+    /// Throughput at 64 in flight, this / over (below 1: this is slower).
+    pub ops_per_s_c64: f64,
+    /// `p50_c1` of each round on its own.
+    pub p50_c1_rounds: Vec<f64>,
+    /// `ops_per_s_c64` of each round on its own.
+    pub ops_per_s_c64_rounds: Vec<f64>,
+}
+
+impl Pair {
+    /// `this` over `over` for `op`, if both were measured.
+    fn of(results: &Results, op: Op, this: &str, over: &str) -> Option<Pair> {
+        let a = results.get(&(op, this.to_string()))?;
+        let b = results.get(&(op, over.to_string()))?;
+        let med = |m: &BTreeMap<usize, Vec<Stats>>, c: usize| Stats::median(&m[&c]);
+        let rounds = |c: usize, f: fn(&Stats) -> f64| -> Vec<f64> {
+            a[&c].iter().zip(&b[&c]).map(|(x, y)| f(x) / f(y)).collect()
+        };
+        Some(Pair {
+            this: this.to_string(),
+            over: over.to_string(),
+            p50_c1: med(a, 1).p50_us / med(b, 1).p50_us,
+            ops_per_s_c16: med(a, 16).ops_per_s / med(b, 16).ops_per_s,
+            ops_per_s_c64: med(a, 64).ops_per_s / med(b, 64).ops_per_s,
+            p50_c1_rounds: rounds(1, |s| s.p50_us),
+            ops_per_s_c64_rounds: rounds(64, |s| s.ops_per_s),
+        })
+    }
+}
+
+/// The service against an earlier commit's service.
+#[derive(Debug, Clone, Serialize)]
+pub struct VsPrev {
+    /// The earlier commit.
+    pub rev: String,
+    /// The bar: `p50_c1` at most this, `ops_per_s_c64` at least its inverse.
+    pub bound: f64,
+    /// Operation, then the ratios.
+    pub operations: BTreeMap<String, Pair>,
+}
+
+/// The bound R1 figures must keep against the earlier commit's.
+pub const PREV_BOUND: f64 = 1.02;
 
 /// One implementation against etcd, medians over rounds.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -74,10 +161,13 @@ pub struct VsEtcd {
     pub ops_per_s_c64_over_etcd: f64,
 }
 
-/// The floor an implementation is compared with: the baseline on the same server.
+/// The floor an implementation is compared with: the baseline on the same server
+/// (there is none on the cluster).
 fn baseline_of(imp: &str) -> &'static str {
     if imp.ends_with(crate::FSYNC) {
         "baseline-fsync"
+    } else if imp.ends_with(crate::R3) {
+        "baseline-r3"
     } else {
         "baseline"
     }
@@ -88,19 +178,32 @@ fn key(c: usize) -> String {
 }
 
 /// Order of implementations in the table and the plot.
-const ORDER: [&str; 7] = [
+const ORDER: [&str; 11] = [
     "baseline",
     "tokio",
+    "tokio-prev",
     "smol",
     "baseline-fsync",
     "tokio-fsync",
+    "tokio-prev-fsync",
     "smol-fsync",
+    "tokio-r3",
+    "tokio-unconfirmed-r3",
     "etcd",
 ];
 
+/// The confirmed and the unconfirmed service on the cluster.
+const R3_PAIR: (&str, &str) = ("tokio-r3", "tokio-unconfirmed-r3");
+
 impl Report {
     /// Medians and ratios of every measurement.
-    pub fn new(results: &Results, memory: Option<Vec<Memory>>, setup: Setup) -> Report {
+    /// `prev` names the earlier commit's service (`tokio-prev` or `tokio-prev-fsync`).
+    pub fn new(
+        results: &Results,
+        memory: Option<Vec<Memory>>,
+        setup: Setup,
+        prev: Option<&str>,
+    ) -> Report {
         let mut operations: BTreeMap<String, BTreeMap<String, Figures>> = BTreeMap::new();
         for op in Op::ALL {
             for imp in ORDER {
@@ -161,10 +264,31 @@ impl Report {
                 );
             }
         }
+        let r3_confirm = Op::ALL
+            .into_iter()
+            .filter_map(|op| {
+                Pair::of(results, op, R3_PAIR.0, R3_PAIR.1).map(|p| (op.name().to_string(), p))
+            })
+            .collect();
+        let r1_vs_prev = prev.map(|prev| {
+            let this = prev.replacen("tokio-prev", "tokio", 1);
+            VsPrev {
+                rev: setup.prev_rev.clone().unwrap_or_default(),
+                bound: PREV_BOUND,
+                operations: Op::ALL
+                    .into_iter()
+                    .filter_map(|op| {
+                        Pair::of(results, op, &this, prev).map(|p| (op.name().to_string(), p))
+                    })
+                    .collect(),
+            }
+        });
         Report {
             setup,
             operations,
             vs_etcd,
+            r3_confirm,
+            r1_vs_prev,
             memory,
         }
     }
@@ -184,7 +308,7 @@ impl Report {
                 .unwrap_or_default()
         );
         println!(
-            "{:<8} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "op",
             "impl",
             "p50@1",
@@ -207,7 +331,7 @@ impl Report {
                 let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
                 let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
                 println!(
-                    "{:<8} {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                    "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
                     op.name(),
                     imp,
                     num(get(1).map(|s| s.p50_us)),
@@ -238,6 +362,69 @@ impl Report {
                 }
             }
         }
+        let rounds = |v: &[f64]| {
+            v.iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        if !self.r3_confirm.is_empty() {
+            println!();
+            println!(
+                "read confirmation on the 3-node cluster (R3, sync always): {} / {}, medians over rounds (each round)",
+                R3_PAIR.0, R3_PAIR.1
+            );
+            println!(
+                "{:<8} {:>8} {:>8} {:>8}   {:<20} ops@64 rounds",
+                "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
+            );
+            for op in Op::ALL {
+                let Some(p) = self.r3_confirm.get(op.name()) else {
+                    continue;
+                };
+                println!(
+                    "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
+                    op.name(),
+                    p.p50_c1,
+                    p.ops_per_s_c16,
+                    p.ops_per_s_c64,
+                    rounds(&p.p50_c1_rounds),
+                    rounds(&p.ops_per_s_c64_rounds)
+                );
+            }
+        }
+        if let Some(prev) = &self.r1_vs_prev {
+            println!();
+            let pair = prev.operations.values().next();
+            println!(
+                "R1 against {}: {} / {}, medians over rounds (each round); holds if p50@1 <= {:.2} and ops@64 >= {:.3}",
+                prev.rev,
+                pair.map_or("tokio", |p| p.this.as_str()),
+                pair.map_or("tokio-prev", |p| p.over.as_str()),
+                prev.bound,
+                1.0 / prev.bound
+            );
+            println!(
+                "{:<8} {:>8} {:>8} {:>8}   {:<20} {:<20} bar",
+                "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds", "ops@64 rounds"
+            );
+            for op in Op::ALL {
+                let Some(p) = prev.operations.get(op.name()) else {
+                    continue;
+                };
+                let holds = p.p50_c1 <= prev.bound && p.ops_per_s_c64 >= 1.0 / prev.bound;
+                println!(
+                    "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {:<20} {}",
+                    op.name(),
+                    p.p50_c1,
+                    p.ops_per_s_c16,
+                    p.ops_per_s_c64,
+                    rounds(&p.p50_c1_rounds),
+                    rounds(&p.ops_per_s_c64_rounds),
+                    if holds { "holds" } else { "missed" }
+                );
+            }
+        }
         if let Some(memory) = &self.memory {
             println!();
             for m in memory {
@@ -260,6 +447,10 @@ fn color(imp: &str) -> &'static str {
         "baseline-fsync" => "#8c564b",
         "tokio-fsync" => "#9467bd",
         "smol-fsync" => "#bcbd22",
+        "tokio-prev" => "#17becf",
+        "tokio-prev-fsync" => "#7f7f7f",
+        "tokio-r3" => "#ff7f0e",
+        "tokio-unconfirmed-r3" => "#e377c2",
         _ => "#d62728",
     }
 }
