@@ -333,6 +333,8 @@ pub struct Holder {
     /// The highest revision of the key any reply has shown. A grant below it is a
     /// stale read (a deposed stream leader answering from old state): not believed.
     highest_seen: u64,
+    /// Transient failures in a row while not owner: campaign retries back off.
+    failures: u32,
     next_id: u64,
     requests: VecDeque<HolderRequest>,
     events: VecDeque<HolderEvent>,
@@ -347,6 +349,7 @@ impl Holder {
             phase: Phase::Campaigning { next_at: now },
             in_flight: None,
             unknown_acquire: None,
+            failures: 0,
             unknown_renews: None,
             confirmed: None,
             highest_seen: 0,
@@ -514,6 +517,11 @@ impl Holder {
     }
 
     fn on_reply(&mut self, now: Instant, flight: InFlight, reply: Response) {
+        let failed = matches!(&reply, Response::Error(e)
+            if matches!(e.kind, ErrorKind::Unavailable | ErrorKind::Internal));
+        if !failed {
+            self.failures = 0;
+        }
         match (flight.purpose, reply) {
             (Purpose::Acquire, Response::Acquired(r))
                 if r.granted && r.lease.revision < self.highest_seen =>
@@ -709,10 +717,20 @@ impl Holder {
     }
 
     fn on_transient(&mut self, now: Instant, flight: InFlight) {
-        let retry = now + self.config.retry_every;
+        // An owner retries at the same pace, to renew before its deadline; a
+        // campaign backs off (doubling, at most one TTL) while the service keeps
+        // failing (a corrupt record answers `internal` until someone repairs it);
+        // a change event still wakes it at once.
+        self.failures = self.failures.saturating_add(1);
+        let backoff = self
+            .config
+            .retry_every
+            .saturating_mul(1 << (self.failures - 1).min(16))
+            .min(self.config.ttl);
         match &mut self.phase {
-            Phase::Campaigning { next_at } | Phase::Owner { next_at, .. } => *next_at = retry,
-            Phase::Confirming { .. } => self.campaign_after(now, self.config.retry_every),
+            Phase::Owner { next_at, .. } => *next_at = now + self.config.retry_every,
+            Phase::Campaigning { next_at } => *next_at = now + backoff,
+            Phase::Confirming { .. } => self.campaign_after(now, backoff),
             // One release attempt is enough: the TTL frees the key anyway. A renew or
             // acquire that was in flight when the stop came still leads to a release.
             Phase::Stopping { .. } if flight.purpose == Purpose::Release => {

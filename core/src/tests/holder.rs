@@ -263,6 +263,34 @@ fn a_renewal_answered_after_the_deadline_does_not_revive_the_tenure() {
     );
 }
 
+/// A corrupt record answers `internal` until someone repairs it: a campaign backs
+/// off, doubling from `retry_every` (1 s here) up to one TTL, and a reply resets it.
+#[test]
+fn a_campaign_backs_off_while_the_service_keeps_failing() {
+    let mut run = Run::new(config());
+    let mut at = 0;
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        let r = run.request();
+        run.answer(at, &r, error("internal"));
+        let next = run.holder.poll_timeout().expect("a retry");
+        waits.push((next - run.at(at)).as_millis());
+        at = (next - run.t0).as_millis() as u64;
+        run.holder.handle_timeout(next);
+    }
+    assert_eq!(waits, [1000, 2000, 4000, 8000, 15_000, 15_000]);
+    // A real answer resets it: the next failure waits retry_every again.
+    let r = run.request();
+    run.answer(at, &r, refused(4));
+    let next = run.holder.poll_timeout().expect("a campaign tick");
+    run.holder.handle_timeout(next);
+    let r = run.request();
+    let at = (next - run.t0).as_millis() as u64;
+    run.answer(at, &r, error("unavailable"));
+    let retry = run.holder.poll_timeout().expect("a retry");
+    assert_eq!(retry - run.at(at), Duration::from_secs(1));
+}
+
 #[test]
 fn retries_a_failed_renew_until_the_deadline() {
     let mut run = Run::elected(config(), 7, 1);
