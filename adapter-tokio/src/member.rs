@@ -627,7 +627,13 @@ impl Driver {
                 if campaign {
                     self.deferred.push_back((key.clone(), request));
                 } else {
-                    pending.push(send(&self.nats, &self.observer, key.clone(), request, false));
+                    pending.push(send(
+                        &self.nats,
+                        &self.observer,
+                        key.clone(),
+                        request,
+                        false,
+                    ));
                 }
             }
             while let Some(event) = holder.poll_event() {
