@@ -30,9 +30,13 @@ async fn every_input_bound_is_enforced_and_an_invalid_call_changes_no_lease() {
             assert!(reply["error"].as_str().unwrap().len() > 10);
         }
     }
-    // The same bodies aimed at the held key, with every field but one valid.
+    // The same bodies aimed at the held key, with every field but one valid. A
+    // release does not use `ttl_ms` and so ignores it (a valid release): that body
+    // goes to renew alone.
+    let bad_ttl =
+        json!({"key": "bounds", "holder": "h1", "revision": held["revision"], "ttl_ms": 1500});
+    assert_eq!(kind(&fx.call("renew", bad_ttl).await), "invalid");
     for body in [
-        json!({"key": "bounds", "holder": "h1", "revision": held["revision"], "ttl_ms": 1500}),
         json!({"key": "bounds", "holder": "h1"}),
         json!({"key": "bounds", "holder": "h1", "revision": held["revision"], "extra": true}),
     ] {
@@ -41,7 +45,11 @@ async fn every_input_bound_is_enforced_and_an_invalid_call_changes_no_lease() {
             "invalid",
             "{body}"
         );
-        assert_eq!(kind(&fx.call("release", body).await), "invalid");
+        assert_eq!(
+            kind(&fx.call("release", body.clone()).await),
+            "invalid",
+            "{body}"
+        );
     }
     assert_eq!(
         fx.owner("bounds").await,
