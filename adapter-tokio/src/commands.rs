@@ -11,10 +11,8 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::record::{
-    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE, LEASE_SUBJECTS, STREAM,
-    kv_subject,
-};
+use dagnats_leases_core::change::ChangeEvent;
+use dagnats_leases_core::record::{LEASE_SUBJECTS, STREAM, kv_subject};
 use dagnats_leases_core::wire::{ErrorKind, Lease};
 use futures::StreamExt;
 use serde_json::json;
@@ -282,26 +280,6 @@ pub fn exit_code(e: &LeaseError) -> u8 {
     }
 }
 
-/// What a change event says happened: the writer's `Dagnats-Lease-Event`, or
-/// `expired` for the server's expiry marker.
-pub fn event_name(headers: Option<&async_nats::HeaderMap>) -> &'static str {
-    let get = |name: &str| {
-        headers
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_string())
-    };
-    if get(HDR_MARKER_REASON).is_some() {
-        return "expired";
-    }
-    match get(HDR_LEASE_EVENT).as_deref() {
-        Some("acquired") => "acquired",
-        Some("renewed") => "renewed",
-        Some("released") => "released",
-        _ if get(HDR_KV_OPERATION).is_some() => "deleted",
-        _ => "written",
-    }
-}
-
 async fn watch(
     nats: &Client,
     key: Option<String>,
@@ -333,16 +311,12 @@ async fn watch(
             .next()
             .unwrap_or_default()
             .to_string();
-        let event = event_name(message.headers.as_ref());
-        let revision: u64 = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(HDR_SEQUENCE))
-            .and_then(|v| v.as_str().parse().ok())
-            .unwrap_or_default();
-        let holder = serde_json::from_slice::<serde_json::Value>(&message.payload)
-            .ok()
-            .and_then(|v| v["holder"].as_str().map(str::to_string));
+        let headers = message.headers.as_ref();
+        let change = ChangeEvent::from_parts(
+            |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+            &message.payload,
+        );
+        let (event, revision, holder) = (change.kind.as_str(), change.revision, change.holder);
         let line = if json {
             json!({"key": key, "event": event, "revision": revision, "holder": holder}).to_string()
         } else {

@@ -1,14 +1,19 @@
-//! The holder library: leader election, shard ownership and the owner's inbox, built
-//! on the core's [`Holder`], [`InboxGuard`] machines.
+//! The holder library: leader election, shard ownership and the owner's inbox, run
+//! by the core's [`Campaign`] machine.
 //!
 //! A [`Member`] is one process among the replicas of a service: one holder ID, one
-//! inbox. From it:
+//! inbox, one [`Campaign`] holding every key it campaigns for. From it:
 //!
 //! - [`Member::elect`] campaigns for one key and reports [`Ownership`] changes
 //!   ([`Elector`]);
 //! - [`Member::shards`] holds up to N keys of a set, one lease each ([`Shards`]);
 //! - [`Member::inbox`] receives requests forwarded to this process as owner, with the
 //!   contract's reject rules already applied ([`Inbox`]).
+//!
+//! Every rule (when to renew, when to step down, the cap on shards, which forwarded
+//! request to accept) is the core's. This module is one task per member that sends
+//! the machine's requests, feeds back their outcomes, change events and inbox
+//! messages, and sleeps until the machine's next deadline.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,23 +32,24 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use async_nats::{Client, HeaderMap, Subscriber};
-use dagnats_leases_core::guard::{InboxGuard, RejectReason};
-use dagnats_leases_core::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, RequestId, StepDownReason,
-};
-use dagnats_leases_core::record::{HDR_FENCE, HDR_LEASE_EVENT, changed_subject, inbox_wildcard};
-use dagnats_leases_core::wire::{self, Endpoint, ErrorKind};
+use async_nats::{Client, HeaderMap, Message, Subscriber};
+use dagnats_leases_core::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
+use dagnats_leases_core::change::ChangeEvent;
+use dagnats_leases_core::guard::RejectReason;
+use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
+use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
+use dagnats_leases_core::wire::Endpoint;
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind};
 use crate::exec;
@@ -75,27 +81,6 @@ pub trait CampaignObserver: Send + Sync {
 }
 
 type Observer = Option<Arc<dyn CampaignObserver>>;
-
-/// One process among the replicas: a NATS connection and a unique holder ID.
-#[derive(Clone)]
-pub struct Member {
-    nats: Client,
-    holder: String,
-    guard: Arc<Mutex<InboxGuard>>,
-    /// Keys some campaign of this member runs for: one holder ID may campaign for a
-    /// key only once, or two campaigns would both believe they own it.
-    keys: Arc<Mutex<BTreeSet<String>>>,
-    spawn: Spawner,
-    observer: Observer,
-}
-
-impl std::fmt::Debug for Member {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Member")
-            .field("holder", &self.holder)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A change of ownership of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +117,96 @@ pub struct Tenure {
     pub deadline: Instant,
 }
 
-type Held = BTreeMap<String, Tenure>;
+impl From<dagnats_leases_core::holder::Ownership> for Tenure {
+    fn from(o: dagnats_leases_core::holder::Ownership) -> Tenure {
+        Tenure {
+            tenure: o.tenure,
+            fence: o.fence,
+            deadline: o.deadline,
+        }
+    }
+}
+
+/// Where a group's ownership changes go, and who waits for it to finish.
+struct Outlet {
+    changes: mpsc::UnboundedSender<Change>,
+    keys: Vec<String>,
+    finished: Vec<oneshot::Sender<()>>,
+}
+
+/// An inbox subscription and where its accepted requests go.
+struct InboxFeed {
+    subscriber: Subscriber,
+    accepted: mpsc::UnboundedSender<ForwardedRequest>,
+    rejected: Arc<AtomicU64>,
+}
+
+/// What the handles and the driver share. The machine sits behind a lock so that
+/// [`Member::elect`] can say at once whether a key is free to campaign for; the
+/// driver holds the lock only while it feeds one input and drains the machine.
+struct State {
+    campaign: Campaign,
+    outlets: BTreeMap<GroupId, Outlet>,
+    /// Keys whose change events the driver should subscribe to.
+    subscribe: Vec<String>,
+    inboxes: Vec<InboxFeed>,
+    driver_started: bool,
+    /// False once every clone of the [`Member`] is gone: the driver ends when its
+    /// groups and inboxes have too.
+    member_alive: bool,
+}
+
+struct Shared {
+    nats: Client,
+    holder: String,
+    spawn: Spawner,
+    observer: Observer,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops `group`; `finished` fires once it has released what it held.
+    fn stop_group(&self, group: GroupId, finished: Option<oneshot::Sender<()>>) {
+        let mut state = self.lock();
+        match state.outlets.get_mut(&group) {
+            Some(outlet) => outlet.finished.extend(finished),
+            None => return,
+        }
+        state.campaign.stop_group(Instant::now(), group);
+        drop(state);
+        self.wake.notify_one();
+    }
+}
+
+/// Ends the member's part in the driver when the last clone goes.
+struct Life(Arc<Shared>);
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        self.0.lock().member_alive = false;
+        self.0.wake.notify_one();
+    }
+}
+
+/// One process among the replicas: a NATS connection and a unique holder ID.
+#[derive(Clone)]
+pub struct Member {
+    shared: Arc<Shared>,
+    _life: Arc<Life>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("holder", &self.shared.holder)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Member {
     /// A member with holder ID `holder` (`[A-Za-z0-9_-]{1,128}`, unique per process),
@@ -150,22 +224,48 @@ impl Member {
         holder: impl Into<String>,
         spawn: Spawner,
     ) -> Result<Member, LeaseError> {
-        let holder = holder.into();
-        wire::check_name("holder", &holder)?;
-        Ok(Member {
-            guard: Arc::new(Mutex::new(InboxGuard::new(&holder))),
-            keys: Arc::default(),
+        Member::build(nats, holder.into(), spawn, None)
+    }
+
+    fn build(
+        nats: Client,
+        holder: String,
+        spawn: Spawner,
+        observer: Observer,
+    ) -> Result<Member, LeaseError> {
+        let campaign = Campaign::new(&holder)?;
+        let shared = Arc::new(Shared {
             nats,
             holder,
             spawn,
-            observer: None,
+            observer,
+            state: Mutex::new(State {
+                campaign,
+                outlets: BTreeMap::new(),
+                subscribe: Vec::new(),
+                inboxes: Vec::new(),
+                driver_started: false,
+                member_alive: true,
+            }),
+            wake: Notify::new(),
+        });
+        Ok(Member {
+            _life: Arc::new(Life(shared.clone())),
+            shared,
         })
     }
 
-    /// The same member, its campaigns started from now on reporting to `observer`.
-    pub fn with_observer(mut self, observer: Arc<dyn CampaignObserver>) -> Member {
-        self.observer = Some(observer);
-        self
+    /// The same member, its campaigns reporting to `observer`. Call it before the
+    /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
+    pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Member {
+        let shared = &self.shared;
+        Member::build(
+            shared.nats.clone(),
+            shared.holder.clone(),
+            shared.spawn.clone(),
+            Some(observer),
+        )
+        .expect("the holder ID was checked already")
     }
 
     /// A holder ID unique to this process: `prefix` and random hex.
@@ -184,23 +284,23 @@ impl Member {
 
     /// This member's holder ID.
     pub fn holder(&self) -> &str {
-        &self.holder
+        &self.shared.holder
     }
 
     /// Campaigns for `key` until stopped; ownership changes arrive on the [`Elector`].
     pub fn elect(&self, key: &str, ttl: Duration) -> Result<Elector, LeaseError> {
-        let config = HolderConfig::new(key, self.holder.clone(), ttl);
+        let config = HolderConfig::new(key, self.shared.holder.clone(), ttl);
         self.elect_with(config)
     }
 
     /// [`Member::elect`] with every holder setting spelled out (its `holder` is
     /// replaced by this member's).
     pub fn elect_with(&self, mut config: HolderConfig) -> Result<Elector, LeaseError> {
-        config.holder = self.holder.clone();
+        config.holder = self.shared.holder.clone();
         let key = config.key.clone();
         Ok(Elector {
             key,
-            campaign: self.campaign(vec![config], 1)?,
+            group: self.start(vec![config], 1)?,
         })
     }
 
@@ -215,76 +315,47 @@ impl Member {
     ) -> Result<Shards, LeaseError> {
         let configs = keys
             .iter()
-            .map(|k| HolderConfig::new(*k, self.holder.clone(), ttl))
+            .map(|k| HolderConfig::new(*k, self.shared.holder.clone(), ttl))
             .collect();
         Ok(Shards {
-            campaign: self.campaign(configs, max_held)?,
+            group: self.start(configs, max_held)?,
         })
     }
 
-    fn campaign(
-        &self,
-        configs: Vec<HolderConfig>,
-        max_held: usize,
-    ) -> Result<Campaign, LeaseError> {
-        for c in &configs {
-            c.validate()?;
-        }
-        {
-            let mut keys = self.keys.lock().expect("member keys lock");
-            let mut seen = BTreeSet::new();
-            if let Some(dup) = configs
-                .iter()
-                .find(|c| keys.contains(&c.key) || !seen.insert(c.key.clone()))
-            {
-                return Err(LeaseError::new(
-                    LeaseErrorKind::Refused(ErrorKind::Invalid),
-                    format!(
-                        "key {:?} already has a campaign of holder {:?}: one holder ID \
-                         campaigns for a key once",
-                        dup.key, self.holder
-                    ),
-                ));
-            }
-            keys.extend(configs.iter().map(|c| c.key.clone()));
-        }
-        let member_keys = self.keys.clone();
+    fn start(&self, configs: Vec<HolderConfig>, max_held: usize) -> Result<Group, LeaseError> {
+        let keys: Vec<String> = configs.iter().map(|c| c.key.clone()).collect();
         let (changes_tx, changes) = mpsc::unbounded_channel();
-        let (held_tx, held) = watch::channel(Held::new());
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let (done_tx, done) = oneshot::channel();
-        let driver = Driver {
-            nats: self.nats.clone(),
-            guard: self.guard.clone(),
-            configs,
-            max_held: max_held.max(1),
-            holders: BTreeMap::new(),
-            failed: BTreeSet::new(),
-            deferred: VecDeque::new(),
-            gated_in_flight: 0,
-            changes: changes_tx,
-            held: held_tx,
-            observer: self.observer.clone(),
-        };
-        (self.spawn)(
-            async move {
-                let keys: Vec<String> = driver.configs.iter().map(|c| c.key.clone()).collect();
-                driver.run(stop_rx).await;
-                let mut member = member_keys.lock().expect("member keys lock");
-                for key in keys {
-                    member.remove(&key);
-                }
-                drop(member);
-                let _ = done_tx.send(());
-            }
-            .boxed(),
+        let mut state = self.shared.lock();
+        let id = state
+            .campaign
+            .add_group(Instant::now(), configs, max_held)
+            .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
+        state.subscribe.extend(keys.iter().cloned());
+        state.outlets.insert(
+            id,
+            Outlet {
+                changes: changes_tx,
+                keys,
+                finished: Vec::new(),
+            },
         );
-        Ok(Campaign {
+        self.ensure_driver(&mut state);
+        drop(state);
+        self.shared.wake.notify_one();
+        Ok(Group {
+            shared: self.shared.clone(),
+            id,
             changes,
-            held,
-            stop: Some(stop_tx),
-            done: Some(done),
+            stopped: false,
         })
+    }
+
+    fn ensure_driver(&self, state: &mut State) {
+        if !state.driver_started {
+            state.driver_started = true;
+            let shared = self.shared.clone();
+            (self.shared.spawn)(drive(shared).boxed());
+        }
     }
 
     /// Subscribes to this member's inbox, `dagnats.lease.inbox.<holder>.>` (a plain
@@ -292,57 +363,76 @@ impl Member {
     /// with a missing, malformed or stale fence, are rejected with
     /// `Dagnats-Lease-Reject: stale` before they reach [`Inbox::next`].
     pub async fn inbox(&self) -> Result<Inbox, crate::Error> {
-        let subscriber = self
-            .nats
-            .subscribe(inbox_wildcard(&self.holder))
+        let nats = &self.shared.nats;
+        let subscriber = nats
+            .subscribe(inbox_wildcard(&self.shared.holder))
             .await
             .map_err(|e| crate::Error::new(crate::ErrorKind::Nats, e))?;
-        self.nats
-            .flush()
+        nats.flush()
             .await
             .map_err(|e| crate::Error::new(crate::ErrorKind::Nats, e))?;
-        Ok(Inbox {
-            nats: self.nats.clone(),
-            guard: self.guard.clone(),
+        let (accepted, requests) = mpsc::unbounded_channel();
+        let rejected = Arc::new(AtomicU64::new(0));
+        let mut state = self.shared.lock();
+        state.inboxes.push(InboxFeed {
             subscriber,
-            rejected: 0,
-        })
+            accepted,
+            rejected: rejected.clone(),
+        });
+        self.ensure_driver(&mut state);
+        drop(state);
+        self.shared.wake.notify_one();
+        Ok(Inbox { requests, rejected })
     }
 }
 
-/// The background work of an [`Elector`] or [`Shards`], and its channels.
-#[derive(Debug)]
-struct Campaign {
+/// A running group of the member's campaign, as an [`Elector`] or [`Shards`] sees it.
+struct Group {
+    shared: Arc<Shared>,
+    id: GroupId,
     changes: mpsc::UnboundedReceiver<Change>,
-    held: watch::Receiver<Held>,
-    stop: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<()>>,
+    stopped: bool,
 }
 
-impl Campaign {
-    fn current(&self, key: &str) -> Option<Tenure> {
-        self.held
-            .borrow()
-            .get(key)
-            .copied()
-            .filter(|t| Instant::now() < t.deadline)
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("id", &self.id).finish()
+    }
+}
+
+impl Group {
+    fn tenure(&self, key: &str) -> Option<Tenure> {
+        let state = self.shared.lock();
+        state
+            .campaign
+            .ownership(key, Instant::now())
+            .map(Tenure::from)
+    }
+
+    fn held(&self) -> BTreeMap<String, Tenure> {
+        let state = self.shared.lock();
+        state
+            .campaign
+            .held(self.id, Instant::now())
+            .into_iter()
+            .map(|(k, o)| (k, o.into()))
+            .collect()
     }
 
     async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            let _ = done.await;
-        }
+        self.stopped = true;
+        let (finished, done) = oneshot::channel();
+        self.shared.stop_group(self.id, Some(finished));
+        // Err: the group had finished already (or the driver is gone).
+        let _ = done.await;
     }
 }
 
-impl Drop for Campaign {
+impl Drop for Group {
     fn drop(&mut self) {
-        // Dropping without stop(): the driver steps down and releases in the background.
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        // Dropped without stop(): the driver steps down and releases in the background.
+        if !self.stopped {
+            self.shared.stop_group(self.id, None);
         }
     }
 }
@@ -352,19 +442,19 @@ impl Drop for Campaign {
 #[derive(Debug)]
 pub struct Elector {
     key: String,
-    campaign: Campaign,
+    group: Group,
 }
 
 impl Elector {
     /// The next ownership change; `None` once the elector has stopped.
     pub async fn next(&mut self) -> Option<Change> {
-        self.campaign.changes.recv().await
+        self.group.changes.recv().await
     }
 
     /// The current tenure, if this process owns the key right now (its local deadline
     /// has not passed).
     pub fn tenure(&self) -> Option<Tenure> {
-        self.campaign.current(&self.key)
+        self.group.tenure(&self.key)
     }
 
     /// Whether this process owns the key right now.
@@ -379,7 +469,7 @@ impl Elector {
 
     /// Steps down (if leading), releases the lease, and waits for the release.
     pub async fn stop(mut self) {
-        self.campaign.stop().await;
+        self.group.stop().await;
     }
 }
 
@@ -398,316 +488,177 @@ impl Elector {
 /// ```
 #[derive(Debug)]
 pub struct Shards {
-    campaign: Campaign,
+    group: Group,
 }
 
 impl Shards {
     /// The next ownership change of any shard; `None` once stopped.
     pub async fn next(&mut self) -> Option<Change> {
-        self.campaign.changes.recv().await
+        self.group.changes.recv().await
     }
 
     /// The shards this process owns right now, with their tenures.
     pub fn held(&self) -> BTreeMap<String, Tenure> {
-        let now = Instant::now();
-        self.campaign
-            .held
-            .borrow()
-            .iter()
-            .filter(|(_, t)| now < t.deadline)
-            .map(|(k, t)| (k.clone(), *t))
-            .collect()
+        self.group.held()
     }
 
     /// The tenure of one shard, if owned right now.
     pub fn tenure(&self, key: &str) -> Option<Tenure> {
-        self.campaign.current(key)
+        self.group.tenure(key)
     }
 
     /// Steps down from every shard, releases them, and waits for the releases.
     pub async fn stop(mut self) {
-        self.campaign.stop().await;
+        self.group.stop().await;
     }
 }
 
-/// A request's outcome, for `key`'s holder; `gated` when it was a campaign acquire
-/// counted against `max_held`.
+/// What came of a request, for the machine.
 struct Answer {
-    key: String,
-    id: RequestId,
+    id: dagnats_leases_core::holder::RequestId,
     outcome: RequestOutcome,
-    gated: bool,
 }
 
 type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
-type ChangeFeed = SelectAll<Pin<Box<dyn futures::Stream<Item = String> + Send>>>;
+type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
 
-/// Runs the holder machines of one campaign: the one driver loop of the library.
-struct Driver {
-    nats: Client,
-    guard: Arc<Mutex<InboxGuard>>,
-    configs: Vec<HolderConfig>,
-    max_held: usize,
-    holders: BTreeMap<String, Holder>,
-    /// Keys the service refused for good (`invalid`, `unsupported`): not retried.
-    failed: BTreeSet<String>,
-    /// Campaign acquires waiting for room: at most `max_held` less what is held (or
-    /// being confirmed) go out at once, so a member never wins more than it may
-    /// keep, and the keys take turns.
-    deferred: VecDeque<(String, HolderRequest)>,
-    gated_in_flight: usize,
-    changes: mpsc::UnboundedSender<Change>,
-    held: watch::Sender<Held>,
-    observer: Observer,
+/// The one driver loop of a member: sends what the machine wants, feeds back what
+/// comes of it, change events and inbox messages, and wakes at its next deadline.
+async fn drive(shared: Arc<Shared>) {
+    let mut pending = Pending::new();
+    let mut changes: Feed<(String, Message)> = SelectAll::new();
+    // Dropping a key's sender ends its change-event stream (and unsubscribes).
+    let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
+    let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
+    let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
+    loop {
+        let (requests, events, wake, subscribe, new_inboxes, done) = {
+            let mut state = shared.lock();
+            let requests: Vec<CampaignRequest> =
+                std::iter::from_fn(|| state.campaign.poll_request()).collect();
+            let events: Vec<CampaignEvent> =
+                std::iter::from_fn(|| state.campaign.poll_event()).collect();
+            let done = !state.member_alive && state.campaign.is_done();
+            (
+                requests,
+                events,
+                state.campaign.poll_timeout(),
+                std::mem::take(&mut state.subscribe),
+                std::mem::take(&mut state.inboxes),
+                done,
+            )
+        };
+        for request in requests {
+            pending.push(send(&shared, request));
+        }
+        for key in subscribe {
+            // A failed subscribe only loses the early wake-up, never correctness.
+            if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
+                let (stop, stopped) = oneshot::channel();
+                subscribed.insert(key.clone(), stop);
+                changes.push(Box::pin(
+                    sub.map(move |m| (key.clone(), m)).take_until(stopped),
+                ));
+            }
+        }
+        for key in dispatch(&shared, events) {
+            subscribed.remove(&key);
+        }
+        for feed in new_inboxes {
+            let n = inboxes.len();
+            inboxes.push((feed.accepted, feed.rejected));
+            inbox_msgs.push(Box::pin(feed.subscriber.map(move |m| (n, m))));
+        }
+        let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
+        if done && pending.is_empty() && !inbox_open {
+            break;
+        }
+        let sleep = async {
+            match wake {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => futures::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(answer) = pending.next(), if !pending.is_empty() => {
+                shared.lock().campaign.handle_outcome(Instant::now(), answer.id, answer.outcome);
+            }
+            Some((key, message)) = changes.next(), if !changes.is_empty() => {
+                let event = change_event(&message);
+                shared.lock().campaign.handle_change(Instant::now(), &key, &event);
+            }
+            Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
+                let (accepted, rejected) = &inboxes[n];
+                receive(&shared, accepted, rejected, message).await;
+            }
+            _ = sleep => {
+                shared.lock().campaign.handle_timeout(Instant::now());
+            }
+            _ = shared.wake.notified() => {}
+        }
+    }
 }
 
-impl Driver {
-    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
-        let mut pending = Pending::new();
-        let mut feed = self.subscribe_changes().await;
-        let mut stopping = false;
+/// Passes the machine's events on; returns the keys no running group campaigns for
+/// any more (their change events are no longer wanted).
+fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
+    let mut finished_keys = Vec::new();
+    if events.is_empty() {
+        return finished_keys;
+    }
+    if let Some(o) = &shared.observer {
         let now = Instant::now();
-        self.rebalance(now);
-        loop {
-            // Drain and pump until no deferred request was answered on the spot.
-            self.drain(&mut pending);
-            while self.pump(&mut pending) {
-                self.drain(&mut pending);
-            }
-            let finished = self.holders.values().all(Holder::is_done)
-                && pending.is_empty()
-                && self.deferred.is_empty();
-            if finished && (stopping || self.failed.len() == self.configs.len()) {
-                break;
-            }
-            let wake = self.holders.values().filter_map(Holder::poll_timeout).min();
-            let sleep = async {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => futures::future::pending().await,
-                }
-            };
-            tokio::select! {
-                Some(answer) = pending.next(), if !pending.is_empty() => {
-                    if answer.gated {
-                        self.gated_in_flight -= 1;
-                    }
-                    if let Some(h) = self.holders.get_mut(&answer.key) {
-                        h.handle_outcome(Instant::now(), answer.id, answer.outcome);
-                    }
-                }
-                Some(key) = feed.next(), if !stopping => {
-                    if let Some(h) = self.holders.get_mut(&key) {
-                        h.handle_changed(Instant::now());
-                    }
-                }
-                _ = sleep => {
-                    let now = Instant::now();
-                    for h in self.holders.values_mut() {
-                        h.handle_timeout(now);
-                    }
-                }
-                _ = &mut stop, if !stopping => {
-                    stopping = true;
-                    let now = Instant::now();
-                    for h in self.holders.values_mut() {
-                        h.stop(now);
-                    }
-                }
-            }
-            if !stopping {
-                self.rebalance(Instant::now());
-            }
-        }
-        self.held.send_replace(Held::new());
-    }
-
-    /// One change-event subscription per key; a failed subscribe only loses the
-    /// early wake-up, never correctness.
-    async fn subscribe_changes(&self) -> ChangeFeed {
-        let mut feed = SelectAll::new();
-        for c in &self.configs {
-            if let Ok(sub) = self.nats.subscribe(changed_subject(&c.key)).await {
-                let key = c.key.clone();
-                // Only a change that can free the key: a release, or the server's
-                // expiry marker (no event header). Renewals say nothing new.
-                let stream: Pin<Box<dyn futures::Stream<Item = String> + Send>> =
-                    Box::pin(sub.filter_map(move |m| {
-                        let event = m
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get(HDR_LEASE_EVENT))
-                            .map(|v| v.as_str().to_string());
-                        let frees = matches!(event.as_deref(), None | Some("released"));
-                        futures::future::ready(frees.then(|| key.clone()))
-                    }));
-                feed.push(stream);
-            }
-        }
-        feed
-    }
-
-    /// Keys held now or being confirmed: what counts against `max_held`.
-    fn holding(&self, now: Instant) -> Vec<(u64, String)> {
-        self.holders
-            .iter()
-            .filter_map(|(k, h)| match h.ownership(now) {
-                Some(own) => Some((own.tenure, k.clone())),
-                None if h.status() == HolderStatus::Confirming => Some((u64::MAX, k.clone())),
-                None => None,
-            })
-            .collect()
-    }
-
-    /// Campaigns for keys while fewer than `max_held` are held; at `max_held` stops
-    /// campaigning for the rest, and should more be held, releases the newest.
-    fn rebalance(&mut self, now: Instant) {
-        let mut holding = self.holding(now);
-        // Finished holders (stopped for rebalancing, or refused for good) go away.
-        self.holders.retain(|_, h| !h.is_done());
-        if holding.len() >= self.max_held {
-            holding.sort();
-            let keep: BTreeSet<String> = holding
-                .into_iter()
-                .take(self.max_held)
-                .map(|(_, k)| k)
-                .collect();
-            for (key, h) in self.holders.iter_mut() {
-                if !keep.contains(key) {
-                    h.stop(now);
-                }
-            }
-            return;
-        }
-        for config in &self.configs {
-            if !self.holders.contains_key(&config.key)
-                && !self.failed.contains(&config.key)
-                && let Ok(h) = Holder::new(config.clone(), now)
-            {
-                self.holders.insert(config.key.clone(), h);
+        for event in &events {
+            if let CampaignEvent::Holder { key, event, .. } = event {
+                o.event(key, event, now);
             }
         }
     }
-
-    /// Sends deferred campaign acquires while there is room under `max_held`. One
-    /// whose holder no longer waits for it (stopping) is answered "no responders"
-    /// on the spot: it was never sent, so it wrote nothing.
-    /// Returns whether it answered any here (its machine may want to send again).
-    fn pump(&mut self, pending: &mut Pending) -> bool {
-        let now = Instant::now();
-        let room = self.max_held.saturating_sub(self.holding(now).len());
-        let mut kept = VecDeque::new();
-        let mut answered_here = false;
-        while let Some((key, request)) = self.deferred.pop_front() {
-            let status = self.holders.get(&key).map(Holder::status);
-            if status != Some(HolderStatus::Campaigning) {
-                if let Some(h) = self.holders.get_mut(&key) {
-                    h.handle_outcome(now, request.id, RequestOutcome::NoResponders);
-                    answered_here = true;
-                }
-                continue;
-            }
-            if self.gated_in_flight < room {
-                self.gated_in_flight += 1;
-                pending.push(send(&self.nats, &self.observer, key, request, true));
-            } else {
-                kept.push_back((key, request));
-            }
-        }
-        self.deferred = kept;
-        answered_here
-    }
-
-    /// Sends what the machines want and passes their events on.
-    fn drain(&mut self, pending: &mut Pending) {
-        for (key, holder) in self.holders.iter_mut() {
-            while let Some(request) = holder.poll_request() {
-                let campaign = request.endpoint == Endpoint::Acquire
-                    && holder.status() == HolderStatus::Campaigning;
-                if campaign {
-                    self.deferred.push_back((key.clone(), request));
-                } else {
-                    pending.push(send(
-                        &self.nats,
-                        &self.observer,
-                        key.clone(),
-                        request,
-                        false,
-                    ));
-                }
-            }
-            while let Some(event) = holder.poll_event() {
-                if let Some(o) = &self.observer {
-                    o.event(key, &event, Instant::now());
-                }
-                self.guard
-                    .lock()
-                    .expect("inbox guard lock")
-                    .observe(key, &event);
-                let ownership = match &event {
-                    HolderEvent::Elected { fence, deadline } => {
-                        self.held.send_modify(|h| {
-                            h.insert(
-                                key.clone(),
-                                Tenure {
-                                    tenure: *fence,
-                                    fence: *fence,
-                                    deadline: *deadline,
-                                },
-                            );
-                        });
-                        Some(Ownership::Elected { fence: *fence })
-                    }
-                    HolderEvent::Renewed {
-                        tenure,
-                        fence,
-                        deadline,
-                    } => {
-                        self.held.send_modify(|h| {
-                            h.insert(
-                                key.clone(),
-                                Tenure {
-                                    tenure: *tenure,
-                                    fence: *fence,
-                                    deadline: *deadline,
-                                },
-                            );
-                        });
-                        None
-                    }
-                    HolderEvent::SteppedDown { reason } => {
-                        self.held.send_modify(|h| {
-                            h.remove(key);
-                        });
-                        Some(Ownership::SteppedDown { reason: *reason })
-                    }
+    let mut state = shared.lock();
+    for event in events {
+        match event {
+            CampaignEvent::Holder { group, key, event } => {
+                let ownership = match event {
+                    HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
+                    HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
+                    HolderEvent::Renewed { .. } => None,
                     HolderEvent::Failed { kind, message } => {
                         tracing::error!(key, %kind, message, "the lease service refused this holder");
-                        self.failed.insert(key.clone());
                         None
                     }
                 };
-                if let Some(ownership) = ownership {
-                    let _ = self.changes.send(Change {
-                        key: key.clone(),
-                        ownership,
-                    });
+                if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
+                    let _ = outlet.changes.send(Change { key, ownership });
+                }
+            }
+            CampaignEvent::Finished { group } => {
+                if let Some(outlet) = state.outlets.remove(&group) {
+                    finished_keys.extend(outlet.keys);
+                    for f in outlet.finished {
+                        let _ = f.send(());
+                    }
                 }
             }
         }
     }
+    // A key may be campaigned for again already, by a group started meanwhile.
+    finished_keys.retain(|k| !state.outlets.values().any(|o| o.keys.contains(k)));
+    finished_keys
 }
 
-fn send(
-    nats: &Client,
-    observer: &Observer,
-    key: String,
-    request: HolderRequest,
-    gated: bool,
-) -> BoxFuture<'static, Answer> {
-    let nats = nats.clone();
-    let observer = observer.clone();
+fn change_event(message: &Message) -> ChangeEvent {
+    let headers = message.headers.as_ref();
+    ChangeEvent::from_parts(
+        |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+        &message.payload,
+    )
+}
+
+fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer> {
+    let nats = shared.nats.clone();
+    let observer = shared.observer.clone();
     async move {
+        let CampaignRequest { key, request } = out;
         let endpoint = request.endpoint;
         let body = observer.as_ref().map(|_| request.body.clone());
         let sent = Instant::now();
@@ -725,13 +676,56 @@ fn send(
             o.request(&key, endpoint, body, sent, &outcome, Instant::now());
         }
         Answer {
-            key,
             id: request.id,
             outcome,
-            gated,
         }
     }
     .boxed()
+}
+
+/// One message on the inbox: passed on when the machine accepts it, answered
+/// `Dagnats-Lease-Reject: stale` when not.
+async fn receive(
+    shared: &Shared,
+    accepted: &mpsc::UnboundedSender<ForwardedRequest>,
+    rejected: &AtomicU64,
+    message: Message,
+) {
+    let fence = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HDR_FENCE))
+        .map(|v| v.as_str().to_string());
+    let verdict = shared.lock().campaign.check_inbox(
+        Instant::now(),
+        message.subject.as_str(),
+        fence.as_deref(),
+    );
+    match verdict {
+        Ok(ok) if !accepted.is_closed() => {
+            let _ = accepted.send(ForwardedRequest {
+                key: ok.key,
+                fence: ok.fence,
+                payload: message.payload.to_vec(),
+                reply: message.reply,
+                nats: shared.nats.clone(),
+            });
+        }
+        Ok(_) => {}
+        Err(reason) => {
+            rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(subject = %message.subject, %reason, "forward rejected");
+            if let Some(reply) = message.reply {
+                let (name, value) = RejectReason::reply_header();
+                let mut headers = HeaderMap::new();
+                headers.insert(name, value);
+                let _ = shared
+                    .nats
+                    .publish_with_headers(reply, headers, bytes::Bytes::new())
+                    .await;
+            }
+        }
+    }
 }
 
 /// Requests forwarded to this member as owner (see [`Member::inbox`]).
@@ -748,10 +742,8 @@ fn send(
 /// ```
 #[derive(Debug)]
 pub struct Inbox {
-    nats: Client,
-    guard: Arc<Mutex<InboxGuard>>,
-    subscriber: Subscriber,
-    rejected: u64,
+    requests: mpsc::UnboundedReceiver<ForwardedRequest>,
+    rejected: Arc<AtomicU64>,
 }
 
 /// One forwarded request this member accepted as owner: answer it with
@@ -783,52 +775,13 @@ impl ForwardedRequest {
 
 impl Inbox {
     /// The next request this member should process as owner; rejected ones are
-    /// answered here and skipped. `None` when the subscription ends.
+    /// answered by the member and skipped. `None` when the subscription ends.
     pub async fn next(&mut self) -> Option<ForwardedRequest> {
-        loop {
-            let message = self.subscriber.next().await?;
-            let fence = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(HDR_FENCE))
-                .map(|v| v.as_str().to_string());
-            let verdict = self.guard.lock().expect("inbox guard lock").check(
-                Instant::now(),
-                message.subject.as_str(),
-                fence.as_deref(),
-            );
-            match verdict {
-                Ok(accepted) => {
-                    return Some(ForwardedRequest {
-                        key: accepted.key,
-                        fence: accepted.fence,
-                        payload: message.payload.to_vec(),
-                        reply: message.reply,
-                        nats: self.nats.clone(),
-                    });
-                }
-                Err(reason) => {
-                    self.rejected += 1;
-                    tracing::debug!(subject = %message.subject, %reason, "forward rejected");
-                    self.reject(message.reply).await;
-                }
-            }
-        }
-    }
-
-    async fn reject(&self, reply: Option<async_nats::Subject>) {
-        let Some(reply) = reply else { return };
-        let (name, value) = RejectReason::reply_header();
-        let mut headers = HeaderMap::new();
-        headers.insert(name, value);
-        let _ = self
-            .nats
-            .publish_with_headers(reply, headers, bytes::Bytes::new())
-            .await;
+        self.requests.recv().await
     }
 
     /// How many forwarded requests were rejected so far.
     pub fn rejected(&self) -> u64 {
-        self.rejected
+        self.rejected.load(Ordering::Relaxed)
     }
 }

@@ -447,6 +447,20 @@ impl Holder {
         self.drive(now);
     }
 
+    /// Request `id` was never sent (its driver dropped it, as a [`crate::campaign`]
+    /// queue does for a holder that stopped meanwhile): it wrote nothing, so nothing
+    /// about it is unknown. A campaign asks again at its next tick.
+    pub fn cancel(&mut self, now: Instant, id: RequestId) {
+        if self.in_flight.is_none_or(|f| f.id != id) {
+            return;
+        }
+        self.in_flight = None;
+        if let Phase::Campaigning { .. } = self.phase {
+            self.campaign_after(now, self.config.campaign_every);
+        }
+        self.drive(now);
+    }
+
     /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
     /// waits for are ignored.
     pub fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {

@@ -6,8 +6,9 @@
 //! pure, synchronous state machines: wire types and strict validation ([`wire`]),
 //! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
 //! one machine per call ([`call`]) and bucket startup ([`startup`]); and the holder
-//! side: a campaigning, renewing [`holder::Holder`] and the owner-side and downstream
-//! checks of [`guard`].
+//! side: a campaigning, renewing [`holder::Holder`], every campaign of one process
+//! ([`campaign::Campaign`]: groups, caps, the inbox), change events ([`change`]),
+//! and the owner-side and downstream checks of [`guard`].
 //!
 //! # Determinism
 //!
@@ -50,6 +51,8 @@
 #![warn(missing_docs)]
 
 pub mod call;
+pub mod campaign;
+pub mod change;
 pub mod guard;
 pub mod holder;
 pub mod js;
@@ -62,6 +65,8 @@ pub mod wire;
 pub mod sim;
 
 pub use call::{Call, CallConfig, Effect, EffectId, Mode};
+pub use campaign::{Campaign, CampaignEvent, GroupId};
+pub use change::{ChangeEvent, ChangeKind};
 pub use guard::{FenceGuard, InboxGuard};
 pub use holder::{Holder, HolderConfig, HolderEvent};
 pub use js::{NatsRequest, RequestOutcome};

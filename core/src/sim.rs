@@ -182,7 +182,9 @@ impl SimJetStream {
 
     /// The message stored at `seq`, from the log.
     pub fn at(&self, seq: u64) -> Option<&SimMsg> {
-        self.log.iter().find(|m| m.seq == seq)
+        // The log is in sequence order.
+        let i = self.log.binary_search_by_key(&seq, |m| m.seq).ok()?;
+        self.log.get(i)
     }
 
     /// Answers a request as nats-server would.

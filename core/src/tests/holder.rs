@@ -20,33 +20,33 @@ fn span() -> Duration {
     config().believed_span(TTL)
 }
 
-fn lease(revision: u64, holder: &str) -> serde_json::Value {
+pub(super) fn lease(revision: u64, holder: &str) -> serde_json::Value {
     json!({"held": true, "key": "leader", "holder": holder, "revision": revision,
         "acquired_at": "2026-10-18T12:00:00Z", "expires_at": "2026-10-18T12:00:15Z",
         "ttl_ms": 15000})
 }
 
-fn granted(revision: u64) -> RequestOutcome {
+pub(super) fn granted(revision: u64) -> RequestOutcome {
     let mut v = lease(revision, "h1");
     v["granted"] = json!(true);
     RequestOutcome::reply(v.to_string())
 }
 
-fn refused(revision: u64) -> RequestOutcome {
+pub(super) fn refused(revision: u64) -> RequestOutcome {
     let mut v = lease(revision, "h2");
     v["granted"] = json!(false);
     RequestOutcome::reply(v.to_string())
 }
 
-fn renewed(revision: u64) -> RequestOutcome {
+pub(super) fn renewed(revision: u64) -> RequestOutcome {
     RequestOutcome::reply(lease(revision, "h1").to_string())
 }
 
-fn error(kind: &str) -> RequestOutcome {
+pub(super) fn error(kind: &str) -> RequestOutcome {
     RequestOutcome::reply(json!({"error": "says the service", "kind": kind}).to_string())
 }
 
-fn body(r: &HolderRequest) -> serde_json::Value {
+pub(super) fn body(r: &HolderRequest) -> serde_json::Value {
     serde_json::from_slice(&r.body).unwrap()
 }
 

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use crate::call::{Call, CallConfig, Effect, EffectId};
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, RequestId, StepDownReason};
+use crate::campaign::{Campaign, CampaignEvent, GroupId};
+use crate::holder::{
+    Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, RequestId, StepDownReason,
+};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
 
@@ -76,6 +79,35 @@ pub struct WorldParams {
     pub recreate_every_ms: u64,
     /// How long the world runs, simulated ms.
     pub run_ms: u64,
+    /// How the holders run: bare [`Holder`] machines for one key, or members (a
+    /// [`Campaign`] each) holding some of a set of shards.
+    pub nodes: Nodes,
+}
+
+/// What each node of a world is.
+#[derive(Debug, Clone, Copy)]
+pub enum Nodes {
+    /// One [`Holder`] for the one key.
+    Holders,
+    /// One [`Campaign`] per node with a group of `shards` keys, at most `max_held` held.
+    /// A re-creation restarts the member: under the same holder ID, or under a new one
+    /// when `new_id_on_restart`. Every `leave_every_ms` (0: never) on average, a member
+    /// stops its group (releasing what it holds) and starts it again a while later.
+    Members {
+        shards: usize,
+        max_held: usize,
+        new_id_on_restart: bool,
+        leave_every_ms: u64,
+    },
+}
+
+/// One node's machine.
+enum Machine {
+    Holder(Holder),
+    Member {
+        campaign: Campaign,
+        group: Option<GroupId>,
+    },
 }
 
 #[derive(Debug)]
@@ -92,11 +124,17 @@ enum Ev {
     Outcome(usize, u64, RequestId, RequestOutcome),
     /// A holder's machine is dropped and made afresh.
     Recreate(usize),
+    /// A member stops its group.
+    Leave(usize),
+    /// A member starts its group again.
+    Join(usize),
 }
 
 struct HolderSim {
-    machine: Holder,
-    config: HolderConfig,
+    machine: Machine,
+    /// The configs of its keys (one for a bare holder); their `holder` is `name`.
+    configs: Vec<HolderConfig>,
+    name: String,
     /// Bumped on every re-creation: outcomes for an older machine are dropped.
     generation: u64,
     /// Clock rate: holder time = rate × server time.
@@ -125,6 +163,7 @@ pub struct Stats {
     pub failovers: u64,
     pub pauses: u64,
     pub recreations: u64,
+    pub leaves: u64,
 }
 
 pub struct HolderWorld {
@@ -139,10 +178,109 @@ pub struct HolderWorld {
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Ev>>,
     last_owner: Option<usize>,
+    /// Per key, the log as runs of messages by one writer: (first seq, last seq,
+    /// holder of a value, `None` for anything else), read from `js.log` as it grows.
+    runs: std::collections::BTreeMap<String, Vec<(u64, u64, Option<String>)>>,
+    runs_read: usize,
     pub stats: Stats,
 }
 
 const KEY: &str = "leader";
+
+impl Machine {
+    fn new(nodes: Nodes, name: &str, configs: &[HolderConfig], now: Instant) -> Machine {
+        match nodes {
+            Nodes::Holders => {
+                Machine::Holder(Holder::new(configs[0].clone(), now).expect("valid config"))
+            }
+            Nodes::Members { max_held, .. } => {
+                let mut campaign = Campaign::new(name).expect("a valid holder ID");
+                let group = campaign
+                    .add_group(now, configs.to_vec(), max_held)
+                    .expect("a valid group");
+                Machine::Member {
+                    campaign,
+                    group: Some(group),
+                }
+            }
+        }
+    }
+
+    fn poll_request(&mut self) -> Option<HolderRequest> {
+        match self {
+            Machine::Holder(h) => h.poll_request(),
+            Machine::Member { campaign, .. } => campaign.poll_request().map(|r| r.request),
+        }
+    }
+
+    /// The next holder event; a member's finished group is noted here.
+    fn poll_event(&mut self) -> Option<HolderEvent> {
+        match self {
+            Machine::Holder(h) => h.poll_event(),
+            Machine::Member { campaign, group } => loop {
+                match campaign.poll_event()? {
+                    CampaignEvent::Holder { event, .. } => return Some(event),
+                    CampaignEvent::Finished { group: g } => {
+                        if *group == Some(g) {
+                            *group = None;
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Machine::Holder(h) => h.poll_timeout(),
+            Machine::Member { campaign, .. } => campaign.poll_timeout(),
+        }
+    }
+
+    fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+        match self {
+            Machine::Holder(h) => h.handle_outcome(now, id, outcome),
+            Machine::Member { campaign, .. } => campaign.handle_outcome(now, id, outcome),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        match self {
+            Machine::Holder(h) => h.handle_timeout(now),
+            Machine::Member { campaign, .. } => campaign.handle_timeout(now),
+        }
+    }
+
+    /// Every key this node believes it owns at `now`.
+    fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Ownership)> {
+        match self {
+            Machine::Holder(h) => h
+                .ownership(now)
+                .map(|o| (configs[0].key.clone(), o))
+                .into_iter()
+                .collect(),
+            Machine::Member { campaign, .. } => configs
+                .iter()
+                .filter_map(|c| Some((c.key.clone(), campaign.ownership(&c.key, now)?)))
+                .collect(),
+        }
+    }
+}
+
+fn configs_for(p: &WorldParams, name: &str) -> Vec<HolderConfig> {
+    let keys: Vec<String> = match p.nodes {
+        Nodes::Holders => vec![KEY.to_string()],
+        Nodes::Members { shards, .. } => (0..shards).map(|s| format!("s{s}")).collect(),
+    };
+    keys.into_iter()
+        .map(|key| {
+            let mut config = HolderConfig::new(key, name, Duration::from_secs(p.ttl_s));
+            config.max_clock_drift_ppm = p.configured_drift_ppm;
+            config.request_timeout = Duration::from_millis(p.ttl_s * p.timeout_per_ttl_s);
+            config
+        })
+        .collect()
+}
 
 impl HolderWorld {
     pub fn new(p: WorldParams) -> HolderWorld {
@@ -150,15 +288,14 @@ impl HolderWorld {
         let base = Instant::now();
         let holders = (0..p.holders)
             .map(|i| {
-                let mut config =
-                    HolderConfig::new(KEY, format!("h{i}"), Duration::from_secs(p.ttl_s));
-                config.max_clock_drift_ppm = p.configured_drift_ppm;
-                config.request_timeout = Duration::from_millis(p.ttl_s * p.timeout_per_ttl_s);
+                let name = format!("h{i}");
+                let configs = configs_for(&p, &name);
                 let span = 2 * u64::from(p.actual_drift_ppm) + 1;
                 let drift_ppm = rng.below(span) as f64 - f64::from(p.actual_drift_ppm);
                 HolderSim {
-                    machine: Holder::new(config.clone(), base).expect("valid config"),
-                    config,
+                    machine: Machine::new(p.nodes, &name, &configs, base),
+                    configs,
+                    name,
                     generation: 0,
                     rate: 1.0 + drift_ppm / 1e6,
                     paused_until: 0,
@@ -179,14 +316,26 @@ impl HolderWorld {
             queue: BinaryHeap::new(),
             events: Vec::new(),
             last_owner: None,
+            runs: Default::default(),
+            runs_read: 0,
             stats: Stats::default(),
         };
         for h in 0..world.holders.len() {
             world.drain_holder(h);
             world.schedule_pause(h);
             world.schedule_recreate(h);
+            world.schedule_leave(h);
         }
         world
+    }
+
+    fn schedule_leave(&mut self, h: usize) {
+        if let Nodes::Members { leave_every_ms, .. } = self.p.nodes
+            && leave_every_ms > 0
+        {
+            let at = self.t + 1 + self.rng.below(2 * leave_every_ms);
+            self.schedule(at, Ev::Leave(h));
+        }
     }
 
     fn holder_now(&self, h: usize, t: u64) -> Instant {
@@ -340,9 +489,18 @@ impl HolderWorld {
             }
             Ev::Recreate(h) => {
                 let now = self.holder_now(h, self.t);
-                let config = self.holders[h].config.clone();
+                if let Nodes::Members {
+                    new_id_on_restart: true,
+                    ..
+                } = self.p.nodes
+                {
+                    let name = format!("h{h}r{}", self.holders[h].generation + 1);
+                    self.holders[h].configs = configs_for(&self.p, &name);
+                    self.holders[h].name = name;
+                }
+                let nodes = self.p.nodes;
                 let sim = &mut self.holders[h];
-                sim.machine = Holder::new(config, now).expect("valid config");
+                sim.machine = Machine::new(nodes, &sim.name, &sim.configs, now);
                 sim.generation += 1;
                 sim.backlog.clear();
                 sim.answered.clear();
@@ -351,6 +509,51 @@ impl HolderWorld {
                     self.drain_holder(h);
                 }
                 self.schedule_recreate(h);
+            }
+            Ev::Leave(h) => {
+                let now = self.holder_now(h, self.t);
+                if let Machine::Member {
+                    campaign,
+                    group: Some(group),
+                } = &mut self.holders[h].machine
+                {
+                    campaign.stop_group(now, *group);
+                    self.stats.leaves += 1;
+                }
+                if !self.paused(h) {
+                    self.drain_holder(h);
+                }
+                let back = self.t + 1 + self.rng.below(4 * self.p.ttl_s * 1000);
+                self.schedule(back, Ev::Join(h));
+            }
+            Ev::Join(h) => {
+                let now = self.holder_now(h, self.t);
+                let Nodes::Members { max_held, .. } = self.p.nodes else {
+                    return;
+                };
+                let configs = self.holders[h].configs.clone();
+                let mut retry = false;
+                if let Machine::Member { campaign, group } = &mut self.holders[h].machine {
+                    match group {
+                        // Still releasing what it held: try again a little later.
+                        Some(_) => retry = true,
+                        None => {
+                            *group = Some(
+                                campaign
+                                    .add_group(now, configs, max_held)
+                                    .expect("the old group has finished"),
+                            )
+                        }
+                    }
+                }
+                if retry {
+                    self.schedule(self.t + 100, Ev::Join(h));
+                    return;
+                }
+                if !self.paused(h) {
+                    self.drain_holder(h);
+                }
+                self.schedule_leave(h);
             }
             Ev::Arrive(h, generation, request) => {
                 let call = Call::new(
@@ -397,48 +600,77 @@ impl HolderWorld {
         }
     }
 
-    /// Checks both invariants at the current instant.
-    fn check(&self) -> Result<(), String> {
-        let mut believers = Vec::new();
-        for h in 0..self.holders.len() {
-            let now = self.holder_now(h, self.t);
-            let Some(own) = self.holders[h].machine.ownership(now) else {
-                continue;
-            };
-            believers.push(h);
-            let name = format!("h{h}");
-            let Some((record, revision)) = self.js.live(KEY) else {
-                return Err(format!(
-                    "t={}ms: {name} believes it owns {KEY} (tenure {}, fence {}) but the \
-                     server holds no lease",
-                    self.t, own.tenure, own.fence
-                ));
-            };
-            if record.holder != name || revision < own.fence {
-                return Err(format!(
-                    "t={}ms: {name} believes it owns {KEY} at fence {} but the server has \
-                     {} at {revision}",
-                    self.t, own.fence, record.holder
-                ));
-            }
-            let interrupted = self.js.log.iter().any(|m| {
-                m.key == KEY
-                    && m.seq > own.tenure
-                    && m.seq <= revision
-                    && (m.kind != MsgKind::Value || m.record().is_none_or(|r| r.holder != name))
-            });
-            if interrupted {
-                return Err(format!(
-                    "t={}ms: {name}'s tenure {} was interrupted on the server before \
-                     revision {revision}",
-                    self.t, own.tenure
-                ));
+    /// Checks the invariants at the current instant: every key a node believes it
+    /// owns is its on the server, uninterrupted since the tenure began; no two nodes
+    /// believe they own one key; no member believes more than its cap.
+    fn check(&mut self) -> Result<(), String> {
+        for m in &self.js.log[self.runs_read..] {
+            let writer = (m.kind == MsgKind::Value)
+                .then(|| m.record().map(|r| r.holder))
+                .flatten();
+            let runs = self.runs.entry(m.key.clone()).or_default();
+            match runs.last_mut() {
+                Some(last) if writer.is_some() && last.2 == writer => last.1 = m.seq,
+                _ => runs.push((m.seq, m.seq, writer)),
             }
         }
-        if believers.len() > 1 {
+        self.runs_read = self.js.log.len();
+        let mut believers: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+        for h in 0..self.holders.len() {
+            let now = self.holder_now(h, self.t);
+            let sim = &self.holders[h];
+            let believed = sim.machine.believed(&sim.configs, now);
+            if let Nodes::Members { max_held, .. } = self.p.nodes
+                && believed.len() > max_held
+            {
+                return Err(format!(
+                    "t={}ms: {} believes it owns {} keys, more than its cap {max_held}",
+                    self.t,
+                    sim.name,
+                    believed.len()
+                ));
+            }
+            for (key, own) in believed {
+                believers.entry(key.clone()).or_default().push(h);
+                self.check_owner(&sim.name, &key, own)?;
+            }
+        }
+        if let Some((key, hs)) = believers.iter().find(|(_, hs)| hs.len() > 1) {
             return Err(format!(
-                "t={}ms: holders {believers:?} all believe they own {KEY}",
+                "t={}ms: holders {hs:?} all believe they own {key}",
                 self.t
+            ));
+        }
+        Ok(())
+    }
+
+    /// `name` believes it owns `key` in tenure `own`: the server must agree.
+    fn check_owner(&self, name: &str, key: &str, own: Ownership) -> Result<(), String> {
+        let Some((record, revision)) = self.js.live(key) else {
+            return Err(format!(
+                "t={}ms: {name} believes it owns {key} (tenure {}, fence {}) but the \
+                 server holds no lease",
+                self.t, own.tenure, own.fence
+            ));
+        };
+        if record.holder != name || revision < own.fence {
+            return Err(format!(
+                "t={}ms: {name} believes it owns {key} at fence {} but the server has \
+                 {} at {revision}",
+                self.t, own.fence, record.holder
+            ));
+        }
+        let runs = self.runs.get(key).map(Vec::as_slice).unwrap_or_default();
+        let from = runs.partition_point(|r| r.1 <= own.tenure);
+        let interrupted = runs[from..]
+            .iter()
+            .take_while(|r| r.0 <= revision)
+            .any(|r| r.2.as_deref() != Some(name));
+        if interrupted {
+            return Err(format!(
+                "t={}ms: {name}'s tenure {} of {key} was interrupted on the server before \
+                 revision {revision}",
+                self.t, own.tenure
             ));
         }
         Ok(())
@@ -472,6 +704,8 @@ fn describe(ev: &Ev) -> String {
         Ev::Wake(h) => format!("wake h{h}"),
         Ev::Pause(h) => format!("pause h{h}"),
         Ev::Recreate(h) => format!("recreate h{h}"),
+        Ev::Leave(h) => format!("leave h{h}"),
+        Ev::Join(h) => format!("join h{h}"),
         Ev::Arrive(h, g, r) => format!(
             "arrive h{h}/{g} #{} {:?} {}",
             r.id.0,
@@ -507,6 +741,7 @@ fn params(seed: u64, holders: usize, ttl_s: u64, pause_every_ms: u64) -> WorldPa
         timeout_per_ttl_s: 250,
         recreate_every_ms: 0,
         run_ms: 120_000,
+        nodes: Nodes::Holders,
     }
 }
 
@@ -612,4 +847,69 @@ fn holders_made_afresh_never_believe_an_older_write() {
         assert!(world.stats.elections > 0, "seed {seed}: {:?}", world.stats);
     }
     assert!(recreations > 1000, "{recreations}");
+}
+
+fn member_params(seed: u64, members: usize, shards: usize, new_id: bool) -> WorldParams {
+    let mut p = params(seed, members, 2, 8_000);
+    p.nodes = Nodes::Members {
+        shards,
+        max_held: shards.div_ceil(members),
+        new_id_on_restart: new_id,
+        leave_every_ms: 6_000,
+    };
+    p.recreate_every_ms = 5_000;
+    p.max_latency_ms = 200;
+    p.loss_percent = 10;
+    p.run_ms = 40_000;
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Members (the campaign machine of the holder library) holding shares of a shard
+    /// set, paused, restarted under the same or a new holder ID, leaving and joining
+    /// again, over a lossy network: nobody believes past the server's lease, never two
+    /// at once, never more than the cap.
+    #[test]
+    fn members_never_believe_past_the_server_lease(
+        seed in any::<u64>(),
+        members in 2usize..5,
+        shards in 1usize..7,
+        new_id in any::<bool>(),
+        loss_percent in 0u64..30,
+        ack_loss_percent in 0u64..20,
+        pause_every_ms in 0u64..20_000,
+    ) {
+        let mut p = member_params(seed, members, shards, new_id);
+        p.loss_percent = loss_percent;
+        p.ack_loss_percent = ack_loss_percent;
+        p.pause_every_ms = pause_every_ms;
+        let mut world = HolderWorld::new(p);
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The member worlds exercise what they claim: elections across many shards,
+/// restarts under both kinds of ID, and groups leaving and joining.
+#[test]
+fn member_worlds_cover_restarts_leaves_and_failovers() {
+    let mut total = Stats::default();
+    for seed in 0..12 {
+        let p = member_params(seed, 3, 5, seed % 2 == 0);
+        let mut world = HolderWorld::new(p);
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        let s = &world.stats;
+        total.elections += s.elections;
+        total.failovers += s.failovers;
+        total.recreations += s.recreations;
+        total.leaves += s.leaves;
+        total.deadline_missed += s.deadline_missed;
+    }
+    assert!(total.elections > 300, "{total:?}");
+    assert!(total.recreations > 200, "{total:?}");
+    assert!(total.leaves > 30, "{total:?}");
+    assert!(total.failovers > 100, "{total:?}");
 }

@@ -1,5 +1,6 @@
 //! The core's tests: table tests, one per rule, and property tests over the simulator.
 
+mod campaign;
 mod confirm;
 mod holder;
 mod holder_world;

@@ -1,0 +1,545 @@
+//! A member's campaigns as one pure machine: every key one process campaigns for,
+//! in groups (an elector is a group of one key; a shard set is a group of many with
+//! a cap on how many it holds), and the owner-side inbox checks for all of them.
+//!
+//! [`Campaign`] owns the policy the holder library needs beyond one [`Holder`]:
+//!
+//! - **One campaign per key.** A holder ID campaigns for a key once; a second group
+//!   naming a key still campaigned for is refused, or two machines of one holder ID
+//!   would both believe they own it.
+//! - **At most `max_held` per group.** Campaign acquires wait in a queue and go out
+//!   only while the keys held (or being confirmed) plus those in flight stay below
+//!   the cap, so a group never wins more than it may keep, and the keys take turns.
+//!   Should a group hold more than its cap, it releases the newest tenures.
+//! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
+//!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
+//! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
+//!   once rather than at the next campaign tick.
+//! - **Request deadlines are kept here.** A request not answered within its timeout
+//!   becomes [`RequestOutcome::TimedOut`] in [`Campaign::handle_timeout`], so an
+//!   adapter arms one timer, from [`Campaign::poll_timeout`].
+//! - **The inbox** ([`Campaign::check_inbox`]) follows every holder's tenure: a
+//!   forwarded request is accepted only for a key owned now, with a fence of this
+//!   tenure.
+//!
+//! Drive it like every machine of this crate: after each input, drain
+//! [`Campaign::poll_request`] and [`Campaign::poll_event`]; sleep until
+//! [`Campaign::poll_timeout`].
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use dagnats_leases_core::campaign::{Campaign, CampaignEvent};
+//! use dagnats_leases_core::holder::HolderConfig;
+//! use dagnats_leases_core::js::RequestOutcome;
+//!
+//! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
+//! # fn sleep_until(_: Instant) {}
+//! let mut campaign = Campaign::new("notify-7f3a").expect("a valid holder ID");
+//! let ttl = Duration::from_secs(15);
+//! let config = HolderConfig::new("notify-leader", "notify-7f3a", ttl);
+//! let leader = campaign.add_group(Instant::now(), vec![config], 1).expect("valid");
+//! loop {
+//!     while let Some(out) = campaign.poll_request() {
+//!         let r = out.request;
+//!         let outcome = send(&r.body, &r.endpoint.subject(), r.timeout);
+//!         campaign.handle_outcome(Instant::now(), r.id, outcome);
+//!     }
+//!     while let Some(event) = campaign.poll_event() {
+//!         if let CampaignEvent::Holder { key, event, .. } = event {
+//!             println!("{key}: {event:?}");
+//!         }
+//!     }
+//!     if let Some(at) = campaign.poll_timeout() {
+//!         sleep_until(at);
+//!     }
+//!     campaign.handle_timeout(Instant::now());
+//! }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+use crate::change::ChangeEvent;
+use crate::guard::{Accepted, InboxGuard, RejectReason};
+use crate::holder::{
+    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, RequestId,
+};
+use crate::js::RequestOutcome;
+use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
+
+/// One group of keys campaigned for together: an elector, or a shard set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId(pub u64);
+
+/// A request to send to the lease service, for the holder of `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignRequest {
+    /// The key whose holder sends it.
+    pub key: String,
+    /// The request; feed its outcome back with its `id`.
+    pub request: HolderRequest,
+}
+
+/// What a [`Campaign`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CampaignEvent {
+    /// An event of the holder of `key`.
+    Holder {
+        /// The group the key belongs to.
+        group: GroupId,
+        /// The key.
+        key: String,
+        /// What happened.
+        event: HolderEvent,
+    },
+    /// The group is finished: stopped and released, or every key refused for good.
+    /// Its keys may be campaigned for again.
+    Finished {
+        /// The group.
+        group: GroupId,
+    },
+}
+
+#[derive(Debug)]
+struct Group {
+    keys: Vec<HolderConfig>,
+    max_held: usize,
+    stopping: bool,
+    /// Keys the service refused for good (`invalid`, `unsupported`): not retried.
+    failed: BTreeSet<String>,
+    /// Campaign acquires waiting for room under `max_held`.
+    deferred: VecDeque<(String, HolderRequest)>,
+    /// Campaign acquires sent and not yet answered.
+    gated_in_flight: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    group: GroupId,
+    /// Unique per holder made: outcomes for an earlier holder of the key are dropped.
+    serial: u64,
+    holder: Holder,
+}
+
+#[derive(Debug)]
+struct Route {
+    key: String,
+    serial: u64,
+    inner: RequestId,
+    group: GroupId,
+    gated: bool,
+    deadline: Instant,
+}
+
+/// Every campaign of one holder ID. See the [module docs](self).
+#[derive(Debug)]
+pub struct Campaign {
+    holder: String,
+    groups: BTreeMap<GroupId, Group>,
+    slots: BTreeMap<String, Slot>,
+    /// Keys some group campaigns for, and which.
+    claimed: BTreeMap<String, GroupId>,
+    out: Outbox,
+    guard: InboxGuard,
+    next_group: u64,
+    next_serial: u64,
+    events: VecDeque<CampaignEvent>,
+}
+
+/// Requests sent and waiting for their outcome, and those ready to send.
+#[derive(Debug, Default)]
+struct Outbox {
+    routes: BTreeMap<RequestId, Route>,
+    requests: VecDeque<CampaignRequest>,
+    next_request: u64,
+}
+
+impl Outbox {
+    /// Sends a holder's request under an id of the campaign's own.
+    fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: HolderRequest) {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        self.routes.insert(
+            id,
+            Route {
+                key: key.to_string(),
+                serial: slot.serial,
+                inner: request.id,
+                group: slot.group,
+                gated,
+                deadline: now + request.timeout,
+            },
+        );
+        self.requests.push_back(CampaignRequest {
+            key: key.to_string(),
+            request: HolderRequest { id, ..request },
+        });
+    }
+}
+
+impl Campaign {
+    /// The campaigns of holder ID `holder` (`[A-Za-z0-9_-]{1,128}`), none yet.
+    pub fn new(holder: &str) -> Result<Campaign, ErrorReply> {
+        wire::check_name("holder", holder)?;
+        Ok(Campaign {
+            holder: holder.to_string(),
+            groups: BTreeMap::new(),
+            slots: BTreeMap::new(),
+            claimed: BTreeMap::new(),
+            out: Outbox::default(),
+            guard: InboxGuard::new(holder),
+            next_group: 0,
+            next_serial: 0,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// The holder ID.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Starts campaigning for `keys` (each config's `holder` must be this campaign's),
+    /// holding at most `max_held` of them (at least 1). Refused when a config is
+    /// outside the bounds, or a key is campaigned for already.
+    pub fn add_group(
+        &mut self,
+        now: Instant,
+        keys: Vec<HolderConfig>,
+        max_held: usize,
+    ) -> Result<GroupId, ErrorReply> {
+        let invalid = |why: String| Err(ErrorReply::new(ErrorKind::Invalid, why));
+        if keys.is_empty() {
+            return invalid("a campaign needs at least one key".to_string());
+        }
+        let mut seen = BTreeSet::new();
+        for config in &keys {
+            config.validate()?;
+            if config.holder != self.holder {
+                return invalid(format!(
+                    "holder {:?} of key {:?} is not this campaign's holder {:?}",
+                    config.holder, config.key, self.holder
+                ));
+            }
+            if self.claimed.contains_key(&config.key) || !seen.insert(config.key.as_str()) {
+                return invalid(format!(
+                    "key {:?} already has a campaign of holder {:?}: one holder ID \
+                     campaigns for a key once",
+                    config.key, self.holder
+                ));
+            }
+        }
+        let id = GroupId(self.next_group);
+        self.next_group += 1;
+        for config in &keys {
+            self.claimed.insert(config.key.clone(), id);
+        }
+        self.groups.insert(
+            id,
+            Group {
+                keys,
+                max_held: max_held.max(1),
+                stopping: false,
+                failed: BTreeSet::new(),
+                deferred: VecDeque::new(),
+                gated_in_flight: 0,
+            },
+        );
+        self.settle(now);
+        Ok(id)
+    }
+
+    /// Stops one group: its holders step down and release what they hold; then
+    /// [`CampaignEvent::Finished`].
+    pub fn stop_group(&mut self, now: Instant, group: GroupId) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        g.stopping = true;
+        for slot in self.slots.values_mut().filter(|s| s.group == group) {
+            slot.holder.stop(now);
+        }
+        self.settle(now);
+    }
+
+    /// Stops every group.
+    pub fn stop(&mut self, now: Instant) {
+        let groups: Vec<GroupId> = self.groups.keys().copied().collect();
+        for group in groups {
+            self.stop_group(now, group);
+        }
+    }
+
+    /// Feeds back what came of request `id`. Outcomes nobody waits for are ignored.
+    pub fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+        self.deliver(now, id, outcome);
+        self.settle(now);
+    }
+
+    /// A change event for `key` arrived: a campaign for it asks again at once when
+    /// the event may have freed the key.
+    pub fn handle_change(&mut self, now: Instant, key: &str, event: &ChangeEvent) {
+        if !event.kind.may_free_key() {
+            return;
+        }
+        if let Some(slot) = self.slots.get_mut(key) {
+            slot.holder.handle_changed(now);
+            self.settle(now);
+        }
+    }
+
+    /// Acts on the time: requests past their deadline time out; holders renew,
+    /// campaign or step down as due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let expired: Vec<RequestId> = self
+            .out
+            .routes
+            .iter()
+            .filter(|(_, r)| r.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.deliver(now, id, RequestOutcome::TimedOut);
+        }
+        for slot in self.slots.values_mut() {
+            slot.holder.handle_timeout(now);
+        }
+        self.settle(now);
+    }
+
+    /// The next request to send, if any.
+    pub fn poll_request(&mut self) -> Option<CampaignRequest> {
+        self.out.requests.pop_front()
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<CampaignEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Campaign::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let holders = self.slots.values().filter_map(|s| s.holder.poll_timeout());
+        let requests = self.out.routes.values().map(|r| r.deadline);
+        holders.chain(requests).min()
+    }
+
+    /// Whether no group is left.
+    pub fn is_done(&self) -> bool {
+        self.groups.is_empty() && self.out.requests.is_empty()
+    }
+
+    /// The tenure this holder ID is in for `key` at `now`, if any.
+    pub fn ownership(&self, key: &str, now: Instant) -> Option<Ownership> {
+        self.slots.get(key)?.holder.ownership(now)
+    }
+
+    /// The keys of `group` owned at `now`, with their tenures.
+    pub fn held(&self, group: GroupId, now: Instant) -> BTreeMap<String, Ownership> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.group == group)
+            .filter_map(|(k, s)| Some((k.clone(), s.holder.ownership(now)?)))
+            .collect()
+    }
+
+    /// Whether to process a request forwarded to this holder's inbox on `subject`,
+    /// with `Dagnats-Lease-Fence` header value `fence`: only for a key owned at `now`,
+    /// with a fence of the current tenure.
+    pub fn check_inbox(
+        &self,
+        now: Instant,
+        subject: &str,
+        fence: Option<&str>,
+    ) -> Result<Accepted, RejectReason> {
+        let accepted = self.guard.check(now, subject, fence)?;
+        // The guard follows the events; the holder's own deadline is the last word.
+        if self.ownership(&accepted.key, now).is_none() {
+            return Err(RejectReason::NotOwner);
+        }
+        Ok(accepted)
+    }
+
+    fn deliver(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+        let Some(route) = self.out.routes.remove(&id) else {
+            return;
+        };
+        if route.gated
+            && let Some(g) = self.groups.get_mut(&route.group)
+        {
+            g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
+        }
+        if let Some(slot) = self.slots.get_mut(&route.key)
+            && slot.serial == route.serial
+        {
+            slot.holder.handle_outcome(now, route.inner, outcome);
+        }
+    }
+
+    /// Runs the group policy until it has nothing more to do.
+    fn settle(&mut self, now: Instant) {
+        loop {
+            self.drain(now);
+            self.slots.retain(|_, s| !s.holder.is_done());
+            let mut changed = self.rebalance(now);
+            self.drain(now);
+            changed |= self.pump(now);
+            if !changed {
+                break;
+            }
+        }
+        self.finish_groups();
+    }
+
+    /// Keys of `group` held now or being confirmed, oldest tenure first.
+    fn holding(&self, group: GroupId, now: Instant) -> Vec<(u64, String)> {
+        let mut holding: Vec<(u64, String)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.group == group)
+            .filter_map(|(k, s)| match s.holder.ownership(now) {
+                Some(own) => Some((own.tenure, k.clone())),
+                None if s.holder.status() == HolderStatus::Confirming => {
+                    Some((u64::MAX, k.clone()))
+                }
+                None => None,
+            })
+            .collect();
+        holding.sort();
+        holding
+    }
+
+    /// Makes a holder for every key of a running group that has none (and was not
+    /// refused for good), and releases the newest tenures of a group above its cap.
+    /// Returns whether it changed anything.
+    fn rebalance(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        let running: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| !g.stopping)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            let surplus: Vec<String> = {
+                let max_held = self.groups[&id].max_held;
+                let holding = self.holding(id, now);
+                holding
+                    .into_iter()
+                    .skip(max_held)
+                    .map(|(_, key)| key)
+                    .collect()
+            };
+            for key in surplus {
+                if let Some(slot) = self.slots.get_mut(&key) {
+                    slot.holder.stop(now);
+                    changed = true;
+                }
+            }
+            let group = &self.groups[&id];
+            for config in &group.keys {
+                if self.slots.contains_key(&config.key) || group.failed.contains(&config.key) {
+                    continue;
+                }
+                let Ok(holder) = Holder::new(config.clone(), now) else {
+                    continue;
+                };
+                self.slots.insert(
+                    config.key.clone(),
+                    Slot {
+                        group: id,
+                        serial: self.next_serial,
+                        holder,
+                    },
+                );
+                self.next_serial += 1;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Sends what the holders want (campaign acquires into their group's queue) and
+    /// passes their events on.
+    fn drain(&mut self, now: Instant) {
+        for (key, slot) in self.slots.iter_mut() {
+            let group = self.groups.get_mut(&slot.group);
+            let mut group = group;
+            while let Some(request) = slot.holder.poll_request() {
+                let campaign = request.endpoint == Endpoint::Acquire
+                    && slot.holder.status() == HolderStatus::Campaigning;
+                match group.as_deref_mut() {
+                    Some(g) if campaign => g.deferred.push_back((key.clone(), request)),
+                    _ => self.out.send(now, key, slot, false, request),
+                }
+            }
+            while let Some(event) = slot.holder.poll_event() {
+                self.guard.observe(key, &event);
+                if let (HolderEvent::Failed { .. }, Some(g)) = (&event, group.as_deref_mut()) {
+                    g.failed.insert(key.clone());
+                }
+                self.events.push_back(CampaignEvent::Holder {
+                    group: slot.group,
+                    key: key.clone(),
+                    event,
+                });
+            }
+        }
+    }
+
+    /// Sends queued campaign acquires while there is room under each group's cap;
+    /// cancels those whose holder stopped campaigning. Returns whether it cancelled
+    /// any (that holder may act on it).
+    fn pump(&mut self, now: Instant) -> bool {
+        let mut cancelled = false;
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            let room = self.groups[&id]
+                .max_held
+                .saturating_sub(self.holding(id, now).len());
+            let Some(group) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            let mut kept = VecDeque::new();
+            while let Some((key, request)) = group.deferred.pop_front() {
+                let Some(slot) = self.slots.get_mut(&key) else {
+                    continue;
+                };
+                if slot.holder.status() != HolderStatus::Campaigning {
+                    slot.holder.cancel(now, request.id);
+                    cancelled = true;
+                } else if group.gated_in_flight < room {
+                    group.gated_in_flight += 1;
+                    self.out.send(now, &key, slot, true, request);
+                } else {
+                    kept.push_back((key, request));
+                }
+            }
+            group.deferred = kept;
+        }
+        cancelled
+    }
+
+    /// Ends the groups with nothing left to do.
+    fn finish_groups(&mut self) {
+        let finished: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(id, g)| {
+                let all_failed = g.failed.len() == g.keys.len();
+                (g.stopping || all_failed)
+                    && g.deferred.is_empty()
+                    && !self.slots.values().any(|s| s.group == **id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in finished {
+            if let Some(group) = self.groups.remove(&id) {
+                for config in &group.keys {
+                    self.claimed.remove(&config.key);
+                }
+            }
+            self.events.push_back(CampaignEvent::Finished { group: id });
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Table tests of the campaign machine: one rule each (one campaign per key, the cap,
+//! the queue and its cancellations, change-event wake-ups, request deadlines, the
+//! inbox).
+
+use std::time::{Duration, Instant};
+
+use super::holder::{body, granted, refused, renewed};
+use crate::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
+use crate::change::{ChangeEvent, ChangeKind};
+use crate::guard::RejectReason;
+use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
+use crate::js::RequestOutcome;
+use crate::wire::{Endpoint, ErrorKind};
+
+const TTL: Duration = Duration::from_secs(15);
+
+fn configs(keys: &[&str]) -> Vec<HolderConfig> {
+    keys.iter()
+        .map(|k| HolderConfig::new(*k, "h1", TTL))
+        .collect()
+}
+
+struct Run {
+    campaign: Campaign,
+    t0: Instant,
+}
+
+impl Run {
+    fn new() -> Run {
+        Run {
+            campaign: Campaign::new("h1").unwrap(),
+            t0: Instant::now(),
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn group(&mut self, keys: &[&str], max_held: usize) -> GroupId {
+        let now = self.at(0);
+        self.campaign
+            .add_group(now, configs(keys), max_held)
+            .unwrap()
+    }
+
+    fn requests(&mut self) -> Vec<CampaignRequest> {
+        std::iter::from_fn(|| self.campaign.poll_request()).collect()
+    }
+
+    fn request(&mut self) -> CampaignRequest {
+        let mut all = self.requests();
+        assert_eq!(all.len(), 1, "one request: {all:?}");
+        all.remove(0)
+    }
+
+    fn answer(&mut self, ms: u64, r: &CampaignRequest, outcome: RequestOutcome) {
+        let now = self.at(ms);
+        self.campaign.handle_outcome(now, r.request.id, outcome);
+    }
+
+    fn events(&mut self) -> Vec<CampaignEvent> {
+        std::iter::from_fn(|| self.campaign.poll_event()).collect()
+    }
+
+    /// Grants `r` at `ms` with `revision` and confirms it with the renew that follows.
+    fn elect(&mut self, ms: u64, r: &CampaignRequest, revision: u64) {
+        self.answer(ms, r, granted(revision));
+        let confirm = self.request();
+        assert_eq!(
+            (confirm.request.endpoint, confirm.key.as_str()),
+            (Endpoint::Renew, r.key.as_str())
+        );
+        self.answer(ms, &confirm, renewed(revision));
+    }
+}
+
+fn endpoints(requests: &[CampaignRequest]) -> Vec<(Endpoint, &str)> {
+    requests
+        .iter()
+        .map(|r| (r.request.endpoint, r.key.as_str()))
+        .collect()
+}
+
+#[test]
+fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
+    let mut run = Run::new();
+    let first = run.group(&["leader"], 1);
+    let now = run.at(0);
+    let again = run
+        .campaign
+        .add_group(now, configs(&["other", "leader"]), 1);
+    let e = again.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert!(e.error.contains("\"leader\""), "{}", e.error);
+    // Nothing of the refused group was started.
+    let acquire = run.request();
+    assert_eq!(acquire.key, "leader");
+    let dup = run.campaign.add_group(now, configs(&["a", "a"]), 1);
+    assert!(dup.is_err(), "a key twice in one group");
+    // Stopped with its acquire in flight, the group waits for that answer (it may
+    // grant, and then there is something to release).
+    run.campaign.stop_group(run.at(1), first);
+    assert_eq!(run.events(), []);
+    assert!(
+        run.campaign
+            .add_group(now, configs(&["leader"]), 1)
+            .is_err()
+    );
+    run.answer(2, &acquire, refused(4));
+    assert_eq!(run.events(), [CampaignEvent::Finished { group: first }]);
+    run.group(&["leader"], 1);
+}
+
+#[test]
+fn a_config_of_another_holder_id_or_an_empty_group_is_refused() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    let other = vec![HolderConfig::new("k", "h2", TTL)];
+    assert!(run.campaign.add_group(now, other, 1).is_err());
+    assert!(run.campaign.add_group(now, Vec::new(), 1).is_err());
+    assert!(Campaign::new("bad holder").is_err());
+}
+
+#[test]
+fn a_group_sends_no_more_campaign_acquires_than_it_may_hold() {
+    let mut run = Run::new();
+    run.group(&["s0", "s1", "s2"], 1);
+    let first = run.request();
+    assert_eq!(first.key, "s0");
+    // Held by another: the next key gets its turn.
+    run.answer(10, &first, refused(4));
+    let second = run.request();
+    assert_eq!(second.key, "s1");
+    run.elect(20, &second, 9);
+    // s1 is held: the cap is reached, no acquire goes out, not even when s0's
+    // campaign tick comes or a change event says s0 is free.
+    run.campaign.handle_timeout(run.at(5_100));
+    let due: Vec<_> = run.requests();
+    assert!(
+        due.iter().all(|r| r.request.endpoint != Endpoint::Acquire),
+        "{due:?}"
+    );
+    let free = ChangeEvent {
+        kind: ChangeKind::Released,
+        revision: 5,
+        holder: None,
+    };
+    run.campaign.handle_change(run.at(5_200), "s0", &free);
+    assert_eq!(run.requests(), []);
+}
+
+#[test]
+fn a_held_key_lost_makes_room_for_a_waiting_one() {
+    let mut run = Run::new();
+    run.group(&["s0", "s1"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    // The renew is answered `lost`: s0 steps down, and the queued s1 goes out.
+    run.campaign.handle_timeout(run.at(5_000));
+    let renew = run.request();
+    assert_eq!(renew.request.endpoint, Endpoint::Renew);
+    let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
+    run.answer(5_010, &renew, lost);
+    let sent = run.requests();
+    assert!(
+        endpoints(&sent).contains(&(Endpoint::Acquire, "s1")),
+        "{sent:?}"
+    );
+    assert!(run.events().iter().any(|e| matches!(e,
+        CampaignEvent::Holder { key, event: HolderEvent::SteppedDown { reason: StepDownReason::Lost }, .. }
+            if key == "s0")));
+}
+
+#[test]
+fn a_queued_acquire_of_a_stopped_group_is_cancelled_never_sent() {
+    let mut run = Run::new();
+    let group = run.group(&["s0", "s1"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    run.campaign.stop_group(run.at(100), group);
+    // Only the release of s0 goes out; s1's queued acquire never does.
+    let sent = run.requests();
+    assert_eq!(endpoints(&sent), [(Endpoint::Release, "s0")]);
+    assert_eq!(body(&sent[0].request)["revision"], 3);
+    let released = r#"{"released":true,"held":false,"key":"s0","holder":"h1","revision":4}"#;
+    run.answer(110, &sent[0], RequestOutcome::reply(released));
+    assert_eq!(run.requests(), []);
+    let events = run.events();
+    assert!(
+        events.contains(&CampaignEvent::Finished { group }),
+        "{events:?}"
+    );
+    assert!(run.campaign.is_done());
+}
+
+#[test]
+fn a_change_that_may_free_the_key_wakes_its_campaign_a_renewal_does_not() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    let first = run.request();
+    run.answer(10, &first, refused(4));
+    let renewal = ChangeEvent {
+        kind: ChangeKind::Renewed,
+        revision: 5,
+        holder: Some("h2".into()),
+    };
+    run.campaign.handle_change(run.at(100), "leader", &renewal);
+    assert_eq!(run.requests(), []);
+    for kind in [
+        ChangeKind::Expired,
+        ChangeKind::Released,
+        ChangeKind::Deleted,
+    ] {
+        let event = ChangeEvent {
+            kind,
+            revision: 6,
+            holder: None,
+        };
+        run.campaign.handle_change(run.at(200), "leader", &event);
+        let ask = run.request();
+        assert_eq!(ask.request.endpoint, Endpoint::Acquire, "{kind:?}");
+        run.answer(210, &ask, refused(7));
+    }
+}
+
+#[test]
+fn a_request_unanswered_by_its_deadline_times_out_in_the_machine() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    let first = run.request();
+    let deadline = run.at(0) + first.request.timeout;
+    assert_eq!(run.campaign.poll_timeout(), Some(deadline));
+    run.campaign.handle_timeout(deadline);
+    // Timed out: a grant arriving now is for a request nobody waits for.
+    run.answer(
+        deadline.duration_since(run.t0).as_millis() as u64,
+        &first,
+        granted(3),
+    );
+    let retry = run.requests();
+    assert!(retry.iter().all(|r| r.request.id != first.request.id));
+    assert!(run.campaign.ownership("leader", deadline).is_none());
+    assert_eq!(run.events(), []);
+}
+
+#[test]
+fn the_inbox_accepts_only_keys_owned_now_with_a_fence_of_the_tenure() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let subject = "dagnats.lease.inbox.h1.leader";
+    assert_eq!(
+        run.campaign.check_inbox(run.at(0), subject, Some("3")),
+        Err(RejectReason::NotOwner)
+    );
+    let first = run.request();
+    run.elect(0, &first, 3);
+    let ok = run
+        .campaign
+        .check_inbox(run.at(1), subject, Some("3"))
+        .unwrap();
+    assert_eq!((ok.key.as_str(), ok.fence), ("leader", 3));
+    assert_eq!(
+        run.campaign.check_inbox(run.at(1), subject, Some("2")),
+        Err(RejectReason::StaleFence)
+    );
+    assert_eq!(
+        run.campaign
+            .check_inbox(run.at(1), "dagnats.lease.inbox.h2.leader", Some("3")),
+        Err(RejectReason::WrongSubject)
+    );
+    assert_eq!(run.campaign.held(group, run.at(1)).len(), 1);
+    // Past the deadline, with no event yet, the key is no longer owned.
+    let late = run.at(15_000);
+    assert_eq!(
+        run.campaign.check_inbox(late, subject, Some("3")),
+        Err(RejectReason::NotOwner)
+    );
+    run.campaign.stop_group(run.at(100), group);
+    assert_eq!(
+        run.campaign.check_inbox(run.at(101), subject, Some("3")),
+        Err(RejectReason::NotOwner)
+    );
+}
+
+#[test]
+fn a_key_refused_for_good_is_not_retried_and_a_group_of_only_such_keys_finishes() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    let invalid = RequestOutcome::reply(r#"{"error":"no","kind":"unsupported"}"#);
+    run.answer(10, &first, invalid);
+    let events = run.events();
+    assert!(
+        matches!(&events[..], [
+            CampaignEvent::Holder { event: HolderEvent::Failed { kind: ErrorKind::Unsupported, .. }, .. },
+            CampaignEvent::Finished { group: g },
+        ] if *g == group),
+        "{events:?}"
+    );
+    run.campaign.handle_timeout(run.at(60_000));
+    assert_eq!(run.requests(), []);
+}
