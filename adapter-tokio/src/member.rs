@@ -39,12 +39,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
-use dagnats_leases_core::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
+use dagnats_leases_core::campaign::{
+    Campaign, CampaignEvent, CampaignRequest, GroupId, presence_key,
+};
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::guard::RejectReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
-use dagnats_leases_core::wire::Endpoint;
+use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
@@ -322,13 +324,43 @@ impl Member {
         })
     }
 
+    /// Shares `keys` evenly with every member running the same `set`: each holds
+    /// `floor` or `ceil(keys / members)` once settled, learning of the others from
+    /// one presence lease per member (`<set>-member-<i>`, `i` below the number of
+    /// keys). A member above its share releases its newest tenures, a few per renew
+    /// interval; nothing is taken from a holder.
+    pub fn balanced_shards(
+        &self,
+        set: &str,
+        keys: &[&str],
+        ttl: Duration,
+    ) -> Result<Shards, LeaseError> {
+        let configs: Vec<HolderConfig> = keys
+            .iter()
+            .map(|k| HolderConfig::new(*k, self.shared.holder.clone(), ttl))
+            .collect();
+        let presence = (0..keys.len()).map(|i| presence_key(set, i));
+        let watched = presence.chain(keys.iter().map(|k| k.to_string())).collect();
+        Ok(Shards {
+            group: self.begin(watched, |c, now| c.add_balanced_group(now, set, configs))?,
+        })
+    }
+
     fn start(&self, configs: Vec<HolderConfig>, max_held: usize) -> Result<Group, LeaseError> {
-        let keys: Vec<String> = configs.iter().map(|c| c.key.clone()).collect();
+        let keys = configs.iter().map(|c| c.key.clone()).collect();
+        self.begin(keys, |c, now| c.add_group(now, configs, max_held))
+    }
+
+    /// Adds a group to the machine (`add`) and subscribes to the change events of
+    /// `keys`.
+    fn begin(
+        &self,
+        keys: Vec<String>,
+        add: impl FnOnce(&mut Campaign, Instant) -> Result<GroupId, ErrorReply>,
+    ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
         let mut state = self.shared.lock();
-        let id = state
-            .campaign
-            .add_group(Instant::now(), configs, max_held)
+        let id = add(&mut state.campaign, Instant::now())
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
         state.subscribe.extend(keys.iter().cloned());
         state.outlets.insert(

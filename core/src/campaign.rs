@@ -11,6 +11,13 @@
 //!   only while the keys held (or being confirmed) plus those in flight stay below
 //!   the cap, so a group never wins more than it may keep, and the keys take turns.
 //!   Should a group hold more than its cap, it releases the newest tenures.
+//! - **Balanced shards** ([`Campaign::add_balanced_group`]): members of a shard set
+//!   learn of each other from presence leases, one per member (`<set>-member-<i>`,
+//!   a group of their own that holds one), and hold at most `ceil(shards / members)`
+//!   each. A member above that, or above `floor(shards / members)` while another
+//!   member holds fewer, releases its newest tenures, a few per renew interval, and
+//!   waits a campaign interval before asking for them again: N members converge to
+//!   the floor or the ceiling each, with no preemption (only the holder releases).
 //! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
 //!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
 //! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
@@ -57,7 +64,7 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
@@ -104,6 +111,8 @@ pub enum CampaignEvent {
 struct Group {
     keys: Vec<HolderConfig>,
     max_held: usize,
+    /// For a balanced shard group: its presence group, and when it may shed next.
+    balance: Option<Balance>,
     stopping: bool,
     /// Keys the service refused for good (`invalid`, `unsupported`): not retried.
     failed: BTreeSet<String>,
@@ -111,6 +120,20 @@ struct Group {
     deferred: VecDeque<(String, HolderRequest)>,
     /// Campaign acquires sent and not yet answered.
     gated_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Balance {
+    presence: GroupId,
+    shed_at: Instant,
+}
+
+/// Who holds a key, as the last change event said, and until when that is believed
+/// without a newer event (a renewal refreshes it every ttl/3).
+#[derive(Debug, Clone)]
+struct Seen {
+    holder: String,
+    until: Instant,
 }
 
 #[derive(Debug)]
@@ -144,6 +167,11 @@ pub struct Campaign {
     next_group: u64,
     next_serial: u64,
     events: VecDeque<CampaignEvent>,
+    /// Holders of keys as change events showed them: how balanced groups count
+    /// members and their shares.
+    seen: BTreeMap<String, Seen>,
+    /// Keys released to rebalance, not campaigned for again until then.
+    cooldown: BTreeMap<String, Instant>,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
@@ -191,6 +219,8 @@ impl Campaign {
             next_group: 0,
             next_serial: 0,
             events: VecDeque::new(),
+            seen: BTreeMap::new(),
+            cooldown: BTreeMap::new(),
         })
     }
 
@@ -208,12 +238,54 @@ impl Campaign {
         keys: Vec<HolderConfig>,
         max_held: usize,
     ) -> Result<GroupId, ErrorReply> {
+        self.check_group(&keys)?;
+        let id = self.insert_group(keys, max_held, None);
+        self.settle(now);
+        Ok(id)
+    }
+
+    /// Starts a balanced shard group named `set` over `keys`: the members campaigning
+    /// for the same set share it, each holding `floor` or `ceil(keys / members)` once
+    /// settled (see the [module docs](self)). Its presence keys are
+    /// `<set>-member-<i>`, one per shard, configured like the first key.
+    pub fn add_balanced_group(
+        &mut self,
+        now: Instant,
+        set: &str,
+        keys: Vec<HolderConfig>,
+    ) -> Result<GroupId, ErrorReply> {
+        let Some(first) = keys.first() else {
+            return Err(ErrorReply::new(
+                ErrorKind::Invalid,
+                "a campaign needs at least one key".to_string(),
+            ));
+        };
+        let presence: Vec<HolderConfig> = (0..keys.len())
+            .map(|i| HolderConfig {
+                key: presence_key(set, i),
+                ..first.clone()
+            })
+            .collect();
+        let mut all = presence.clone();
+        all.extend(keys.iter().cloned());
+        self.check_group(&all)?;
+        let presence = self.insert_group(presence, 1, None);
+        let balance = Balance {
+            presence,
+            shed_at: now,
+        };
+        let id = self.insert_group(keys, usize::MAX, Some(balance));
+        self.settle(now);
+        Ok(id)
+    }
+
+    fn check_group(&self, keys: &[HolderConfig]) -> Result<(), ErrorReply> {
         let invalid = |why: String| Err(ErrorReply::new(ErrorKind::Invalid, why));
         if keys.is_empty() {
             return invalid("a campaign needs at least one key".to_string());
         }
         let mut seen = BTreeSet::new();
-        for config in &keys {
+        for config in keys {
             config.validate()?;
             if config.holder != self.holder {
                 return invalid(format!(
@@ -229,6 +301,15 @@ impl Campaign {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn insert_group(
+        &mut self,
+        keys: Vec<HolderConfig>,
+        max_held: usize,
+        balance: Option<Balance>,
+    ) -> GroupId {
         let id = GroupId(self.next_group);
         self.next_group += 1;
         for config in &keys {
@@ -239,14 +320,14 @@ impl Campaign {
             Group {
                 keys,
                 max_held: max_held.max(1),
+                balance,
                 stopping: false,
                 failed: BTreeSet::new(),
                 deferred: VecDeque::new(),
                 gated_in_flight: 0,
             },
         );
-        self.settle(now);
-        Ok(id)
+        id
     }
 
     /// Stops one group: its holders step down and release what they hold; then
@@ -256,8 +337,13 @@ impl Campaign {
             return;
         };
         g.stopping = true;
+        let presence = g.balance.map(|b| b.presence);
         for slot in self.slots.values_mut().filter(|s| s.group == group) {
             slot.holder.stop(now);
+        }
+        // A balanced group leaves its set: its presence goes with it.
+        if let Some(presence) = presence {
+            self.stop_group(now, presence);
         }
         self.settle(now);
     }
@@ -279,6 +365,25 @@ impl Campaign {
     /// A change event for `key` arrived: a campaign for it asks again at once when
     /// the event may have freed the key.
     pub fn handle_change(&mut self, now: Instant, key: &str, event: &ChangeEvent) {
+        match (&event.holder, event.kind.may_free_key()) {
+            (Some(holder), false) => {
+                let ttl = self
+                    .slots
+                    .get(key)
+                    .map_or(Duration::ZERO, |s| s.holder.config().ttl);
+                self.seen.insert(
+                    key.to_string(),
+                    Seen {
+                        holder: holder.clone(),
+                        until: now + ttl,
+                    },
+                );
+            }
+            (_, true) => {
+                self.seen.remove(key);
+            }
+            _ => {}
+        }
         if !event.kind.may_free_key() {
             return;
         }
@@ -321,7 +426,8 @@ impl Campaign {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let holders = self.slots.values().filter_map(|s| s.holder.poll_timeout());
         let requests = self.out.routes.values().map(|r| r.deadline);
-        holders.chain(requests).min()
+        let cooldowns = self.cooldown.values().copied();
+        holders.chain(requests).chain(cooldowns).min()
     }
 
     /// Whether no group is left.
@@ -388,7 +494,7 @@ impl Campaign {
                 break;
             }
         }
-        self.finish_groups();
+        self.finish_groups(now);
     }
 
     /// Keys of `group` held now or being confirmed, oldest tenure first.
@@ -414,6 +520,7 @@ impl Campaign {
     /// Returns whether it changed anything.
     fn rebalance(&mut self, now: Instant) -> bool {
         let mut changed = false;
+        self.cooldown.retain(|_, until| now < *until);
         let running: Vec<GroupId> = self
             .groups
             .iter()
@@ -421,15 +528,25 @@ impl Campaign {
             .map(|(id, _)| *id)
             .collect();
         for id in running {
-            let surplus: Vec<String> = {
-                let max_held = self.groups[&id].max_held;
-                let holding = self.holding(id, now);
-                holding
-                    .into_iter()
-                    .skip(max_held)
-                    .map(|(_, key)| key)
-                    .collect()
-            };
+            let holding = self.holding(id, now);
+            let shed = self.to_shed(id, holding.len(), now);
+            // The newest tenures go first: the oldest have served longest unmoved.
+            let surplus: Vec<String> = holding
+                .into_iter()
+                .rev()
+                .take(shed)
+                .map(|(_, key)| key)
+                .collect();
+            if let (Some(g), false) = (self.groups.get_mut(&id), surplus.is_empty())
+                && let Some(b) = g.balance.as_mut()
+            {
+                let pace = g.keys[0].renew_every;
+                b.shed_at = now + pace;
+                for key in &surplus {
+                    self.cooldown
+                        .insert(key.clone(), now + g.keys[0].campaign_every);
+                }
+            }
             for key in surplus {
                 if let Some(slot) = self.slots.get_mut(&key) {
                     slot.holder.stop(now);
@@ -438,7 +555,10 @@ impl Campaign {
             }
             let group = &self.groups[&id];
             for config in &group.keys {
-                if self.slots.contains_key(&config.key) || group.failed.contains(&config.key) {
+                if self.slots.contains_key(&config.key)
+                    || group.failed.contains(&config.key)
+                    || self.cooldown.contains_key(&config.key)
+                {
                     continue;
                 }
                 let Ok(holder) = Holder::new(config.clone(), now) else {
@@ -457,6 +577,67 @@ impl Campaign {
             }
         }
         changed
+    }
+
+    /// How many of `group`'s keys it may hold: its `max_held`, or for a balanced
+    /// group `ceil(keys / members)`.
+    fn cap(&self, group: GroupId, now: Instant) -> usize {
+        let g = &self.groups[&group];
+        match g.balance {
+            None => g.max_held,
+            Some(b) => g.keys.len().div_ceil(self.members(b.presence, now).len()),
+        }
+    }
+
+    /// The members of a balanced set: the holders of its presence keys as change
+    /// events show them, and this one.
+    fn members(&self, presence: GroupId, now: Instant) -> BTreeSet<&str> {
+        // The presence group may have finished first, while the set is stopping.
+        let presence_keys = self.groups.get(&presence).map(|g| g.keys.as_slice());
+        let mut members: BTreeSet<&str> = presence_keys
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| self.seen.get(&c.key))
+            .filter(|s| now < s.until)
+            .map(|s| s.holder.as_str())
+            .collect();
+        members.insert(&self.holder);
+        members
+    }
+
+    /// How many tenures `group`, holding `held`, should release now: what is above
+    /// its cap; for a balanced group also one when it is above the floor while a
+    /// member holds less than the floor; at most half the surplus (at least one)
+    /// per renew interval.
+    fn to_shed(&self, group: GroupId, held: usize, now: Instant) -> usize {
+        let g = &self.groups[&group];
+        let cap = self.cap(group, now);
+        let Some(b) = g.balance else {
+            return held.saturating_sub(cap);
+        };
+        if now < b.shed_at {
+            return 0;
+        }
+        let members = self.members(b.presence, now);
+        let floor = g.keys.len() / members.len();
+        let share = |m: &str| {
+            g.keys
+                .iter()
+                .filter_map(|c| self.seen.get(&c.key))
+                .filter(|s| now < s.until && s.holder == m)
+                .count()
+        };
+        let starved = members
+            .iter()
+            .any(|m| *m != self.holder && share(m) < floor);
+        let surplus = held.saturating_sub(cap);
+        if surplus > 0 {
+            surplus.div_ceil(2)
+        } else if held > floor && starved {
+            1
+        } else {
+            0
+        }
     }
 
     /// Sends what the holders want (campaign acquires into their group's queue) and
@@ -494,8 +675,8 @@ impl Campaign {
         let mut cancelled = false;
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
-            let room = self.groups[&id]
-                .max_held
+            let room = self
+                .cap(id, now)
                 .saturating_sub(self.holding(id, now).len());
             let Some(group) = self.groups.get_mut(&id) else {
                 continue;
@@ -520,26 +701,51 @@ impl Campaign {
         cancelled
     }
 
-    /// Ends the groups with nothing left to do.
-    fn finish_groups(&mut self) {
-        let finished: Vec<GroupId> = self
-            .groups
-            .iter()
-            .filter(|(id, g)| {
-                let all_failed = g.failed.len() == g.keys.len();
-                (g.stopping || all_failed)
-                    && g.deferred.is_empty()
-                    && !self.slots.values().any(|s| s.group == **id)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in finished {
-            if let Some(group) = self.groups.remove(&id) {
-                for config in &group.keys {
-                    self.claimed.remove(&config.key);
-                }
+    /// Ends the groups with nothing left to do (a balanced set after its presence).
+    fn finish_groups(&mut self, now: Instant) {
+        loop {
+            // A balanced set whose every key was refused for good leaves the set.
+            let abandoned: Vec<GroupId> = self
+                .groups
+                .values()
+                .filter(|g| g.failed.len() == g.keys.len())
+                .filter_map(|g| g.balance.map(|b| b.presence))
+                .filter(|p| self.groups.get(p).is_some_and(|g| !g.stopping))
+                .collect();
+            for presence in abandoned {
+                self.stop_group(now, presence);
             }
-            self.events.push_back(CampaignEvent::Finished { group: id });
+            let finished: Vec<GroupId> = self
+                .groups
+                .iter()
+                .filter(|(id, g)| {
+                    let all_failed = g.failed.len() == g.keys.len();
+                    let presence_gone = g
+                        .balance
+                        .is_none_or(|b| !self.groups.contains_key(&b.presence));
+                    (g.stopping || all_failed)
+                        && presence_gone
+                        && g.deferred.is_empty()
+                        && !self.slots.values().any(|s| s.group == **id)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            if finished.is_empty() {
+                return;
+            }
+            for id in finished {
+                if let Some(group) = self.groups.remove(&id) {
+                    for config in &group.keys {
+                        self.claimed.remove(&config.key);
+                    }
+                }
+                self.events.push_back(CampaignEvent::Finished { group: id });
+            }
         }
     }
+}
+
+/// The `i`th presence key of balanced set `set`.
+pub fn presence_key(set: &str, i: usize) -> String {
+    format!("{set}-member-{i}")
 }

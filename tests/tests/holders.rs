@@ -243,6 +243,49 @@ async fn shards_spread_over_several_members() {
     }
 }
 
+/// Waits, on ownership changes, until `shards` holds `n` keys.
+async fn until_holding(shards: &mut Shards, n: usize) {
+    while shards.held().len() != n {
+        next_shard(shards).await;
+    }
+}
+
+#[tokio::test]
+async fn balanced_shards_share_evenly_as_members_join_and_leave() {
+    let fx = Fx::start().await;
+    let keys = ["b0", "b1", "b2", "b3", "b4", "b5"];
+    let mut all = Vec::new();
+    // One member alone takes every shard; each joining member gets an even share,
+    // released by the others at a safe point (no lease is taken from its holder).
+    for (i, share) in [6, 3, 2].into_iter().enumerate() {
+        let m = member(&fx, &format!("bal-{i}")).await;
+        all.push(m.balanced_shards("bal", &keys, TTL).unwrap());
+        for shards in all.iter_mut() {
+            until_holding(shards, share).await;
+        }
+    }
+    let leases = LeaseClient::new(fx.client.clone());
+    let mut owners = std::collections::BTreeMap::new();
+    for key in keys {
+        let owner = leases.owner(key).await.unwrap().expect("every shard held");
+        *owners.entry(owner.holder).or_insert(0) += 1;
+    }
+    assert_eq!(owners.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
+    // A member leaves: the other two take its shards back, three each.
+    all.remove(0).stop().await;
+    for shards in all.iter_mut() {
+        until_holding(shards, 3).await;
+    }
+    for shards in all {
+        shards.stop().await;
+    }
+    for key in keys {
+        assert_eq!(leases.owner(key).await.unwrap(), None, "{key} still held");
+    }
+    let presence = leases.owner("bal-member-0").await.unwrap();
+    assert_eq!(presence, None, "a stopped member releases its presence too");
+}
+
 #[tokio::test]
 async fn a_holder_config_outside_the_bounds_is_refused_before_any_request() {
     let fx = Fx::start().await;
