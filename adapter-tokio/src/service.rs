@@ -9,8 +9,8 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mo
 use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -227,21 +227,26 @@ async fn serve(
             .into_iter()
             .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
     );
+    // Thrown when shutdown stops waiting: every call still running then ends
+    // `internal` through the core (`Call::abort`), and is answered.
+    let (cut, cut_off) = watch::channel(false);
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
     let mut calls = FuturesUnordered::new();
+    let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
+        calls.push(answer(
+            client.clone(),
+            config,
+            endpoint,
+            request,
+            cut_off.clone(),
+        ));
+    };
     loop {
         tokio::select! {
             next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
-                let client = client.clone();
-                let config = config;
-                calls.push(async move {
-                    let body = run_call(&client, config, endpoint, &request.message.payload).await;
-                    if let Err(e) = request.respond(Ok(body.into())).await {
-                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
-                    }
-                });
+                take(&mut calls, endpoint, request, config);
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
             _ = recheck.tick(), if asking.is_none() && config.mode == Mode::Ready => {
@@ -262,21 +267,77 @@ async fn serve(
             _ = stopped.changed() => break,
         }
     }
-    drop(requests);
+    // Unsubscribe every endpoint (each does so on its next poll), then keep reading
+    // them: the requests already delivered to this client are in their buffers, and
+    // each stream ends once those are read. Every one of them is answered.
     let _ = service.stop().await;
     let in_flight = calls.len();
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    let drained = tokio::time::timeout(shutdown_timeout, async {
-        while calls.next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!("stopping: {} calls did not finish in time", calls.len());
+    let bound = tokio::time::sleep(shutdown_timeout);
+    tokio::pin!(bound);
+    let mut open = true;
+    let mut late = 0usize;
+    while open || !calls.is_empty() {
+        tokio::select! {
+            next = requests.next(), if open => match next {
+                Some((endpoint, request)) => {
+                    late += 1;
+                    take(&mut calls, endpoint, request, config);
+                }
+                None => open = false,
+            },
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+            _ = &mut bound => break,
+        }
+    }
+    if late > 0 {
+        tracing::info!("stopping: took {late} requests delivered before the unsubscribe");
+    }
+    // Past the bound: what still runs is cut off and answered `internal`, as is any
+    // request still buffered (its call is cut off at once).
+    let _ = cut.send(true);
+    if open {
+        while let Some(Some((endpoint, request))) = requests.next().now_or_never() {
+            take(&mut calls, endpoint, request, config);
+        }
+    }
+    if !calls.is_empty() {
+        tracing::warn!(
+            "stopping: {} calls did not finish in time; they are answered `internal`",
+            calls.len()
+        );
+        // Each cut-off call replies at once; the bound only guards a stuck publish.
+        let _ = tokio::time::timeout(REPLY_BOUND, async { while calls.next().await.is_some() {} })
+            .await;
     }
     drop(calls);
+    drop(requests);
     let _ = client.flush().await;
+}
+
+/// How long a stopping service gives the replies of cut-off calls to go out.
+const REPLY_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs one request's call and sends its reply.
+async fn answer(
+    client: Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    request: async_nats::service::Request,
+    mut cut_off: watch::Receiver<bool>,
+) {
+    let cut = async move {
+        if cut_off.wait_for(|cut| *cut).await.is_err() {
+            // The service is gone without cutting anything off: nothing to wait for.
+            std::future::pending::<()>().await;
+        }
+    };
+    let body = run_call_until(&client, config, endpoint, &request.message.payload, cut).await;
+    if let Err(e) = request.respond(Ok(body.into())).await {
+        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+    }
 }
 
 /// Runs one call to its reply and returns the reply body.
@@ -286,6 +347,20 @@ pub async fn run_call(
     endpoint: Endpoint,
     body: &[u8],
 ) -> Vec<u8> {
+    run_call_until(client, config, endpoint, body, std::future::pending()).await
+}
+
+/// Runs one call to its reply, or until `cut` completes: the call is then cut off
+/// ([`Call::abort`]) and replies `internal`. Returns the reply body.
+pub async fn run_call_until(
+    client: &Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    body: &[u8],
+    cut: impl std::future::Future<Output = ()>,
+) -> Vec<u8> {
+    let cut = cut.fuse();
+    tokio::pin!(cut);
     let mut call = Call::new(
         config,
         Instant::now(),
@@ -298,8 +373,10 @@ pub async fn run_call(
             // Waiting with nothing to do can only be a forward's deadline.
             match call.poll_timeout() {
                 Some(at) => {
-                    tokio::time::sleep_until(at.into()).await;
-                    call.handle_timeout(Instant::now());
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => call.handle_timeout(Instant::now()),
+                        _ = &mut cut => call.abort(Instant::now()),
+                    }
                     continue;
                 }
                 None => {
@@ -317,17 +394,17 @@ pub async fn run_call(
                 .into_nats_request()
                 .expect("every other effect is a request"),
         };
-        let sent = exec::send(client, request);
-        let outcome = match call.poll_timeout() {
-            Some(at) => match tokio::time::timeout_at(at.into(), sent).await {
-                Ok(outcome) => outcome,
-                Err(_) => {
-                    call.handle_timeout(Instant::now());
-                    continue;
-                }
-            },
-            None => sent.await,
+        let deadline = call.poll_timeout();
+        let expired = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
         };
-        call.handle_outcome(Instant::now(), id, outcome);
+        tokio::select! {
+            outcome = exec::send(client, request) => call.handle_outcome(Instant::now(), id, outcome),
+            _ = expired => call.handle_timeout(Instant::now()),
+            _ = &mut cut => call.abort(Instant::now()),
+        }
     }
 }

@@ -453,6 +453,33 @@ impl Call {
         }
     }
 
+    /// The service is stopping and will not wait for this call any longer: a call
+    /// that has not replied yet ends `internal` ("the service is stopping"), naming
+    /// the owner a forward last tried, or `owner_timeout` if a forward's deadline has
+    /// passed by `now` anyway. The outcome of the effect in flight is never learnt:
+    /// a write may still land (as after any `internal` or `unavailable` reply, the
+    /// caller's retry finds out). A no-op on a call that has replied.
+    pub fn abort(&mut self, now: Instant) {
+        if self.is_done() {
+            return;
+        }
+        if self.forward_past_deadline(now) {
+            return self.fail_deadline();
+        }
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(
+                ErrorKind::Internal,
+                "the service is stopping: the call was cut off before it finished; \
+                 its outcome is unknown, retry",
+            ),
+            last,
+        ));
+    }
+
     /// Whether this is a forward whose `timeout_ms` has run out at `now`.
     fn forward_past_deadline(&self, now: Instant) -> bool {
         matches!(&self.job, Job::Forward(f) if now >= f.deadline)

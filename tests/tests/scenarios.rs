@@ -710,3 +710,112 @@ async fn a_missing_stream_after_startup_is_unavailable_never_unsupported() {
         .await;
     assert_eq!(kind(&renew), "unavailable");
 }
+
+/// A request with its own timeout: `Err` says how it failed instead of panicking.
+async fn request_within(
+    client: &async_nats::Client,
+    endpoint: &str,
+    body: Value,
+    timeout: Duration,
+) -> Result<Value, async_nats::RequestErrorKind> {
+    let request = async_nats::Request::new()
+        .payload(body.to_string().into())
+        .timeout(Some(timeout));
+    let reply = client
+        .send_request(format!("api.leases.{endpoint}"), request)
+        .await
+        .map_err(|e| e.kind())?;
+    Ok(serde_json::from_slice(&reply.payload).expect("a JSON reply"))
+}
+
+/// leases.md: "dagnats stopping mid-call is internal". A forward waiting on an
+/// owner that never answers is cut off at the shutdown bound and answered
+/// `internal`, instead of being dropped for the caller to time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_service_mid_call_answers_internal() {
+    let server = NatsServer::start();
+    let options = dagnats_leases_tokio::service::ServiceOptions {
+        shutdown_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let service = start_service_with(&server, options).await;
+    let client = connect(&server).await;
+    let a = call_raw(
+        &client,
+        "acquire",
+        json!({"key": "stopkey", "holder": "mute", "ttl_ms": 10_000})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(a["granted"], true, "{a}");
+    let (_task, mut seen) = owner_task(client.clone(), "mute", "silent").await;
+    let caller = client.clone();
+    let forward = tokio::spawn(async move {
+        let body = json!({"key": "stopkey", "payload": "", "timeout_ms": 30000});
+        request_within(&caller, "forward", body, Duration::from_secs(8)).await
+    });
+    // Once the owner holds the forwarded request, the forward is in flight.
+    seen.recv().await.unwrap();
+    let stopping = std::time::Instant::now();
+    service.stop().await;
+    let reply = forward
+        .await
+        .unwrap()
+        .expect("the caller gets a reply, not a timeout");
+    assert_eq!(kind(&reply), "internal", "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the service is stopping"),
+        "{reply}"
+    );
+    assert_eq!(
+        (reply["holder"].as_str(), &reply["revision"]),
+        (Some("mute"), &a["revision"]),
+        "names the owner it tried"
+    );
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "answered at the shutdown bound, took {:?}",
+        stopping.elapsed()
+    );
+}
+
+/// Requests delivered to the service but not read yet when it stops are answered
+/// too. Made deterministic with the serving future itself: the requests reach the
+/// endpoints' buffers before the future is first polled, and the stop is thrown
+/// before it is, so the loop sees the stop with every request still unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_service_answers_the_requests_delivered_but_unread() {
+    let server = NatsServer::start();
+    let prepared =
+        dagnats_leases_tokio::service::prepare(connect(&server).await, Default::default())
+            .await
+            .expect("service prepares");
+    let client = connect(&server).await;
+    let mut calls = futures::stream::FuturesUnordered::new();
+    for n in 0..50 {
+        let client = client.clone();
+        calls.push(async move {
+            let body = json!({"key": format!("unread{n}")});
+            request_within(&client, "owner", body, Duration::from_secs(5)).await
+        });
+    }
+    // Send them all: polling the set once publishes each request.
+    assert!(futures::poll!(calls.next()).is_pending());
+    client.flush().await.unwrap();
+    // The server has routed them to the service's connection; let them arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    prepared.stop.send(true).unwrap();
+    let serve = tokio::spawn(prepared.serve);
+    let mut answered = 0;
+    while let Some(r) = calls.next().await {
+        let reply = r.expect("every request delivered to the service is answered");
+        assert_eq!(reply["held"], false, "{reply}");
+        answered += 1;
+    }
+    assert_eq!(answered, 50);
+    serve.await.unwrap();
+}
