@@ -94,7 +94,8 @@ impl Drop for ServiceHandle {
     }
 }
 
-/// Ensures the bucket (waiting while JetStream is not ready), then serves on tokio.
+/// Ensures the bucket (waiting while JetStream is not ready, and answering every
+/// call `unavailable` meanwhile), then serves on tokio.
 pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
     let prepared = prepare(client, options).await?;
     Ok(ServiceHandle {
@@ -124,7 +125,12 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
-/// Ensures the bucket and registers the endpoints; returns the serving future.
+/// Registers the endpoints and ensures the bucket; returns the serving future.
+///
+/// The endpoints answer from the start: while the bucket is being ensured (and
+/// JetStream may not be there yet) every call replies `unavailable`
+/// ([`Mode::Starting`]), so callers retry instead of seeing no responders. This
+/// future answers those itself, until it returns with the mode startup settled on.
 pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared, Error> {
     let info = client.server_info();
     if info.version.is_empty() {
@@ -135,14 +141,6 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
              retry_on_initial_connect, or wait for the connection first",
         ));
     }
-    let (mode, replicas) = ensure_bucket(&client, &options, &info.version).await;
-    let base = CallConfig {
-        mode,
-        max_payload: info.max_payload,
-        kv_timeout: options.kv_timeout,
-        confirm_reads: false,
-    };
-    let config = options.call_config(base, replicas);
     let service = client
         .service_builder()
         .description("dagnats leases: leader election and shard ownership over NATS")
@@ -166,6 +164,35 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
+    let mut requests: Requests = futures::stream::select_all(
+        endpoints
+            .into_iter()
+            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
+    );
+    let starting = CallConfig {
+        mode: Mode::Starting,
+        max_payload: info.max_payload,
+        kv_timeout: options.kv_timeout,
+        confirm_reads: false,
+    };
+    let (mode, replicas) = {
+        let ensure = ensure_bucket(&client, &options, &info.version);
+        tokio::pin!(ensure);
+        loop {
+            tokio::select! {
+                settled = &mut ensure => break settled,
+                Some((endpoint, request)) = requests.next() => {
+                    // No effects in `Starting` mode: the reply is at hand.
+                    let body = run_call(&client, starting, endpoint, &request.message.payload).await;
+                    if let Err(e) = request.respond(Ok(body.into())).await {
+                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+                    }
+                }
+            }
+        }
+    };
+    let base = CallConfig { mode, ..starting };
+    let config = options.call_config(base, replicas);
     tracing::info!(
         ?mode,
         replicas,
@@ -175,13 +202,18 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let serve = serve(client, service, endpoints, config, options, stopped);
+    let serve = serve(client, service, requests, config, options, stopped);
     Ok(Prepared {
         mode,
         stop,
         serve: Box::pin(serve),
     })
 }
+
+/// Every endpoint's requests, tagged with the endpoint.
+type Requests = futures::stream::SelectAll<
+    futures::stream::BoxStream<'static, (Endpoint, async_nats::service::Request)>,
+>;
 
 /// The mode to serve in, and the stream's replicas.
 async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> (Mode, usize) {
@@ -210,7 +242,7 @@ async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str)
 async fn serve(
     client: Client,
     service: async_nats::service::Service,
-    endpoints: Vec<(Endpoint, async_nats::service::endpoint::Endpoint)>,
+    mut requests: Requests,
     mut config: CallConfig,
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
@@ -222,11 +254,6 @@ async fn serve(
         options.replicas_recheck,
     );
     let mut asking = None;
-    let mut requests = futures::stream::select_all(
-        endpoints
-            .into_iter()
-            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
-    );
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
     let (cut, cut_off) = watch::channel(false);

@@ -819,3 +819,61 @@ async fn stopping_the_service_answers_the_requests_delivered_but_unread() {
     assert_eq!(answered, 50);
     serve.await.unwrap();
 }
+
+/// While the bucket is being ensured, callers get `unavailable` (retry), not no
+/// responders; once it is, the real mode. Made deterministic with a server whose
+/// JetStream is off: startup cannot finish until it is turned on (a restart with
+/// it on, on the same port: the service's client reconnects and startup's retry
+/// finds the stream missing and creates it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_during_startup_are_unavailable_then_served() {
+    let mut server = NatsServer::builder().jetstream(false).start();
+    let service_client = connect(&server).await;
+    let starting = tokio::spawn(dagnats_leases_tokio::service::start(
+        service_client,
+        Default::default(),
+    ));
+    let client = connect(&server).await;
+    let body = json!({"key": "early", "holder": "h1", "ttl_ms": 5000});
+    // The endpoints are registered first thing; until then there are no responders.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let reply = loop {
+        match request_within(&client, "acquire", body.clone(), Duration::from_secs(2)).await {
+            Ok(reply) => break reply,
+            Err(async_nats::RequestErrorKind::NoResponders)
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("a call during startup: {e:?}"),
+        }
+    };
+    assert_eq!(kind(&reply), "unavailable", "{reply}");
+    for endpoint in ["renew", "release", "owner", "forward"] {
+        let reply = request_within(&client, endpoint, json!({}), Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|e| panic!("{endpoint} during startup: {e:?}"));
+        assert_eq!(kind(&reply), "unavailable", "{endpoint}: {reply}");
+    }
+    assert!(!starting.is_finished(), "startup waits for JetStream");
+    // Turn JetStream on: startup settles and the same endpoints serve leases.
+    let conf = std::fs::read_to_string(server.config_path()).unwrap();
+    let store = serde_json::to_string(&server.store_dir().to_string_lossy()).unwrap();
+    std::fs::write(
+        server.config_path(),
+        format!("{conf}jetstream {{\n  store_dir: {store}\n}}\n"),
+    )
+    .unwrap();
+    server.restart();
+    let handle = tokio::time::timeout(Duration::from_secs(15), starting)
+        .await
+        .expect("startup settles once JetStream is there")
+        .unwrap()
+        .expect("the service starts");
+    assert_eq!(handle.mode(), dagnats_leases_core::Mode::Ready);
+    let reply = request_within(&client, "acquire", body, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(reply["granted"], true, "{reply}");
+    handle.shutdown().await;
+}
