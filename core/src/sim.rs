@@ -480,15 +480,68 @@ impl Active {
     }
 }
 
+/// The call machine a [`World`] drives: [`Call`] itself, or a test's wrapper of it
+/// (a mutant the checks must catch).
+pub trait CallMachine: std::fmt::Debug {
+    /// See [`Call::poll_effect`].
+    fn poll_effect(&mut self) -> Option<Effect>;
+    /// See [`Call::handle_outcome`].
+    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome);
+    /// See [`Call::poll_timeout`].
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// See [`Call::handle_timeout`].
+    fn handle_timeout(&mut self, now: Instant);
+}
+
+impl CallMachine for Call {
+    fn poll_effect(&mut self) -> Option<Effect> {
+        Call::poll_effect(self)
+    }
+    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        Call::handle_outcome(self, now, id, outcome)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Call::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Call::handle_timeout(self, now)
+    }
+}
+
+/// Makes the machine for one call, as [`Call::new`] does.
+pub type MakeCall =
+    fn(CallConfig, Instant, OffsetDateTime, Endpoint, &[u8]) -> Box<dyn CallMachine>;
+
+fn make_call(
+    config: CallConfig,
+    now: Instant,
+    wall: OffsetDateTime,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Box<dyn CallMachine> {
+    Box::new(Call::new(config, now, wall, endpoint, body))
+}
+
 #[derive(Debug)]
 struct Active {
     kind: CallKind,
-    call: Call,
+    call: Box<dyn CallMachine>,
     pending: Option<Effect>,
     last_read: Option<KeyState>,
     written: Vec<u64>,
     inbox_attempts: u32,
     kv_effects: u32,
+    /// KV writes and read confirmations the call issued.
+    writes: u32,
+    confirms: u32,
+    /// Whether JetStream failed one of its effects (a lost reply, a deposed
+    /// leader that cannot commit): what `unavailable` needs.
+    js_failed: bool,
+    /// A forward's deadline.
+    deadline: Option<Instant>,
+    /// The owner a forward last tried and how it answered (`None` while the
+    /// request is in flight).
+    last_inbox: Option<(String, u64, Option<OwnerBehaviour>)>,
     reply: Option<Response>,
 }
 
@@ -504,6 +557,7 @@ pub struct World {
     replicated: bool,
     base: Instant,
     config: CallConfig,
+    make: MakeCall,
     holders: usize,
     keys: usize,
     calls: Vec<Active>,
@@ -591,6 +645,7 @@ impl World {
             replicated: false,
             base: Instant::now(),
             config: CallConfig::ready(max_payload),
+            make: make_call,
             holders: holders.max(1),
             keys: keys.max(1),
             calls: Vec::new(),
@@ -606,6 +661,12 @@ impl World {
     pub fn replicated(mut self, confirm_reads: bool) -> World {
         self.replicated = true;
         self.config.confirm_reads = confirm_reads;
+        self
+    }
+
+    /// The same world with every call made by `make` instead of [`Call::new`].
+    pub fn with_calls(mut self, make: MakeCall) -> World {
+        self.make = make;
         self
     }
 
@@ -755,7 +816,16 @@ impl World {
     }
 
     fn start(&mut self, kind: CallKind, endpoint: Endpoint, body: String) -> Result<(), Violation> {
-        let call = Call::new(
+        let deadline = match (
+            &kind,
+            crate::wire::Request::decode(endpoint, body.as_bytes()),
+        ) {
+            (CallKind::Forward { .. }, Ok(crate::wire::Request::Forward(f))) => {
+                Some(self.now() + Duration::from_millis(f.timeout_ms))
+            }
+            _ => None,
+        };
+        let call = (self.make)(
             self.config,
             self.now(),
             self.sim.wall(),
@@ -770,6 +840,11 @@ impl World {
             written: Vec::new(),
             inbox_attempts: 0,
             kv_effects: 0,
+            writes: 0,
+            confirms: 0,
+            js_failed: false,
+            deadline,
+            last_inbox: None,
             reply: None,
         });
         let i = self.calls.len() - 1;
@@ -878,6 +953,25 @@ impl World {
         };
         let timed_out =
             matches!(effect, Effect::InboxRequest(_)) && outcome == RequestOutcome::TimedOut;
+        let unavailable = |f: js::JsFailure| f.kind == ErrorKind::Unavailable;
+        let a = &mut self.calls[i];
+        match &effect {
+            Effect::KvRead(_) => {
+                a.js_failed |= js::parse_read(&outcome).is_err_and(unavailable);
+            }
+            Effect::KvWrite(_) | Effect::ConfirmRead(_) => {
+                if matches!(effect, Effect::KvWrite(_)) {
+                    a.writes += 1;
+                } else {
+                    a.confirms += 1;
+                }
+                a.js_failed |= js::parse_pub_ack(&outcome).is_err_and(unavailable);
+            }
+            Effect::InboxRequest(r) => {
+                a.last_inbox = Some((r.holder.clone(), r.fence, Some(owner)));
+            }
+            Effect::Reply(_) => {}
+        }
         self.calls[i].call.handle_outcome(now, id, outcome);
         self.drain(i)?;
         if timed_out {
@@ -910,6 +1004,7 @@ impl World {
                         self.calls[i].kv_effects += 1;
                     }
                     if let Effect::InboxRequest(r) = &other {
+                        self.calls[i].last_inbox = Some((r.holder.clone(), r.fence, None));
                         // Sent right after the read (and its confirmation) that chose
                         // this owner: it must be the owner now.
                         let live = self.sim.live(&r.key).map(|(rec, rev)| (rec.holder, rev));
@@ -1107,19 +1202,97 @@ impl World {
                 if f.payload != "cGluZw==" {
                     return Err(format!("forward payload changed: {f:?}"));
                 }
+                match &a.last_inbox {
+                    Some((holder, fence, Some(OwnerBehaviour::Echo)))
+                        if *holder == f.holder && *fence == f.revision => {}
+                    other => {
+                        return Err(format!(
+                            "forwarded {f:?}, but the owner last tried was {other:?}"
+                        ));
+                    }
+                }
             }
-            (_, Response::Error(e))
+            (_, Response::Error(e)) if e.kind == ErrorKind::Unavailable => {
+                let limit = match &a.kind {
+                    CallKind::Acquire { .. } => crate::call::MAX_ACQUIRE_WRITES,
+                    CallKind::Renew { .. } | CallKind::Release { .. } => {
+                        crate::call::MAX_FENCED_WRITES
+                    }
+                    _ => u32::MAX,
+                };
+                let kept_changing =
+                    a.writes >= limit || a.confirms >= crate::call::MAX_READ_CONFIRMS;
+                if !a.js_failed && !kept_changing {
+                    return Err(format!(
+                        "{:?} replied unavailable with JetStream answering every effect \
+                         ({} writes, {} confirmations): {e:?}",
+                        a.kind, a.writes, a.confirms
+                    ));
+                }
+            }
+            (CallKind::Forward { key }, Response::Error(e))
                 if matches!(
                     e.kind,
-                    ErrorKind::Unavailable
-                        | ErrorKind::NotHeld
-                        | ErrorKind::OwnerUnavailable
+                    ErrorKind::OwnerUnavailable
                         | ErrorKind::OwnerRejected
                         | ErrorKind::OwnerTimeout
                         | ErrorKind::ReplyTooLarge
-                ) => {}
+                ) =>
+            {
+                let named = e.holder.clone().zip(e.revision);
+                let tried = a.last_inbox.as_ref().map(|(h, r, _)| (h.clone(), *r));
+                if named != tried {
+                    return Err(format!(
+                        "{} names {named:?}, but the owner last tried was {tried:?}",
+                        e.kind
+                    ));
+                }
+                let answered = a.last_inbox.as_ref().and_then(|(_, _, b)| *b);
+                let past_deadline = a.deadline.is_some_and(|d| self.now() >= d);
+                let right = match e.kind {
+                    ErrorKind::OwnerTimeout => {
+                        past_deadline || answered == Some(OwnerBehaviour::Silent)
+                    }
+                    ErrorKind::ReplyTooLarge => answered == Some(OwnerBehaviour::Huge),
+                    kind => {
+                        let want = match kind {
+                            ErrorKind::OwnerUnavailable => OwnerBehaviour::NoResponders,
+                            _ => OwnerBehaviour::Reject,
+                        };
+                        // Given up on: the re-read shows the same owner, or the
+                        // attempts ran out.
+                        let right = answered == Some(want) && !past_deadline;
+                        if right && a.inbox_attempts < crate::call::MAX_FORWARD_ATTEMPTS {
+                            let shown = tried.as_ref().map(|(h, r)| (h, *r));
+                            self.check_current(key, shown, "the owner given up on")?;
+                        }
+                        right
+                    }
+                };
+                if !right {
+                    return Err(format!(
+                        "{} after the owner answered {answered:?} (attempt {}, past the \
+                         deadline: {past_deadline}; the stream holds {:?})",
+                        e.kind,
+                        a.inbox_attempts,
+                        self.sim.live(key).map(|(r, rev)| (r.holder, rev))
+                    ));
+                }
+            }
             (CallKind::Owner { key }, Response::Lease(l)) => {
                 self.check_current(key, Some((&l.holder, l.revision)), "owner")?;
+                // The times are the stored message's: its store time plus its TTL.
+                let m = self.sim.current(key).expect("checked: held");
+                let record = m.record().expect("checked: held");
+                let ends = self.sim.epoch + Duration::from_millis(m.time_ms + record.ttl_ms);
+                let expires = crate::record::format_time(ends);
+                if l.ttl_ms != record.ttl_ms || l.expires_at != expires {
+                    return Err(format!(
+                        "owner of {key} showed {l:?}, the stream's lease ends {expires} \
+                         ({} ms)",
+                        record.ttl_ms
+                    ));
+                }
             }
             (CallKind::Owner { key }, Response::Free(_)) => {
                 self.check_current(key, None, "owner")?;

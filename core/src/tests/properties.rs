@@ -202,3 +202,51 @@ fn an_owner_read_through_the_deposed_leader() {
         "{last:?}"
     );
 }
+
+/// The mutant: a core that answers every acquire `unavailable` (here: as a service
+/// still starting would), made by a test-only wrapper of [`Call::new`]. Each reply
+/// it gives is a kind the old judge took in any state; judged against the model,
+/// the worlds must catch it.
+fn acquire_always_unavailable(
+    config: crate::call::CallConfig,
+    now: std::time::Instant,
+    wall: time::OffsetDateTime,
+    endpoint: crate::wire::Endpoint,
+    body: &[u8],
+) -> Box<dyn crate::sim::CallMachine> {
+    // Only a valid acquire: an invalid one is still answered `invalid`.
+    let acquire = matches!(
+        crate::wire::Request::decode(endpoint, body),
+        Ok(crate::wire::Request::Acquire(_))
+    );
+    let config = match acquire {
+        true => crate::call::CallConfig {
+            mode: crate::call::Mode::Starting,
+            ..config
+        },
+        false => config,
+    };
+    Box::new(crate::call::Call::new(config, now, wall, endpoint, body))
+}
+
+#[test]
+fn the_judge_catches_a_core_that_answers_every_acquire_unavailable() {
+    let mut state = 0x51_7cc1_b727_220au64;
+    let (mut with_acquire, mut caught) = (0, 0);
+    let mut first = None;
+    for _ in 0..100 {
+        let ops = ops(&seeded_bytes(&mut state, 3000));
+        if !ops.iter().any(|op| matches!(op, Op::Acquire { .. })) {
+            continue;
+        }
+        with_acquire += 1;
+        let world = World::new(3, 2, 4096).with_calls(acquire_always_unavailable);
+        if let Err(v) = run_in(world, ops) {
+            caught += 1;
+            first.get_or_insert(v);
+        }
+    }
+    println!("the mutant was caught in {caught} of {with_acquire} worlds, first: {first:?}");
+    assert!(with_acquire > 50, "too few worlds acquire: {with_acquire}");
+    assert_eq!(caught, with_acquire, "a world let the mutant pass");
+}
