@@ -86,15 +86,71 @@ async fn acquire_grants_contends_and_is_idempotent() {
         (b["holder"].as_str(), b["revision"].as_u64()),
         (Some("h1"), Some(rev))
     );
+    // The message the server stores, and when its TTL runs out: by the server's
+    // store time and the `Nats-TTL` actually written, not by the service's word.
+    let written = stored(&fx.client, "leader").await;
+    assert_eq!(written.seq, rev);
+    assert_eq!(written.ttl.as_deref(), Some("15s"), "the TTL asked for");
+    // A second later (whole seconds: a rewrite would show), the repeat acquire.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let again = fx.acquire("leader", "h1", 15_000).await;
     assert_eq!(again["granted"], true);
     assert_eq!(again["revision"].as_u64(), Some(rev), "same revision");
-    let owner = fx.owner("leader").await;
+    let after = stored(&fx.client, "leader").await;
     assert_eq!(
-        owner["expires_at"], again["expires_at"],
-        "the TTL was not extended"
+        after, written,
+        "the repeat acquire wrote nothing: TTL not extended"
     );
+    let ends = written.time + Duration::from_millis(15_000);
+    let shown = dagnats_leases_core::record::parse_time(again["expires_at"].as_str().unwrap())
+        .expect("expires_at is RFC 3339");
+    assert!(
+        (shown - ends).abs() < time::Duration::milliseconds(1),
+        "the repeat grant's expires_at {shown} is the stored lease's end {ends}"
+    );
+    let first = dagnats_leases_core::record::parse_time(a["expires_at"].as_str().unwrap()).unwrap();
+    assert!(
+        (first - ends).abs() < time::Duration::milliseconds(500),
+        "the first grant's expires_at {first} is about the stored lease's end {ends}"
+    );
+    let owner = fx.owner("leader").await;
     assert_eq!(owner["revision"].as_u64(), Some(rev));
+}
+
+/// A key's last message as the stream leader stores it.
+#[derive(Debug, PartialEq)]
+struct Stored {
+    seq: u64,
+    /// The server's store time.
+    time: time::OffsetDateTime,
+    /// The `Nats-TTL` header written.
+    ttl: Option<String>,
+}
+
+async fn stored(client: &async_nats::Client, key: &str) -> Stored {
+    let body = json!({"last_by_subj": format!("$KV.leases.{key}")});
+    let reply = client
+        .request("$JS.API.STREAM.MSG.GET.KV_leases", body.to_string().into())
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+    let m = &v["message"];
+    let hdrs = base64::engine::general_purpose::STANDARD
+        .decode(m["hdrs"].as_str().unwrap_or_default())
+        .unwrap();
+    let ttl = String::from_utf8(hdrs)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Nats-TTL:").map(|v| v.trim().to_string()));
+    Stored {
+        seq: m["seq"].as_u64().unwrap_or_else(|| panic!("{v}")),
+        time: time::OffsetDateTime::parse(
+            m["time"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap(),
+        ttl,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
