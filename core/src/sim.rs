@@ -55,7 +55,13 @@ pub struct SimMsg {
     pub time_ms: u64,
     /// Per-message TTL, ms.
     pub ttl_ms: Option<u64>,
+    /// How late after its TTL the server removes it (0 to [`MAX_LATE_EXPIRY_MS`]).
+    pub late_ms: u64,
 }
+
+/// The most a real nats-server was seen to expire a message after its TTL: it
+/// checks ages on a timer with a 250 ms floor, in batches (`nats-facts.md`).
+pub const MAX_LATE_EXPIRY_MS: u64 = 325;
 
 impl SimMsg {
     /// The lease record this message holds, if it is a value that parses.
@@ -65,9 +71,17 @@ impl SimMsg {
             .flatten()
     }
 
-    /// When the server removes it, ms.
+    /// When its TTL runs out, ms: the end of the lease it holds.
     pub fn expires_ms(&self) -> Option<u64> {
         self.ttl_ms.map(|t| self.time_ms + t)
+    }
+
+    /// When the server actually removes it (and marks the expiry), ms: up to
+    /// [`MAX_LATE_EXPIRY_MS`] after its TTL, never before. In between it is
+    /// expired but not yet marked: reads still return it, and a write expecting
+    /// its revision still lands.
+    pub fn removed_ms(&self) -> Option<u64> {
+        self.expires_ms().map(|end| end + self.late_ms)
     }
 }
 
@@ -84,6 +98,16 @@ pub struct SimJetStream {
     pub log: Vec<SimMsg>,
     /// A deposed leader: answers from its frozen state, commits nothing.
     deposed: bool,
+    /// Seeds each message's late expiry.
+    seed: u64,
+    /// Keys whose expiry marker is already due for a message that a write replaced
+    /// after its TTL ran out: the marker (`Nats-Rollup: sub`) still comes, at this
+    /// time, and removes whatever the key holds then.
+    doomed: BTreeMap<String, u64>,
+    /// Reads answered with a message whose TTL had run out, not yet marked.
+    pub expired_unmarked_reads: std::cell::Cell<u64>,
+    /// Whether that marker is modelled (off by default: see [`SimJetStream::with_rollup_wipe`]).
+    rollup_wipes_late_writes: bool,
 }
 
 impl Default for SimJetStream {
@@ -104,7 +128,46 @@ impl SimJetStream {
             current: BTreeMap::new(),
             log: Vec::new(),
             deposed: false,
+            seed: 0x6c8e_9cf5_7093_2bd5,
+            doomed: BTreeMap::new(),
+            rollup_wipes_late_writes: false,
+            expired_unmarked_reads: std::cell::Cell::new(0),
         }
+    }
+
+    /// Models what was seen in a cluster (README, Fault tests): a write that lands
+    /// on a message after its TTL ran out, before the server marked the expiry, is
+    /// acknowledged and then wiped by the marker (`Nats-Rollup: sub`). Off by
+    /// default: with it the holder worlds fail (see `holder_world`), which is a
+    /// finding about the service's expiry guard, not yet fixed.
+    pub fn with_rollup_wipe(mut self, on: bool) -> Self {
+        self.rollup_wipes_late_writes = on;
+        self
+    }
+
+    /// The same empty stream with another seed for the late expiries.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// How late message `seq` expires: seeded, 0 to [`MAX_LATE_EXPIRY_MS`] ms.
+    fn late_ms(&self, seq: u64) -> u64 {
+        // splitmix64 of the seed and the sequence.
+        let mut z = self.seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % (MAX_LATE_EXPIRY_MS + 1)
+    }
+
+    /// The lease a key holds now by its TTL: a live record whose TTL has not run
+    /// out (a message expired but not yet marked is still [`SimJetStream::live`]).
+    pub fn leased(&self, key: &str) -> Option<(LeaseRecord, u64)> {
+        let msg = self.current.get(key)?;
+        if msg.expires_ms().is_some_and(|end| end <= self.now_ms) {
+            return None;
+        }
+        Some((msg.record()?, msg.seq))
     }
 
     /// A deposed leader that still believes it leads, frozen at this state.
@@ -131,30 +194,49 @@ impl SimJetStream {
         Some((msg.record()?, msg.seq))
     }
 
-    /// Moves the clock on, expiring what is due in time order.
+    /// Moves the clock on, expiring what is due in time order, each message up to
+    /// [`MAX_LATE_EXPIRY_MS`] after its TTL.
     pub fn advance(&mut self, ms: u64) {
         let until = self.now_ms + ms;
         loop {
             let due = self
                 .current
                 .values()
-                .filter_map(|m| m.expires_ms().map(|at| (at, m.key.clone())))
+                .filter_map(|m| m.removed_ms().map(|at| (at, m.key.clone())))
+                .chain(self.doomed.iter().map(|(k, at)| (*at, k.clone())))
                 .filter(|(at, _)| *at <= until)
                 .min();
             let Some((at, key)) = due else { break };
             self.now_ms = self.now_ms.max(at);
+            if self.doomed.get(&key) == Some(&at) {
+                // The marker of a message replaced after its end: it rolls up
+                // whatever the key holds now.
+                self.doomed.remove(&key);
+                if self
+                    .current
+                    .get(&key)
+                    .is_some_and(|m| m.kind != MsgKind::Marker)
+                {
+                    self.mark(key);
+                }
+                continue;
+            }
             let msg = self.current.remove(&key).expect("due message exists");
             if msg.kind != MsgKind::Marker {
-                self.store(
-                    key,
-                    MsgKind::Marker,
-                    vec![(HDR_MARKER_REASON.to_string(), "MaxAge".to_string())],
-                    Vec::new(),
-                    Some(1000),
-                );
+                self.mark(key);
             }
         }
         self.now_ms = until;
+    }
+
+    fn mark(&mut self, key: String) {
+        self.store(
+            key,
+            MsgKind::Marker,
+            vec![(HDR_MARKER_REASON.to_string(), "MaxAge".to_string())],
+            Vec::new(),
+            Some(1000),
+        );
     }
 
     fn store(
@@ -165,6 +247,14 @@ impl SimJetStream {
         data: Vec<u8>,
         ttl_ms: Option<u64>,
     ) -> u64 {
+        if let Some(old) = self.current.get(&key)
+            && old.kind != MsgKind::Marker
+            && old.expires_ms().is_some_and(|end| end <= self.now_ms)
+            && let Some(at) = old.removed_ms()
+            && self.rollup_wipes_late_writes
+        {
+            self.doomed.entry(key.clone()).or_insert(at);
+        }
         self.last_seq += 1;
         let msg = SimMsg {
             seq: self.last_seq,
@@ -174,6 +264,7 @@ impl SimJetStream {
             data,
             time_ms: self.now_ms,
             ttl_ms,
+            late_ms: self.late_ms(self.last_seq),
         };
         self.log.push(msg.clone());
         self.current.insert(key, msg);
@@ -257,7 +348,14 @@ impl SimJetStream {
         };
         match self.current.get(key) {
             None => api_error(404, 10037, "no message found"),
-            Some(m) => RequestOutcome::reply(stored_message_json(self.epoch, m)),
+            Some(m) => {
+                if m.kind != MsgKind::Marker && m.expires_ms().is_some_and(|end| end <= self.now_ms)
+                {
+                    let n = &self.expired_unmarked_reads;
+                    n.set(n.get() + 1);
+                }
+                RequestOutcome::reply(stored_message_json(self.epoch, m))
+            }
         }
     }
 }
@@ -661,6 +759,12 @@ impl World {
     pub fn replicated(mut self, confirm_reads: bool) -> World {
         self.replicated = true;
         self.config.confirm_reads = confirm_reads;
+        self
+    }
+
+    /// The same world with the stream's late expiries drawn from `seed`.
+    pub fn with_expiry_seed(mut self, seed: u64) -> World {
+        self.sim = self.sim.with_seed(seed);
         self
     }
 

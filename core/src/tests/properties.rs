@@ -35,8 +35,10 @@ proptest! {
         holders in 2usize..5,
         keys in 1usize..3,
         bytes in proptest::collection::vec(any::<u8>(), 0..3000),
+        expiry_seed in any::<u64>(),
     ) {
-        if let Err(v) = run(holders, keys, ops(&bytes)) {
+        let world = World::new(holders, keys, 4096).with_expiry_seed(expiry_seed);
+        if let Err(v) = run_in(world, ops(&bytes)) {
             prop_assert!(false, "{}", v);
         }
     }
@@ -84,10 +86,12 @@ proptest! {
 fn random_worlds_cover_every_outcome() {
     use std::collections::BTreeMap;
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut expired_unmarked = 0;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..200 {
         let bytes = seeded_bytes(&mut state, 3000);
         let world = run(3, 2, ops(&bytes)).unwrap();
+        expired_unmarked += world.sim.expired_unmarked_reads.get();
         for (_, r) in &world.replies {
             let name = match r {
                 Response::Acquired(a) if a.granted => "granted".to_string(),
@@ -101,7 +105,13 @@ fn random_worlds_cover_every_outcome() {
             *seen.entry(name).or_default() += 1;
         }
     }
-    println!("outcomes over 200 worlds: {seen:?}");
+    println!(
+        "outcomes over 200 worlds: {seen:?}, {expired_unmarked} reads of a lease expired but not yet marked"
+    );
+    assert!(
+        expired_unmarked > 0,
+        "the server's late expiry was never seen by a call"
+    );
     for want in [
         "granted",
         "not granted",
@@ -178,7 +188,9 @@ fn an_owner_read_through_the_deposed_leader() {
         })?;
         w.apply(step(false))?;
         w.apply(Op::Partition { cut: true })?;
+        // Past the TTL and the server's late expiry (up to 325 ms).
         w.apply(Op::Advance { ms: 1100 })?;
+        w.apply(Op::Advance { ms: 300 })?;
         w.apply(Op::Acquire {
             holder: 1,
             key: 0,
