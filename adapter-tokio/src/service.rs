@@ -9,8 +9,8 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mo
 use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
@@ -94,7 +94,8 @@ impl Drop for ServiceHandle {
     }
 }
 
-/// Ensures the bucket (waiting while JetStream is not ready), then serves on tokio.
+/// Ensures the bucket (waiting while JetStream is not ready, and answering every
+/// call `unavailable` meanwhile), then serves on tokio.
 pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
     let prepared = prepare(client, options).await?;
     Ok(ServiceHandle {
@@ -124,7 +125,12 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
-/// Ensures the bucket and registers the endpoints; returns the serving future.
+/// Registers the endpoints and ensures the bucket; returns the serving future.
+///
+/// The endpoints answer from the start: while the bucket is being ensured (and
+/// JetStream may not be there yet) every call replies `unavailable`
+/// ([`Mode::Starting`]), so callers retry instead of seeing no responders. This
+/// future answers those itself, until it returns with the mode startup settled on.
 pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared, Error> {
     let info = client.server_info();
     if info.version.is_empty() {
@@ -135,14 +141,6 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
              retry_on_initial_connect, or wait for the connection first",
         ));
     }
-    let (mode, replicas) = ensure_bucket(&client, &options, &info.version).await;
-    let base = CallConfig {
-        mode,
-        max_payload: info.max_payload,
-        kv_timeout: options.kv_timeout,
-        confirm_reads: false,
-    };
-    let config = options.call_config(base, replicas);
     let service = client
         .service_builder()
         .description("dagnats leases: leader election and shard ownership over NATS")
@@ -166,6 +164,35 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
+    let mut requests: Requests = futures::stream::select_all(
+        endpoints
+            .into_iter()
+            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
+    );
+    let starting = CallConfig {
+        mode: Mode::Starting,
+        max_payload: info.max_payload,
+        kv_timeout: options.kv_timeout,
+        confirm_reads: false,
+    };
+    let (mode, replicas) = {
+        let ensure = ensure_bucket(&client, &options, &info.version);
+        tokio::pin!(ensure);
+        loop {
+            tokio::select! {
+                settled = &mut ensure => break settled,
+                Some((endpoint, request)) = requests.next() => {
+                    // No effects in `Starting` mode: the reply is at hand.
+                    let body = run_call(&client, starting, endpoint, &request.message.payload).await;
+                    if let Err(e) = request.respond(Ok(body.into())).await {
+                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+                    }
+                }
+            }
+        }
+    };
+    let base = CallConfig { mode, ..starting };
+    let config = options.call_config(base, replicas);
     tracing::info!(
         ?mode,
         replicas,
@@ -175,13 +202,18 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let serve = serve(client, service, endpoints, config, options, stopped);
+    let serve = serve(client, service, requests, config, options, stopped);
     Ok(Prepared {
         mode,
         stop,
         serve: Box::pin(serve),
     })
 }
+
+/// Every endpoint's requests, tagged with the endpoint.
+type Requests = futures::stream::SelectAll<
+    futures::stream::BoxStream<'static, (Endpoint, async_nats::service::Request)>,
+>;
 
 /// The mode to serve in, and the stream's replicas.
 async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> (Mode, usize) {
@@ -210,7 +242,7 @@ async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str)
 async fn serve(
     client: Client,
     service: async_nats::service::Service,
-    endpoints: Vec<(Endpoint, async_nats::service::endpoint::Endpoint)>,
+    mut requests: Requests,
     mut config: CallConfig,
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
@@ -222,26 +254,26 @@ async fn serve(
         options.replicas_recheck,
     );
     let mut asking = None;
-    let mut requests = futures::stream::select_all(
-        endpoints
-            .into_iter()
-            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
-    );
+    // Thrown when shutdown stops waiting: every call still running then ends
+    // `internal` through the core (`Call::abort`), and is answered.
+    let (cut, cut_off) = watch::channel(false);
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
     let mut calls = FuturesUnordered::new();
+    let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
+        calls.push(answer(
+            client.clone(),
+            config,
+            endpoint,
+            request,
+            cut_off.clone(),
+        ));
+    };
     loop {
         tokio::select! {
             next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
-                let client = client.clone();
-                let config = config;
-                calls.push(async move {
-                    let body = run_call(&client, config, endpoint, &request.message.payload).await;
-                    if let Err(e) = request.respond(Ok(body.into())).await {
-                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
-                    }
-                });
+                take(&mut calls, endpoint, request, config);
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
             _ = recheck.tick(), if asking.is_none() && config.mode == Mode::Ready => {
@@ -262,21 +294,77 @@ async fn serve(
             _ = stopped.changed() => break,
         }
     }
-    drop(requests);
+    // Unsubscribe every endpoint (each does so on its next poll), then keep reading
+    // them: the requests already delivered to this client are in their buffers, and
+    // each stream ends once those are read. Every one of them is answered.
     let _ = service.stop().await;
     let in_flight = calls.len();
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    let drained = tokio::time::timeout(shutdown_timeout, async {
-        while calls.next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!("stopping: {} calls did not finish in time", calls.len());
+    let bound = tokio::time::sleep(shutdown_timeout);
+    tokio::pin!(bound);
+    let mut open = true;
+    let mut late = 0usize;
+    while open || !calls.is_empty() {
+        tokio::select! {
+            next = requests.next(), if open => match next {
+                Some((endpoint, request)) => {
+                    late += 1;
+                    take(&mut calls, endpoint, request, config);
+                }
+                None => open = false,
+            },
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+            _ = &mut bound => break,
+        }
+    }
+    if late > 0 {
+        tracing::info!("stopping: took {late} requests delivered before the unsubscribe");
+    }
+    // Past the bound: what still runs is cut off and answered `internal`, as is any
+    // request still buffered (its call is cut off at once).
+    let _ = cut.send(true);
+    if open {
+        while let Some(Some((endpoint, request))) = requests.next().now_or_never() {
+            take(&mut calls, endpoint, request, config);
+        }
+    }
+    if !calls.is_empty() {
+        tracing::warn!(
+            "stopping: {} calls did not finish in time; they are answered `internal`",
+            calls.len()
+        );
+        // Each cut-off call replies at once; the bound only guards a stuck publish.
+        let _ = tokio::time::timeout(REPLY_BOUND, async { while calls.next().await.is_some() {} })
+            .await;
     }
     drop(calls);
+    drop(requests);
     let _ = client.flush().await;
+}
+
+/// How long a stopping service gives the replies of cut-off calls to go out.
+const REPLY_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs one request's call and sends its reply.
+async fn answer(
+    client: Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    request: async_nats::service::Request,
+    mut cut_off: watch::Receiver<bool>,
+) {
+    let cut = async move {
+        if cut_off.wait_for(|cut| *cut).await.is_err() {
+            // The service is gone without cutting anything off: nothing to wait for.
+            std::future::pending::<()>().await;
+        }
+    };
+    let body = run_call_until(&client, config, endpoint, &request.message.payload, cut).await;
+    if let Err(e) = request.respond(Ok(body.into())).await {
+        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+    }
 }
 
 /// Runs one call to its reply and returns the reply body.
@@ -286,6 +374,20 @@ pub async fn run_call(
     endpoint: Endpoint,
     body: &[u8],
 ) -> Vec<u8> {
+    run_call_until(client, config, endpoint, body, std::future::pending()).await
+}
+
+/// Runs one call to its reply, or until `cut` completes: the call is then cut off
+/// ([`Call::abort`]) and replies `internal`. Returns the reply body.
+pub async fn run_call_until(
+    client: &Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    body: &[u8],
+    cut: impl std::future::Future<Output = ()>,
+) -> Vec<u8> {
+    let cut = cut.fuse();
+    tokio::pin!(cut);
     let mut call = Call::new(
         config,
         Instant::now(),
@@ -298,8 +400,10 @@ pub async fn run_call(
             // Waiting with nothing to do can only be a forward's deadline.
             match call.poll_timeout() {
                 Some(at) => {
-                    tokio::time::sleep_until(at.into()).await;
-                    call.handle_timeout(Instant::now());
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => call.handle_timeout(Instant::now()),
+                        _ = &mut cut => call.abort(Instant::now()),
+                    }
                     continue;
                 }
                 None => {
@@ -317,17 +421,17 @@ pub async fn run_call(
                 .into_nats_request()
                 .expect("every other effect is a request"),
         };
-        let sent = exec::send(client, request);
-        let outcome = match call.poll_timeout() {
-            Some(at) => match tokio::time::timeout_at(at.into(), sent).await {
-                Ok(outcome) => outcome,
-                Err(_) => {
-                    call.handle_timeout(Instant::now());
-                    continue;
-                }
-            },
-            None => sent.await,
+        let deadline = call.poll_timeout();
+        let expired = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
         };
-        call.handle_outcome(Instant::now(), id, outcome);
+        tokio::select! {
+            outcome = exec::send(client, request) => call.handle_outcome(Instant::now(), id, outcome),
+            _ = expired => call.handle_timeout(Instant::now()),
+            _ = &mut cut => call.abort(Instant::now()),
+        }
     }
 }

@@ -448,23 +448,77 @@ impl Call {
 
     /// The time has come: a forward past its deadline ends with `owner_timeout`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Job::Forward(f) = &self.job
-            && now >= f.deadline
-        {
-            let last = f.last_tried.clone();
-            self.fail(with_owner(
-                ErrorReply::new(
-                    ErrorKind::OwnerTimeout,
-                    "the forward ran out of timeout_ms before the owner replied",
-                ),
-                last,
-            ));
+        if self.forward_past_deadline(now) {
+            self.fail_deadline();
         }
+    }
+
+    /// The service is stopping and will not wait for this call any longer: a call
+    /// that has not replied yet ends `internal` ("the service is stopping"), naming
+    /// the owner a forward last tried, or `owner_timeout` if a forward's deadline has
+    /// passed by `now` anyway. The outcome of the effect in flight is never learnt:
+    /// a write may still land (as after any `internal` or `unavailable` reply, the
+    /// caller's retry finds out). A no-op on a call that has replied.
+    pub fn abort(&mut self, now: Instant) {
+        if self.is_done() {
+            return;
+        }
+        if self.forward_past_deadline(now) {
+            return self.fail_deadline();
+        }
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(
+                ErrorKind::Internal,
+                "the service is stopping: the call was cut off before it finished; \
+                 its outcome is unknown, retry",
+            ),
+            last,
+        ));
+    }
+
+    /// Whether this is a forward whose `timeout_ms` has run out at `now`.
+    fn forward_past_deadline(&self, now: Instant) -> bool {
+        matches!(&self.job, Job::Forward(f) if now >= f.deadline)
+    }
+
+    /// Ends a forward whose deadline passed with `owner_timeout`, naming the owner
+    /// last tried.
+    fn fail_deadline(&mut self) {
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(
+                ErrorKind::OwnerTimeout,
+                "the forward ran out of timeout_ms before the owner replied",
+            ),
+            last,
+        ));
     }
 
     /// Feeds back what came of effect `id`. Outcomes for effects the call no longer
     /// waits for (after a timeout, say) are ignored.
+    ///
+    /// A forward decides its deadline from `now`, not from when the adapter's timer
+    /// fires: a (re-)read or its confirmation that comes back at or after the
+    /// deadline ends the call `owner_timeout`, whatever it found, as does an owner's
+    /// "no responders" or reject then (there is no time left to try again). Only an
+    /// owner's own reply is taken as it is.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let late = self.forward_past_deadline(now)
+            && match &self.waiting {
+                Waiting::Read(w) | Waiting::Confirm(w, _) => *w == id,
+                Waiting::Inbox(w) => *w == id && !is_owner_reply(&outcome),
+                Waiting::Nothing | Waiting::Write(_) => false,
+            };
+        if late {
+            return self.fail_deadline();
+        }
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
         match waiting {
             Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
@@ -969,10 +1023,7 @@ impl Call {
         };
         let retry = match outcome {
             RequestOutcome::Reply { headers, payload } => {
-                let rejected = headers.iter().any(|(name, value)| {
-                    name.eq_ignore_ascii_case(HDR_REJECT) && value.trim() == REJECT_STALE
-                });
-                if !rejected {
+                if !is_reject(&headers) {
                     return self.forward_reply(f, payload);
                 }
                 Retry::Rejected
@@ -1029,6 +1080,20 @@ impl Call {
         }
         self.reply(reply);
     }
+}
+
+/// Whether an inbox outcome is the owner's own answer (not a reject, not silence).
+fn is_owner_reply(outcome: &RequestOutcome) -> bool {
+    match outcome {
+        RequestOutcome::Reply { headers, .. } => !is_reject(headers),
+        _ => false,
+    }
+}
+
+fn is_reject(headers: &[(String, String)]) -> bool {
+    headers
+        .iter()
+        .any(|(name, value)| name.eq_ignore_ascii_case(HDR_REJECT) && value.trim() == REJECT_STALE)
 }
 
 fn with_owner(mut e: ErrorReply, owner: Option<(String, u64)>) -> ErrorReply {

@@ -138,6 +138,7 @@ pub struct Startup {
     next_id: u64,
     races: u32,
     replicas: usize,
+    mode: Mode,
     effects: std::collections::VecDeque<StartupEffect>,
 }
 
@@ -152,6 +153,7 @@ impl Startup {
             next_id: 0,
             races: 0,
             replicas: 1,
+            mode: Mode::Starting,
             effects: Default::default(),
         };
         match parse_version(server_version) {
@@ -172,6 +174,14 @@ impl Startup {
     /// are confirmed when there are more than one.
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// The mode calls are served in now: [`Mode::Starting`] (every call replies
+    /// `unavailable`) until startup is done, then the mode it settled on. A service
+    /// answers from the start, so that callers get `unavailable` and retry instead
+    /// of "no responders" while the bucket is ensured.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The next effect, if any.
@@ -360,6 +370,7 @@ impl Startup {
 
     fn finish(&mut self, mode: Mode) {
         self.step = Step::Done;
+        self.mode = mode;
         self.effects.push_back(StartupEffect::Done(mode));
     }
 }

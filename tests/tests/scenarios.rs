@@ -94,15 +94,71 @@ async fn acquire_grants_contends_and_is_idempotent() {
         (b["holder"].as_str(), b["revision"].as_u64()),
         (Some("h1"), Some(rev))
     );
+    // The message the server stores, and when its TTL runs out: by the server's
+    // store time and the `Nats-TTL` actually written, not by the service's word.
+    let written = stored(&fx.client, "leader").await;
+    assert_eq!(written.seq, rev);
+    assert_eq!(written.ttl.as_deref(), Some("15s"), "the TTL asked for");
+    // A second later (whole seconds: a rewrite would show), the repeat acquire.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let again = fx.acquire("leader", "h1", 15_000).await;
     assert_eq!(again["granted"], true);
     assert_eq!(again["revision"].as_u64(), Some(rev), "same revision");
-    let owner = fx.owner("leader").await;
+    let after = stored(&fx.client, "leader").await;
     assert_eq!(
-        owner["expires_at"], again["expires_at"],
-        "the TTL was not extended"
+        after, written,
+        "the repeat acquire wrote nothing: TTL not extended"
     );
+    let ends = written.time + Duration::from_millis(15_000);
+    let shown = dagnats_leases_core::record::parse_time(again["expires_at"].as_str().unwrap())
+        .expect("expires_at is RFC 3339");
+    assert!(
+        (shown - ends).abs() < time::Duration::milliseconds(1),
+        "the repeat grant's expires_at {shown} is the stored lease's end {ends}"
+    );
+    let first = dagnats_leases_core::record::parse_time(a["expires_at"].as_str().unwrap()).unwrap();
+    assert!(
+        (first - ends).abs() < time::Duration::milliseconds(500),
+        "the first grant's expires_at {first} is about the stored lease's end {ends}"
+    );
+    let owner = fx.owner("leader").await;
     assert_eq!(owner["revision"].as_u64(), Some(rev));
+}
+
+/// A key's last message as the stream leader stores it.
+#[derive(Debug, PartialEq)]
+struct Stored {
+    seq: u64,
+    /// The server's store time.
+    time: time::OffsetDateTime,
+    /// The `Nats-TTL` header written.
+    ttl: Option<String>,
+}
+
+async fn stored(client: &async_nats::Client, key: &str) -> Stored {
+    let body = json!({"last_by_subj": format!("$KV.leases.{key}")});
+    let reply = client
+        .request("$JS.API.STREAM.MSG.GET.KV_leases", body.to_string().into())
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+    let m = &v["message"];
+    let hdrs = base64::engine::general_purpose::STANDARD
+        .decode(m["hdrs"].as_str().unwrap_or_default())
+        .unwrap();
+    let ttl = String::from_utf8(hdrs)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Nats-TTL:").map(|v| v.trim().to_string()));
+    Stored {
+        seq: m["seq"].as_u64().unwrap_or_else(|| panic!("{v}")),
+        time: time::OffsetDateTime::parse(
+            m["time"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap(),
+        ttl,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -717,4 +773,171 @@ async fn a_missing_stream_after_startup_is_unavailable_never_unsupported() {
         .call("renew", json!({"key": "k", "holder": "h", "revision": 1}))
         .await;
     assert_eq!(kind(&renew), "unavailable");
+}
+
+/// A request with its own timeout: `Err` says how it failed instead of panicking.
+async fn request_within(
+    client: &async_nats::Client,
+    endpoint: &str,
+    body: Value,
+    timeout: Duration,
+) -> Result<Value, async_nats::RequestErrorKind> {
+    let request = async_nats::Request::new()
+        .payload(body.to_string().into())
+        .timeout(Some(timeout));
+    let reply = client
+        .send_request(format!("api.leases.{endpoint}"), request)
+        .await
+        .map_err(|e| e.kind())?;
+    Ok(serde_json::from_slice(&reply.payload).expect("a JSON reply"))
+}
+
+/// leases.md: "dagnats stopping mid-call is internal". A forward waiting on an
+/// owner that never answers is cut off at the shutdown bound and answered
+/// `internal`, instead of being dropped for the caller to time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_service_mid_call_answers_internal() {
+    let server = NatsServer::start();
+    let options = dagnats_leases_tokio::service::ServiceOptions {
+        shutdown_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let service = start_service_with(&server, options).await;
+    let client = connect(&server).await;
+    let a = call_raw(
+        &client,
+        "acquire",
+        json!({"key": "stopkey", "holder": "mute", "ttl_ms": 10_000})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(a["granted"], true, "{a}");
+    let (_task, mut seen) = owner_task(client.clone(), "mute", "silent").await;
+    let caller = client.clone();
+    let forward = tokio::spawn(async move {
+        let body = json!({"key": "stopkey", "payload": "", "timeout_ms": 30000});
+        request_within(&caller, "forward", body, Duration::from_secs(8)).await
+    });
+    // Once the owner holds the forwarded request, the forward is in flight.
+    seen.recv().await.unwrap();
+    let stopping = std::time::Instant::now();
+    service.stop().await;
+    let reply = forward
+        .await
+        .unwrap()
+        .expect("the caller gets a reply, not a timeout");
+    assert_eq!(kind(&reply), "internal", "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the service is stopping"),
+        "{reply}"
+    );
+    assert_eq!(
+        (reply["holder"].as_str(), &reply["revision"]),
+        (Some("mute"), &a["revision"]),
+        "names the owner it tried"
+    );
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "answered at the shutdown bound, took {:?}",
+        stopping.elapsed()
+    );
+}
+
+/// Requests delivered to the service but not read yet when it stops are answered
+/// too. Made deterministic with the serving future itself: the requests reach the
+/// endpoints' buffers before the future is first polled, and the stop is thrown
+/// before it is, so the loop sees the stop with every request still unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_service_answers_the_requests_delivered_but_unread() {
+    let server = NatsServer::start();
+    let prepared =
+        dagnats_leases_tokio::service::prepare(connect(&server).await, Default::default())
+            .await
+            .expect("service prepares");
+    let client = connect(&server).await;
+    let mut calls = futures::stream::FuturesUnordered::new();
+    for n in 0..50 {
+        let client = client.clone();
+        calls.push(async move {
+            let body = json!({"key": format!("unread{n}")});
+            request_within(&client, "owner", body, Duration::from_secs(5)).await
+        });
+    }
+    // Send them all: polling the set once publishes each request.
+    assert!(futures::poll!(calls.next()).is_pending());
+    client.flush().await.unwrap();
+    // The server has routed them to the service's connection; let them arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    prepared.stop.send(true).unwrap();
+    let serve = tokio::spawn(prepared.serve);
+    let mut answered = 0;
+    while let Some(r) = calls.next().await {
+        let reply = r.expect("every request delivered to the service is answered");
+        assert_eq!(reply["held"], false, "{reply}");
+        answered += 1;
+    }
+    assert_eq!(answered, 50);
+    serve.await.unwrap();
+}
+
+/// While the bucket is being ensured, callers get `unavailable` (retry), not no
+/// responders; once it is, the real mode. Made deterministic with a server whose
+/// JetStream is off: startup cannot finish until it is turned on (a restart with
+/// it on, on the same port: the service's client reconnects and startup's retry
+/// finds the stream missing and creates it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_during_startup_are_unavailable_then_served() {
+    let mut server = NatsServer::builder().jetstream(false).start();
+    let service_client = connect(&server).await;
+    let starting = tokio::spawn(dagnats_leases_tokio::service::start(
+        service_client,
+        Default::default(),
+    ));
+    let client = connect(&server).await;
+    let body = json!({"key": "early", "holder": "h1", "ttl_ms": 5000});
+    // The endpoints are registered first thing; until then there are no responders.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let reply = loop {
+        match request_within(&client, "acquire", body.clone(), Duration::from_secs(2)).await {
+            Ok(reply) => break reply,
+            Err(async_nats::RequestErrorKind::NoResponders)
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("a call during startup: {e:?}"),
+        }
+    };
+    assert_eq!(kind(&reply), "unavailable", "{reply}");
+    for endpoint in ["renew", "release", "owner", "forward"] {
+        let reply = request_within(&client, endpoint, json!({}), Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|e| panic!("{endpoint} during startup: {e:?}"));
+        assert_eq!(kind(&reply), "unavailable", "{endpoint}: {reply}");
+    }
+    assert!(!starting.is_finished(), "startup waits for JetStream");
+    // Turn JetStream on: startup settles and the same endpoints serve leases.
+    let conf = std::fs::read_to_string(server.config_path()).unwrap();
+    let store = serde_json::to_string(&server.store_dir().to_string_lossy()).unwrap();
+    std::fs::write(
+        server.config_path(),
+        format!("{conf}jetstream {{\n  store_dir: {store}\n}}\n"),
+    )
+    .unwrap();
+    server.restart();
+    let handle = tokio::time::timeout(Duration::from_secs(15), starting)
+        .await
+        .expect("startup settles once JetStream is there")
+        .unwrap()
+        .expect("the service starts");
+    assert_eq!(handle.mode(), dagnats_leases_core::Mode::Ready);
+    let reply = request_within(&client, "acquire", body, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(reply["granted"], true, "{reply}");
+    handle.shutdown().await;
 }

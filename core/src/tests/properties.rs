@@ -35,8 +35,10 @@ proptest! {
         holders in 2usize..5,
         keys in 1usize..3,
         bytes in proptest::collection::vec(any::<u8>(), 0..3000),
+        expiry_seed in any::<u64>(),
     ) {
-        if let Err(v) = run(holders, keys, ops(&bytes)) {
+        let world = World::new(holders, keys, 4096).with_expiry_seed(expiry_seed);
+        if let Err(v) = run_in(world, ops(&bytes)) {
             prop_assert!(false, "{}", v);
         }
     }
@@ -84,10 +86,12 @@ proptest! {
 fn random_worlds_cover_every_outcome() {
     use std::collections::BTreeMap;
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut expired_unmarked = 0;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..200 {
         let bytes = seeded_bytes(&mut state, 3000);
         let world = run(3, 2, ops(&bytes)).unwrap();
+        expired_unmarked += world.sim.expired_unmarked_reads.get();
         for (_, r) in &world.replies {
             let name = match r {
                 Response::Acquired(a) if a.granted => "granted".to_string(),
@@ -101,7 +105,13 @@ fn random_worlds_cover_every_outcome() {
             *seen.entry(name).or_default() += 1;
         }
     }
-    println!("outcomes over 200 worlds: {seen:?}");
+    println!(
+        "outcomes over 200 worlds: {seen:?}, {expired_unmarked} reads of a lease expired but not yet marked"
+    );
+    assert!(
+        expired_unmarked > 0,
+        "the server's late expiry was never seen by a call"
+    );
     for want in [
         "granted",
         "not granted",
@@ -178,7 +188,9 @@ fn an_owner_read_through_the_deposed_leader() {
         })?;
         w.apply(step(false))?;
         w.apply(Op::Partition { cut: true })?;
+        // Past the TTL and the server's late expiry (up to 325 ms).
         w.apply(Op::Advance { ms: 1100 })?;
+        w.apply(Op::Advance { ms: 300 })?;
         w.apply(Op::Acquire {
             holder: 1,
             key: 0,
@@ -201,4 +213,52 @@ fn an_owner_read_through_the_deposed_leader() {
         Some(crate::wire::ErrorKind::Unavailable),
         "{last:?}"
     );
+}
+
+/// The mutant: a core that answers every acquire `unavailable` (here: as a service
+/// still starting would), made by a test-only wrapper of [`Call::new`]. Each reply
+/// it gives is a kind the old judge took in any state; judged against the model,
+/// the worlds must catch it.
+fn acquire_always_unavailable(
+    config: crate::call::CallConfig,
+    now: std::time::Instant,
+    wall: time::OffsetDateTime,
+    endpoint: crate::wire::Endpoint,
+    body: &[u8],
+) -> Box<dyn crate::sim::CallMachine> {
+    // Only a valid acquire: an invalid one is still answered `invalid`.
+    let acquire = matches!(
+        crate::wire::Request::decode(endpoint, body),
+        Ok(crate::wire::Request::Acquire(_))
+    );
+    let config = match acquire {
+        true => crate::call::CallConfig {
+            mode: crate::call::Mode::Starting,
+            ..config
+        },
+        false => config,
+    };
+    Box::new(crate::call::Call::new(config, now, wall, endpoint, body))
+}
+
+#[test]
+fn the_judge_catches_a_core_that_answers_every_acquire_unavailable() {
+    let mut state = 0x51_7cc1_b727_220au64;
+    let (mut with_acquire, mut caught) = (0, 0);
+    let mut first = None;
+    for _ in 0..100 {
+        let ops = ops(&seeded_bytes(&mut state, 3000));
+        if !ops.iter().any(|op| matches!(op, Op::Acquire { .. })) {
+            continue;
+        }
+        with_acquire += 1;
+        let world = World::new(3, 2, 4096).with_calls(acquire_always_unavailable);
+        if let Err(v) = run_in(world, ops) {
+            caught += 1;
+            first.get_or_insert(v);
+        }
+    }
+    println!("the mutant was caught in {caught} of {with_acquire} worlds, first: {first:?}");
+    assert!(with_acquire > 50, "too few worlds acquire: {with_acquire}");
+    assert_eq!(caught, with_acquire, "a world let the mutant pass");
 }

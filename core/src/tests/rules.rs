@@ -569,6 +569,127 @@ fn forward_timeout_ms_bounds_the_whole_call() {
     assert!(d.call.poll_effect().is_none());
 }
 
+/// The deadline passes while a forward re-reads the lease after its owner had no
+/// responder or rejected it: the core decides `owner_timeout` from `now`, whatever
+/// the re-read found and whichever the adapter's timer or the read's own timeout
+/// comes first.
+#[test]
+fn forward_whose_deadline_passes_during_a_reread_is_owner_timeout() {
+    let reject = || RequestOutcome::Reply {
+        headers: vec![(HDR_REJECT.into(), "stale".into())],
+        payload: vec![],
+    };
+    type Reread = (&'static str, fn() -> RequestOutcome);
+    let rereads: [Reread; 4] = [
+        ("the same owner", || held(42, "own", 15000, 0)),
+        ("a new owner", || held(50, "new", 15000, 0)),
+        ("nobody", || marker(43)),
+        ("the read's own timeout", || RequestOutcome::TimedOut),
+    ];
+    for first in [RequestOutcome::NoResponders, reject()] {
+        for (what, reread) in rereads {
+            let mut d = Drive::new(Endpoint::Forward, FORWARD);
+            let i = forward_to_owner(&mut d, "own", 42);
+            d.advance(Duration::from_millis(1200));
+            d.feed(i.id, first.clone());
+            let r = d.read();
+            assert_eq!(
+                r.timeout,
+                Duration::from_millis(800),
+                "bounded by the deadline"
+            );
+            d.advance(Duration::from_millis(800));
+            d.feed(r.id, reread());
+            let e = d.error();
+            assert_eq!(
+                (e.kind, e.holder.as_deref(), e.revision),
+                (ErrorKind::OwnerTimeout, Some("own"), Some(42)),
+                "{first:?}, then a re-read finding {what}"
+            );
+        }
+    }
+    // The same on a replicated bucket: the confirmation of the re-read comes back late.
+    let mut d = Drive::replicated(Endpoint::Forward, FORWARD);
+    let r = d.read();
+    d.feed(r.id, held(42, "own", 15000, 0));
+    let c = d.confirm();
+    d.feed(c.id, ack(60));
+    let i = d.inbox();
+    d.feed(i.id, RequestOutcome::NoResponders);
+    let r = d.read();
+    d.feed(r.id, held(42, "own", 15000, 0));
+    let c = d.confirm();
+    d.advance(Duration::from_millis(2000));
+    d.feed(c.id, ack(61));
+    assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
+    // An owner's no-responders at the deadline is not followed by a zero-time read.
+    let mut d = Drive::new(Endpoint::Forward, FORWARD);
+    let i = forward_to_owner(&mut d, "own", 42);
+    d.advance(Duration::from_millis(2000));
+    d.feed(i.id, RequestOutcome::NoResponders);
+    assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
+}
+
+/// leases.md: "dagnats stopping mid-call is internal". A call cut off by the
+/// service's shutdown, whatever it waits on, ends with one `internal` reply; an
+/// outcome that comes back afterwards changes nothing, and a call that has
+/// replied already is left as it is.
+#[test]
+fn a_call_cut_off_by_the_service_stopping_is_internal() {
+    let stopping = |d: &mut Drive| {
+        d.call.abort(d.now);
+        let e = d.error();
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert!(
+            e.error.starts_with("the service is stopping"),
+            "{}",
+            e.error
+        );
+        e
+    };
+    // Waiting on its create.
+    let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
+    let w = d.write();
+    stopping(&mut d);
+    d.call.handle_outcome(d.now, w.id, ack(5));
+    assert!(d.call.poll_effect().is_none(), "a late ack changes nothing");
+    // Waiting on a leader read.
+    let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
+    let r = d.read();
+    stopping(&mut d);
+    d.call.handle_outcome(d.now, r.id, no_message());
+    assert!(d.call.poll_effect().is_none());
+    // Waiting on a read confirmation.
+    let mut d = Drive::replicated(Endpoint::Owner, r#"{"key":"k"}"#);
+    let r = d.read();
+    d.feed(r.id, held(42, "own", 15000, 0));
+    let _ = d.confirm();
+    stopping(&mut d);
+    // A forward waiting on a silent owner names the owner it tried.
+    let mut d = Drive::new(Endpoint::Forward, FORWARD);
+    let _ = forward_to_owner(&mut d, "own", 42);
+    let e = stopping(&mut d);
+    assert_eq!((e.holder.as_deref(), e.revision), (Some("own"), Some(42)));
+    assert_eq!(d.call.poll_timeout(), None, "no deadline left to wait for");
+    // A forward whose deadline passed before the stop is what it would have been.
+    let mut d = Drive::new(Endpoint::Forward, FORWARD);
+    let _ = forward_to_owner(&mut d, "own", 42);
+    d.advance(Duration::from_millis(2000));
+    d.call.abort(d.now);
+    assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
+    // A call that has replied (or is about to: its reply is queued) keeps its reply.
+    let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
+    let r = d.read();
+    d.feed(r.id, no_message());
+    d.call.abort(d.now);
+    assert!(matches!(d.reply(), Response::Free(_)));
+    d.call.abort(d.now);
+    assert!(d.call.poll_effect().is_none());
+    let mut d = Drive::new(Endpoint::Owner, "not json");
+    d.call.abort(d.now);
+    assert_eq!(d.error().kind, ErrorKind::Invalid);
+}
+
 #[test]
 fn forward_reply_that_does_not_fit_max_payload_is_reply_too_large() {
     let max = 1000;

@@ -211,3 +211,49 @@ fn replicas_are_read_from_the_servers_config() {
         None
     );
 }
+
+/// While the bucket is ensured, calls are served in `Starting` mode (they reply
+/// `unavailable`), through JetStream outages and retries, until startup settles.
+#[test]
+fn calls_are_served_unavailable_until_startup_settles() {
+    use crate::call::{Call, CallConfig, Effect};
+    use crate::wire::{Endpoint, ErrorKind};
+    let served = |s: &Startup| {
+        let config = CallConfig {
+            mode: s.mode(),
+            ..CallConfig::ready(1 << 20)
+        };
+        let body = br#"{"key":"k","holder":"h","ttl_ms":1000}"#;
+        let mut call = Call::new(
+            config,
+            Instant::now(),
+            time::OffsetDateTime::now_utc(),
+            Endpoint::Acquire,
+            body,
+        );
+        match call.poll_effect() {
+            Some(Effect::Reply(r)) => r.error_kind(),
+            Some(Effect::KvWrite(_)) => None,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    assert_eq!(s.mode(), Mode::Starting);
+    assert_eq!(served(&s), Some(ErrorKind::Unavailable));
+    let (id, _) = next_request(&mut s);
+    let t0 = Instant::now();
+    s.handle_outcome(t0, id, RequestOutcome::NoResponders);
+    assert_eq!(s.mode(), Mode::Starting, "JetStream not there yet");
+    assert_eq!(served(&s), Some(ErrorKind::Unavailable));
+    s.handle_timeout(t0 + STARTUP_RETRY);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
+    let (id, _) = next_request(&mut s);
+    assert_eq!(s.mode(), Mode::Starting, "creating the bucket");
+    s.handle_outcome(t0, id, info(stream_config(1)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(s.mode(), Mode::Ready);
+    assert_eq!(served(&s), None, "a ready service writes the lease");
+    let old = Startup::new(BucketOptions::default(), "2.9.10", T);
+    assert_eq!(old.mode(), Mode::Unsupported);
+}

@@ -141,6 +141,7 @@ fn msg(
         data,
         time_ms,
         ttl_ms: None,
+        late_ms: 0,
     };
     RequestOutcome::reply(sim::stored_message_json(epoch(), &m))
 }

@@ -125,10 +125,15 @@ pub async fn connect(server: &NatsServer) -> Client {
 }
 
 pub async fn start_service(server: &NatsServer) -> Service {
+    start_service_with(server, ServiceOptions::default()).await
+}
+
+/// The service with these options, on the runtime the suite runs.
+pub async fn start_service_with(server: &NatsServer, options: ServiceOptions) -> Service {
     match runtime().as_str() {
         "tokio" => {
             let client = connect(server).await;
-            let handle = service::start(client, ServiceOptions::default())
+            let handle = service::start(client, options)
                 .await
                 .expect("service starts");
             Service::Tokio(handle)
@@ -140,7 +145,7 @@ pub async fn start_service(server: &NatsServer) -> Service {
             let thread = std::thread::spawn(move || {
                 smol::block_on(async move {
                     let client = dagnats_leases_smol::connect(&url).await.expect("connect");
-                    let handle = dagnats_leases_smol::start(client, ServiceOptions::default())
+                    let handle = dagnats_leases_smol::start(client, options)
                         .await
                         .expect("service starts on smol");
                     mode_tx.send(handle.mode()).unwrap();
