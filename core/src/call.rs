@@ -297,8 +297,9 @@ enum Retry {
 #[derive(Debug)]
 enum Job {
     Acquire(AcquireRequest),
-    /// The request, and the record its write carries once it writes.
-    Renew(RenewRequest, Option<LeaseRecord>),
+    /// The request, and once it writes: the record its write carries and when the
+    /// lease it renews ends (by the server's store time).
+    Renew(RenewRequest, Option<(LeaseRecord, OffsetDateTime)>),
     Release {
         key: String,
         holder: String,
@@ -532,7 +533,7 @@ impl Call {
                 Err(f) => self.fail_js(f),
             },
             Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(rev)) => self.on_written(rev),
+                Ok(PublishResult::Stored(rev)) => self.on_written(now, rev),
                 Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
                 Err(f) => self.fail_js(f),
             },
@@ -775,7 +776,13 @@ impl Call {
                         let key = r.key.clone();
                         let expected = state.revision();
                         let value = renewed.to_json();
-                        self.job = Job::Renew(r, Some(renewed));
+                        let ends = match &state {
+                            KeyState::Held { written_at, .. } => {
+                                *written_at + Duration::from_millis(record.ttl_ms)
+                            }
+                            _ => unreachable!("check_fence passed: the key is held"),
+                        };
+                        self.job = Job::Renew(r, Some((renewed, ends)));
                         self.fenced_write(KvWrite {
                             id: EffectId(0),
                             key,
@@ -908,8 +915,26 @@ impl Call {
         }
     }
 
-    fn on_written(&mut self, revision: u64) {
+    fn on_written(&mut self, now: Instant, revision: u64) {
         let wall = self.started_wall;
+        if let Job::Renew(r, Some((_, ends))) = &self.job {
+            let acked = wall + now.saturating_duration_since(self.started_at);
+            if acked >= *ends {
+                // The write may have landed after the lease it renews ran out: the
+                // server's expiry marker for that lease may still come and wipe it
+                // (see [`MAX_EXPIRY_GUARD`]). Not a renewal anyone can rely on.
+                let key = r.key.clone();
+                self.job = Job::Done;
+                return self.fail(ErrorReply::new(
+                    ErrorKind::Lost,
+                    format!(
+                        "the renewal of `{key}` was written at revision {revision} only as \
+                         its lease ran out, and the server's expiry may still remove it: \
+                         acquire again"
+                    ),
+                ));
+            }
+        }
         match std::mem::replace(&mut self.job, Job::Done) {
             Job::Acquire(r) => {
                 let lease = Lease {
@@ -926,7 +951,7 @@ impl Call {
                     lease,
                 }));
             }
-            Job::Renew(r, Some(record)) => {
+            Job::Renew(r, Some((record, _))) => {
                 self.reply(Response::Lease(Lease {
                     held: true,
                     key: r.key,

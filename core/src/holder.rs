@@ -24,6 +24,11 @@
 //! - A reply that arrives after the local deadline never extends the tenure: a
 //!   renewal that lands after the server's expiry check is wiped by the expiry
 //!   marker that follows.
+//! - After a tenure ends with a renew that may still land (in flight at the
+//!   deadline, or answered past it), the holder stays quiet until the old lease's
+//!   expiry marker must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end
+//!   the server can have): a renewal that landed after the end is wiped by that
+//!   marker, and so would be any write confirming it before the marker.
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
 //! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
@@ -73,6 +78,11 @@ use crate::wire::{
 /// The default bound on clock drift between a holder and the server: 1%, far more
 /// than any NTP-disciplined clock drifts over one TTL.
 pub const DEFAULT_MAX_CLOCK_DRIFT_PPM: u32 = 10_000;
+
+/// How long after a lease's end nats-server may still write its expiry marker: it
+/// checks expiries on a timer (0 to 325 ms late, measured on 2.14) and then proposes
+/// the marker; 1 s leaves room for the proposal in a cluster.
+pub const MAX_EXPIRY_MARKER_LAG: Duration = Duration::from_secs(1);
 
 /// How a [`Holder`] campaigns and renews.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,6 +345,10 @@ pub struct Holder {
     highest_seen: u64,
     /// Transient failures in a row while not owner: campaign retries back off.
     failures: u32,
+    /// No campaign before this: a renew of the last tenure may have landed after
+    /// the lease's end, and the expiry marker still to come would wipe whatever the
+    /// key holds then (see [`MAX_EXPIRY_MARKER_LAG`]).
+    quiet_until: Option<Instant>,
     next_id: u64,
     requests: VecDeque<HolderRequest>,
     events: VecDeque<HolderEvent>,
@@ -350,6 +364,7 @@ impl Holder {
             in_flight: None,
             unknown_acquire: None,
             failures: 0,
+            quiet_until: None,
             unknown_renews: None,
             confirmed: None,
             highest_seen: 0,
@@ -424,8 +439,9 @@ impl Holder {
     /// A change event for the key arrived: when not owner, ask again now rather than
     /// at the next campaign tick (a released or expired key is free at once).
     pub fn handle_changed(&mut self, now: Instant) {
+        let quiet = self.quiet_until;
         if let Phase::Campaigning { next_at } = &mut self.phase {
-            *next_at = (*next_at).min(now);
+            *next_at = (*next_at).min(now).max(quiet.unwrap_or(now));
         }
         self.drive(now);
     }
@@ -703,7 +719,15 @@ impl Holder {
                 self.phase = Phase::Done;
             }
             ErrorKind::Lost => match self.phase {
-                Phase::Owner { .. } => self.step_down(now, StepDownReason::Lost),
+                Phase::Owner { .. } => {
+                    // A renew the service wrote as the lease ran out is `lost` too:
+                    // the old lease's expiry marker may still wipe the key.
+                    if flight.purpose == Purpose::Renew {
+                        let until = now + MAX_EXPIRY_MARKER_LAG;
+                        self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
+                    }
+                    self.step_down(now, StepDownReason::Lost)
+                }
                 Phase::Stopping { .. } => self.phase = Phase::Done,
                 _ => self.campaign_after(now, Duration::ZERO),
             },
@@ -762,6 +786,10 @@ impl Holder {
     }
 
     fn step_down(&mut self, now: Instant, reason: StepDownReason) {
+        // A renew whose outcome is unknown may still land, after the lease's end.
+        if let (Phase::Owner { ownership, .. }, Some(_)) = (self.phase, self.unknown_renews) {
+            self.stay_quiet(ownership.deadline);
+        }
         self.events.push_back(HolderEvent::SteppedDown { reason });
         let wait = match reason {
             StepDownReason::Lost => Duration::ZERO,
@@ -771,9 +799,18 @@ impl Holder {
     }
 
     fn campaign_after(&mut self, now: Instant, wait: Duration) {
-        self.phase = Phase::Campaigning {
-            next_at: now + wait,
-        };
+        let next_at = (now + wait).max(self.quiet_until.unwrap_or(now));
+        self.phase = Phase::Campaigning { next_at };
+    }
+
+    /// A renew of the tenure that ended at `deadline` may land after the lease's
+    /// end on the server. That end is at most the drift margin and one request
+    /// timeout past the deadline (the renew the deadline counts from was written
+    /// before its reply came); its marker comes within [`MAX_EXPIRY_MARKER_LAG`].
+    fn stay_quiet(&mut self, deadline: Instant) {
+        let margin = self.config.ttl - self.config.believed_span(self.config.ttl);
+        let until = deadline + margin + self.config.request_timeout + MAX_EXPIRY_MARKER_LAG;
+        self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
     }
 
     /// Steps down at the deadline, and sends what is due.

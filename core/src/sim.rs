@@ -130,16 +130,17 @@ impl SimJetStream {
             deposed: false,
             seed: 0x6c8e_9cf5_7093_2bd5,
             doomed: BTreeMap::new(),
-            rollup_wipes_late_writes: false,
+            rollup_wipes_late_writes: true,
             expired_unmarked_reads: std::cell::Cell::new(0),
         }
     }
 
-    /// Models what was seen in a cluster (README, Fault tests): a write that lands
-    /// on a message after its TTL ran out, before the server marked the expiry, is
-    /// acknowledged and then wiped by the marker (`Nats-Rollup: sub`). Off by
-    /// default: with it the holder worlds fail (see `holder_world`), which is a
-    /// finding about the service's expiry guard, not yet fixed.
+    /// Whether to model what was seen in a cluster (README, Fault tests): a write
+    /// that lands on a message after its TTL ran out, before the server marked the
+    /// expiry, is acknowledged and then wiped by the marker (`Nats-Rollup: sub`).
+    /// On by default. The holder worlds failed with it (a renewal landing late, then
+    /// confirmed, wiped under a believing holder) until the service answered such a
+    /// renewal `lost` and holders learned to wait the marker out.
     pub fn with_rollup_wipe(mut self, on: bool) -> Self {
         self.rollup_wipes_late_writes = on;
         self
@@ -1286,9 +1287,16 @@ impl World {
                         self.sim.now_ms + guard.as_millis() as u64 >= end
                     })
                 });
+                // A renewal written only as the lease it renewed ran out is lost: the
+                // old lease's expiry marker may still wipe it.
+                let renewed_too_late = |r: u64| {
+                    let ends = self.sim.at(*revision).and_then(SimMsg::expires_ms);
+                    let stored = self.sim.at(r).map(|m| m.time_ms);
+                    matches!((ends, stored), (Some(end), Some(at)) if at >= end)
+                };
                 let right = match (e.kind, held_by_caller) {
                     (ErrorKind::Lost, None) => true,
-                    (ErrorKind::Lost, Some(r)) => r == *revision && at_end,
+                    (ErrorKind::Lost, Some(r)) => (r == *revision && at_end) || renewed_too_late(r),
                     (ErrorKind::FenceMismatch, Some(r)) => r != *revision,
                     _ => false,
                 };

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, StepDownReason};
+use crate::holder::{
+    Holder, HolderConfig, HolderEvent, HolderRequest, MAX_EXPIRY_MARKER_LAG, StepDownReason,
+};
 use crate::js::RequestOutcome;
 use crate::wire::{Endpoint, ErrorKind};
 
@@ -212,6 +214,43 @@ fn lost_steps_down_at_once_and_campaigns_again() {
         }]
     );
     assert_eq!(run.holder.ownership(run.at(5001)), None);
+    // It campaigns again once the old lease's expiry marker must have come (a
+    // renewal written as the lease ran out is `lost` too, and that marker would wipe
+    // whatever the key holds before it): not before, not even on a change event.
+    run.no_request();
+    let quiet_end = run.at(5001) + MAX_EXPIRY_MARKER_LAG;
+    assert_eq!(run.holder.poll_timeout(), Some(quiet_end));
+    run.holder.handle_changed(run.at(5500));
+    run.no_request();
+    run.holder.handle_timeout(quiet_end);
+    assert_eq!(run.request().endpoint, Endpoint::Acquire);
+}
+
+/// A renew whose outcome is unknown when the tenure ends may still land after the
+/// lease's end, and the expiry marker still to come would wipe it and any write
+/// that confirms it: the holder waits out the marker before it campaigns.
+#[test]
+fn a_tenure_ended_with_a_renew_unaccounted_for_waits_out_the_expiry_marker() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    let deadline = run.at(0) + span();
+    run.holder.handle_timeout(deadline);
+    assert!(matches!(
+        run.events()[..],
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::DeadlineMissed
+        }]
+    ));
+    let margin = TTL - span();
+    let quiet_end = deadline + margin + config().request_timeout + MAX_EXPIRY_MARKER_LAG;
+    run.holder
+        .handle_timeout(quiet_end - Duration::from_millis(1));
+    run.no_request();
+    // The renew's late reply changes nothing about the wait.
+    run.holder.handle_outcome(deadline, renew.id, renewed(8));
+    run.no_request();
+    run.holder.handle_timeout(quiet_end);
     assert_eq!(run.request().endpoint, Endpoint::Acquire);
 }
 

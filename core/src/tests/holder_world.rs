@@ -362,9 +362,9 @@ impl HolderWorld {
             base,
             js: SimJetStream::new()
                 .with_seed(expiry_seed)
-                // SIM_ROLLUP_WIPE=1: the late marker wipes a write that landed after
-                // the TTL (an open finding: seed 11 of the coverage worlds fails).
-                .with_rollup_wipe(std::env::var_os("SIM_ROLLUP_WIPE").is_some()),
+                // As nats-server does: the late marker wipes a write that landed
+                // after the TTL (SIM_NO_ROLLUP_WIPE=1 turns it off, to compare).
+                .with_rollup_wipe(std::env::var_os("SIM_NO_ROLLUP_WIPE").is_none()),
             holders,
             calls: Vec::new(),
             queue: BinaryHeap::new(),

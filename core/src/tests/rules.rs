@@ -782,3 +782,30 @@ fn renew_and_release_of_a_lease_at_its_end_are_lost_without_a_write() {
         assert_eq!(d.error().kind, ErrorKind::Lost);
     }
 }
+
+/// A renewal whose write is acknowledged only once the lease it renews has run out
+/// may have landed after the end: the server's expiry marker for the old lease can
+/// still come and wipe it (nats-server 2.14, README Fault tests). It is `lost`, not a
+/// renewal; one acknowledged before the end is a renewal.
+#[test]
+fn a_renewal_acknowledged_after_the_lease_ran_out_is_lost() {
+    // Written at the epoch with a 4 s TTL: 3 s left when the call begins, above
+    // the 1 s guard.
+    assert_eq!(wall() - epoch(), Duration::from_secs(1));
+    for (ack_after_ms, expect) in [(2_999, None), (3_000, Some(ErrorKind::Lost))] {
+        let mut d = Drive::new(Endpoint::Renew, RENEW);
+        let r = d.read();
+        d.feed(r.id, held(40, "me", 4000, 0));
+        let w = d.write();
+        d.advance(Duration::from_millis(ack_after_ms));
+        d.feed(w.id, ack(41));
+        match (d.reply(), expect) {
+            (Response::Lease(l), None) => assert_eq!(l.revision, 41),
+            (Response::Error(e), Some(kind)) => {
+                assert_eq!(e.kind, kind);
+                assert!(e.error.contains("revision 41"), "{}", e.error);
+            }
+            (other, _) => panic!("acked {ack_after_ms} ms on: {other:?}"),
+        }
+    }
+}
