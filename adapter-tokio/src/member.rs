@@ -547,7 +547,7 @@ impl Shards {
 
 /// What came of a request, for the machine.
 struct Answer {
-    id: dagnats_leases_core::holder::RequestId,
+    id: dagnats_leases_core::EffectId,
     outcome: RequestOutcome,
 }
 

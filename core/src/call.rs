@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use time::OffsetDateTime;
 
+pub use crate::js::EffectId;
 use crate::js::{self, JsFailure, KeyState, NatsRequest, PublishResult, RequestOutcome};
 use crate::record::{
     CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
@@ -91,10 +92,6 @@ impl CallConfig {
         }
     }
 }
-
-/// Names one effect of a call; its outcome must come back with the same id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EffectId(pub u64);
 
 /// A leader read of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,6 +204,17 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// How long the call waits for this effect's outcome; `None` for a reply.
+    pub fn timeout(&self) -> Option<Duration> {
+        match self {
+            Effect::KvRead(r) => Some(r.timeout),
+            Effect::KvWrite(w) => Some(w.timeout),
+            Effect::ConfirmRead(c) => Some(c.timeout),
+            Effect::InboxRequest(i) => Some(i.timeout),
+            Effect::Reply(_) => None,
+        }
+    }
+
     /// The NATS request that carries out this effect, with its id; `None` for a reply.
     pub fn nats_request(&self) -> Option<(EffectId, NatsRequest)> {
         match self {
@@ -335,6 +343,10 @@ pub struct Call {
     started_at: Instant,
     next_id: u64,
     waiting: Waiting,
+    /// When the effect waited for times out (the call keeps its own deadlines).
+    waiting_until: Option<Instant>,
+    /// The time of the input being handled.
+    now: Instant,
     writes: u32,
     confirms: u32,
     effects: std::collections::VecDeque<Effect>,
@@ -359,6 +371,8 @@ impl Call {
             started_at: now,
             next_id: 0,
             waiting: Waiting::Nothing,
+            waiting_until: None,
+            now,
             writes: 0,
             confirms: 0,
             effects: Default::default(),
@@ -436,21 +450,41 @@ impl Call {
 
     /// When [`Call::handle_timeout`] must be called, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match &self.job {
+        let forward = match &self.job {
             Job::Forward(f) => Some(f.deadline),
             _ => None,
-        }
+        };
+        let effect = match self.waiting {
+            Waiting::Nothing => None,
+            _ => self.waiting_until,
+        };
+        forward.into_iter().chain(effect).min()
     }
 
-    /// Whether the call has produced its reply.
+    /// Whether the call has replied and its reply was polled: nothing more to do.
     pub fn is_done(&self) -> bool {
+        self.replied() && self.effects.is_empty()
+    }
+
+    fn replied(&self) -> bool {
         matches!(self.job, Job::Done)
     }
 
-    /// The time has come: a forward past its deadline ends with `owner_timeout`.
+    /// The time has come: a forward past its deadline ends with `owner_timeout`;
+    /// an effect unanswered within its timeout has timed out
+    /// ([`RequestOutcome::TimedOut`]).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
         if self.forward_past_deadline(now) {
-            self.fail_deadline();
+            return self.fail_deadline();
+        }
+        let id = match self.waiting {
+            Waiting::Read(id) | Waiting::Write(id) | Waiting::Inbox(id) => id,
+            Waiting::Confirm(id, _) => id,
+            Waiting::Nothing => return,
+        };
+        if self.waiting_until.is_some_and(|at| now >= at) {
+            self.handle_outcome(now, id, RequestOutcome::TimedOut);
         }
     }
 
@@ -461,7 +495,8 @@ impl Call {
     /// a write may still land (as after any `internal` or `unavailable` reply, the
     /// caller's retry finds out). A no-op on a call that has replied.
     pub fn abort(&mut self, now: Instant) {
-        if self.is_done() {
+        self.now = now;
+        if self.replied() {
             return;
         }
         if self.forward_past_deadline(now) {
@@ -511,6 +546,7 @@ impl Call {
     /// "no responders" or reject then (there is no time left to try again). Only an
     /// owner's own reply is taken as it is.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        self.now = now;
         let late = self.forward_past_deadline(now)
             && match &self.waiting {
                 Waiting::Read(w) | Waiting::Confirm(w, _) => *w == id,
@@ -570,34 +606,40 @@ impl Call {
         }
     }
 
+    /// Asks for `effect` and waits for its outcome until its timeout has passed.
+    fn issue(&mut self, waiting: Waiting, effect: Effect) {
+        self.waiting = waiting;
+        self.waiting_until = effect.timeout().map(|t| self.now + t);
+        self.effects.push_back(effect);
+    }
+
     fn read(&mut self, key: String) {
         let id = self.id();
-        self.waiting = Waiting::Read(id);
-        self.effects.push_back(Effect::KvRead(KvRead {
-            id,
-            key,
-            timeout: self.config.kv_timeout,
-        }));
+        let timeout = self.config.kv_timeout;
+        self.issue(
+            Waiting::Read(id),
+            Effect::KvRead(KvRead { id, key, timeout }),
+        );
     }
 
     /// A read bounded by a forward's deadline.
     fn read_before(&mut self, key: String, now: Instant, deadline: Instant) {
         let id = self.id();
-        self.waiting = Waiting::Read(id);
         let timeout = self
             .config
             .kv_timeout
             .min(deadline.saturating_duration_since(now));
-        self.effects
-            .push_back(Effect::KvRead(KvRead { id, key, timeout }));
+        self.issue(
+            Waiting::Read(id),
+            Effect::KvRead(KvRead { id, key, timeout }),
+        );
     }
 
     fn write(&mut self, mut write: KvWrite) {
         let id = self.id();
         write.id = id;
         self.writes += 1;
-        self.waiting = Waiting::Write(id);
-        self.effects.push_back(Effect::KvWrite(write));
+        self.issue(Waiting::Write(id), Effect::KvWrite(write));
     }
 
     fn write_create(&mut self, key: String, expected_revision: u64) {
@@ -631,6 +673,7 @@ impl Call {
     fn reply(&mut self, response: Response) {
         self.job = Job::Done;
         self.waiting = Waiting::Nothing;
+        self.waiting_until = None;
         self.effects.clear();
         self.effects.push_back(Effect::Reply(response));
     }
@@ -720,8 +763,7 @@ impl Call {
             revision: state.revision(),
             timeout: self.kv_timeout(now),
         };
-        self.waiting = Waiting::Confirm(id, state);
-        self.effects.push_back(Effect::ConfirmRead(confirm));
+        self.issue(Waiting::Confirm(id, state), Effect::ConfirmRead(confirm));
     }
 
     /// Acts on a read that is current: confirmed, or about to be by a write.
@@ -1038,8 +1080,7 @@ impl Call {
             timeout: f.deadline.saturating_duration_since(now),
         };
         self.job = Job::Forward(f);
-        self.waiting = Waiting::Inbox(id);
-        self.effects.push_back(Effect::InboxRequest(request));
+        self.issue(Waiting::Inbox(id), Effect::InboxRequest(request));
     }
 
     fn on_inbox(&mut self, now: Instant, outcome: RequestOutcome) {

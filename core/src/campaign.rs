@@ -68,10 +68,8 @@ use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
-use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, RequestId,
-};
-use crate::js::RequestOutcome;
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership};
+use crate::js::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 /// One group of keys campaigned for together: an elector, or a shard set.
@@ -85,6 +83,13 @@ pub struct CampaignRequest {
     pub key: String,
     /// The request; feed its outcome back with its `id`.
     pub request: HolderRequest,
+}
+
+impl CampaignRequest {
+    /// The NATS request to send.
+    pub fn nats_request(&self) -> NatsRequest {
+        self.request.nats_request()
+    }
 }
 
 /// What a [`Campaign`] reports.
@@ -117,7 +122,9 @@ struct Group {
     /// Keys the service refused for good (`invalid`, `unsupported`): not retried.
     failed: BTreeSet<String>,
     /// Campaign acquires waiting for room under `max_held`.
-    deferred: VecDeque<(String, HolderRequest)>,
+    /// Each with the instant its holder gave it up for lost: a request still queued
+    /// then is cancelled (it was never sent) and asked for again.
+    deferred: VecDeque<(String, HolderRequest, Instant)>,
     /// Campaign acquires sent and not yet answered.
     gated_in_flight: usize,
 }
@@ -148,7 +155,7 @@ struct Slot {
 struct Route {
     key: String,
     serial: u64,
-    inner: RequestId,
+    inner: EffectId,
     group: GroupId,
     gated: bool,
     deadline: Instant,
@@ -177,7 +184,7 @@ pub struct Campaign {
 /// Requests sent and waiting for their outcome, and those ready to send.
 #[derive(Debug, Default)]
 struct Outbox {
-    routes: BTreeMap<RequestId, Route>,
+    routes: BTreeMap<EffectId, Route>,
     requests: VecDeque<CampaignRequest>,
     next_request: u64,
 }
@@ -185,7 +192,7 @@ struct Outbox {
 impl Outbox {
     /// Sends a holder's request under an id of the campaign's own.
     fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: HolderRequest) {
-        let id = RequestId(self.next_request);
+        let id = EffectId(self.next_request);
         self.next_request += 1;
         self.routes.insert(
             id,
@@ -357,7 +364,7 @@ impl Campaign {
     }
 
     /// Feeds back what came of request `id`. Outcomes nobody waits for are ignored.
-    pub fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         self.deliver(now, id, outcome);
         self.settle(now);
     }
@@ -396,7 +403,7 @@ impl Campaign {
     /// Acts on the time: requests past their deadline time out; holders renew,
     /// campaign or step down as due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let expired: Vec<RequestId> = self
+        let expired: Vec<EffectId> = self
             .out
             .routes
             .iter()
@@ -406,6 +413,9 @@ impl Campaign {
         for id in expired {
             self.deliver(now, id, RequestOutcome::TimedOut);
         }
+        // Queued requests at their holder's timeout are cancelled first: never sent,
+        // they are not an unknown outcome.
+        self.pump(now);
         for slot in self.slots.values_mut() {
             slot.holder.handle_timeout(now);
         }
@@ -466,7 +476,7 @@ impl Campaign {
         Ok(accepted)
     }
 
-    fn deliver(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+    fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(route) = self.out.routes.remove(&id) else {
             return;
         };
@@ -650,7 +660,10 @@ impl Campaign {
                 let campaign = request.endpoint == Endpoint::Acquire
                     && slot.holder.status() == HolderStatus::Campaigning;
                 match group.as_deref_mut() {
-                    Some(g) if campaign => g.deferred.push_back((key.clone(), request)),
+                    Some(g) if campaign => {
+                        let expires = now + request.timeout;
+                        g.deferred.push_back((key.clone(), request, expires));
+                    }
                     _ => self.out.send(now, key, slot, false, request),
                 }
             }
@@ -682,18 +695,22 @@ impl Campaign {
                 continue;
             };
             let mut kept = VecDeque::new();
-            while let Some((key, request)) = group.deferred.pop_front() {
+            while let Some((key, request, expires)) = group.deferred.pop_front() {
                 let Some(slot) = self.slots.get_mut(&key) else {
                     continue;
                 };
-                if slot.holder.status() != HolderStatus::Campaigning {
+                if !slot.holder.waits_for(request.id) {
+                    continue;
+                } else if slot.holder.status() != HolderStatus::Campaigning || now >= expires {
+                    // Stopped, or waited here as long as the holder would wait for an
+                    // answer: it was never sent, and the holder hears so.
                     slot.holder.cancel(now, request.id);
                     cancelled = true;
                 } else if group.gated_in_flight < room {
                     group.gated_in_flight += 1;
                     self.out.send(now, &key, slot, true, request);
                 } else {
-                    kept.push_back((key, request));
+                    kept.push_back((key, request, expires));
                 }
             }
             group.deferred = kept;

@@ -24,10 +24,10 @@
 //! - A reply that arrives after the local deadline never extends the tenure: a
 //!   renewal that lands after the server's expiry check is wiped by the expiry
 //!   marker that follows.
-//! - After a tenure ends with a renew that may still land (in flight at the
-//!   deadline, or answered past it), the holder stays quiet until the old lease's
-//!   expiry marker must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end
-//!   the server can have): a renewal that landed after the end is wiped by that
+//! - After a renew whose outcome is unknown (or answered after the deadline, or
+//!   `lost`), the holder does not campaign until the expiry marker of the lease it
+//!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
+//!   server can have): a renewal that landed after the end is wiped by that
 //!   marker, and so would be any write confirming it before the marker.
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
@@ -69,7 +69,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::js::RequestOutcome;
+use crate::js::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{
     self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ReleaseRequest, RenewRequest, Request,
     Response,
@@ -168,21 +168,30 @@ impl HolderConfig {
     }
 }
 
-/// Tags a [`HolderRequest`] so its outcome can be fed back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
 /// A request the adapter sends to the lease service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderRequest {
     /// Feed the outcome back with this id.
-    pub id: RequestId,
+    pub id: EffectId,
     /// The subject is `endpoint.subject()`.
     pub endpoint: Endpoint,
     /// The JSON body.
     pub body: Vec<u8>,
     /// Give up waiting after this long and feed back [`RequestOutcome::TimedOut`].
     pub timeout: Duration,
+}
+
+impl HolderRequest {
+    /// The NATS request to send: the body to `endpoint.subject()`, bounded by
+    /// `timeout` (the holder times it out itself too, in [`Holder::handle_timeout`]).
+    pub fn nats_request(&self) -> NatsRequest {
+        NatsRequest {
+            subject: self.endpoint.subject(),
+            headers: Vec::new(),
+            payload: self.body.clone(),
+            timeout: self.timeout,
+        }
+    }
 }
 
 /// Why a holder stopped acting as owner.
@@ -288,7 +297,7 @@ impl Purpose {
 
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
-    id: RequestId,
+    id: EffectId,
     purpose: Purpose,
     sent_at: Instant,
     /// The fence a renew or release carried.
@@ -349,6 +358,8 @@ pub struct Holder {
     /// the lease's end, and the expiry marker still to come would wipe whatever the
     /// key holds then (see [`MAX_EXPIRY_MARKER_LAG`]).
     quiet_until: Option<Instant>,
+    /// When this holder learned the fence it renews (the reply that showed it).
+    fence_learned_at: Instant,
     next_id: u64,
     requests: VecDeque<HolderRequest>,
     events: VecDeque<HolderEvent>,
@@ -365,6 +376,7 @@ impl Holder {
             unknown_acquire: None,
             failures: 0,
             quiet_until: None,
+            fence_learned_at: now,
             unknown_renews: None,
             confirmed: None,
             highest_seen: 0,
@@ -416,8 +428,17 @@ impl Holder {
         self.events.pop_front()
     }
 
-    /// When to call [`Holder::handle_timeout`] next.
+    /// When to call [`Holder::handle_timeout`] next: a due renewal, campaign or
+    /// deadline, or the end of the wait for the request in flight.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let request = self
+            .in_flight
+            .map(|f| f.sent_at + self.config.request_timeout);
+        let phase = self.phase_timeout();
+        request.into_iter().chain(phase).min()
+    }
+
+    fn phase_timeout(&self) -> Option<Instant> {
         match self.phase {
             Phase::Campaigning { next_at } if self.in_flight.is_none() => Some(next_at),
             Phase::Owner {
@@ -431,9 +452,21 @@ impl Holder {
         }
     }
 
-    /// Acts on the time: steps down at the deadline, renews or campaigns when due.
+    /// Acts on the time: a request unanswered within its timeout has timed out
+    /// ([`RequestOutcome::TimedOut`]); steps down at the deadline, renews or
+    /// campaigns when due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(flight) = self.in_flight
+            && now >= flight.sent_at + self.config.request_timeout
+        {
+            return self.handle_outcome(now, flight.id, RequestOutcome::TimedOut);
+        }
         self.drive(now);
+    }
+
+    /// Whether the holder waits for the outcome of request `id`.
+    pub fn waits_for(&self, id: EffectId) -> bool {
+        self.in_flight.is_some_and(|f| f.id == id)
     }
 
     /// A change event for the key arrived: when not owner, ask again now rather than
@@ -466,7 +499,7 @@ impl Holder {
     /// Request `id` was never sent (its driver dropped it, as a [`crate::campaign`]
     /// queue does for a holder that stopped meanwhile): it wrote nothing, so nothing
     /// about it is unknown. A campaign asks again at its next tick.
-    pub fn cancel(&mut self, now: Instant, id: RequestId) {
+    pub fn cancel(&mut self, now: Instant, id: EffectId) {
         if self.in_flight.is_none_or(|f| f.id != id) {
             return;
         }
@@ -479,7 +512,7 @@ impl Holder {
 
     /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
     /// waits for are ignored.
-    pub fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.filter(|f| f.id == id) else {
             return;
         };
@@ -520,6 +553,7 @@ impl Holder {
                 self.unknown_acquire = Some(since);
             }
             Purpose::Renew => {
+                self.stay_quiet();
                 let merged = match self.unknown_renews {
                     Some(u) => UnknownRenews {
                         since: u.since.min(flight.sent_at),
@@ -561,6 +595,7 @@ impl Holder {
             }
             (Purpose::Acquire, Response::Acquired(r)) if r.granted => {
                 // Unknown renews may have written this very revision: bound it first.
+                self.fence_learned_at = now;
                 self.on_granted(now, flight, r.lease.revision, r.lease.ttl_ms);
                 self.saw_revision(r.lease.revision);
             }
@@ -575,6 +610,7 @@ impl Holder {
             }
             (Purpose::Renew, Response::Lease(lease)) => {
                 self.saw_revision(lease.revision);
+                self.fence_learned_at = now;
                 self.on_renewed(flight, lease.revision, lease.ttl_ms);
             }
             (Purpose::Release, Response::Released(_)) => {
@@ -786,10 +822,6 @@ impl Holder {
     }
 
     fn step_down(&mut self, now: Instant, reason: StepDownReason) {
-        // A renew whose outcome is unknown may still land, after the lease's end.
-        if let (Phase::Owner { ownership, .. }, Some(_)) = (self.phase, self.unknown_renews) {
-            self.stay_quiet(ownership.deadline);
-        }
         self.events.push_back(HolderEvent::SteppedDown { reason });
         let wait = match reason {
             StepDownReason::Lost => Duration::ZERO,
@@ -803,13 +835,14 @@ impl Holder {
         self.phase = Phase::Campaigning { next_at };
     }
 
-    /// A renew of the tenure that ended at `deadline` may land after the lease's
-    /// end on the server. That end is at most the drift margin and one request
-    /// timeout past the deadline (the renew the deadline counts from was written
-    /// before its reply came); its marker comes within [`MAX_EXPIRY_MARKER_LAG`].
-    fn stay_quiet(&mut self, deadline: Instant) {
+    /// A renew whose outcome is unknown may land after the end of the lease it
+    /// renews, and the expiry marker still to come would then wipe the key. That
+    /// lease was stored before this holder learned its fence, so it ends at most a
+    /// TTL (and the drift margin) after that; its marker comes within
+    /// [`MAX_EXPIRY_MARKER_LAG`].
+    fn stay_quiet(&mut self) {
         let margin = self.config.ttl - self.config.believed_span(self.config.ttl);
-        let until = deadline + margin + self.config.request_timeout + MAX_EXPIRY_MARKER_LAG;
+        let until = self.fence_learned_at + self.config.ttl + margin + MAX_EXPIRY_MARKER_LAG;
         self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
     }
 
@@ -877,7 +910,7 @@ impl Holder {
         if let Phase::Stopping { attempts, .. } = &mut self.phase {
             *attempts += 1;
         }
-        let id = RequestId(self.next_id);
+        let id = EffectId(self.next_id);
         self.next_id += 1;
         self.in_flight = Some(InFlight {
             id,

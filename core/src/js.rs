@@ -28,6 +28,11 @@ pub const ERR_STREAM_NOT_FOUND: u64 = 10059;
 /// JetStream's error code for a stream name in use with another config.
 pub const ERR_STREAM_NAME_IN_USE: u64 = 10058;
 
+/// Names one request a machine asks an adapter to send (every machine of this crate
+/// uses it: a call, startup, a holder, a campaign); the outcome comes back with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EffectId(pub u64);
+
 /// One NATS request with headers, as an adapter sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsRequest {

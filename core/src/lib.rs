@@ -17,6 +17,21 @@
 //! timestamps replies carry) and the result of every effect comes back as an input
 //! tagged with its [`call::EffectId`]. The same inputs always give the same effects.
 //!
+//! # One vocabulary
+//!
+//! Every machine ([`call::Call`], [`startup::Startup`], [`holder::Holder`],
+//! [`campaign::Campaign`]) is driven the same way:
+//!
+//! - inputs are `handle_*(now, …)`; the result of a request comes back as
+//!   `handle_outcome(now, id, outcome)`, tagged with the request's [`js::EffectId`];
+//! - outputs are drained with `poll_*` after every input, each request ready to
+//!   send as one [`js::NatsRequest`] (`nats_request()`);
+//! - `poll_timeout()` is the one instant to wake at; `handle_timeout(now)` acts on
+//!   it. A machine keeps its own request deadlines: a request unanswered within
+//!   its timeout becomes [`js::RequestOutcome::TimedOut`] there, so an adapter
+//!   needs no timer per request;
+//! - `is_done()` means finished, with nothing left to poll.
+//!
 //! # Driving a call
 //!
 //! After every input, drain the effects until none is left (the drain invariant):

@@ -22,27 +22,25 @@ pub async fn serves_and_exits_zero_on_sigterm(binary: &str) {
         .spawn()
         .expect("the binary starts");
     let client = async_nats::connect(server.url()).await.unwrap();
-    // Bounded wait for the service's micro-service PING to be answered.
+    // Bounded wait until the service serves: it answers `unavailable` while it
+    // ensures the bucket (and nothing before it subscribes).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        if client
-            .request("$SRV.PING.dagnats-api", "".into())
-            .await
-            .is_ok()
-        {
-            break;
+        let reply = client
+            .request("api.leases.owner", r#"{"key":"k"}"#.into())
+            .await;
+        match reply {
+            Ok(m) if !m.payload.windows(13).any(|w| w == b"\"unavailable\"") => {
+                assert_eq!(&m.payload[..], br#"{"held":false,"key":"k"}"#);
+                break;
+            }
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the service never came up"
+            ),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the service never came up"
-        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reply = client
-        .request("api.leases.owner", r#"{"key":"k"}"#.into())
-        .await
-        .unwrap();
-    assert_eq!(&reply.payload[..], br#"{"held":false,"key":"k"}"#);
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -156,12 +156,27 @@ fn a_held_key_lost_makes_room_for_a_waiting_one() {
     run.group(&["s0", "s1"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    // The renew is answered `lost`: s0 steps down, and the queued s1 goes out.
+    // s1's queued acquire waited as long as its holder waits for an answer
+    // (3750 ms): cancelled, never sent; it is asked again at s1's next tick.
+    run.campaign.handle_timeout(run.at(3_750));
+    assert_eq!(run.requests(), []);
+    // The renew is answered `lost`: s0 steps down, and s1 gets its turn.
     run.campaign.handle_timeout(run.at(5_000));
     let renew = run.request();
     assert_eq!(renew.request.endpoint, Endpoint::Renew);
     let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
     run.answer(5_010, &renew, lost);
+    // s0 waits out the old lease's expiry marker (1 s), then asks again: another
+    // holder has it, so the room goes to s1 at its tick.
+    assert_eq!(run.requests(), []);
+    run.campaign.handle_timeout(run.at(6_010));
+    let again = run.request();
+    assert_eq!(
+        (again.key.as_str(), again.request.endpoint),
+        ("s0", Endpoint::Acquire)
+    );
+    run.answer(6_020, &again, refused(5));
+    run.campaign.handle_timeout(run.at(8_750));
     let sent = run.requests();
     assert!(
         endpoints(&sent).contains(&(Endpoint::Acquire, "s1")),

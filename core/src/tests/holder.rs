@@ -242,8 +242,10 @@ fn a_tenure_ended_with_a_renew_unaccounted_for_waits_out_the_expiry_marker() {
             reason: StepDownReason::DeadlineMissed
         }]
     ));
+    // The fence 7 was learned at 1 ms (the confirming renew's reply): its lease
+    // ends by then + TTL + the drift margin, its marker a lag after that.
     let margin = TTL - span();
-    let quiet_end = deadline + margin + config().request_timeout + MAX_EXPIRY_MARKER_LAG;
+    let quiet_end = run.at(1) + TTL + margin + MAX_EXPIRY_MARKER_LAG;
     run.holder
         .handle_timeout(quiet_end - Duration::from_millis(1));
     run.no_request();
@@ -257,10 +259,22 @@ fn a_tenure_ended_with_a_renew_unaccounted_for_waits_out_the_expiry_marker() {
 #[test]
 fn no_renewal_before_the_deadline_steps_down_even_with_a_renew_in_flight() {
     let mut run = Run::elected(config(), 7, 1);
-    run.holder.handle_timeout(run.at(5000));
-    let renew = run.request();
     let deadline = run.at(0) + span();
-    // Nothing answers: the deadline is the next thing to act on.
+    // Nothing ever answers. The holder times each renew out itself (3750 ms) and
+    // retries a second later: renews at 5000, 9750 and 14500.
+    run.holder.handle_timeout(run.at(5000));
+    let mut renew = run.request();
+    for (timed_out, retry) in [(8750, 9750), (13_500, 14_500)] {
+        assert_eq!(run.holder.poll_timeout(), Some(run.at(timed_out)));
+        run.holder.handle_timeout(run.at(timed_out));
+        run.no_request();
+        assert_eq!(run.holder.poll_timeout(), Some(run.at(retry)));
+        run.holder.handle_timeout(run.at(retry));
+        renew = run.request();
+        assert_eq!(body(&renew)["revision"], 7);
+    }
+    // The last one is still in flight when the deadline comes, and the deadline is
+    // the next thing to act on.
     assert_eq!(run.holder.poll_timeout(), Some(deadline));
     assert!(
         run.holder.ownership(deadline).is_none(),

@@ -17,9 +17,7 @@ use proptest::prelude::*;
 use crate::call::{Call, CallConfig, Effect, EffectId};
 use crate::campaign::{Campaign, CampaignEvent, GroupId};
 use crate::change::ChangeEvent;
-use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, RequestId, StepDownReason,
-};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, StepDownReason};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
 
@@ -126,7 +124,7 @@ enum Ev {
     /// A call's JetStream request is answered.
     Step(usize, EffectId, NatsRequest),
     /// A reply (or a timeout) reaches a holder, for the machine of this generation.
-    Outcome(usize, u64, RequestId, RequestOutcome),
+    Outcome(usize, u64, EffectId, RequestOutcome),
     /// A holder's machine is dropped and made afresh.
     Recreate(usize),
     /// A member stops its group.
@@ -148,9 +146,9 @@ struct HolderSim {
     rate: f64,
     paused_until: u64,
     /// Outcomes that arrived during a pause, delivered at its end.
-    backlog: Vec<(RequestId, RequestOutcome)>,
+    backlog: Vec<(EffectId, RequestOutcome)>,
     /// Requests answered already (a later timeout for them is dropped).
-    answered: Vec<RequestId>,
+    answered: Vec<EffectId>,
     /// Instants a wake is scheduled for.
     wakes: std::collections::BTreeSet<u64>,
 }
@@ -159,7 +157,7 @@ struct ServiceCall {
     call: Call,
     holder: usize,
     generation: u64,
-    request: RequestId,
+    request: EffectId,
 }
 
 /// What a world run saw, for coverage checks.
@@ -276,7 +274,7 @@ impl Machine {
         }
     }
 
-    fn handle_outcome(&mut self, now: Instant, id: RequestId, outcome: RequestOutcome) {
+    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         match self {
             Machine::Holder(h) => h.handle_outcome(now, id, outcome),
             Machine::Member { campaign, .. } => campaign.handle_outcome(now, id, outcome),

@@ -809,3 +809,26 @@ fn a_renewal_acknowledged_after_the_lease_ran_out_is_lost() {
         }
     }
 }
+
+/// The call keeps its own request deadlines: an effect unanswered within its timeout
+/// times out in `handle_timeout` (the adapter arms one timer from `poll_timeout`),
+/// and its late outcome is ignored.
+#[test]
+fn an_effect_unanswered_within_its_timeout_times_out_in_the_call() {
+    let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
+    let r = d.read();
+    let due = d.now + r.timeout;
+    assert_eq!(d.call.poll_timeout(), Some(due));
+    d.call.handle_timeout(due - Duration::from_millis(1));
+    assert!(d.call.poll_effect().is_none(), "not before its timeout");
+    d.call.handle_timeout(due);
+    let e = d.error();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.error);
+    assert!(d.call.is_done());
+    assert_eq!(d.call.poll_timeout(), None, "nothing left to wait for");
+    d.call.handle_outcome(due, r.id, held(3, "me", 15000, 0));
+    assert!(
+        d.call.poll_effect().is_none(),
+        "a late outcome changes nothing"
+    );
+}
