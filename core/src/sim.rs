@@ -899,6 +899,9 @@ impl World {
                 let now = self.now();
                 for i in 0..self.calls.len() {
                     if self.calls[i].call.poll_timeout().is_some_and(|t| t <= now) {
+                        // Time ran past the effect's deadline: JetStream did not
+                        // answer in time, so `unavailable` is a fair reply.
+                        self.calls[i].js_failed = true;
                         self.calls[i].call.handle_timeout(now);
                         self.drain(i)?;
                     }
