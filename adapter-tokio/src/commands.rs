@@ -3,8 +3,10 @@
 //! per line with `--json`.
 //!
 //! Exit codes: 0 done; 3 the lease is not yours or not held (`lost`, `not_held`,
-//! acquire not granted, owner of a free key); 4 `fence_mismatch`; 1 any other error;
-//! 2 no NATS server (or bad arguments).
+//! acquire not granted, owner of a free key, `lock --wait` ended without the lease);
+//! 4 `fence_mismatch`; 5 `lock`: the lease was lost while the command ran; 1 any
+//! other error; 2 no NATS server (or bad arguments). `lock` otherwise exits with its
+//! command's code.
 
 use std::io::Write;
 use std::time::Duration;
@@ -128,6 +130,16 @@ pub enum Op {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Run a command while holding a lease: SIGTERM, then SIGKILL after --grace,
+    /// when the lease is lost (exit 5); the command's own exit code otherwise.
+    Lock {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease, the wait and the command.
+        #[command(flatten)]
+        args: crate::lock::LockArgs,
+    },
     /// List the held leases in the bucket.
     List {
         /// Connection and output options.
@@ -146,6 +158,7 @@ impl Op {
             | Op::Owner { common, .. }
             | Op::Forward { common, .. }
             | Op::Watch { common, .. }
+            | Op::Lock { common, .. }
             | Op::List { common } => common,
         }
     }
@@ -234,6 +247,7 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             }),
         Op::Watch { key, count, .. } => return watch(&nats, key, count, json, out).await,
         Op::List { .. } => return list(&nats, &leases, json, out).await,
+        Op::Lock { args, .. } => return crate::lock::run(nats, args).await,
     };
     match result {
         Ok(code) => code,
