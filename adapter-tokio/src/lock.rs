@@ -322,7 +322,15 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             _ = sigterm.recv() => { let _ = to_guard.write_all(b"signal TERM\n").await; }
         }
     };
-    let lost = lost || elector.tenure().is_none();
+    let expired = !lost && elector.tenure().is_none();
+    if expired {
+        eprintln!(
+            "dagnats-leases: the lease on {} ran past its deadline (this process could not \
+             renew it in time): the command was stopped",
+            args.key
+        );
+    }
+    let lost = lost || expired;
     elector.stop().await;
     match status {
         // The command's code (127, with the guard's sentence, if it could not start).
@@ -342,7 +350,9 @@ fn signal_group(pgid: u32, sig: Signal) {
 }
 
 /// Runs `__lock-guard`: the command in its own process group, stopped at the
-/// deadline; exits with the command's code.
+/// deadline; returns the command's code. The caller must then exit the process
+/// without dropping the runtime (`std::process::exit`): the stdin read in flight
+/// cannot be cancelled.
 pub async fn guard(args: GuardArgs) -> u8 {
     let Some(mut deadline) = parse_absolute(&args.deadline) else {
         eprintln!("dagnats-leases: __lock-guard: bad --deadline");

@@ -34,7 +34,12 @@ async fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
-        Command::LockGuard(args) => return ExitCode::from(lock::guard(args).await),
+        Command::LockGuard(args) => {
+            // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
+            // shutdown would wait for it (for the tool's next line) otherwise.
+            let code = lock::guard(args).await;
+            std::process::exit(code.into());
+        }
     };
     cli::init_logging();
     let client = match args.connect.connect().await {
