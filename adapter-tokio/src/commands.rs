@@ -75,6 +75,10 @@ pub enum Op {
         /// Time to live, whole seconds in milliseconds.
         #[arg(long, default_value_t = 15_000)]
         ttl_ms: u64,
+        /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`),
+        /// trying again when it is released or expires; `0` tries once.
+        #[arg(long, value_parser = crate::lock::parse_duration)]
+        wait: Option<Duration>,
     },
     /// Extend a lease under its fence.
     Renew {
@@ -173,9 +177,9 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             key,
             holder,
             ttl_ms,
+            wait,
             ..
-        } => match leases
-            .acquire(&key, &holder, Duration::from_millis(ttl_ms))
+        } => match acquire_waiting(&leases, &key, &holder, Duration::from_millis(ttl_ms), wait)
             .await
         {
             Ok(r) => {
@@ -252,6 +256,69 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
     match result {
         Ok(code) => code,
         Err(e) => report(&e, json, out),
+    }
+}
+
+/// Acquire, and with `wait`, again on each release or expiry of the key until
+/// granted or `wait` is over. Woken by the key's change events (subscribed before
+/// the first try, so none is missed between a refusal and the wait); events are
+/// at-most-once, so it also tries again one TTL after the last write it saw.
+async fn acquire_waiting(
+    leases: &LeaseClient,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
+    let Some(wait) = wait else {
+        return leases.acquire(key, holder, ttl).await;
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let nats = leases.nats();
+    // Without the subscription (no permission, say) the TTL timer alone wakes it.
+    let mut events = match nats
+        .subscribe(dagnats_leases_core::record::changed_subject(key))
+        .await
+    {
+        Ok(sub) => {
+            let _ = nats.flush().await;
+            Some(sub)
+        }
+        Err(_) => None,
+    };
+    loop {
+        let reply = leases.acquire(key, holder, ttl).await?;
+        if reply.granted || tokio::time::Instant::now() >= deadline {
+            return Ok(reply);
+        }
+        eprintln!(
+            "dagnats-leases: waiting for {key} (held by {})",
+            reply.lease.holder
+        );
+        // The holder's lease lasts at least its TTL from a write we have seen.
+        let mut expiry = tokio::time::Instant::now() + Duration::from_millis(reply.lease.ttl_ms);
+        loop {
+            let event = async {
+                match events.as_mut() {
+                    Some(sub) => sub.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                message = event => match message {
+                    Some(m) => match event_name(m.headers.as_ref()) {
+                        "released" | "expired" | "deleted" => break,
+                        _ => {
+                            expiry = tokio::time::Instant::now()
+                                + Duration::from_millis(reply.lease.ttl_ms);
+                        }
+                    },
+                    None => events = None,
+                },
+                _ = tokio::time::sleep_until(expiry) => break,
+                _ = tokio::time::sleep_until(deadline) => return Ok(reply),
+            }
+        }
     }
 }
 
