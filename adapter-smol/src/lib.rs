@@ -124,6 +124,17 @@ impl LeaseClient {
         Compat::new(self.inner.acquire(key, holder, ttl)).await
     }
 
+    /// See [`dagnats_leases_tokio::client::LeaseClient::acquire_waiting`].
+    pub async fn acquire_waiting(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        wait: std::time::Duration,
+    ) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
+        Compat::new(self.inner.acquire_waiting(key, holder, ttl, wait)).await
+    }
+
     /// See [`dagnats_leases_tokio::client::LeaseClient::renew`].
     pub async fn renew(
         &self,

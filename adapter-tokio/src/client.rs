@@ -25,11 +25,14 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::change::ChangeEvent;
+use dagnats_leases_core::record::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
     OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,
 };
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
+use futures::StreamExt;
 
 use crate::exec;
 
@@ -207,6 +210,69 @@ impl LeaseClient {
         }
     }
 
+    /// Acquires `key`, waiting up to `wait` for it while another holder has it:
+    /// asks again on each change event that may free the key (release, expiry,
+    /// delete), not by polling. Change events are at-most-once, so it also asks
+    /// again one TTL after the last write it saw. `wait` zero tries once. Returns
+    /// the last `granted: false` when the wait ends without the lease.
+    pub async fn acquire_waiting(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AcquireReply, LeaseError> {
+        self.acquire_waiting_noting(key, holder, ttl, wait, &mut |_| {})
+            .await
+    }
+
+    /// [`Self::acquire_waiting`], calling `refused` with each `granted: false` it waits on.
+    pub(crate) async fn acquire_waiting_noting(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        wait: Duration,
+        refused: &mut (dyn FnMut(&AcquireReply) + Send),
+    ) -> Result<AcquireReply, LeaseError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        // Subscribed before the first try, so no event between a refusal and the
+        // wait is missed; without it (no permission, say) the TTL timer alone wakes.
+        let mut events = match self.nats.subscribe(changed_subject(key)).await {
+            Ok(sub) => {
+                let _ = self.nats.flush().await;
+                Some(sub)
+            }
+            Err(_) => None,
+        };
+        loop {
+            let reply = self.acquire(key, holder, ttl).await?;
+            if reply.granted || tokio::time::Instant::now() >= deadline {
+                return Ok(reply);
+            }
+            refused(&reply);
+            let lease_ttl = Duration::from_millis(reply.lease.ttl_ms);
+            let mut expiry = tokio::time::Instant::now() + lease_ttl;
+            loop {
+                let event = async {
+                    match events.as_mut() {
+                        Some(sub) => sub.next().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    message = event => match message {
+                        Some(m) if change_event(&m).kind.may_free_key() => break,
+                        Some(_) => expiry = tokio::time::Instant::now() + lease_ttl,
+                        None => events = None,
+                    },
+                    _ = tokio::time::sleep_until(expiry) => break,
+                    _ = tokio::time::sleep_until(deadline) => return Ok(reply),
+                }
+            }
+        }
+    }
+
     /// Extends the lease under the fence `revision`, to `ttl` or the lease's own TTL.
     pub async fn renew(
         &self,
@@ -293,4 +359,13 @@ impl LeaseClient {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Decodes a change event (`dagnats.lease.changed.<key>`) from its NATS message.
+pub fn change_event(message: &async_nats::Message) -> ChangeEvent {
+    let headers = message.headers.as_ref();
+    ChangeEvent::from_parts(
+        |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+        &message.payload,
+    )
 }

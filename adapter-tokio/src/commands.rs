@@ -3,15 +3,16 @@
 //! per line with `--json`.
 //!
 //! Exit codes: 0 done; 3 the lease is not yours or not held (`lost`, `not_held`,
-//! acquire not granted, owner of a free key); 4 `fence_mismatch`; 1 any other error;
-//! 2 no NATS server (or bad arguments).
+//! acquire not granted, owner of a free key, `lock --wait` ended without the lease);
+//! 4 `fence_mismatch`; 5 `lock`: the lease was lost while the command ran; 1 any
+//! other error; 2 no NATS server (or bad arguments). `lock` otherwise exits with its
+//! command's code.
 
 use std::io::Write;
 use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::record::{LEASE_SUBJECTS, STREAM, kv_subject};
 use dagnats_leases_core::wire::{ErrorKind, Lease};
 use futures::StreamExt;
@@ -71,6 +72,10 @@ pub enum Op {
         /// Time to live, whole seconds in milliseconds.
         #[arg(long, default_value_t = 15_000)]
         ttl_ms: u64,
+        /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`),
+        /// trying again when it is released or expires; `0` tries once.
+        #[arg(long, value_parser = crate::lock::parse_duration)]
+        wait: Option<Duration>,
     },
     /// Extend a lease under its fence.
     Renew {
@@ -126,6 +131,16 @@ pub enum Op {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Run a command while holding a lease: SIGTERM, then SIGKILL after --grace,
+    /// when the lease is lost (exit 5); the command's own exit code otherwise.
+    Lock {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The lease, the wait and the command.
+        #[command(flatten)]
+        args: crate::lock::LockArgs,
+    },
     /// List the held leases in the bucket.
     List {
         /// Connection and output options.
@@ -144,6 +159,7 @@ impl Op {
             | Op::Owner { common, .. }
             | Op::Forward { common, .. }
             | Op::Watch { common, .. }
+            | Op::Lock { common, .. }
             | Op::List { common } => common,
         }
     }
@@ -158,11 +174,9 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             key,
             holder,
             ttl_ms,
+            wait,
             ..
-        } => match leases
-            .acquire(&key, &holder, Duration::from_millis(ttl_ms))
-            .await
-        {
+        } => match acquire_for(&leases, &key, &holder, ttl_ms, wait).await {
             Ok(r) => {
                 let line = if json {
                     serde_json::to_string(&r).expect("replies serialise")
@@ -232,11 +246,36 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             }),
         Op::Watch { key, count, .. } => return watch(&nats, key, count, json, out).await,
         Op::List { .. } => return list(&nats, &leases, json, out).await,
+        Op::Lock { args, .. } => return crate::lock::run(nats, args).await,
     };
     match result {
         Ok(code) => code,
         Err(e) => report(&e, json, out),
     }
+}
+
+/// `acquire`, with `--wait` through the library's waiting acquire, saying on
+/// stderr whom it waits on.
+async fn acquire_for(
+    leases: &LeaseClient,
+    key: &str,
+    holder: &str,
+    ttl_ms: u64,
+    wait: Option<Duration>,
+) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
+    let ttl = Duration::from_millis(ttl_ms);
+    let Some(wait) = wait else {
+        return leases.acquire(key, holder, ttl).await;
+    };
+    let mut say = |r: &dagnats_leases_core::wire::AcquireReply| {
+        eprintln!(
+            "dagnats-leases: waiting for {} (held by {})",
+            r.lease.key, r.lease.holder
+        )
+    };
+    leases
+        .acquire_waiting_noting(key, holder, ttl, wait, &mut say)
+        .await
 }
 
 fn describe(l: &Lease) -> String {
@@ -311,11 +350,7 @@ async fn watch(
             .next()
             .unwrap_or_default()
             .to_string();
-        let headers = message.headers.as_ref();
-        let change = ChangeEvent::from_parts(
-            |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
-            &message.payload,
-        );
+        let change = crate::client::change_event(&message);
         let (event, revision, holder) = (change.kind.as_str(), change.revision, change.holder);
         let line = if json {
             json!({"key": key, "event": event, "revision": revision, "holder": holder}).to_string()

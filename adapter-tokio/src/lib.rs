@@ -20,6 +20,7 @@ pub mod client;
 pub mod commands;
 pub mod connect;
 pub mod exec;
+pub mod lock;
 pub mod member;
 pub mod service;
 

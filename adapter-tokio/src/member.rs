@@ -42,7 +42,6 @@ use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
     Campaign, CampaignEvent, CampaignRequest, GroupId, presence_key,
 };
-use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::guard::RejectReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
@@ -53,7 +52,7 @@ use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::client::{LeaseError, LeaseErrorKind};
+use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
 
 /// Runs a background future: `tokio::spawn` by default; the smol adapter passes its
@@ -676,14 +675,6 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
     // A key may be campaigned for again already, by a group started meanwhile.
     finished_keys.retain(|k| !state.outlets.values().any(|o| o.keys.contains(k)));
     finished_keys
-}
-
-fn change_event(message: &Message) -> ChangeEvent {
-    let headers = message.headers.as_ref();
-    ChangeEvent::from_parts(
-        |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
-        &message.payload,
-    )
 }
 
 fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer> {

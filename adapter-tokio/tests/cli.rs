@@ -294,3 +294,129 @@ async fn forward_prints_the_owners_reply() {
     let (code, err) = cli.json(&["forward", "svc", "--payload", "hi"]).await;
     assert_eq!((code, err["kind"].as_str()), (3, Some("not_held")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_wait_is_woken_by_the_release_and_wait_0_tries_once() {
+    let (_server, _service, cli) = setup().await;
+    let (code, held) = cli
+        .json(&["acquire", "w", "--holder", "ops-1", "--ttl-ms", "60000"])
+        .await;
+    assert_eq!(code, 0);
+    let rev = held["revision"].to_string();
+
+    // --wait 0: one try, refused at once.
+    let (code, got) = cli
+        .json(&["acquire", "w", "--holder", "ops-2", "--wait", "0"])
+        .await;
+    assert_eq!((code, got["holder"].as_str()), (3, Some("ops-1")));
+    // A bounded wait that ends without the lease: exit 3, after the bound.
+    let started = std::time::Instant::now();
+    let (code, _) = cli
+        .json(&["acquire", "w", "--holder", "ops-2", "--wait", "1s"])
+        .await;
+    assert_eq!(code, 3);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+
+    // A long wait, woken by the release (the lease's 60 s TTL is far off).
+    let mut waiter = Command::new(BIN)
+        .args([
+            "acquire", "w", "--holder", "ops-2", "--wait", "30s", "--json",
+        ])
+        .args(["--nats-url", &cli.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = waiter.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let line = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("the waiter says it waits");
+    assert_eq!(line, "dagnats-leases: waiting for w (held by ops-1)");
+    let released_at = std::time::Instant::now();
+    let (code, _) = cli
+        .json(&["release", "w", "--holder", "ops-1", "--revision", &rev])
+        .await;
+    assert_eq!(code, 0);
+    let out = tokio::task::spawn_blocking(move || waiter.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (got["granted"].clone(), got["holder"].as_str()),
+        (true.into(), Some("ops-2"))
+    );
+    assert!(
+        released_at.elapsed() < Duration::from_secs(10),
+        "woken by the release, not a timer: {:?}",
+        released_at.elapsed()
+    );
+}
+
+/// The library call under `acquire --wait`: refused while another holds the key,
+/// then granted on the release, long before the other lease's 60 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn library_acquire_waiting_is_woken_by_the_release() {
+    use dagnats_leases_core::wire::Endpoint;
+    use dagnats_leases_tokio::client::LeaseClient;
+    use futures::StreamExt;
+
+    let (server, _service, _cli) = setup().await;
+    let nats = async_nats::connect(server.url()).await.unwrap();
+    let leases = LeaseClient::new(nats.clone());
+    let held = leases
+        .acquire("lw", "ops-1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(held.granted);
+    // Zero wait is one try.
+    let once = leases
+        .acquire_waiting("lw", "ops-2", Duration::from_secs(5), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!((once.granted, once.lease.holder.as_str()), (false, "ops-1"));
+
+    // The waiter's acquires, seen on the service's subject.
+    let mut asks = nats.subscribe(Endpoint::Acquire.subject()).await.unwrap();
+    nats.flush().await.unwrap();
+    let waiter = tokio::spawn({
+        let leases = leases.clone();
+        async move {
+            leases
+                .acquire_waiting(
+                    "lw",
+                    "ops-2",
+                    Duration::from_secs(5),
+                    Duration::from_secs(50),
+                )
+                .await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(20), asks.next())
+        .await
+        .expect("the waiter asks")
+        .unwrap();
+    let owner = leases.owner("lw").await.unwrap().unwrap();
+    assert_eq!(owner.holder, "ops-1", "the waiter's first try was refused");
+    leases
+        .release("lw", "ops-1", held.lease.revision)
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("woken by the release, not the 60 s TTL")
+        .unwrap()
+        .unwrap();
+    assert_eq!((got.granted, got.lease.holder.as_str()), (true, "ops-2"));
+}

@@ -41,6 +41,7 @@ pub mod history;
 pub mod load;
 pub mod probe;
 pub mod proxy;
+pub mod secure;
 
 pub use cluster::NatsCluster;
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
-use dagnats_leases_tokio::service;
+use dagnats_leases_tokio::{lock, service};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,9 @@ enum Command {
     Serve(ServeArgs),
     #[command(flatten)]
     Op(Op),
+    /// Started by `lock`: runs its command and stops it at the lease's deadline.
+    #[command(name = "__lock-guard", hide = true)]
+    LockGuard(lock::GuardArgs),
 }
 
 #[tokio::main]
@@ -31,6 +34,12 @@ async fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
+        Command::LockGuard(args) => {
+            // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
+            // shutdown would wait for it (for the tool's next line) otherwise.
+            let code = lock::guard(args).await;
+            std::process::exit(code.into());
+        }
     };
     cli::init_logging();
     let client = match args.connect.connect().await {

@@ -1,0 +1,284 @@
+//! `dagnats-leases lock KEY -- CMD` against a real server and the service: mutual
+//! exclusion read from the commands' own stamps, a frozen tool's command stopped by
+//! its guard before anyone else's starts, a lost lease, `--wait`, signals and exit
+//! codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tokio::client::LeaseClient;
+use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Setup {
+    server: NatsServer,
+    _service: ServiceHandle,
+    dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let service = service::start(client, ServiceOptions::default())
+        .await
+        .unwrap();
+    Setup {
+        server,
+        _service: service,
+        dir: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Setup {
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `dagnats-leases lock <args> -- sh -c <script>`, started.
+    fn lock(&self, args: &[&str], script: &str) -> Child {
+        Command::new(BIN)
+            .arg("lock")
+            .args(args)
+            .args(["--nats-url", &self.server.url()])
+            .args(["--", "sh", "-c", script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts")
+    }
+}
+
+/// Waits for `child` to exit (bounded: killed and failed after 30 s), with what it
+/// said on stderr.
+async fn finish(mut child: Child) -> Output {
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut text);
+        text
+    });
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lock (pid {}) did not exit within {WAIT:?}", child.id());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The guard and the command share the pipe; both are gone once the tool is.
+    let stderr = tokio::task::spawn_blocking(move || reader.join().unwrap())
+        .await
+        .unwrap();
+    eprintln!("lock said: {}", String::from_utf8_lossy(&stderr));
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    }
+}
+
+fn code(status: ExitStatus) -> Option<i32> {
+    status.code()
+}
+
+/// Waits until `path` holds a line starting with `prefix`; returns the file's lines.
+async fn wait_line(path: &Path, prefix: &str) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        if lines.iter().any(|l| l.starts_with(prefix)) {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line {prefix:?} in {}: {lines:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_locks_on_one_key_never_run_their_commands_at_once() {
+    let s = setup().await;
+    let stamps = s.file("stamps");
+    let script = format!(
+        "echo \"start $DAGNATS_LEASE_HOLDER $DAGNATS_LEASE_KEY $DAGNATS_LEASE_FENCE\" >> {0}; \
+         sleep 0.2; echo \"end $DAGNATS_LEASE_HOLDER\" >> {0}",
+        stamps.display()
+    );
+    for _round in 0..3 {
+        let a = s.lock(&["job", "--holder", "lock-a", "--ttl-ms", "3000"], &script);
+        let b = s.lock(&["job", "--holder", "lock-b", "--ttl-ms", "3000"], &script);
+        let (a, b) = (finish(a).await, finish(b).await);
+        assert_eq!((code(a.status), code(b.status)), (Some(0), Some(0)));
+    }
+    // Stamps in the order they were written: start X, end X, start Y, end Y, ...
+    let text = std::fs::read_to_string(&stamps).unwrap();
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 12, "{text}");
+    let mut fences = Vec::new();
+    for pair in lines.chunks(2) {
+        let (start, end) = (&pair[0], &pair[1]);
+        assert_eq!((start[0], end[0]), ("start", "end"), "overlap:\n{text}");
+        assert_eq!(start[1], end[1], "overlap:\n{text}");
+        assert_eq!(start[2], "job");
+        fences.push(start[3].parse::<u64>().unwrap());
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "every tenure has a higher fence: {fences:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_locks_command_is_stopped_before_another_starts() {
+    let s = setup().await;
+    let stamps = s.file("stamps");
+    let f = stamps.display();
+    // A's command would run for ever; on SIGTERM it stamps and exits.
+    let a = s.lock(
+        &[
+            "job", "--holder", "lock-a", "--ttl-ms", "3000", "--grace", "1s",
+        ],
+        &format!(
+            "trap 'echo term-a >> {f}; exit 0' TERM; echo start-a >> {f}; \
+             while true; do sleep 0.1; done"
+        ),
+    );
+    wait_line(&stamps, "start-a").await;
+    // Freeze the tool: it can neither renew nor signal. Its guard still can.
+    signal(&a, "STOP");
+    let frozen = Instant::now();
+    let b = s.lock(
+        &["job", "--holder", "lock-b", "--ttl-ms", "3000"],
+        &format!("echo start-b >> {f}"),
+    );
+    let b = finish(b).await;
+    assert_eq!(code(b.status), Some(0));
+    let lines = wait_line(&stamps, "start-b").await;
+    assert_eq!(
+        lines,
+        ["start-a", "term-a", "start-b"],
+        "A's command outlived its lease"
+    );
+    eprintln!("B ran {:?} after A froze", frozen.elapsed());
+    // A wakes to a lost lease: exit 5.
+    signal(&a, "CONT");
+    let a = finish(a).await;
+    assert_eq!(code(a.status), Some(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_terms_then_kills_the_command_and_exits_5() {
+    let s = setup().await;
+    let stamps = s.file("stamps");
+    let f = stamps.display();
+    // This command ignores SIGTERM: only the SIGKILL after --grace ends it.
+    let a = s.lock(
+        &[
+            "job", "--holder", "lock-a", "--ttl-ms", "6000", "--grace", "1s",
+        ],
+        &format!(
+            "trap 'echo term >> {f}' TERM; echo \"start $$\" >> {f}; \
+             while true; do sleep 0.1; done"
+        ),
+    );
+    let lines = wait_line(&stamps, "start").await;
+    let pid = lines[0].split(' ').nth(1).unwrap().to_owned();
+    // An operator releases the lease under lock-a's name: its next renew is `lost`.
+    let leases = LeaseClient::new(async_nats::connect(s.server.url()).await.unwrap());
+    let mut released = false;
+    for _ in 0..5 {
+        let lease = leases.owner("job").await.unwrap().expect("held by lock-a");
+        if leases
+            .release("job", "lock-a", lease.revision)
+            .await
+            .is_ok()
+        {
+            released = true;
+            break;
+        }
+    }
+    assert!(released);
+    let a = finish(a).await;
+    assert_eq!(code(a.status), Some(5), "lease lost");
+    let lines = wait_line(&stamps, "term").await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let alive = Command::new("kill")
+        .args(["-0", &pid])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!alive.success(), "the command (pid {pid}) survived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_wait_and_signals() {
+    let s = setup().await;
+    let stamps = s.file("stamps");
+    let f = stamps.display();
+
+    // The command's code comes back; a missing command is 127.
+    let out = finish(s.lock(&["k1"], "exit 7")).await;
+    assert_eq!(code(out.status), Some(7));
+    let out = finish(
+        Command::new(BIN)
+            .args(["lock", "k1", "--nats-url", &s.server.url(), "--"])
+            .arg(s.file("no-such-command"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code(out.status), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot run"));
+
+    // Held by another: --wait 0 gives up after one try, --wait 500ms after 500 ms.
+    let holder = s.lock(
+        &["k2", "--holder", "lock-a"],
+        &format!(
+            "trap 'echo int >> {f}; exit 0' INT; echo start >> {f}; \
+             while true; do sleep 0.1; done"
+        ),
+    );
+    wait_line(&stamps, "start").await;
+    let out = finish(s.lock(&["k2", "--wait", "0"], "echo never")).await;
+    assert_eq!(code(out.status), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("held by another"));
+    let started = Instant::now();
+    let out = finish(s.lock(&["k2", "--wait", "500ms"], "echo never")).await;
+    assert_eq!(code(out.status), Some(3));
+    assert!(started.elapsed() >= Duration::from_millis(500));
+
+    // SIGINT to the tool goes to the command; its exit 0 is the tool's, and the
+    // lease is released.
+    signal(&holder, "INT");
+    let out = finish(holder).await;
+    assert_eq!(code(out.status), Some(0));
+    wait_line(&stamps, "int").await;
+    let leases = LeaseClient::new(async_nats::connect(s.server.url()).await.unwrap());
+    assert!(leases.owner("k2").await.unwrap().is_none());
+
+    // --grace above half the TTL is refused.
+    let out = finish(s.lock(&["k3", "--ttl-ms", "4000", "--grace", "3s"], "true")).await;
+    assert_eq!(code(out.status), Some(2));
+}
