@@ -39,7 +39,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 
 use crate::commands::{EXIT_ERROR, EXIT_NOT_HELD};
-use crate::member::{CampaignObserver, Member, Ownership};
+use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
 
 /// Exit code of `lock` when the lease was lost while the command ran (the command
 /// was sent SIGTERM, then SIGKILL after the grace period).
@@ -87,6 +87,10 @@ pub struct LockArgs {
     /// Time to live, whole seconds in milliseconds.
     #[arg(long, default_value_t = 15_000)]
     pub ttl_ms: u64,
+    /// Hold one of N slots of a semaphore named KEY (the leases `KEY-0` to
+    /// `KEY-<N-1>`) instead of KEY itself: at most N commands run at once.
+    #[arg(long)]
+    pub permits: Option<usize>,
     /// How long to wait to be elected (default: for ever); `0` tries once.
     #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
@@ -111,6 +115,36 @@ pub struct GuardArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+/// What `lock` campaigns with: the key itself, or a slot of a semaphore.
+enum Campaigner {
+    One(Elector),
+    Slots(Semaphore),
+}
+
+impl Campaigner {
+    async fn next(&mut self) -> Option<Change> {
+        match self {
+            Campaigner::One(e) => e.next().await,
+            Campaigner::Slots(s) => s.next().await,
+        }
+    }
+
+    /// The key held now (the slot, for a semaphore) and its tenure.
+    fn held(&self) -> Option<(String, Tenure)> {
+        match self {
+            Campaigner::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
+            Campaigner::Slots(s) => s.held(),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Campaigner::One(e) => e.stop().await,
+            Campaigner::Slots(s) => s.stop().await,
+        }
+    }
 }
 
 /// Tells when an acquire came back without the lease (for `--wait`).
@@ -199,7 +233,13 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             return crate::commands::exit_code(&e);
         }
     };
-    let mut elector = match member.elect(&args.key, ttl) {
+    let started = match args.permits {
+        None => member.elect(&args.key, ttl).map(Campaigner::One),
+        Some(permits) => member
+            .semaphore(&args.key, permits, ttl)
+            .map(Campaigner::Slots),
+    };
+    let mut elector = match started {
         Ok(e) => e,
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
@@ -249,7 +289,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             _ = sigterm.recv() => { elector.stop().await; return 143; }
         }
     };
-    let Some(tenure) = elector.tenure() else {
+    let Some((key, tenure)) = elector.held() else {
         // Elected and already past the deadline (a pause right here): start over is
         // not worth it for a one-shot tool.
         elector.stop().await;
@@ -260,8 +300,8 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         return EXIT_LEASE_LOST;
     };
     eprintln!(
-        "dagnats-leases: holding {} as {holder} (fence {fence}); running {}",
-        args.key, args.command[0]
+        "dagnats-leases: holding {key} as {holder} (fence {fence}); running {}",
+        args.command[0]
     );
 
     let exe = match std::env::current_exe() {
@@ -278,7 +318,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         .args(["--deadline", &absolute(tenure.deadline)])
         .arg("--")
         .args(&args.command)
-        .env(ENV_KEY, &args.key)
+        .env(ENV_KEY, &key)
         .env(ENV_HOLDER, &holder)
         .env(ENV_FENCE, fence.to_string())
         .stdin(std::process::Stdio::piped())
@@ -305,12 +345,12 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             change = elector.next(), if !lost => {
                 if !matches!(change.map(|c| c.ownership), Some(Ownership::Elected { .. })) {
                     lost = true;
-                    eprintln!("dagnats-leases: lost {}: stopping the command", args.key);
+                    eprintln!("dagnats-leases: lost {key}: stopping the command");
                     let _ = to_guard.write_all(b"lost\n").await;
                 }
             }
             _ = tick.tick(), if !lost => {
-                if let Some(t) = elector.tenure()
+                if let Some((_, t)) = elector.held()
                     && t.deadline != last_deadline
                 {
                     last_deadline = t.deadline;
@@ -322,12 +362,11 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             _ = sigterm.recv() => { let _ = to_guard.write_all(b"signal TERM\n").await; }
         }
     };
-    let expired = !lost && elector.tenure().is_none();
+    let expired = !lost && elector.held().is_none();
     if expired {
         eprintln!(
-            "dagnats-leases: the lease on {} ran past its deadline (this process could not \
-             renew it in time): the command was stopped",
-            args.key
+            "dagnats-leases: the lease on {key} ran past its deadline (this process could not \
+             renew it in time): the command was stopped"
         );
     }
     let lost = lost || expired;

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignRequest, GroupId, presence_key,
+    Campaign, CampaignEvent, CampaignRequest, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
 };
 use dagnats_leases_core::guard::RejectReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
@@ -345,6 +345,26 @@ impl Member {
         })
     }
 
+    /// Holds one of `permits` slots of semaphore `name`: the leases `<name>-<i>`,
+    /// each with its own fence, tried in turn until one is granted. At most `permits`
+    /// members hold a slot at once; others wait for a release or an expiry. The
+    /// events are an [`Elector`]'s, with the slot as their `key`.
+    pub fn semaphore(
+        &self,
+        name: &str,
+        permits: usize,
+        ttl: Duration,
+    ) -> Result<Semaphore, LeaseError> {
+        let config = HolderConfig::new(name, self.shared.holder.clone(), ttl);
+        let slots = (0..permits.min(MAX_PERMITS))
+            .map(|i| semaphore_slot(name, i))
+            .collect();
+        Ok(Semaphore {
+            name: name.to_string(),
+            group: self.begin(slots, |c, now| c.add_semaphore(now, config, permits))?,
+        })
+    }
+
     fn start(&self, configs: Vec<HolderConfig>, max_held: usize) -> Result<Group, LeaseError> {
         let keys = configs.iter().map(|c| c.key.clone()).collect();
         self.begin(keys, |c, now| c.add_group(now, configs, max_held))
@@ -499,6 +519,47 @@ impl Elector {
     }
 
     /// Steps down (if leading), releases the lease, and waits for the release.
+    pub async fn stop(mut self) {
+        self.group.stop().await;
+    }
+}
+
+/// Holds one slot of a semaphore. Stop it with [`Semaphore::stop`] (steps down and
+/// releases); dropping it does the same in the background.
+///
+/// ```no_run
+/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// // At most three exporters run at once, whatever the number of replicas.
+/// let mut permit = member.semaphore("exporter", 3, Duration::from_secs(15))?;
+/// while let Some(change) = permit.next().await {
+///     println!("{}: {:?}", change.key, change.ownership);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Semaphore {
+    name: String,
+    group: Group,
+}
+
+impl Semaphore {
+    /// The next ownership change of a slot; `None` once stopped.
+    pub async fn next(&mut self) -> Option<Change> {
+        self.group.changes.recv().await
+    }
+
+    /// The slot this process holds right now, with its tenure.
+    pub fn held(&self) -> Option<(String, Tenure)> {
+        self.group.held().into_iter().next()
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Steps down from its slot (if holding one), releases it, and waits for that.
     pub async fn stop(mut self) {
         self.group.stop().await;
     }

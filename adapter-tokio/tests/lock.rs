@@ -3,6 +3,7 @@
 //! its guard before anyone else's starts, a lost lease, `--wait`, signals and exit
 //! codes.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -281,4 +282,61 @@ async fn exit_codes_wait_and_signals() {
     // --grace above half the TTL is refused.
     let out = finish(s.lock(&["k3", "--ttl-ms", "4000", "--grace", "3s"], "true")).await;
     assert_eq!(code(out.status), Some(2));
+}
+
+/// `lock --permits 2` by three processes: at most two commands run at once, each
+/// under its own slot (`KEY-<i>`) and fence. A command waits (bounded) until two
+/// have started, so the two permits are seen in use together; the third starts
+/// only after one of them ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_with_permits_runs_at_most_that_many_commands_at_once() {
+    let s = setup().await;
+    let stamps = s.file("stamps");
+    let f = stamps.display();
+    let script = format!(
+        "echo \"start $DAGNATS_LEASE_HOLDER $DAGNATS_LEASE_KEY $DAGNATS_LEASE_FENCE\" >> {f}; \
+         i=0; while [ $(grep -c start {f}) -lt 2 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; \
+         echo \"end $DAGNATS_LEASE_HOLDER\" >> {f}"
+    );
+    let runs: Vec<Child> = (0..3)
+        .map(|i| {
+            let holder = format!("perm-{i}");
+            let args = [
+                "pool",
+                "--permits",
+                "2",
+                "--holder",
+                &holder,
+                "--ttl-ms",
+                "3000",
+            ];
+            s.lock(&args, &script)
+        })
+        .collect();
+    for run in runs {
+        assert_eq!(code(finish(run).await.status), Some(0));
+    }
+    let text = std::fs::read_to_string(&stamps).unwrap();
+    let (mut running, mut most) = (BTreeSet::new(), 0);
+    let mut slots = BTreeSet::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        match words[0] {
+            "start" => {
+                assert!(running.insert(words[1].to_string()), "{text}");
+                assert!(["pool-0", "pool-1"].contains(&words[2]), "{text}");
+                words[3].parse::<u64>().expect("a fence");
+                slots.insert(words[2].to_string());
+            }
+            _ => assert!(running.remove(words[1]), "{text}"),
+        }
+        most = most.max(running.len());
+    }
+    assert_eq!((text.lines().count(), most), (6, 2), "{text}");
+    assert_eq!(slots.len(), 2, "both slots used: {text}");
+    // Released: no slot is held after the tools exit.
+    let leases = LeaseClient::new(async_nats::connect(s.server.url()).await.unwrap());
+    for slot in ["pool-0", "pool-1"] {
+        assert_eq!(leases.owner(slot).await.unwrap(), None);
+    }
 }

@@ -20,6 +20,8 @@
 //!   the floor or the ceiling each, with no preemption (only the holder releases).
 //! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
 //!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
+//! - **Semaphores** ([`Campaign::add_semaphore`]): one of `permits` slot leases
+//!   (`<name>-<i>`), a group of the slots that holds at most one.
 //! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
 //!   once rather than at the next campaign tick.
 //! - **Request deadlines are kept here.** A request not answered within its timeout
@@ -284,6 +286,34 @@ impl Campaign {
         let id = self.insert_group(keys, usize::MAX, Some(balance));
         self.settle(now);
         Ok(id)
+    }
+
+    /// Starts a semaphore: holds one of `permits` slots, the leases
+    /// `<config.key>-<i>` for `i` below `permits` (see [`semaphore_slot`]), each with
+    /// its own fence. It is a group of the slots that holds at most one, so its
+    /// acquires go out one at a time and the slots take turns until one is granted;
+    /// `permits` holders of the name hold a slot each, any more wait for a release or
+    /// an expiry. Refused for `permits` outside 1 to [`MAX_PERMITS`], or a slot key
+    /// outside the key bounds.
+    pub fn add_semaphore(
+        &mut self,
+        now: Instant,
+        config: HolderConfig,
+        permits: usize,
+    ) -> Result<GroupId, ErrorReply> {
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(ErrorReply::new(
+                ErrorKind::Invalid,
+                format!("permits must be 1 to {MAX_PERMITS}, got {permits}"),
+            ));
+        }
+        let slots = (0..permits)
+            .map(|i| HolderConfig {
+                key: semaphore_slot(&config.key, i),
+                ..config.clone()
+            })
+            .collect();
+        self.add_group(now, slots, 1)
     }
 
     fn check_group(&self, keys: &[HolderConfig]) -> Result<(), ErrorReply> {
@@ -765,4 +795,12 @@ impl Campaign {
 /// The `i`th presence key of balanced set `set`.
 pub fn presence_key(set: &str, i: usize) -> String {
     format!("{set}-member-{i}")
+}
+
+/// The most slots a semaphore may have.
+pub const MAX_PERMITS: usize = 1024;
+
+/// The key of slot `i` of semaphore `name`: `<name>-<i>`.
+pub fn semaphore_slot(name: &str, i: usize) -> String {
+    format!("{name}-{i}")
 }

@@ -13,7 +13,7 @@ use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
 use dagnats_leases_core::wire::ErrorKind;
 use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind};
-use dagnats_leases_tokio::member::{Change, Elector, Member, Ownership, Shards};
+use dagnats_leases_tokio::member::{Change, Elector, Member, Ownership, Semaphore, Shards};
 
 const TTL: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(20);
@@ -345,4 +345,71 @@ async fn shards_never_hold_more_than_max_held() {
     assert_eq!(owned, 2);
     assert_eq!(shards.held().len(), 2);
     shards.stop().await;
+}
+
+async fn next_permit(permit: &mut Semaphore) -> Change {
+    tokio::time::timeout(WAIT, permit.next())
+        .await
+        .expect("a slot change in time")
+        .expect("the semaphore runs")
+}
+
+/// Three members of a two-permit semaphore: two hold a slot each (distinct slots,
+/// each with its own fence), the third waits; when one stops, the third gets the
+/// freed slot, never a third at once.
+#[tokio::test]
+async fn a_semaphore_of_two_permits_among_three_members_admits_two() {
+    let fx = Fx::start().await;
+    let leases = LeaseClient::new(fx.client.clone());
+    let mut permits = Vec::new();
+    for i in 0..3 {
+        let m = member(&fx, &format!("sem-{i}")).await;
+        permits.push((m.semaphore("pool", 2, TTL).unwrap(), m));
+    }
+    assert!(permits[0].1.semaphore("pool", 0, TTL).is_err(), "0 permits");
+    // The first two to be elected hold both slots; the third never is meanwhile.
+    let mut elected: Vec<(usize, String, u64)> = Vec::new();
+    while elected.len() < 2 {
+        let (i, change) = {
+            let waits = permits
+                .iter_mut()
+                .enumerate()
+                .map(|(i, (p, _))| Box::pin(async move { (i, next_permit(p).await) }));
+            futures::future::select_all(waits).await.0
+        };
+        elected.push((i, change.key.clone(), fence_of(&change)));
+        let holding = permits.iter().filter(|(p, _)| p.held().is_some()).count();
+        assert!(holding <= 2, "{holding} members hold a slot of 2");
+    }
+    let slots: BTreeSet<&str> = elected.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(slots, BTreeSet::from(["pool-0", "pool-1"]));
+    for (i, key, _) in &elected {
+        let owner = leases.owner(key).await.unwrap().expect("slot held");
+        assert_eq!(owner.holder, format!("sem-{i}"));
+    }
+    let waiting = (0..3)
+        .find(|i| elected.iter().all(|(e, _, _)| e != i))
+        .unwrap();
+    assert!(permits[waiting].0.held().is_none());
+
+    // One stops: the waiting member takes its slot.
+    let (leaving, freed, _) = elected[0].clone();
+    let (permit, _member) = permits.remove(leaving);
+    permit.stop().await;
+    let waiting = if waiting > leaving {
+        waiting - 1
+    } else {
+        waiting
+    };
+    let change = next_permit(&mut permits[waiting].0).await;
+    assert_eq!(change.key, freed);
+    fence_of(&change);
+    let holding = permits.iter().filter(|(p, _)| p.held().is_some()).count();
+    assert_eq!(holding, 2);
+    for (p, _) in permits {
+        p.stop().await;
+    }
+    for key in ["pool-0", "pool-1"] {
+        assert_eq!(leases.owner(key).await.unwrap(), None, "{key} still held");
+    }
 }

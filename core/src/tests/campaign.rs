@@ -59,6 +59,24 @@ impl Run {
         self.campaign.handle_outcome(now, r.request.id, outcome);
     }
 
+    /// At the campaign tick due by `ms`, and on a change event freeing `key` just
+    /// after, no acquire goes out (the group is at its cap).
+    fn no_acquire_at_its_tick_or_on_a_release_of(&mut self, ms: u64, key: &str) {
+        self.campaign.handle_timeout(self.at(ms));
+        let due = self.requests();
+        assert!(
+            due.iter().all(|r| r.request.endpoint != Endpoint::Acquire),
+            "{due:?}"
+        );
+        let free = ChangeEvent {
+            kind: ChangeKind::Released,
+            revision: 5,
+            holder: None,
+        };
+        self.campaign.handle_change(self.at(ms + 100), key, &free);
+        assert_eq!(self.requests(), []);
+    }
+
     fn events(&mut self) -> Vec<CampaignEvent> {
         std::iter::from_fn(|| self.campaign.poll_event()).collect()
     }
@@ -135,19 +153,7 @@ fn a_group_sends_no_more_campaign_acquires_than_it_may_hold() {
     run.elect(20, &second, 9);
     // s1 is held: the cap is reached, no acquire goes out, not even when s0's
     // campaign tick comes or a change event says s0 is free.
-    run.campaign.handle_timeout(run.at(5_100));
-    let due: Vec<_> = run.requests();
-    assert!(
-        due.iter().all(|r| r.request.endpoint != Endpoint::Acquire),
-        "{due:?}"
-    );
-    let free = ChangeEvent {
-        kind: ChangeKind::Released,
-        revision: 5,
-        holder: None,
-    };
-    run.campaign.handle_change(run.at(5_200), "s0", &free);
-    assert_eq!(run.requests(), []);
+    run.no_acquire_at_its_tick_or_on_a_release_of(5_100, "s0");
 }
 
 #[test]
@@ -315,4 +321,37 @@ fn a_key_refused_for_good_is_not_retried_and_a_group_of_only_such_keys_finishes(
     );
     run.campaign.handle_timeout(run.at(60_000));
     assert_eq!(run.requests(), []);
+}
+
+#[test]
+fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    let slot = |name: &str| HolderConfig::new(name, "h1", TTL);
+    for bad in [0, crate::campaign::MAX_PERMITS + 1] {
+        let e = run
+            .campaign
+            .add_semaphore(now, slot("jobs"), bad)
+            .unwrap_err();
+        assert!(e.error.contains("permits"), "{}", e.error);
+    }
+    // Slot keys are lease keys: `<name>-<i>` must fit the key bounds.
+    let long = "n".repeat(crate::wire::MAX_NAME_LEN - 1);
+    let e = run.campaign.add_semaphore(now, slot(&long), 1).unwrap_err();
+    assert!(e.error.contains("`key`"), "{}", e.error);
+
+    run.campaign.add_semaphore(now, slot("jobs"), 3).unwrap();
+    let first = run.request();
+    assert_eq!(
+        (first.key.as_str(), first.request.endpoint),
+        ("jobs-0", Endpoint::Acquire)
+    );
+    // Slot 0 is taken: slot 1 gets its turn, and is granted.
+    run.answer(10, &first, refused(4));
+    let second = run.request();
+    assert_eq!(second.key, "jobs-1");
+    run.elect(20, &second, 9);
+    assert!(run.campaign.ownership("jobs-1", run.at(30)).is_some());
+    // One slot held: no acquire for the others, at their ticks or on a release.
+    run.no_acquire_at_its_tick_or_on_a_release_of(5_100, "jobs-0");
 }

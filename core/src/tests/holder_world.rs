@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use crate::call::{Call, CallConfig, Effect, EffectId};
-use crate::campaign::{Campaign, CampaignEvent, GroupId};
+use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, StepDownReason};
 use crate::js::{NatsRequest, RequestOutcome};
@@ -97,11 +97,22 @@ pub enum Nodes {
         max_held: usize,
         new_id_on_restart: bool,
         leave_every_ms: u64,
-        /// A balanced set (`max_held` unused): members share the shards evenly.
-        balanced: bool,
+        /// How the members' groups are made.
+        grouping: Grouping,
         /// Member `i` first joins at `i × join_spread_ms` (0: all at once).
         join_spread_ms: u64,
     },
+}
+
+/// What kind of group each member starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// A shard group holding at most `max_held` of its keys.
+    Capped,
+    /// A balanced set (`max_held` unused): members share the shards evenly.
+    Balanced,
+    /// A semaphore of `shards` permits (`max_held` is 1): its keys are the slots.
+    Semaphore,
 }
 
 /// One node's machine.
@@ -173,6 +184,8 @@ pub struct Stats {
     pub leaves: u64,
     /// Elections of shard keys alone (not presence keys): how often shards moved.
     pub shard_elections: u64,
+    /// The most keys believed owned at one check, over all nodes.
+    pub most_believers: usize,
 }
 
 pub struct HolderWorld {
@@ -196,6 +209,7 @@ pub struct HolderWorld {
 }
 
 const KEY: &str = "leader";
+const SEMAPHORE: &str = "sem";
 
 impl Machine {
     fn new(nodes: Nodes, name: &str, configs: &[HolderConfig], now: Instant) -> Machine {
@@ -219,7 +233,10 @@ impl Machine {
         let (
             Machine::Member { campaign, group },
             Nodes::Members {
-                max_held, balanced, ..
+                max_held,
+                grouping,
+                shards,
+                ..
             },
         ) = (self, nodes)
         else {
@@ -228,10 +245,16 @@ impl Machine {
         if group.is_some() {
             return false;
         }
-        let added = if balanced {
-            campaign.add_balanced_group(now, "set", configs.to_vec())
-        } else {
-            campaign.add_group(now, configs.to_vec(), max_held)
+        let added = match grouping {
+            Grouping::Capped => campaign.add_group(now, configs.to_vec(), max_held),
+            Grouping::Balanced => campaign.add_balanced_group(now, "set", configs.to_vec()),
+            Grouping::Semaphore => {
+                let config = HolderConfig {
+                    key: SEMAPHORE.to_string(),
+                    ..configs[0].clone()
+                };
+                campaign.add_semaphore(now, config, shards)
+            }
         };
         *group = Some(added.expect("a valid group whose keys are free"));
         true
@@ -307,6 +330,11 @@ impl Machine {
 fn configs_for(p: &WorldParams, name: &str) -> Vec<HolderConfig> {
     let keys: Vec<String> = match p.nodes {
         Nodes::Holders => vec![KEY.to_string()],
+        Nodes::Members {
+            shards,
+            grouping: Grouping::Semaphore,
+            ..
+        } => (0..shards).map(|i| semaphore_slot(SEMAPHORE, i)).collect(),
         Nodes::Members { shards, .. } => (0..shards).map(|s| format!("s{s}")).collect(),
     };
     keys.into_iter()
@@ -712,10 +740,9 @@ impl HolderWorld {
             let sim = &self.holders[h];
             let believed = sim.machine.believed(&sim.configs, now);
             if let Nodes::Members {
-                max_held,
-                balanced: false,
-                ..
+                max_held, grouping, ..
             } = self.p.nodes
+                && grouping != Grouping::Balanced
                 && believed.len() > max_held
             {
                 return Err(format!(
@@ -730,6 +757,7 @@ impl HolderWorld {
                 self.check_owner(&sim.name, &key, own)?;
             }
         }
+        self.stats.most_believers = self.stats.most_believers.max(believers.len());
         if let Some((key, hs)) = believers.iter().find(|(_, hs)| hs.len() > 1) {
             return Err(format!(
                 "t={}ms: holders {hs:?} all believe they own {key}",
@@ -965,7 +993,7 @@ fn member_params(seed: u64, members: usize, shards: usize, new_id: bool) -> Worl
         max_held: shards.div_ceil(members),
         new_id_on_restart: new_id,
         leave_every_ms: 6_000,
-        balanced: false,
+        grouping: Grouping::Capped,
         join_spread_ms: 0,
     };
     p.recreate_every_ms = 5_000;
@@ -1032,7 +1060,7 @@ fn balanced_params(seed: u64, members: usize, shards: usize) -> WorldParams {
         max_held: shards,
         new_id_on_restart: false,
         leave_every_ms: 0,
-        balanced: true,
+        grouping: Grouping::Balanced,
         join_spread_ms: 4_000,
     };
     p.recreate_every_ms = 0;
@@ -1090,7 +1118,7 @@ proptest! {
             max_held: shards,
             new_id_on_restart: seed % 2 == 0,
             leave_every_ms: 8_000,
-            balanced: true,
+            grouping: Grouping::Balanced,
             join_spread_ms: 2_000,
         };
         p.loss_percent = loss_percent;
@@ -1098,5 +1126,57 @@ proptest! {
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
         }
+    }
+}
+
+fn semaphore_params(seed: u64, members: usize, permits: usize) -> WorldParams {
+    let mut p = member_params(seed, members, permits, seed.is_multiple_of(2));
+    p.nodes = Nodes::Members {
+        shards: permits,
+        max_held: 1,
+        new_id_on_restart: seed.is_multiple_of(2),
+        leave_every_ms: 6_000,
+        grouping: Grouping::Semaphore,
+        join_spread_ms: 0,
+    };
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Semaphores (`Campaign::add_semaphore`) of `permits` slots among more members,
+    /// paused, restarted, leaving and joining, over a lossy network: each member
+    /// believes it holds one slot at most (the cap check) and each slot has one
+    /// believer at most, within the server's lease, so never more than `permits`.
+    #[test]
+    fn semaphore_members_never_believe_more_than_the_permits(
+        seed in any::<u64>(),
+        members in 2usize..6,
+        permits in 1usize..4,
+        loss_percent in 0u64..30,
+        pause_every_ms in 0u64..20_000,
+    ) {
+        let mut p = semaphore_params(seed, members, permits);
+        p.loss_percent = loss_percent;
+        p.pause_every_ms = pause_every_ms;
+        let mut world = HolderWorld::new(p);
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The semaphore worlds use every permit: at some point all slots are believed
+/// held at once, by different members, and slots change hands.
+#[test]
+fn semaphore_worlds_fill_every_permit_and_hand_slots_over() {
+    for seed in 0..6 {
+        let permits = 2 + seed as usize % 2;
+        let mut world = HolderWorld::new(semaphore_params(seed, permits + 2, permits));
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        let s = &world.stats;
+        assert_eq!(s.most_believers, permits, "seed {seed}: {s:?}");
+        assert!(s.failovers > 3, "seed {seed}: {s:?}");
     }
 }
