@@ -220,7 +220,7 @@ async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str)
     let bucket = BucketOptions {
         replicas: options.replicas,
     };
-    let mut startup = Startup::new(bucket, version, options.kv_timeout);
+    let mut startup = Startup::new(bucket, version, options.kv_timeout, Instant::now());
     loop {
         while let Some(effect) = startup.poll_effect() {
             match effect {

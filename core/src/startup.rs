@@ -119,7 +119,7 @@ pub enum StartupEffect {
     Done(Mode),
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Info,
     Create,
@@ -134,7 +134,11 @@ pub struct Startup {
     options: BucketOptions,
     timeout: Duration,
     step: Step,
-    waiting: Option<EffectId>,
+    /// The request waited on, and when it is given up for `TimedOut`.
+    waiting: Option<(EffectId, Instant)>,
+    /// The instant of the input being handled: requests sent now are due by it
+    /// plus `timeout`.
+    now: Instant,
     next_id: u64,
     races: u32,
     replicas: usize,
@@ -143,13 +147,21 @@ pub struct Startup {
 }
 
 impl Startup {
-    /// Starts from the version the server sent in INFO.
-    pub fn new(options: BucketOptions, server_version: &str, timeout: Duration) -> Startup {
+    /// Starts at `now` from the version the server sent in INFO. Each request is
+    /// given `timeout`: unanswered by then, it is `TimedOut` in
+    /// [`Startup::handle_timeout`].
+    pub fn new(
+        options: BucketOptions,
+        server_version: &str,
+        timeout: Duration,
+        now: Instant,
+    ) -> Startup {
         let mut s = Startup {
             options,
             timeout,
             step: Step::Done,
             waiting: None,
+            now,
             next_id: 0,
             races: 0,
             replicas: 1,
@@ -189,16 +201,24 @@ impl Startup {
         self.effects.pop_front()
     }
 
-    /// When to call [`Startup::handle_timeout`] (while waiting to retry).
+    /// When to call [`Startup::handle_timeout`]: the deadline of the request waited
+    /// on, or the end of a wait before retrying.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.step {
-            Step::Wait(at) => Some(at),
+        match (self.step, self.waiting) {
+            (_, Some((_, due))) => Some(due),
+            (Step::Wait(at), None) => Some(at),
             _ => None,
         }
     }
 
-    /// Retries after a wait.
+    /// A request unanswered by its deadline times out; a wait that is over retries.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        if let Some((id, due)) = self.waiting
+            && now >= due
+        {
+            return self.handle_outcome(now, id, RequestOutcome::TimedOut);
+        }
         if let Step::Wait(at) = self.step
             && now >= at
         {
@@ -208,9 +228,10 @@ impl Startup {
 
     /// Feeds back the outcome of a request.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        if self.waiting != Some(id) {
+        if self.waiting.map(|(w, _)| w) != Some(id) {
             return;
         }
+        self.now = now;
         self.waiting = None;
         let reply = match js::parse_api_reply(&outcome) {
             Ok(reply) => reply,
@@ -251,7 +272,7 @@ impl Startup {
     fn send(&mut self, step: Step, subject: String, body: Value) {
         let id = self.id();
         self.step = step;
-        self.waiting = Some(id);
+        self.waiting = Some((id, self.now + self.timeout));
         self.effects.push_back(StartupEffect::Request(
             id,
             js::api_request(subject, &body, self.timeout),
@@ -261,7 +282,7 @@ impl Startup {
     fn ask_info(&mut self) {
         let id = self.id();
         self.step = Step::Info;
-        self.waiting = Some(id);
+        self.waiting = Some((id, self.now + self.timeout));
         self.effects.push_back(StartupEffect::Request(
             id,
             stream_info_request(self.timeout),

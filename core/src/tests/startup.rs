@@ -39,14 +39,14 @@ fn info(config: Value) -> RequestOutcome {
 #[test]
 fn a_server_older_than_2_11_is_unsupported_and_nothing_is_created() {
     for v in ["2.9.10", "2.10.24", "v2.10.0", "garbage"] {
-        let mut s = Startup::new(BucketOptions::default(), v, T);
+        let mut s = Startup::new(BucketOptions::default(), v, T, Instant::now());
         assert_eq!(done(&mut s).0, Mode::Unsupported, "{v}");
     }
 }
 
 #[test]
 fn a_missing_bucket_is_created_with_the_contract_config() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
     s.handle_outcome(
@@ -74,7 +74,7 @@ fn a_missing_bucket_is_created_with_the_contract_config() {
 #[test]
 fn a_create_the_server_accepts_but_whose_config_lacks_allow_msg_ttl_is_unsupported() {
     // What a 2.9 server does: accepts the create and drops the fields it does not know.
-    let mut s = Startup::new(BucketOptions::default(), "2.11.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.11.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     s.handle_outcome(
         Instant::now(),
@@ -94,7 +94,7 @@ fn a_create_the_server_accepts_but_whose_config_lacks_allow_msg_ttl_is_unsupport
 
 #[test]
 fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logged() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     let mut old = stream_config(3);
     old["allow_msg_ttl"] = json!(false);
@@ -120,7 +120,7 @@ fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logg
 
 #[test]
 fn an_existing_bucket_that_matches_is_used_as_it_is() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     s.handle_outcome(Instant::now(), id, info(stream_config(1)));
     assert_eq!(done(&mut s), (Mode::Ready, vec![]));
@@ -128,7 +128,7 @@ fn an_existing_bucket_that_matches_is_used_as_it_is() {
 
 #[test]
 fn no_stream_leader_during_startup_is_retried_never_unsupported() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     let t0 = Instant::now();
     s.handle_outcome(t0, id, RequestOutcome::NoResponders);
@@ -145,7 +145,12 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
 
 #[test]
 fn a_create_racing_another_instance_reads_the_config_again() {
-    let mut s = Startup::new(BucketOptions { replicas: Some(1) }, "2.14.0", T);
+    let mut s = Startup::new(
+        BucketOptions { replicas: Some(1) },
+        "2.14.0",
+        T,
+        Instant::now(),
+    );
     let (id, _) = next_request(&mut s);
     s.handle_outcome(
         Instant::now(),
@@ -166,7 +171,7 @@ fn a_create_racing_another_instance_reads_the_config_again() {
 
 #[test]
 fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     let mut old = stream_config(3);
     old["republish"] = json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"});
@@ -198,7 +203,7 @@ fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
 
 #[test]
 fn replicas_are_read_from_the_servers_config() {
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
     s.handle_outcome(Instant::now(), id, info(stream_config(1)));
     assert_eq!(done(&mut s).0, Mode::Ready);
@@ -237,7 +242,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
             other => panic!("{other:?}"),
         }
     };
-    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T);
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     assert_eq!(s.mode(), Mode::Starting);
     assert_eq!(served(&s), Some(ErrorKind::Unavailable));
     let (id, _) = next_request(&mut s);
@@ -254,6 +259,32 @@ fn calls_are_served_unavailable_until_startup_settles() {
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.mode(), Mode::Ready);
     assert_eq!(served(&s), None, "a ready service writes the lease");
-    let old = Startup::new(BucketOptions::default(), "2.9.10", T);
+    let old = Startup::new(BucketOptions::default(), "2.9.10", T, Instant::now());
     assert_eq!(old.mode(), Mode::Unsupported);
+}
+
+#[test]
+fn a_request_unanswered_by_its_deadline_times_out_in_the_machine_and_is_asked_again() {
+    let t0 = Instant::now();
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, t0);
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+    assert_eq!(s.poll_timeout(), Some(t0 + T), "the request's own deadline");
+    // Before the deadline nothing happens.
+    s.handle_timeout(t0 + T - Duration::from_millis(1));
+    assert!(s.poll_effect().is_none());
+    // At it, the request is TimedOut: startup says so and waits to retry.
+    s.handle_timeout(t0 + T);
+    let log = match s.poll_effect() {
+        Some(StartupEffect::Log(l)) => l,
+        other => panic!("expected a log line, got {other:?}"),
+    };
+    assert!(log.contains("not ready"), "{log}");
+    assert_eq!(s.poll_timeout(), Some(t0 + T + STARTUP_RETRY));
+    // A late answer to the timed-out request is ignored.
+    s.handle_outcome(t0 + T, id, info(stream_config(1)));
+    assert!(s.poll_effect().is_none());
+    s.handle_timeout(t0 + T + STARTUP_RETRY);
+    let (_, again) = next_request(&mut s);
+    assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
 }
