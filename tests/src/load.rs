@@ -3,8 +3,9 @@
 //!
 //! Holders come in two kinds, side by side in one load ([`HolderKind`]):
 //! - the **holder library** as shipped ([`run_library_holder`]): a `Member` with an
-//!   `Elector` per key; its calls and belief spans are recorded from the library's
-//!   own view ([`CampaignObserver`]);
+//!   `Elector` per key, or with one `Shards` set over the keys
+//!   ([`run_library_shards`]); its calls and belief spans are recorded from the
+//!   library's own view ([`CampaignObserver`]);
 //! - a **client written from leases.md alone** ([`run_leases_md_holder`]), like the
 //!   spec's Go example: it tests the service's guarantees to clients that do not use
 //!   the library.
@@ -170,6 +171,9 @@ async fn sleep_until(t: Nanos) {
 pub enum HolderKind {
     /// The holder library (`Member` and `Elector`).
     Library,
+    /// The holder library's shard set (`Member::shards`): one group over every key
+    /// of the holder (`key` is them, comma-separated), holding half of them at most.
+    LibraryShards,
     /// A client written from leases.md alone.
     LeasesMd,
 }
@@ -179,17 +183,19 @@ impl HolderKind {
     pub fn name(self) -> &'static str {
         match self {
             HolderKind::Library => "library",
+            HolderKind::LibraryShards => "library-shards",
             HolderKind::LeasesMd => "leases-md",
         }
     }
 
-    /// The kind of load holder `h`: even ones the library, odd ones leases.md
-    /// clients, so every scenario runs both.
+    /// The kind of load holder `h`: odd ones leases.md clients, even ones the
+    /// library, every second of those with a shard set, so every scenario of three
+    /// holders or more runs all three.
     pub fn of(h: usize) -> HolderKind {
-        if h.is_multiple_of(2) {
-            HolderKind::Library
-        } else {
-            HolderKind::LeasesMd
+        match h % 4 {
+            1 | 3 => HolderKind::LeasesMd,
+            2 => HolderKind::LibraryShards,
+            _ => HolderKind::Library,
         }
     }
 }
@@ -207,6 +213,9 @@ pub async fn run_holder(
     match kind {
         HolderKind::Library => {
             run_library_holder(client, cfg, store, history, stop, observer).await
+        }
+        HolderKind::LibraryShards => {
+            run_library_shards(client, cfg, store, history, stop, observer).await
         }
         HolderKind::LeasesMd => {
             run_leases_md_holder(client, cfg, store, history, stop, observer).await
@@ -434,6 +443,61 @@ pub async fn run_library_holder(
         tokio::time::sleep(cfg.write_every).await;
     }
     elector.stop().await;
+    recorder.finish();
+}
+
+/// Runs the holder library's shard set until `stop`: a `Member` with `Shards` over
+/// the keys of `cfg.key` (comma-separated), holding at most half of them (rounded
+/// up); for each shard it holds now (its `tenure`), it writes to the store with that
+/// shard's fence every `write_every`, checking the tenure before each write; now and
+/// then it stops the set (releasing every shard) and starts it again.
+pub async fn run_library_shards(
+    client: Client,
+    cfg: HolderConfig,
+    store: StoreTarget,
+    history: History,
+    stop: Arc<AtomicBool>,
+    observer: Arc<dyn Observer>,
+) {
+    let recorder = Arc::new(LibraryRecorder {
+        holder: cfg.holder.clone(),
+        ttl_ms: cfg.ttl_ms,
+        history,
+        keys: Mutex::default(),
+    });
+    let member = Member::new(client, cfg.holder.clone())
+        .expect("a valid holder id")
+        .with_observer(recorder.clone());
+    let ttl = Duration::from_millis(cfg.ttl_ms);
+    let keys: Vec<&str> = cfg.key.split(',').collect();
+    let max_held = keys.len().div_ceil(2);
+    let start = || {
+        member
+            .shards(&keys, max_held, ttl)
+            .expect("one campaign per key")
+    };
+    let mut shards = start();
+    while !stop.load(Ordering::Relaxed) {
+        for key in &keys {
+            // The tenure is looked at again right before each write.
+            let Some(tenure) = shards.tenure(key) else {
+                continue;
+            };
+            if fastrand::f64() < cfg.release_chance / keys.len() as f64 {
+                shards.stop().await;
+                tokio::time::sleep(jitter(cfg.campaign_every)).await;
+                shards = start();
+                break;
+            }
+            observer.working(key, tenure.fence);
+            if !cfg.work.is_zero() {
+                tokio::time::sleep(cfg.work).await;
+            }
+            let _ = store.write(key, &cfg.holder, tenure.fence).await;
+        }
+        tokio::time::sleep(cfg.write_every).await;
+    }
+    shards.stop().await;
     recorder.finish();
 }
 
@@ -777,10 +841,16 @@ impl Load {
         }
     }
 
-    /// Holder `h` (`holder-{h}`, of [`HolderKind::of`]`(h)`), one task per key, on
-    /// `client`.
+    /// Holder `h` (`holder-{h}`, of [`HolderKind::of`]`(h)`), one task per key (one
+    /// for them all, for a shard set), on `client`.
     fn holder(&mut self, h: usize, client: Client, keys: &[String], ttl_ms: u64) {
-        for key in keys {
+        let kind = HolderKind::of(h);
+        // A shard set is one task over every key; the others one task per key.
+        let tasks = match kind {
+            HolderKind::LibraryShards => vec![keys.join(",")],
+            _ => keys.to_vec(),
+        };
+        for key in tasks {
             let cfg = HolderConfig {
                 holder: format!("holder-{h}"),
                 key: key.clone(),
@@ -791,7 +861,7 @@ impl Load {
                 work: Duration::ZERO,
             };
             self.tasks.push(tokio::spawn(run_holder(
-                HolderKind::of(h),
+                kind,
                 client.clone(),
                 cfg,
                 StoreTarget::Local(self.store.clone()),

@@ -187,6 +187,30 @@ fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
         "{name}: no grant or renewal after the fault healed"
     );
     assert!(v.grants > 0 && v.store_writes > 0, "{name}: {v}");
+    // What each kind of load holder owned and wrote (six holders race for four keys,
+    // so in a short scenario one kind may win none: shown, not asserted).
+    let mut by_kind = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+    for r in records {
+        let (holder, tenure) = match r {
+            Record::Belief(b) => (&b.holder, true),
+            Record::Store(w) if w.accepted => (&w.holder, false),
+            _ => continue,
+        };
+        let Some(h) = holder.strip_prefix("holder-").and_then(|h| h.parse().ok()) else {
+            continue;
+        };
+        let counts = by_kind.entry(HolderKind::of(h).name()).or_default();
+        if tenure {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+    }
+    let shown: Vec<String> = by_kind
+        .iter()
+        .map(|(kind, (tenures, writes))| format!("{kind} {tenures} tenures, {writes} writes"))
+        .collect();
+    println!("faults: {name}: by holder kind: {}", shown.join("; "));
     v
 }
 

@@ -4,7 +4,8 @@
 //!   bucket replicas as given; prints `ready` once serving; runs until killed or
 //!   SIGTERM.
 //! - `fault-proc holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS [KIND]`: one
-//!   holder (KIND `library`, the holder library, or `leases-md`, the default: a
+//!   holder (KIND `library`, the holder library; `library-shards`, its shard set over the
+//!   comma-separated keys of KEY; or `leases-md`, the default: a
 //!   client written from leases.md) campaigning for KEY, writing to the fenced store over
 //!   NATS on STORE_SUBJECT, with WORK_MS of work between its deadline check and each
 //!   write. Prints every history record as a JSON line (`{"record": ..}`) and
@@ -77,6 +78,7 @@ async fn main() {
             let kind = match args.get(7).map(String::as_str) {
                 None | Some("leases-md") => HolderKind::LeasesMd,
                 Some("library") => HolderKind::Library,
+                Some("library-shards") => HolderKind::LibraryShards,
                 Some(other) => panic!("unknown holder kind {other:?}"),
             };
             let task = tokio::spawn(load::run_holder(
@@ -95,7 +97,7 @@ async fn main() {
         }
         _ => {
             eprintln!(
-                "usage: fault-proc serve URL REPLICAS | holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS [library|leases-md]"
+                "usage: fault-proc serve URL REPLICAS | holder URLS HOLDER KEY TTL_MS STORE_SUBJECT WORK_MS [library|library-shards|leases-md]"
             );
             std::process::exit(2);
         }
