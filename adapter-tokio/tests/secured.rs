@@ -295,8 +295,19 @@ async fn tls_and_mutual_tls_connect_and_bad_certificates_are_refused() {
 /// Connects as `user`, collecting the server's errors (permission violations come
 /// back only this way: the server drops the message and says `-ERR`).
 async fn connect_as(url: &str, user: &str) -> (Client, mpsc::UnboundedReceiver<String>) {
+    let options = async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into());
+    connect_watching(url, user, options).await
+}
+
+/// Connects with `options`; the server's errors (permission violations) arrive on
+/// the receiver.
+async fn connect_watching(
+    url: &str,
+    user: &str,
+    options: async_nats::ConnectOptions,
+) -> (Client, mpsc::UnboundedReceiver<String>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let client = async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into())
+    let client = options
         .event_callback(move |event| {
             let tx = tx.clone();
             async move {
@@ -506,4 +517,77 @@ async fn the_holder_cannot_write_the_bucket_use_jetstream_read_other_inboxes_or_
         "dagnats.lease.changed.other",
     )
     .await;
+}
+
+/// Operator mode: `.creds` users of one account (JWTs made by the test). The
+/// service with the README's service list and the CLI connect with `--creds`; a
+/// holder with the README's holder list campaigns and renews through the service,
+/// and may not publish to the bucket; creds of an account the operator never
+/// signed are refused with exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creds_users_connect_the_service_the_cli_and_a_holder() {
+    let operator = secure::Operator::generate();
+    let server = NatsServer::builder()
+        .config(operator.server_config())
+        .start();
+    let url = server.url();
+    let svc = operator.creds("svc", &service_permissions());
+    let ops = operator.creds("ops", &Permissions::all());
+    let holder = operator.creds("holder-c", &holder_permissions("holder-c", "by-creds-job"));
+
+    let _svc = Serve::start(&url, &["--creds", &p(&svc)]);
+    cli_works(&url, &["--creds", &p(&ops)], "by-creds").await;
+
+    let options = async_nats::ConnectOptions::with_credentials_file(&holder)
+        .await
+        .expect("a creds file");
+    let (client, mut violations) = connect_watching(&url, "holder-c", options).await;
+    let member = Member::new(client.clone(), "holder-c").unwrap();
+    let mut elector = member
+        .elect("by-creds-job", Duration::from_secs(3))
+        .unwrap();
+    match until("election", elector.next()).await.map(|c| c.ownership) {
+        Some(Ownership::Elected { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Renewed past its first TTL: still the owner.
+    let ops_options = async_nats::ConnectOptions::with_credentials_file(&ops)
+        .await
+        .unwrap();
+    let (ops_client, _) = connect_watching(&url, "ops", ops_options).await;
+    let leases = LeaseClient::new(ops_client);
+    let first = leases.owner("by-creds-job").await.unwrap().unwrap();
+    until("a renewal", async {
+        loop {
+            let now = leases.owner("by-creds-job").await.unwrap().unwrap();
+            if now.revision > first.revision {
+                assert_eq!(now.holder, "holder-c");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        violations.try_recv().is_err(),
+        "the documented list sufficed"
+    );
+    // Not on its list: the bucket itself.
+    client
+        .publish("$KV.leases.by-creds-job", "forged".into())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let refused = until("a permissions violation", violations.recv())
+        .await
+        .unwrap();
+    assert!(
+        refused.to_lowercase().contains("permissions violation"),
+        "{refused}"
+    );
+    until("the release", elector.stop()).await;
+
+    let rogue = operator.rogue_creds("rogue");
+    cli_refused(&url, &["--creds", &p(&rogue)], "authorization").await;
+    serve_refused(&url, &["--creds", &p(&rogue)], "authorization");
 }

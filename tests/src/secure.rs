@@ -266,3 +266,118 @@ impl Certs {
 fn quote(s: &str) -> String {
     serde_json::to_string(s).expect("a string always serializes")
 }
+
+/// Decentralised auth (operator mode) for `.creds` users: an operator, one account
+/// with JetStream (its JWT preloaded into a memory resolver), and users whose JWTs
+/// the account signs with their [`Permissions`], written as `.creds` files. A user
+/// signed by a second account key the operator never signed is refused.
+pub struct Operator {
+    operator: nats_io_jwt::KeyPair,
+    account: nats_io_jwt::KeyPair,
+    system: nats_io_jwt::KeyPair,
+    rogue_account: nats_io_jwt::KeyPair,
+    dir: TempDir,
+}
+
+impl Operator {
+    /// New keys for the operator and the account.
+    pub fn generate() -> Operator {
+        Operator {
+            operator: nats_io_jwt::KeyPair::new_operator(),
+            account: nats_io_jwt::KeyPair::new_account(),
+            system: nats_io_jwt::KeyPair::new_account(),
+            rogue_account: nats_io_jwt::KeyPair::new_account(),
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    /// The server's `operator`, `system_account`, `resolver` and `resolver_preload`
+    /// settings (JetStream needs a system account in operator mode).
+    pub fn server_config(&self) -> String {
+        use nats_io_jwt::{Account, Operator as OperatorClaims, OperatorLimits, Token};
+        let operator_claims: OperatorClaims = OperatorClaims::builder()
+            .try_into()
+            .expect("operator claims");
+        let operator_jwt = Token::new(self.operator.public_key())
+            .name("dagnats-test-operator")
+            .claims(operator_claims)
+            .sign(&self.operator);
+        // JetStream on, unlimited (-1), which the leases bucket needs.
+        let limits: OperatorLimits = OperatorLimits::builder()
+            .disk_storage(-1)
+            .mem_storage(-1)
+            .streams(-1)
+            .consumer(-1)
+            .try_into()
+            .expect("account limits");
+        let account: Account = Account::builder()
+            .limits(Some(limits))
+            .try_into()
+            .expect("account claims");
+        let account_jwt = Token::new(self.account.public_key())
+            .name("leases")
+            .claims(account)
+            .sign(&self.operator);
+        let system: Account = Account::builder().try_into().expect("system claims");
+        let system_jwt = Token::new(self.system.public_key())
+            .name("SYS")
+            .claims(system)
+            .sign(&self.operator);
+        format!(
+            "operator: {}\nsystem_account: {}\nresolver: MEMORY\n\
+             resolver_preload: {{ {}: {}, {}: {} }}\n",
+            quote(&operator_jwt),
+            self.system.public_key(),
+            self.account.public_key(),
+            quote(&account_jwt),
+            self.system.public_key(),
+            quote(&system_jwt)
+        )
+    }
+
+    /// A `.creds` file for user `name` with `permissions`, signed by the account.
+    pub fn creds(&self, name: &str, permissions: &Permissions) -> PathBuf {
+        self.write_creds(name, permissions, &self.account)
+    }
+
+    /// A `.creds` file signed by an account the operator never signed.
+    pub fn rogue_creds(&self, name: &str) -> PathBuf {
+        self.write_creds(name, &Permissions::all(), &self.rogue_account)
+    }
+
+    fn write_creds(
+        &self,
+        name: &str,
+        permissions: &Permissions,
+        account: &nats_io_jwt::KeyPair,
+    ) -> PathBuf {
+        use nats_io_jwt::{Permission, ResponsePermission, Token, User};
+        let user_key = nats_io_jwt::KeyPair::new_user();
+        let mut user = User::builder().bearer_token(false);
+        if !permissions.all {
+            user = user
+                .pub_(Some(Permission::from(permissions.publish.clone())))
+                .sub(Some(Permission::from(permissions.subscribe.clone())));
+            if permissions.allow_responses {
+                let resp = ResponsePermission {
+                    max: Some(1),
+                    ttl: None,
+                };
+                user = user.resp(Some(resp));
+            }
+        }
+        let user: User = user.try_into().expect("user claims");
+        let jwt = Token::new(user_key.public_key())
+            .name(name)
+            .claims(user)
+            .sign(account);
+        let seed = user_key.seed().expect("a user seed");
+        let text = format!(
+            "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        );
+        let path = self.dir.path().join(format!("{name}.creds"));
+        std::fs::write(&path, text).expect("write the creds file");
+        path
+    }
+}
