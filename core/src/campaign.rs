@@ -343,12 +343,13 @@ impl Campaign {
 
     fn insert_group(
         &mut self,
-        keys: Vec<HolderConfig>,
+        mut keys: Vec<HolderConfig>,
         max_held: usize,
         balance: Option<Balance>,
     ) -> GroupId {
         let id = GroupId(self.next_group);
         self.next_group += 1;
+        spread_renewals(&mut keys);
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
         }
@@ -795,6 +796,19 @@ impl Campaign {
 /// The `i`th presence key of balanced set `set`.
 pub fn presence_key(set: &str, i: usize) -> String {
     format!("{set}-member-{i}")
+}
+
+/// Keys of one group are often won in one burst (every shard at startup), and each
+/// renews `renew_every` after its last write's send, so they would renew in one
+/// burst too, for ever: every request of the group queued at the service at once.
+/// Key `i` of `n` renews `renew_every / 4 × i / n` sooner instead, spreading the
+/// group's renewals over a quarter of the interval. Renewing sooner is always safe;
+/// a group of one key is unchanged.
+fn spread_renewals(keys: &mut [HolderConfig]) {
+    let n = keys.len() as u32;
+    for (i, config) in keys.iter_mut().enumerate() {
+        config.renew_every -= config.renew_every / 4 * i as u32 / n;
+    }
 }
 
 /// The most slots a semaphore may have.

@@ -355,3 +355,31 @@ fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
     // One slot held: no acquire for the others, at their ticks or on a release.
     run.no_acquire_at_its_tick_or_on_a_release_of(5_100, "jobs-0");
 }
+
+#[test]
+fn the_keys_of_a_group_won_in_one_burst_renew_spread_over_a_quarter_interval() {
+    let mut run = Run::new();
+    run.group(&["s0", "s1", "s2", "s3"], 4);
+    let acquires = run.requests();
+    assert_eq!(acquires.len(), 4);
+    for (i, r) in acquires.iter().enumerate() {
+        run.elect(0, r, 10 + i as u64);
+    }
+    // Each renews a quarter of ttl/3 (1250 ms) × i / 4 before ttl/3 (5000 ms).
+    let mut renewals = Vec::new();
+    while renewals.len() < 4 {
+        let at = run.campaign.poll_timeout().expect("a renewal is due");
+        run.campaign.handle_timeout(at);
+        for r in run.requests() {
+            assert_eq!(r.request.endpoint, Endpoint::Renew);
+            renewals.push((r.key.clone(), at.duration_since(run.t0)));
+        }
+    }
+    renewals.sort();
+    let every = TTL / 3;
+    let expected: Vec<(String, Duration)> = (0..4u32)
+        .map(|i| (format!("s{i}"), every - every / 4 * i / 4))
+        .collect();
+    assert_eq!(expected[3].1, Duration::from_micros(4_062_500));
+    assert_eq!(renewals, expected);
+}
