@@ -759,12 +759,18 @@ impl Holder {
                     // A renew the service wrote as the lease ran out is `lost` too:
                     // the old lease's expiry marker may still wipe the key.
                     if flight.purpose == Purpose::Renew {
-                        let until = now + MAX_EXPIRY_MARKER_LAG;
-                        self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
+                        self.quiet_for_a_marker(now);
                     }
                     self.step_down(now, StepDownReason::Lost)
                 }
                 Phase::Stopping { .. } => self.phase = Phase::Done,
+                // The renew confirming a grant, written as that lease ran out: an
+                // acquire now could be granted that very write, which the marker
+                // still to come wipes (found by a holder world).
+                Phase::Confirming { .. } if flight.purpose == Purpose::Renew => {
+                    self.quiet_for_a_marker(now);
+                    self.campaign_after(now, Duration::ZERO)
+                }
                 _ => self.campaign_after(now, Duration::ZERO),
             },
             ErrorKind::FenceMismatch => match &mut self.phase {
@@ -833,6 +839,14 @@ impl Holder {
     fn campaign_after(&mut self, now: Instant, wait: Duration) {
         let next_at = (now + wait).max(self.quiet_until.unwrap_or(now));
         self.phase = Phase::Campaigning { next_at };
+    }
+
+    /// A renew answered `lost` may have been written as its lease ran out: the old
+    /// lease's expiry marker, within [`MAX_EXPIRY_MARKER_LAG`], may wipe the key, and
+    /// whatever a campaign wins before it.
+    fn quiet_for_a_marker(&mut self, now: Instant) {
+        let until = now + MAX_EXPIRY_MARKER_LAG;
+        self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
     }
 
     /// A renew whose outcome is unknown may land after the end of the lease it
