@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dagnats_leases_smol::{LeaseClient, Ownership};
+use dagnats_leases_smol::Ownership;
 use dagnats_leases_tests::NatsServer;
 
 fn within<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -44,7 +44,8 @@ fn an_elector_on_smol_is_elected_and_hands_over_on_stop() {
             panic!("{change:?}")
         };
         let mut eb = b.elect("leader", Duration::from_secs(2)).unwrap();
-        let leases = LeaseClient::new(dagnats_leases_smol::connect(&url).await.unwrap());
+        let leases =
+            dagnats_leases_smol::lease_client(dagnats_leases_smol::connect(&url).await.unwrap());
         assert_eq!(leases.owner("leader").await.unwrap().unwrap().holder, "a");
         ea.stop().await;
         let change = eb.next().await.unwrap();
