@@ -31,6 +31,8 @@ pub mod commands;
 pub mod connect;
 pub mod exec;
 #[cfg(feature = "cli")]
+pub mod exit;
+#[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;
 pub mod runtime;

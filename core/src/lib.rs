@@ -73,6 +73,7 @@ pub mod holder;
 pub mod js;
 pub mod record;
 pub mod startup;
+pub mod subjects;
 pub mod wire;
 
 #[cfg(any(test, feature = "__test"))]

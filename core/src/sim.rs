@@ -116,8 +116,6 @@ impl Default for SimJetStream {
     }
 }
 
-const KV_PREFIX: &str = "$KV.leases.";
-
 impl SimJetStream {
     /// An empty stream at time 0.
     pub fn new() -> Self {
@@ -281,7 +279,7 @@ impl SimJetStream {
 
     /// Answers a request as nats-server would.
     pub fn handle(&mut self, req: &NatsRequest) -> RequestOutcome {
-        if let Some(key) = req.subject.strip_prefix(KV_PREFIX) {
+        if let Some(key) = kv_key(&req.subject) {
             return self.publish(key, req);
         }
         if req.subject == format!("$JS.API.STREAM.MSG.GET.{STREAM}") {
@@ -300,7 +298,7 @@ impl SimJetStream {
         // The checked subject is the published one unless the header names another.
         let checked = match header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT) {
             None => Some(key),
-            Some(subject) => subject.strip_prefix(KV_PREFIX),
+            Some(subject) => kv_key(subject),
         };
         match (header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE), checked) {
             (None, _) if header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT).is_some() => {
@@ -346,7 +344,7 @@ impl SimJetStream {
     fn msg_get(&self, req: &NatsRequest) -> RequestOutcome {
         let body: serde_json::Value = serde_json::from_slice(&req.payload).unwrap_or_default();
         let subject = body["last_by_subj"].as_str().unwrap_or_default();
-        let Some(key) = subject.strip_prefix(KV_PREFIX) else {
+        let Some(key) = kv_key(subject) else {
             return api_error(400, 10003, "bad request");
         };
         match self.current.get(key) {
@@ -375,7 +373,7 @@ pub fn stored_message_json(epoch: OffsetDateTime, m: &SimMsg) -> String {
     json!({
         "type": "io.nats.jetstream.api.v1.stream_msg_get_response",
         "message": {
-            "subject": format!("{KV_PREFIX}{}", m.key),
+            "subject": crate::subjects::kv_subject(&m.key),
             "seq": m.seq,
             "hdrs": b64.encode(block.as_bytes()),
             "data": b64.encode(&m.data),
@@ -1477,4 +1475,12 @@ pub fn logged_event(m: &SimMsg) -> Option<LeaseEvent> {
         .iter()
         .find(|(n, _)| n == HDR_LEASE_EVENT)
         .and_then(|(_, v)| LeaseEvent::parse(v))
+}
+
+/// The key of a KV subject `$KV.leases.<key>...`, built from [`crate::subjects::BUCKET`].
+fn kv_key(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("$KV.")?
+        .strip_prefix(crate::subjects::BUCKET)?
+        .strip_prefix('.')
 }

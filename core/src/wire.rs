@@ -53,12 +53,15 @@ impl Endpoint {
 
     /// The full request subject, e.g. `api.leases.acquire`.
     pub fn subject(self) -> String {
-        format!("api.leases.{}", self.name())
+        format!("{}.{}", crate::subjects::API_PREFIX, self.name())
     }
 
     /// The endpoint for a full subject or a bare name.
     pub fn from_subject(subject: &str) -> Option<Endpoint> {
-        let name = subject.strip_prefix("api.leases.").unwrap_or(subject);
+        let name = subject
+            .strip_prefix(crate::subjects::API_PREFIX)
+            .and_then(|s| s.strip_prefix('.'))
+            .unwrap_or(subject);
         Endpoint::ALL.into_iter().find(|e| e.name() == name)
     }
 }

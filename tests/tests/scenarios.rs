@@ -786,7 +786,10 @@ async fn request_within(
         .payload(body.to_string().into())
         .timeout(Some(timeout));
     let reply = client
-        .send_request(format!("api.leases.{endpoint}"), request)
+        .send_request(
+            format!("{}.{endpoint}", dagnats_leases_core::subjects::API_PREFIX),
+            request,
+        )
         .await
         .map_err(|e| e.kind())?;
     Ok(serde_json::from_slice(&reply.payload).expect("a JSON reply"))
