@@ -68,6 +68,7 @@
 pub mod call;
 pub mod campaign;
 pub mod change;
+pub mod effect;
 pub mod guard;
 pub mod holder;
 pub mod js;
