@@ -44,6 +44,8 @@
 //! runtime, or under `Compat`) works the same: only the connection task needs
 //! tokio, and it has it.
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -66,7 +66,7 @@ pub struct LeaseError {
 
 impl LeaseError {
     pub(crate) fn new(kind: LeaseErrorKind, message: impl Into<String>) -> Self {
-        LeaseError {
+        Self {
             kind,
             message: message.into(),
             reply: None,
@@ -102,7 +102,7 @@ impl std::error::Error for LeaseError {}
 
 impl From<ErrorReply> for LeaseError {
     fn from(reply: ErrorReply) -> Self {
-        LeaseError {
+        Self {
             kind: LeaseErrorKind::Refused(reply.kind),
             message: reply.error.clone(),
             reply: Some(reply),

@@ -144,14 +144,14 @@ impl Op {
     /// The connection and output options of this command.
     pub fn common(&self) -> &Common {
         match self {
-            Op::Acquire { common, .. }
-            | Op::Renew { common, .. }
-            | Op::Release { common, .. }
-            | Op::Owner { common, .. }
-            | Op::Forward { common, .. }
-            | Op::Watch { common, .. }
-            | Op::Lock { common, .. }
-            | Op::List { common } => common,
+            Self::Acquire { common, .. }
+            | Self::Renew { common, .. }
+            | Self::Release { common, .. }
+            | Self::Owner { common, .. }
+            | Self::Forward { common, .. }
+            | Self::Watch { common, .. }
+            | Self::Lock { common, .. }
+            | Self::List { common } => common,
         }
     }
 }

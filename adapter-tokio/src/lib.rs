@@ -21,6 +21,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
 
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -60,7 +62,7 @@ impl Error {
         kind: ErrorKind,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Error {
+        Self {
             kind,
             source: source.into(),
         }

@@ -122,23 +122,23 @@ enum Campaigner {
 impl Campaigner {
     async fn next(&mut self) -> Option<Change> {
         match self {
-            Campaigner::One(e) => e.next().await,
-            Campaigner::Slots(s) => s.next().await,
+            Self::One(e) => e.next().await,
+            Self::Slots(s) => s.next().await,
         }
     }
 
     /// The key held now (the slot, for a semaphore) and its tenure.
     fn held(&self) -> Option<(String, Tenure)> {
         match self {
-            Campaigner::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
-            Campaigner::Slots(s) => s.held(),
+            Self::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
+            Self::Slots(s) => s.held(),
         }
     }
 
     async fn stop(self) {
         match self {
-            Campaigner::One(e) => e.stop().await,
-            Campaigner::Slots(s) => s.stop().await,
+            Self::One(e) => e.stop().await,
+            Self::Slots(s) => s.stop().await,
         }
     }
 }

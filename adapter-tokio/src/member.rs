@@ -119,8 +119,8 @@ pub struct Tenure {
 }
 
 impl From<dagnats_leases_core::holder::Ownership> for Tenure {
-    fn from(o: dagnats_leases_core::holder::Ownership) -> Tenure {
-        Tenure {
+    fn from(o: dagnats_leases_core::holder::Ownership) -> Self {
+        Self {
             tenure: o.tenure,
             fence: o.fence,
             deadline: o.deadline,
@@ -212,8 +212,8 @@ impl std::fmt::Debug for Member {
 impl Member {
     /// A member with holder ID `holder` (`[A-Za-z0-9_-]{1,128}`, unique per process),
     /// running its background work on tokio.
-    pub fn new(nats: Client, holder: impl Into<String>) -> Result<Member, LeaseError> {
-        Member::with_runtime(nats, holder, TokioRuntime::shared())
+    pub fn new(nats: Client, holder: impl Into<String>) -> Result<Self, LeaseError> {
+        Self::with_runtime(nats, holder, TokioRuntime::shared())
     }
 
     /// A member whose background work (its one driver task, and its timer) runs on
@@ -222,8 +222,8 @@ impl Member {
         nats: Client,
         holder: impl Into<String>,
         runtime: Arc<dyn Runtime>,
-    ) -> Result<Member, LeaseError> {
-        Member::build(nats, holder.into(), runtime, None)
+    ) -> Result<Self, LeaseError> {
+        Self::build(nats, holder.into(), runtime, None)
     }
 
     fn build(
@@ -231,7 +231,7 @@ impl Member {
         holder: String,
         runtime: Arc<dyn Runtime>,
         observer: Observer,
-    ) -> Result<Member, LeaseError> {
+    ) -> Result<Self, LeaseError> {
         let campaign = Campaign::new(&holder)?;
         let shared = Arc::new(Shared {
             nats,
@@ -248,7 +248,7 @@ impl Member {
             }),
             wake: Notify::new(),
         });
-        Ok(Member {
+        Ok(Self {
             _life: Arc::new(Life(shared.clone())),
             shared,
         })
@@ -256,9 +256,9 @@ impl Member {
 
     /// The same member, its campaigns reporting to `observer`. Call it before the
     /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
-    pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Member {
+    pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Self {
         let shared = &self.shared;
-        Member::build(
+        Self::build(
             shared.nats.clone(),
             shared.holder.clone(),
             shared.runtime.clone(),

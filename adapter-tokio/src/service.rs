@@ -56,7 +56,7 @@ impl ServiceOptions {
 
 impl Default for ServiceOptions {
     fn default() -> Self {
-        ServiceOptions {
+        Self {
             replicas: None,
             kv_timeout: DEFAULT_KV_TIMEOUT,
             shutdown_timeout: Duration::from_secs(10),

@@ -72,7 +72,7 @@ pub struct CallConfig {
 impl CallConfig {
     /// A ready service with the server's `max_payload`, on a single-replica bucket.
     pub fn ready(max_payload: usize) -> Self {
-        CallConfig {
+        Self {
             mode: Mode::Ready,
             max_payload,
             kv_timeout: DEFAULT_KV_TIMEOUT,
@@ -82,7 +82,7 @@ impl CallConfig {
 
     /// The same, with read confirmation as a bucket of `replicas` needs it.
     pub fn for_replicas(self, replicas: usize) -> Self {
-        CallConfig {
+        Self {
             confirm_reads: replicas > 1,
             ..self
         }
@@ -168,8 +168,8 @@ impl Call {
         wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
-    ) -> Call {
-        let mut call = Call {
+    ) -> Self {
+        let mut call = Self {
             job: Job::Done,
             config,
             started_wall: wall,

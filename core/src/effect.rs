@@ -126,22 +126,22 @@ impl Effect {
     /// How long the call waits for this effect's outcome; `None` for a reply.
     pub fn timeout(&self) -> Option<Duration> {
         match self {
-            Effect::KvRead(r) => Some(r.timeout),
-            Effect::KvWrite(w) => Some(w.timeout),
-            Effect::ConfirmRead(c) => Some(c.timeout),
-            Effect::InboxRequest(i) => Some(i.timeout),
-            Effect::Reply(_) => None,
+            Self::KvRead(r) => Some(r.timeout),
+            Self::KvWrite(w) => Some(w.timeout),
+            Self::ConfirmRead(c) => Some(c.timeout),
+            Self::InboxRequest(i) => Some(i.timeout),
+            Self::Reply(_) => None,
         }
     }
 
     /// The NATS request that carries out this effect, with its id; `None` for a reply.
     pub fn nats_request(&self) -> Option<(EffectId, NatsRequest)> {
         match self {
-            Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
-            Effect::KvWrite(w) => Some((w.id, w.nats_request())),
-            Effect::ConfirmRead(c) => Some((c.id, c.nats_request())),
-            Effect::InboxRequest(i) => Some((i.id, i.nats_request())),
-            Effect::Reply(_) => None,
+            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Self::KvWrite(w) => Some((w.id, w.nats_request())),
+            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
+            Self::InboxRequest(i) => Some((i.id, i.nats_request())),
+            Self::Reply(_) => None,
         }
     }
 
@@ -149,11 +149,11 @@ impl Effect {
     /// into the request instead of being copied.
     pub fn into_nats_request(self) -> Option<(EffectId, NatsRequest)> {
         match self {
-            Effect::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
-            Effect::KvWrite(w) => Some((w.id, w.into_nats_request())),
-            Effect::ConfirmRead(c) => Some((c.id, c.nats_request())),
-            Effect::InboxRequest(i) => Some((i.id, i.into_nats_request())),
-            Effect::Reply(_) => None,
+            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Self::KvWrite(w) => Some((w.id, w.into_nats_request())),
+            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
+            Self::InboxRequest(i) => Some((i.id, i.into_nats_request())),
+            Self::Reply(_) => None,
         }
     }
 }

@@ -111,7 +111,7 @@ impl HolderConfig {
     /// The defaults for `ttl`: renew and campaign every ttl/3, retry after ttl/10 (0.1
     /// to 1 s), requests bounded by ttl/4 (at most 5 s), 1% clock drift.
     pub fn new(key: impl Into<String>, holder: impl Into<String>, ttl: Duration) -> Self {
-        HolderConfig {
+        Self {
             key: key.into(),
             holder: holder.into(),
             ttl,
@@ -211,10 +211,10 @@ pub enum StepDownReason {
 impl fmt::Display for StepDownReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            StepDownReason::Lost => "lost",
-            StepDownReason::DeadlineMissed => "deadline_missed",
-            StepDownReason::Stopped => "stopped",
-            StepDownReason::Failed => "failed",
+            Self::Lost => "lost",
+            Self::DeadlineMissed => "deadline_missed",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
         })
     }
 }
@@ -288,9 +288,9 @@ enum Purpose {
 impl Purpose {
     fn endpoint(self) -> Endpoint {
         match self {
-            Purpose::Acquire => Endpoint::Acquire,
-            Purpose::Renew => Endpoint::Renew,
-            Purpose::Release => Endpoint::Release,
+            Self::Acquire => Endpoint::Acquire,
+            Self::Renew => Endpoint::Renew,
+            Self::Release => Endpoint::Release,
         }
     }
 }
@@ -367,9 +367,9 @@ pub struct Holder {
 
 impl Holder {
     /// A holder that campaigns at once. `Err` when the config is outside the bounds.
-    pub fn new(config: HolderConfig, now: Instant) -> Result<Holder, ErrorReply> {
+    pub fn new(config: HolderConfig, now: Instant) -> Result<Self, ErrorReply> {
         config.validate()?;
-        let mut holder = Holder {
+        let mut holder = Self {
             config,
             phase: Phase::Campaigning { next_at: now },
             in_flight: None,

@@ -64,6 +64,8 @@
 //! }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
 
 pub mod call;
 pub mod campaign;

@@ -25,18 +25,18 @@ impl LeaseEvent {
     /// The header value.
     pub fn as_str(self) -> &'static str {
         match self {
-            LeaseEvent::Acquired => "acquired",
-            LeaseEvent::Renewed => "renewed",
-            LeaseEvent::Released => "released",
+            Self::Acquired => "acquired",
+            Self::Renewed => "renewed",
+            Self::Released => "released",
         }
     }
 
     /// Parses a header value.
-    pub fn parse(value: &str) -> Option<LeaseEvent> {
+    pub fn parse(value: &str) -> Option<Self> {
         match value {
-            "acquired" => Some(LeaseEvent::Acquired),
-            "renewed" => Some(LeaseEvent::Renewed),
-            "released" => Some(LeaseEvent::Released),
+            "acquired" => Some(Self::Acquired),
+            "renewed" => Some(Self::Renewed),
+            "released" => Some(Self::Released),
             _ => None,
         }
     }
@@ -61,8 +61,8 @@ impl LeaseRecord {
     }
 
     /// Parses a stored value, or says why it is corrupt.
-    pub fn parse(data: &[u8]) -> Result<LeaseRecord, String> {
-        let record: LeaseRecord =
+    pub fn parse(data: &[u8]) -> Result<Self, String> {
+        let record: Self =
             serde_json::from_slice(data).map_err(|e| format!("the record is not valid: {e}"))?;
         crate::wire::check_name("holder", &record.holder).map_err(|e| e.error)?;
         parse_time(&record.acquired_at)

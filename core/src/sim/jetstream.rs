@@ -100,14 +100,14 @@ pub struct SimJetStream {
 
 impl Default for SimJetStream {
     fn default() -> Self {
-        SimJetStream::new()
+        Self::new()
     }
 }
 
 impl SimJetStream {
     /// An empty stream at time 0.
     pub fn new() -> Self {
-        SimJetStream {
+        Self {
             now_ms: 0,
             epoch: OffsetDateTime::from_unix_timestamp(1_790_000_000).expect("valid epoch"),
             last_seq: 0,
@@ -158,8 +158,8 @@ impl SimJetStream {
     }
 
     /// A deposed leader that still believes it leads, frozen at this state.
-    pub fn deposed(&self) -> SimJetStream {
-        SimJetStream {
+    pub fn deposed(&self) -> Self {
+        Self {
             deposed: true,
             ..self.clone()
         }

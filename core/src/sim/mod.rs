@@ -232,16 +232,16 @@ pub trait CallMachine: std::fmt::Debug {
 
 impl CallMachine for Call {
     fn poll_effect(&mut self) -> Option<Effect> {
-        Call::poll_effect(self)
+        Self::poll_effect(self)
     }
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        Call::handle_outcome(self, now, id, outcome)
+        Self::handle_outcome(self, now, id, outcome)
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        Call::poll_timeout(self)
+        Self::poll_timeout(self)
     }
     fn handle_timeout(&mut self, now: Instant) {
-        Call::handle_timeout(self, now)
+        Self::handle_timeout(self, now)
     }
 }
 
@@ -375,8 +375,8 @@ pub fn invalid_bodies(endpoint: Endpoint) -> Vec<String> {
 
 impl World {
     /// A world with `holders` holders and `keys` keys.
-    pub fn new(holders: usize, keys: usize, max_payload: usize) -> World {
-        World {
+    pub fn new(holders: usize, keys: usize, max_payload: usize) -> Self {
+        Self {
             sim: SimJetStream::new(),
             cut_leader: None,
             replicated: false,
@@ -395,20 +395,20 @@ impl World {
     /// The same world on a replicated bucket, where partitions depose the leader,
     /// with the service confirming its reads as it does there (`confirm_reads`), or,
     /// to show the checks catch stale reads, not.
-    pub fn replicated(mut self, confirm_reads: bool) -> World {
+    pub fn replicated(mut self, confirm_reads: bool) -> Self {
         self.replicated = true;
         self.config.confirm_reads = confirm_reads;
         self
     }
 
     /// The same world with the stream's late expiries drawn from `seed`.
-    pub fn with_expiry_seed(mut self, seed: u64) -> World {
+    pub fn with_expiry_seed(mut self, seed: u64) -> Self {
         self.sim = self.sim.with_seed(seed);
         self
     }
 
     /// The same world with every call made by `make` instead of [`Call::new`].
-    pub fn with_calls(mut self, make: MakeCall) -> World {
+    pub fn with_calls(mut self, make: MakeCall) -> Self {
         self.make = make;
         self
     }
