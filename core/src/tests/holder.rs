@@ -10,7 +10,7 @@ use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderRequest, MAX_EXPIRY_MARKER_LAG, StepDownReason,
 };
 use crate::js::RequestOutcome;
-use crate::wire::{Endpoint, ErrorKind};
+use crate::wire::{Endpoint, ErrorKind, ErrorReply};
 
 const TTL: Duration = Duration::from_secs(15);
 
@@ -695,7 +695,9 @@ fn the_config_is_checked_against_the_contract_bounds() {
     ];
     for config in bad {
         let err = Holder::new(config.clone(), Instant::now()).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Invalid, "{config:?}");
+        assert!(!err.message().is_empty(), "{config:?}");
+        // Where a campaign hands it on, it is an `invalid` reply.
+        assert_eq!(ErrorReply::from(err).kind, ErrorKind::Invalid, "{config:?}");
     }
 }
 
