@@ -43,6 +43,7 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What kind of failure a [`LeaseError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseErrorKind {
     /// The service answered with an error reply of this kind (`lost`, `not_held`, ...).
     Refused(ErrorKind),

@@ -42,6 +42,7 @@ pub mod service;
 
 /// What went wrong in the adapter (not a lease outcome: those are replies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// Connecting to or talking to NATS failed.
     Nats,

@@ -239,6 +239,7 @@ impl HolderRequest {
 
 /// Why a holder stopped acting as owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StepDownReason {
     /// The service said the lease is no longer this holder's (`lost`, or a
     /// `fence_mismatch` whose recovery found another holder).
