@@ -37,7 +37,7 @@ pub const HDR_EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject
 /// checks, when it is not the subject published to (nats-server 2.11+).
 pub const HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
     "Nats-Expected-Last-Subject-Sequence-Subject";
-/// Header: what a write did, see [`LeaseEvent`].
+/// Header: what a write did, see [`LeaseEvent`](crate::record::LeaseEvent).
 pub const HDR_LEASE_EVENT: &str = "Dagnats-Lease-Event";
 /// Header: KV operation of a delete or purge.
 pub const HDR_KV_OPERATION: &str = "KV-Operation";

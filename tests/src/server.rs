@@ -76,7 +76,7 @@ impl Binary {
 ///
 /// Every setting except the binary goes into a generated configuration file that
 /// the server reads on every (re)start. A cluster node ([`cluster`](Self::cluster),
-/// used by [`NatsCluster`]) reads its cluster port from the same ports file as the
+/// used by [`NatsCluster`](crate::NatsCluster)) reads its cluster port from the same ports file as the
 /// client port, and pins it for restarts the same way.
 #[derive(Clone, Debug)]
 pub struct NatsServerOptions {
