@@ -59,3 +59,42 @@ fn an_elector_on_smol_is_elected_and_hands_over_on_stop() {
         service.shutdown().await;
     });
 }
+
+/// `acquire_waiting` times its wait on smol's timer: no tokio runtime in the test
+/// (with tokio's timer this panicked: "there is no reactor running").
+#[test]
+fn a_waiting_acquire_on_smol_gives_up_at_its_wait_and_is_granted_on_release() {
+    let server = NatsServer::start();
+    within(async {
+        let url = server.url();
+        let service_client = dagnats_leases_smol::connect(&url).await.unwrap();
+        let service = dagnats_leases_smol::start(service_client, Default::default())
+            .await
+            .unwrap();
+        let leases =
+            dagnats_leases_smol::lease_client(dagnats_leases_smol::connect(&url).await.unwrap());
+        let ttl = Duration::from_secs(10);
+        let held = leases.acquire("gate", "c", ttl).await.unwrap();
+        assert!(held.granted);
+        let refused = leases
+            .acquire_waiting("gate", "d", ttl, Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert!(!refused.granted);
+        let (waited, ()) = smol::future::zip(
+            leases.acquire_waiting("gate", "d", ttl, Duration::from_secs(8)),
+            async {
+                smol::Timer::after(Duration::from_millis(300)).await;
+                leases
+                    .release("gate", "c", held.lease.revision)
+                    .await
+                    .unwrap();
+            },
+        )
+        .await;
+        let waited = waited.unwrap();
+        assert!(waited.granted);
+        assert_eq!(waited.lease.holder, "d");
+        service.shutdown().await;
+    });
+}
