@@ -25,15 +25,20 @@ async fn futures_lite_timeout<T>(
     .await
 }
 
+/// The service on smol, connected to `url`.
+async fn serve(url: &str) -> dagnats_leases_smol::ServiceHandle {
+    let client = dagnats_leases_smol::connect(url).await.unwrap();
+    dagnats_leases_smol::start(client, Default::default())
+        .await
+        .unwrap()
+}
+
 #[test]
 fn an_elector_on_smol_is_elected_and_hands_over_on_stop() {
     let server = NatsServer::start();
     within(async {
         let url = server.url();
-        let service_client = dagnats_leases_smol::connect(&url).await.unwrap();
-        let service = dagnats_leases_smol::start(service_client, Default::default())
-            .await
-            .unwrap();
+        let service = serve(&url).await;
         let a = dagnats_leases_smol::member(dagnats_leases_smol::connect(&url).await.unwrap(), "a")
             .unwrap();
         let b = dagnats_leases_smol::member(dagnats_leases_smol::connect(&url).await.unwrap(), "b")
@@ -67,10 +72,7 @@ fn a_waiting_acquire_on_smol_gives_up_at_its_wait_and_is_granted_on_release() {
     let server = NatsServer::start();
     within(async {
         let url = server.url();
-        let service_client = dagnats_leases_smol::connect(&url).await.unwrap();
-        let service = dagnats_leases_smol::start(service_client, Default::default())
-            .await
-            .unwrap();
+        let service = serve(&url).await;
         let leases =
             dagnats_leases_smol::lease_client(dagnats_leases_smol::connect(&url).await.unwrap());
         let ttl = Duration::from_secs(10);

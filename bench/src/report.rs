@@ -382,68 +382,37 @@ impl Report {
                 }
             }
         }
-        let rounds = |v: &[f64]| {
-            v.iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
         for pairs in self.smol_vs_tokio.values() {
             let Some(first) = pairs.values().next() else {
                 continue;
             };
-            println!();
-            println!(
-                "{} / {}, same server, same run: medians over rounds (each round); goal p50@1 <= {:.2}",
-                first.this, first.over, SMOL_GOAL
-            );
-            println!(
-                "{:<8} {:>8} {:>8} {:>8}   {:<20} goal",
-                "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
-            );
-            for op in Op::ALL {
-                let Some(p) = pairs.get(op.name()) else {
-                    continue;
-                };
-                println!(
-                    "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
-                    op.name(),
-                    p.p50_c1,
-                    p.ops_per_s_c16,
-                    p.ops_per_s_c64,
-                    rounds(&p.p50_c1_rounds),
+            print_pairs(
+                &format!(
+                    "{} / {}, same server, same run: medians over rounds (each round); goal p50@1 <= {:.2}",
+                    first.this, first.over, SMOL_GOAL
+                ),
+                "goal",
+                pairs,
+                |p| {
                     if p.p50_c1 <= SMOL_GOAL {
                         "met"
                     } else {
                         "missed"
                     }
-                );
-            }
+                    .to_string()
+                },
+            );
         }
         if !self.r3_confirm.is_empty() {
-            println!();
-            println!(
-                "read confirmation on the 3-node cluster (R3, sync always): {} / {}, medians over rounds (each round)",
-                R3_PAIR.0, R3_PAIR.1
+            print_pairs(
+                &format!(
+                    "read confirmation on the 3-node cluster (R3, sync always): {} / {}, medians over rounds (each round)",
+                    R3_PAIR.0, R3_PAIR.1
+                ),
+                "ops@64 rounds",
+                &self.r3_confirm,
+                |p| rounds(&p.ops_per_s_c64_rounds),
             );
-            println!(
-                "{:<8} {:>8} {:>8} {:>8}   {:<20} ops@64 rounds",
-                "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
-            );
-            for op in Op::ALL {
-                let Some(p) = self.r3_confirm.get(op.name()) else {
-                    continue;
-                };
-                println!(
-                    "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
-                    op.name(),
-                    p.p50_c1,
-                    p.ops_per_s_c16,
-                    p.ops_per_s_c64,
-                    rounds(&p.p50_c1_rounds),
-                    rounds(&p.ops_per_s_c64_rounds)
-                );
-            }
         }
         if let Some(prev) = &self.r1_vs_prev {
             println!();
@@ -625,4 +594,42 @@ fn nice(v: f64) -> f64 {
         }
     }
     10.0 * mag
+}
+
+/// Each round's ratio, three decimals, space-separated.
+fn rounds(v: &[f64]) -> String {
+    v.iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A table of one implementation over another, an operation a row, with a last
+/// column of `last`.
+fn print_pairs(
+    title: &str,
+    last_header: &str,
+    pairs: &BTreeMap<String, Pair>,
+    last: impl Fn(&Pair) -> String,
+) {
+    println!();
+    println!("{title}");
+    println!(
+        "{:<8} {:>8} {:>8} {:>8}   {:<20} {last_header}",
+        "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
+    );
+    for op in Op::ALL {
+        let Some(p) = pairs.get(op.name()) else {
+            continue;
+        };
+        println!(
+            "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
+            op.name(),
+            p.p50_c1,
+            p.ops_per_s_c16,
+            p.ops_per_s_c64,
+            rounds(&p.p50_c1_rounds),
+            last(p)
+        );
+    }
 }
