@@ -1,11 +1,9 @@
 //! The dagnats lease service on smol.
 //!
-//! It runs the very same service loop as the tokio adapter (the core's machines,
-//! driven by one future that spawns nothing) on smol's executor. async-nats needs
-//! tokio's reactor and timer; [`async_compat::Compat`] provides them from a
-//! background thread, so an application on smol runs no tokio runtime of its own.
-//! Every future this crate hands out is already wrapped, so a bare `smol::spawn`
-//! of them cannot panic with "there is no reactor running".
+//! Nothing here is a copy: the service loop, [`LeaseClient`], [`Member`] and
+//! [`ServiceHandle`] are the tokio adapter's own (`dagnats-leases-tokio`, used with
+//! `default-features = false`, so without its CLI), run on [`SmolRuntime`], which
+//! spawns on smol's global executor and sleeps on smol's timer.
 //!
 //! ```no_run
 //! smol::block_on(async {
@@ -16,64 +14,102 @@
 //! })
 //! # .unwrap();
 //! ```
+//!
+//! # Where async-nats needs tokio
+//!
+//! async-nats is built on tokio, but only two of the steps used here need a tokio
+//! context in the task that polls them, and only those run under
+//! [`async_compat::Compat`] (which lends its own tokio runtime, on a thread of its
+//! own, when the application has none):
+//!
+//! - **connecting** ([`connect`]): the TCP (and TLS) stream is registered with
+//!   tokio's reactor, and the connection task that reads, writes, pings and
+//!   reconnects is `tokio::spawn`ed. It then lives on Compat's runtime.
+//! - **starting the service** ([`start`]): async-nats' micro service
+//!   `tokio::spawn`s its `$SRV.PING`/`INFO`/`STATS` handler.
+//!
+//! Everything after that is runtime-neutral and runs on smol with no `Compat`: a
+//! request, a publish, a subscription or a flush is a message on a
+//! `tokio::sync::mpsc` channel to the connection task and a `tokio::sync` channel
+//! to wait on (tokio's channels need no runtime), and dropping a subscriber
+//! unsubscribes with a `try_send`. The one other tokio dependency was the request
+//! timeout: async-nats wraps a request in `tokio::time::timeout`, which panics
+//! without tokio's timer. The shared code sends every request with async-nats'
+//! timeout off and races it with [`Runtime::sleep_until`] instead, so a request
+//! needs no `Compat` (before, every call of the client and every holder-library
+//! task ran under one). The service's serving future, the holder library's driver
+//! task and the client's calls are all plain smol futures.
+//!
+//! A client connected some other way (`async_nats::connect` inside your own tokio
+//! runtime, or under `Compat`) works the same: only the connection task needs
+//! tokio, and it has it.
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use async_compat::Compat;
-use dagnats_leases_core::Mode;
-pub use dagnats_leases_tokio::service::ServiceOptions;
+pub use dagnats_leases_tokio::client::{Forwarded, LeaseClient, LeaseError, LeaseErrorKind};
+pub use dagnats_leases_tokio::member::{
+    CampaignObserver, Change, Elector, ForwardedRequest, Inbox, Member, Ownership, Shards, Tenure,
+};
+pub use dagnats_leases_tokio::runtime::Runtime;
+use dagnats_leases_tokio::runtime::{Sleep, Task};
+pub use dagnats_leases_tokio::service::{ServiceHandle, ServiceOptions};
 pub use dagnats_leases_tokio::{Error, ErrorKind};
 
-/// Connects to NATS from smol.
+/// Runs the shared async code on smol: [`smol::spawn`] (detached) and
+/// [`smol::Timer::at`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SmolRuntime;
+
+impl SmolRuntime {
+    /// The runtime as the shared code holds it.
+    pub fn shared() -> Arc<dyn Runtime> {
+        Arc::new(Self)
+    }
+}
+
+impl Runtime for SmolRuntime {
+    fn spawn(&self, future: Task) {
+        smol::spawn(future).detach();
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Sleep {
+        let timer = smol::Timer::at(deadline);
+        Box::pin(async move {
+            timer.await;
+        })
+    }
+}
+
+/// Connects to NATS from smol (under [`Compat`]: the connection task is tokio's).
 pub async fn connect(url: &str) -> Result<async_nats::Client, Error> {
     Compat::new(async_nats::connect(url))
         .await
         .map_err(|e| Error::new(ErrorKind::Nats, e))
 }
 
-/// A service running on smol's executor.
-#[derive(Debug)]
-pub struct ServiceHandle {
-    mode: Mode,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: smol::Task<()>,
-}
-
-impl ServiceHandle {
-    /// `Ready`, or `Unsupported` on a server without per-message TTL.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// Stops taking requests, lets calls in flight finish within the bound, and returns.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        self.task.await;
-    }
-}
-
-/// Ensures the bucket, then serves on smol's global executor.
+/// Ensures the bucket, then serves on smol's global executor. The start runs under
+/// [`Compat`] (async-nats' micro service spawns its handler on tokio); the serving
+/// future runs on smol alone.
 pub async fn start(
     client: async_nats::Client,
     options: ServiceOptions,
 ) -> Result<ServiceHandle, Error> {
-    let prepared = Compat::new(dagnats_leases_tokio::service::prepare(client, options)).await?;
-    let task = smol::spawn(Compat::new(prepared.serve));
-    Ok(ServiceHandle {
-        mode: prepared.mode,
-        stop: prepared.stop,
-        task,
-    })
+    Compat::new(dagnats_leases_tokio::service::start_on(
+        SmolRuntime::shared(),
+        client,
+        options,
+    ))
+    .await
 }
 
-pub use dagnats_leases_tokio::client::{Forwarded, LeaseError, LeaseErrorKind};
-pub use dagnats_leases_tokio::member::{
-    Change, Elector, ForwardedRequest, Inbox, Member, Ownership, Shards, Tenure,
-};
-
 /// A holder-library [`Member`] whose background work (campaigns, renewals) runs on
-/// smol's executor under [`Compat`]. [`Elector::next`], [`Elector::stop`] and
-/// [`Shards`] work from plain smol code; wrap [`Member::inbox`] and
-/// [`ForwardedRequest::respond`] in [`Compat`] (they talk to NATS directly).
+/// smol's executor and timer. Every method, [`Member::inbox`] and
+/// [`ForwardedRequest::respond`] included, works from plain smol code.
 ///
 /// ```no_run
 /// smol::block_on(async {
@@ -88,89 +124,10 @@ pub use dagnats_leases_tokio::member::{
 /// # .unwrap();
 /// ```
 pub fn member(client: async_nats::Client, holder: &str) -> Result<Member, LeaseError> {
-    let spawn: dagnats_leases_tokio::member::Spawner = std::sync::Arc::new(|f| {
-        smol::spawn(Compat::new(f)).detach();
-    });
-    Member::with_spawner(client, holder, spawn)
+    Member::with_runtime(client, holder, SmolRuntime::shared())
 }
 
-/// The typed lease calls, for smol: each call of [`LeaseClient`] is run under
-/// [`Compat`] (async-nats' request timeout needs tokio's timer).
-#[derive(Debug, Clone)]
-pub struct LeaseClient {
-    inner: dagnats_leases_tokio::client::LeaseClient,
-}
-
-impl LeaseClient {
-    /// A client with the default call timeout.
-    pub fn new(client: async_nats::Client) -> Self {
-        LeaseClient {
-            inner: dagnats_leases_tokio::client::LeaseClient::new(client),
-        }
-    }
-
-    /// The tokio adapter's client underneath (its futures need [`Compat`] on smol).
-    pub fn inner(&self) -> &dagnats_leases_tokio::client::LeaseClient {
-        &self.inner
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::acquire`].
-    pub async fn acquire(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: std::time::Duration,
-    ) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
-        Compat::new(self.inner.acquire(key, holder, ttl)).await
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::acquire_waiting`].
-    pub async fn acquire_waiting(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: std::time::Duration,
-        wait: std::time::Duration,
-    ) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
-        Compat::new(self.inner.acquire_waiting(key, holder, ttl, wait)).await
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::renew`].
-    pub async fn renew(
-        &self,
-        key: &str,
-        holder: &str,
-        revision: u64,
-        ttl: Option<std::time::Duration>,
-    ) -> Result<dagnats_leases_core::wire::Lease, LeaseError> {
-        Compat::new(self.inner.renew(key, holder, revision, ttl)).await
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::release`].
-    pub async fn release(
-        &self,
-        key: &str,
-        holder: &str,
-        revision: u64,
-    ) -> Result<dagnats_leases_core::wire::ReleaseReply, LeaseError> {
-        Compat::new(self.inner.release(key, holder, revision)).await
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::owner`].
-    pub async fn owner(
-        &self,
-        key: &str,
-    ) -> Result<Option<dagnats_leases_core::wire::Lease>, LeaseError> {
-        Compat::new(self.inner.owner(key)).await
-    }
-
-    /// See [`dagnats_leases_tokio::client::LeaseClient::forward`].
-    pub async fn forward(
-        &self,
-        key: &str,
-        payload: &[u8],
-        timeout: std::time::Duration,
-    ) -> Result<Forwarded, LeaseError> {
-        Compat::new(self.inner.forward(key, payload, timeout)).await
-    }
+/// The typed lease calls, timed on smol's timer ([`LeaseClient::with_runtime`]).
+pub fn lease_client(client: async_nats::Client) -> LeaseClient {
+    LeaseClient::with_runtime(client, SmolRuntime::shared())
 }

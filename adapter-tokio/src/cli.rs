@@ -62,7 +62,4 @@ pub async fn wait_for_signal() {
     }
 }
 
-/// Exit code when no NATS server could be reached.
-pub const EXIT_NO_SERVER: u8 = 2;
-/// Exit code when the service could not start.
-pub const EXIT_START_FAILED: u8 = 1;
+pub use crate::exit::{EXIT_NO_SERVER, EXIT_START_FAILED};

@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::time::Duration;
+//! use std::time::{Duration, Instant};
 //! use dagnats_leases_tokio::client::LeaseClient;
 //!
 //! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
@@ -21,7 +21,8 @@
 //! ```
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use base64::Engine as _;
@@ -35,12 +36,14 @@ use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
 
 use crate::exec;
+use crate::runtime::{Runtime, TokioRuntime};
 
 /// How long a call waits for the service by default.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What kind of failure a [`LeaseError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseErrorKind {
     /// The service answered with an error reply of this kind (`lost`, `not_held`, ...).
     Refused(ErrorKind),
@@ -64,7 +67,7 @@ pub struct LeaseError {
 
 impl LeaseError {
     pub(crate) fn new(kind: LeaseErrorKind, message: impl Into<String>) -> Self {
-        LeaseError {
+        Self {
             kind,
             message: message.into(),
             reply: None,
@@ -100,7 +103,7 @@ impl std::error::Error for LeaseError {}
 
 impl From<ErrorReply> for LeaseError {
     fn from(reply: ErrorReply) -> Self {
-        LeaseError {
+        Self {
             kind: LeaseErrorKind::Refused(reply.kind),
             message: reply.error.clone(),
             reply: Some(reply),
@@ -144,14 +147,21 @@ pub struct Forwarded {
 pub struct LeaseClient {
     nats: Client,
     timeout: Duration,
+    runtime: Arc<dyn Runtime>,
 }
 
 impl LeaseClient {
-    /// A client with the default call timeout (10 s).
+    /// A client with the default call timeout (10 s), timing its calls on tokio.
     pub fn new(nats: Client) -> Self {
-        LeaseClient {
+        Self::with_runtime(nats, TokioRuntime::shared())
+    }
+
+    /// A client whose call timeouts run on `runtime`'s timer.
+    pub fn with_runtime(nats: Client, runtime: Arc<dyn Runtime>) -> Self {
+        Self {
             nats,
             timeout: DEFAULT_CALL_TIMEOUT,
+            runtime,
         }
     }
 
@@ -173,6 +183,7 @@ impl LeaseClient {
         let payload = request.to_json();
         Request::decode(endpoint, &payload)?;
         let outcome = exec::send(
+            &*self.runtime,
             &self.nats,
             NatsRequest {
                 subject: endpoint.subject(),
@@ -235,7 +246,7 @@ impl LeaseClient {
         wait: Duration,
         refused: &mut (dyn FnMut(&AcquireReply) + Send),
     ) -> Result<AcquireReply, LeaseError> {
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = Instant::now() + wait;
         // Subscribed before the first try, so no event between a refusal and the
         // wait is missed; without it (no permission, say) the TTL timer alone wakes.
         let mut events = match self.nats.subscribe(changed_subject(key)).await {
@@ -247,12 +258,12 @@ impl LeaseClient {
         };
         loop {
             let reply = self.acquire(key, holder, ttl).await?;
-            if reply.granted || tokio::time::Instant::now() >= deadline {
+            if reply.granted || Instant::now() >= deadline {
                 return Ok(reply);
             }
             refused(&reply);
             let lease_ttl = Duration::from_millis(reply.lease.ttl_ms);
-            let mut expiry = tokio::time::Instant::now() + lease_ttl;
+            let mut expiry = Instant::now() + lease_ttl;
             loop {
                 let event = async {
                     match events.as_mut() {
@@ -263,11 +274,11 @@ impl LeaseClient {
                 tokio::select! {
                     message = event => match message {
                         Some(m) if change_event(&m).kind.may_free_key() => break,
-                        Some(_) => expiry = tokio::time::Instant::now() + lease_ttl,
+                        Some(_) => expiry = Instant::now() + lease_ttl,
                         None => events = None,
                     },
-                    _ = tokio::time::sleep_until(expiry) => break,
-                    _ = tokio::time::sleep_until(deadline) => return Ok(reply),
+                    _ = self.runtime.sleep_until(expiry) => break,
+                    _ = self.runtime.sleep_until(deadline) => return Ok(reply),
                 }
             }
         }

@@ -21,16 +21,7 @@ use serde_json::json;
 use crate::client::{LeaseClient, LeaseError, LeaseErrorKind};
 use crate::connect::ConnectOptions;
 
-/// Exit code: done.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: any error not listed below.
-pub const EXIT_ERROR: u8 = 1;
-/// Exit code: no NATS server could be reached (clap also uses 2 for bad arguments).
-pub const EXIT_NO_SERVER: u8 = 2;
-/// Exit code: the lease is not the caller's, or nobody holds it.
-pub const EXIT_NOT_HELD: u8 = 3;
-/// Exit code: `fence_mismatch`: acquire again to learn the current fence.
-pub const EXIT_FENCE_MISMATCH: u8 = 4;
+pub use crate::exit::{EXIT_ERROR, EXIT_FENCE_MISMATCH, EXIT_NO_SERVER, EXIT_NOT_HELD, EXIT_OK};
 
 /// What every operator command takes: how to reach NATS, and the output format.
 #[derive(Debug, Clone, clap::Args)]
@@ -153,14 +144,14 @@ impl Op {
     /// The connection and output options of this command.
     pub fn common(&self) -> &Common {
         match self {
-            Op::Acquire { common, .. }
-            | Op::Renew { common, .. }
-            | Op::Release { common, .. }
-            | Op::Owner { common, .. }
-            | Op::Forward { common, .. }
-            | Op::Watch { common, .. }
-            | Op::Lock { common, .. }
-            | Op::List { common } => common,
+            Self::Acquire { common, .. }
+            | Self::Renew { common, .. }
+            | Self::Release { common, .. }
+            | Self::Owner { common, .. }
+            | Self::Forward { common, .. }
+            | Self::Watch { common, .. }
+            | Self::Lock { common, .. }
+            | Self::List { common } => common,
         }
     }
 }

@@ -1,10 +1,19 @@
 //! Carries out the core's effects: each is one NATS request.
 
+use std::time::Instant;
+
 use async_nats::{Client, HeaderMap, RequestErrorKind};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 
-/// Sends one request and reports what came of it, as the core expects.
-pub async fn send(client: &Client, request: NatsRequest) -> RequestOutcome {
+use crate::runtime::{self, Runtime};
+
+/// Sends one request and reports what came of it, as the core expects. The
+/// request's timeout runs on `runtime`'s timer, not async-nats' (which would need
+/// tokio's timer in the calling task): an async-nats request is otherwise only a
+/// message to its connection task and a channel to wait on, so it runs on any
+/// executor.
+pub async fn send(runtime: &dyn Runtime, client: &Client, request: NatsRequest) -> RequestOutcome {
+    let deadline = Instant::now() + request.timeout;
     let mut headers = HeaderMap::new();
     for (name, value) in &request.headers {
         headers.insert(*name, value.as_str());
@@ -12,8 +21,12 @@ pub async fn send(client: &Client, request: NatsRequest) -> RequestOutcome {
     let nats_request = async_nats::Request::new()
         .headers(headers)
         .payload(request.payload.into())
-        .timeout(Some(request.timeout));
-    match client.send_request(request.subject, nats_request).await {
+        .timeout(None);
+    let reply = client.send_request(request.subject, nats_request);
+    let Some(reply) = runtime::until(runtime, deadline, reply).await else {
+        return RequestOutcome::TimedOut;
+    };
+    match reply {
         Ok(message) => RequestOutcome::Reply {
             headers: message
                 .headers

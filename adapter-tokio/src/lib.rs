@@ -5,6 +5,13 @@
 //! its own call machine in its own task, so a slow forward never holds up an
 //! acquire. No lease logic lives here: checks, retries and replies come from the core.
 //!
+//! The service loop, [`client`] and [`member`] reach their executor only through
+//! [`runtime::Runtime`] (spawn, sleep until an instant): [`runtime::TokioRuntime`]
+//! here, `SmolRuntime` in `dagnats-leases-smol`, which uses this crate with
+//! `default-features = false`. The default feature `cli` adds the `dagnats-leases`
+//! binary and what only it needs ([`cli`], [`commands`], [`connect`]: clap,
+//! tracing-subscriber, tokio's signal handling and multi-thread scheduler).
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
@@ -14,18 +21,28 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
+#[cfg(feature = "cli")]
 pub mod commands;
+#[cfg(feature = "cli")]
 pub mod connect;
 pub mod exec;
+#[cfg(feature = "cli")]
+pub mod exit;
+#[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;
+pub mod runtime;
 pub mod service;
 
 /// What went wrong in the adapter (not a lease outcome: those are replies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// Connecting to or talking to NATS failed.
     Nats,
@@ -46,7 +63,7 @@ impl Error {
         kind: ErrorKind,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Error {
+        Self {
             kind,
             source: source.into(),
         }

@@ -38,14 +38,10 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 
-use crate::commands::{EXIT_ERROR, EXIT_NOT_HELD};
+use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
 use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
 
-/// Exit code of `lock` when the lease was lost while the command ran (the command
-/// was sent SIGTERM, then SIGKILL after the grace period).
-pub const EXIT_LEASE_LOST: u8 = 5;
-/// Exit code of `lock` when the command could not be started.
-pub const EXIT_CANNOT_RUN: u8 = 127;
+pub use crate::exit::{EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
 pub const DEFAULT_GRACE_MAX: Duration = Duration::from_secs(5);
 
@@ -126,23 +122,23 @@ enum Campaigner {
 impl Campaigner {
     async fn next(&mut self) -> Option<Change> {
         match self {
-            Campaigner::One(e) => e.next().await,
-            Campaigner::Slots(s) => s.next().await,
+            Self::One(e) => e.next().await,
+            Self::Slots(s) => s.next().await,
         }
     }
 
     /// The key held now (the slot, for a semaphore) and its tenure.
     fn held(&self) -> Option<(String, Tenure)> {
         match self {
-            Campaigner::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
-            Campaigner::Slots(s) => s.held(),
+            Self::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
+            Self::Slots(s) => s.held(),
         }
     }
 
     async fn stop(self) {
         match self {
-            Campaigner::One(e) => e.stop().await,
-            Campaigner::Slots(s) => s.stop().await,
+            Self::One(e) => e.stop().await,
+            Self::Slots(s) => s.stop().await,
         }
     }
 }
@@ -219,7 +215,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             "dagnats-leases: --grace {grace:?} is more than half the TTL ({ttl:?}): \
              the command would be stopped while the lease is healthy"
         );
-        return crate::commands::EXIT_NO_SERVER; // bad arguments, as clap's
+        return crate::exit::EXIT_NO_SERVER; // bad arguments, as clap's
     }
     let holder = args
         .holder

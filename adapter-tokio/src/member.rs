@@ -13,7 +13,10 @@
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
 //! request to accept) is the core's. This module is one task per member that sends
 //! the machine's requests, feeds back their outcomes, change events and inbox
-//! messages, and sleeps until the machine's next deadline.
+//! messages, and sleeps until the machine's next deadline. It runs on any
+//! [`Runtime`]: spawned through it, its timer is the runtime's, and
+//! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
+//! it) waits on the rest.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,10 +57,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
-
-/// Runs a background future: `tokio::spawn` by default; the smol adapter passes its
-/// own.
-pub type Spawner = Arc<dyn Fn(BoxFuture<'static, ()>) + Send + Sync>;
+use crate::runtime::{Runtime, TokioRuntime};
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
 /// its outcome, and every event of a key's holder machine. For metrics, tracing, or
@@ -119,8 +119,8 @@ pub struct Tenure {
 }
 
 impl From<dagnats_leases_core::holder::Ownership> for Tenure {
-    fn from(o: dagnats_leases_core::holder::Ownership) -> Tenure {
-        Tenure {
+    fn from(o: dagnats_leases_core::holder::Ownership) -> Self {
+        Self {
             tenure: o.tenure,
             fence: o.fence,
             deadline: o.deadline,
@@ -160,7 +160,7 @@ struct State {
 struct Shared {
     nats: Client,
     holder: String,
-    spawn: Spawner,
+    runtime: Arc<dyn Runtime>,
     observer: Observer,
     state: Mutex<State>,
     wake: Notify,
@@ -212,33 +212,31 @@ impl std::fmt::Debug for Member {
 impl Member {
     /// A member with holder ID `holder` (`[A-Za-z0-9_-]{1,128}`, unique per process),
     /// running its background work on tokio.
-    pub fn new(nats: Client, holder: impl Into<String>) -> Result<Member, LeaseError> {
-        let spawn: Spawner = Arc::new(|f| {
-            tokio::spawn(f);
-        });
-        Member::with_spawner(nats, holder, spawn)
+    pub fn new(nats: Client, holder: impl Into<String>) -> Result<Self, LeaseError> {
+        Self::with_runtime(nats, holder, TokioRuntime::shared())
     }
 
-    /// A member whose background work runs through `spawn`.
-    pub fn with_spawner(
+    /// A member whose background work (its one driver task, and its timer) runs on
+    /// `runtime`.
+    pub fn with_runtime(
         nats: Client,
         holder: impl Into<String>,
-        spawn: Spawner,
-    ) -> Result<Member, LeaseError> {
-        Member::build(nats, holder.into(), spawn, None)
+        runtime: Arc<dyn Runtime>,
+    ) -> Result<Self, LeaseError> {
+        Self::build(nats, holder.into(), runtime, None)
     }
 
     fn build(
         nats: Client,
         holder: String,
-        spawn: Spawner,
+        runtime: Arc<dyn Runtime>,
         observer: Observer,
-    ) -> Result<Member, LeaseError> {
+    ) -> Result<Self, LeaseError> {
         let campaign = Campaign::new(&holder)?;
         let shared = Arc::new(Shared {
             nats,
             holder,
-            spawn,
+            runtime,
             observer,
             state: Mutex::new(State {
                 campaign,
@@ -250,7 +248,7 @@ impl Member {
             }),
             wake: Notify::new(),
         });
-        Ok(Member {
+        Ok(Self {
             _life: Arc::new(Life(shared.clone())),
             shared,
         })
@@ -258,12 +256,12 @@ impl Member {
 
     /// The same member, its campaigns reporting to `observer`. Call it before the
     /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
-    pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Member {
+    pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Self {
         let shared = &self.shared;
-        Member::build(
+        Self::build(
             shared.nats.clone(),
             shared.holder.clone(),
-            shared.spawn.clone(),
+            shared.runtime.clone(),
             Some(observer),
         )
         .expect("the holder ID was checked already")
@@ -405,7 +403,7 @@ impl Member {
         if !state.driver_started {
             state.driver_started = true;
             let shared = self.shared.clone();
-            (self.shared.spawn)(drive(shared).boxed());
+            self.shared.runtime.spawn(drive(shared).boxed());
         }
     }
 
@@ -667,7 +665,7 @@ async fn drive(shared: Arc<Shared>) {
         }
         let sleep = async {
             match wake {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
+                Some(at) => shared.runtime.sleep_until(at).await,
                 None => futures::future::pending().await,
             }
         };
@@ -740,6 +738,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
 
 fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
+    let runtime = shared.runtime.clone();
     let observer = shared.observer.clone();
     async move {
         let CampaignRequest { key, request } = out;
@@ -747,6 +746,7 @@ fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer
         let body = observer.as_ref().map(|_| request.body.clone());
         let sent = Instant::now();
         let outcome = exec::send(
+            &*runtime,
             &nats,
             NatsRequest {
                 subject: endpoint.subject(),

@@ -1,6 +1,8 @@
 //! The lease service: ensures the bucket, registers the `dagnats-api` micro
-//! service, and runs each request's call machine in its own task.
+//! service, and runs each request's call machine, all of them polled by one
+//! serving future that spawns nothing and keeps time on a [`Runtime`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
@@ -9,12 +11,14 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mo
 use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
+use futures::future::AbortHandle;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::exec;
+use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
 /// How the service runs.
@@ -52,7 +56,7 @@ impl ServiceOptions {
 
 impl Default for ServiceOptions {
     fn default() -> Self {
-        ServiceOptions {
+        Self {
             replicas: None,
             kv_timeout: DEFAULT_KV_TIMEOUT,
             shutdown_timeout: Duration::from_secs(10),
@@ -63,12 +67,15 @@ impl Default for ServiceOptions {
     }
 }
 
-/// A running service. Dropping it without [`ServiceHandle::shutdown`] aborts it.
+/// A running service, on whichever [`Runtime`] it was started. Dropping it without
+/// [`ServiceHandle::shutdown`] aborts it.
 #[derive(Debug)]
 pub struct ServiceHandle {
     mode: Mode,
     stop: watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    /// Fires when the serving task ends; `None` once awaited.
+    done: Option<oneshot::Receiver<()>>,
+    abort: AbortHandle,
 }
 
 impl ServiceHandle {
@@ -80,16 +87,16 @@ impl ServiceHandle {
     /// Stops taking requests, lets calls in flight finish within the bound, and returns.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(done) = self.done.take() {
+            let _ = done.await;
         }
     }
 }
 
 impl Drop for ServiceHandle {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
+        if self.done.is_some() {
+            self.abort.abort();
         }
     }
 }
@@ -97,23 +104,41 @@ impl Drop for ServiceHandle {
 /// Ensures the bucket (waiting while JetStream is not ready, and answering every
 /// call `unavailable` meanwhile), then serves on tokio.
 pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
-    let prepared = prepare(client, options).await?;
+    start_on(TokioRuntime::shared(), client, options).await
+}
+
+/// [`start`] on `runtime`: the serving future is spawned there and keeps time with
+/// its timer.
+pub async fn start_on(
+    runtime: Arc<dyn Runtime>,
+    client: Client,
+    options: ServiceOptions,
+) -> Result<ServiceHandle, Error> {
+    let prepared = prepare(runtime.clone(), client, options).await?;
+    let (serve, abort) = futures::future::abortable(prepared.serve);
+    let (finished, done) = oneshot::channel();
+    runtime.spawn(Box::pin(async move {
+        let _ = serve.await;
+        let _ = finished.send(());
+    }));
     Ok(ServiceHandle {
         mode: prepared.mode,
         stop: prepared.stop,
-        task: Some(tokio::spawn(prepared.serve)),
+        done: Some(done),
+        abort,
     })
 }
 
 /// A service ready to serve: its mode, its stop switch, and the one future that
-/// serves every request until the switch is thrown. The future spawns nothing, so
-/// any executor can run it (the smol adapter runs it under `async_compat`).
+/// serves every request until the switch is thrown. The future spawns nothing and
+/// keeps time on the [`Runtime`] it was prepared with, so that runtime's executor
+/// (or any other) can poll it.
 pub struct Prepared {
     /// `Ready`, or `Unsupported` on a server without per-message TTL.
     pub mode: Mode,
     /// Send `true` to stop taking requests and drain the calls in flight.
     pub stop: watch::Sender<bool>,
-    /// Serves until stopped; needs tokio's timer (a tokio runtime or `async_compat`).
+    /// Serves until stopped.
     pub serve: futures::future::BoxFuture<'static, ()>,
 }
 
@@ -131,7 +156,15 @@ impl std::fmt::Debug for Prepared {
 /// JetStream may not be there yet) every call replies `unavailable`
 /// ([`Mode::Starting`]), so callers retry instead of seeing no responders. This
 /// future answers those itself, until it returns with the mode startup settled on.
-pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared, Error> {
+///
+/// async-nats' micro service spawns a task of its own (`$SRV.PING`, `INFO`,
+/// `STATS`) with `tokio::spawn` here: poll this future in a tokio context (on smol,
+/// under `async_compat::Compat`). The serving future needs none.
+pub async fn prepare(
+    runtime: Arc<dyn Runtime>,
+    client: Client,
+    options: ServiceOptions,
+) -> Result<Prepared, Error> {
     let info = client.server_info();
     if info.version.is_empty() {
         // Judging support from an empty INFO would wrongly settle on `unsupported`.
@@ -176,14 +209,14 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         confirm_reads: false,
     };
     let (mode, replicas) = {
-        let ensure = ensure_bucket(&client, &options, &info.version);
+        let ensure = ensure_bucket(&*runtime, &client, &options, &info.version);
         tokio::pin!(ensure);
         loop {
             tokio::select! {
                 settled = &mut ensure => break settled,
                 Some((endpoint, request)) = requests.next() => {
                     // No effects in `Starting` mode: the reply is at hand.
-                    let body = run_call(&client, starting, endpoint, &request.message.payload).await;
+                    let body = run_call(&*runtime, &client, starting, endpoint, &request.message.payload).await;
                     if let Err(e) = request.respond(Ok(body.into())).await {
                         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
                     }
@@ -202,7 +235,7 @@ pub async fn prepare(client: Client, options: ServiceOptions) -> Result<Prepared
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let serve = serve(client, service, requests, config, options, stopped);
+    let serve = serve(runtime, client, service, requests, config, options, stopped);
     Ok(Prepared {
         mode,
         stop,
@@ -216,7 +249,12 @@ type Requests = futures::stream::SelectAll<
 >;
 
 /// The mode to serve in, and the stream's replicas.
-async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str) -> (Mode, usize) {
+async fn ensure_bucket(
+    runtime: &dyn Runtime,
+    client: &Client,
+    options: &ServiceOptions,
+    version: &str,
+) -> (Mode, usize) {
     let bucket = BucketOptions {
         replicas: options.replicas,
     };
@@ -227,19 +265,20 @@ async fn ensure_bucket(client: &Client, options: &ServiceOptions, version: &str)
                 StartupEffect::Log(line) => tracing::warn!("{line}"),
                 StartupEffect::Done(mode) => return (mode, startup.replicas()),
                 StartupEffect::Request(id, request) => {
-                    let outcome = exec::send(client, request).await;
+                    let outcome = exec::send(runtime, client, request).await;
                     startup.handle_outcome(Instant::now(), id, outcome);
                 }
             }
         }
         if let Some(at) = startup.poll_timeout() {
-            tokio::time::sleep_until(at.into()).await;
+            runtime.sleep_until(at).await;
             startup.handle_timeout(Instant::now());
         }
     }
 }
 
 async fn serve(
+    runtime: Arc<dyn Runtime>,
     client: Client,
     service: async_nats::service::Service,
     mut requests: Requests,
@@ -249,10 +288,7 @@ async fn serve(
 ) {
     let shutdown_timeout = options.shutdown_timeout;
     // The replicas are asked again now and then: read confirmation follows them.
-    let mut recheck = tokio::time::interval_at(
-        tokio::time::Instant::now() + options.replicas_recheck,
-        options.replicas_recheck,
-    );
+    let mut recheck = runtime.sleep_until(Instant::now() + options.replicas_recheck);
     let mut asking = None;
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
@@ -262,6 +298,7 @@ async fn serve(
     let mut calls = FuturesUnordered::new();
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
         calls.push(answer(
+            runtime.clone(),
             client.clone(),
             config,
             endpoint,
@@ -276,10 +313,12 @@ async fn serve(
                 take(&mut calls, endpoint, request, config);
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
-            _ = recheck.tick(), if asking.is_none() && config.mode == Mode::Ready => {
+            () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
+                recheck = runtime.sleep_until(Instant::now() + options.replicas_recheck);
                 let client = client.clone();
+                let runtime = runtime.clone();
                 let request = startup::stream_info_request(config.kv_timeout);
-                asking = Some(Box::pin(async move { exec::send(&client, request).await }));
+                asking = Some(Box::pin(async move { exec::send(&*runtime, &client, request).await }));
             }
             outcome = async { asking.as_mut().expect("guarded").await }, if asking.is_some() => {
                 asking = None;
@@ -302,8 +341,7 @@ async fn serve(
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    let bound = tokio::time::sleep(shutdown_timeout);
-    tokio::pin!(bound);
+    let mut bound = runtime.sleep_until(Instant::now() + shutdown_timeout);
     let mut open = true;
     let mut late = 0usize;
     while open || !calls.is_empty() {
@@ -336,8 +374,8 @@ async fn serve(
             calls.len()
         );
         // Each cut-off call replies at once; the bound only guards a stuck publish.
-        let _ = tokio::time::timeout(REPLY_BOUND, async { while calls.next().await.is_some() {} })
-            .await;
+        let replies = async { while calls.next().await.is_some() {} };
+        let _ = runtime::until(&*runtime, Instant::now() + REPLY_BOUND, replies).await;
     }
     drop(calls);
     drop(requests);
@@ -349,6 +387,7 @@ const REPLY_BOUND: Duration = Duration::from_secs(1);
 
 /// Runs one request's call and sends its reply.
 async fn answer(
+    runtime: Arc<dyn Runtime>,
     client: Client,
     config: CallConfig,
     endpoint: Endpoint,
@@ -361,7 +400,15 @@ async fn answer(
             std::future::pending::<()>().await;
         }
     };
-    let body = run_call_until(&client, config, endpoint, &request.message.payload, cut).await;
+    let body = run_call_until(
+        &*runtime,
+        &client,
+        config,
+        endpoint,
+        &request.message.payload,
+        cut,
+    )
+    .await;
     if let Err(e) = request.respond(Ok(body.into())).await {
         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
     }
@@ -369,17 +416,27 @@ async fn answer(
 
 /// Runs one call to its reply and returns the reply body.
 pub async fn run_call(
+    runtime: &dyn Runtime,
     client: &Client,
     config: CallConfig,
     endpoint: Endpoint,
     body: &[u8],
 ) -> Vec<u8> {
-    run_call_until(client, config, endpoint, body, std::future::pending()).await
+    run_call_until(
+        runtime,
+        client,
+        config,
+        endpoint,
+        body,
+        std::future::pending(),
+    )
+    .await
 }
 
 /// Runs one call to its reply, or until `cut` completes: the call is then cut off
 /// ([`Call::abort`]) and replies `internal`. Returns the reply body.
 pub async fn run_call_until(
+    runtime: &dyn Runtime,
     client: &Client,
     config: CallConfig,
     endpoint: Endpoint,
@@ -401,7 +458,7 @@ pub async fn run_call_until(
             match call.poll_timeout() {
                 Some(at) => {
                     tokio::select! {
-                        _ = tokio::time::sleep_until(at.into()) => call.handle_timeout(Instant::now()),
+                        () = runtime.sleep_until(at) => call.handle_timeout(Instant::now()),
                         _ = &mut cut => call.abort(Instant::now()),
                     }
                     continue;
@@ -424,12 +481,12 @@ pub async fn run_call_until(
         let deadline = call.poll_timeout();
         let expired = async {
             match deadline {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
+                Some(at) => runtime.sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            outcome = exec::send(client, request) => call.handle_outcome(Instant::now(), id, outcome),
+            outcome = exec::send(runtime, client, request) => call.handle_outcome(Instant::now(), id, outcome),
             _ = expired => call.handle_timeout(Instant::now()),
             _ = &mut cut => call.abort(Instant::now()),
         }

@@ -86,6 +86,11 @@ pub struct Report {
     /// operation.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub r3_confirm: BTreeMap<String, Pair>,
+    /// smol over tokio on the same server in the same run (`smol` / `tokio`, and
+    /// `smol-fsync` / `tokio-fsync`): server, then operation. Goal: `p50_c1` at most
+    /// [`SMOL_GOAL`] on every operation (reported, not asserted).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub smol_vs_tokio: BTreeMap<String, BTreeMap<String, Pair>>,
     /// The service against an earlier commit's on the single (R1) server
     /// (`--prev-bin`): `tokio` over `tokio-prev` (or their `-fsync`), per operation.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -146,6 +151,9 @@ pub struct VsPrev {
     /// Operation, then the ratios.
     pub operations: BTreeMap<String, Pair>,
 }
+
+/// The goal for smol's p50 at concurrency 1 over tokio's, every operation.
+pub const SMOL_GOAL: f64 = 1.05;
 
 /// The bound R1 figures must keep against the earlier commit's.
 pub const PREV_BOUND: f64 = 1.02;
@@ -270,6 +278,17 @@ impl Report {
                 Pair::of(results, op, R3_PAIR.0, R3_PAIR.1).map(|p| (op.name().to_string(), p))
             })
             .collect();
+        let mut smol_vs_tokio: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
+        for (smol, tokio) in [("smol", "tokio"), ("smol-fsync", "tokio-fsync")] {
+            for op in Op::ALL {
+                if let Some(p) = Pair::of(results, op, smol, tokio) {
+                    smol_vs_tokio
+                        .entry(smol.to_string())
+                        .or_default()
+                        .insert(op.name().to_string(), p);
+                }
+            }
+        }
         let r1_vs_prev = prev.map(|prev| {
             let this = prev.replacen("tokio-prev", "tokio", 1);
             VsPrev {
@@ -288,6 +307,7 @@ impl Report {
             operations,
             vs_etcd,
             r3_confirm,
+            smol_vs_tokio,
             r1_vs_prev,
             memory,
         }
@@ -362,36 +382,37 @@ impl Report {
                 }
             }
         }
-        let rounds = |v: &[f64]| {
-            v.iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        for pairs in self.smol_vs_tokio.values() {
+            let Some(first) = pairs.values().next() else {
+                continue;
+            };
+            print_pairs(
+                &format!(
+                    "{} / {}, same server, same run: medians over rounds (each round); goal p50@1 <= {:.2}",
+                    first.this, first.over, SMOL_GOAL
+                ),
+                "goal",
+                pairs,
+                |p| {
+                    if p.p50_c1 <= SMOL_GOAL {
+                        "met"
+                    } else {
+                        "missed"
+                    }
+                    .to_string()
+                },
+            );
+        }
         if !self.r3_confirm.is_empty() {
-            println!();
-            println!(
-                "read confirmation on the 3-node cluster (R3, sync always): {} / {}, medians over rounds (each round)",
-                R3_PAIR.0, R3_PAIR.1
+            print_pairs(
+                &format!(
+                    "read confirmation on the 3-node cluster (R3, sync always): {} / {}, medians over rounds (each round)",
+                    R3_PAIR.0, R3_PAIR.1
+                ),
+                "ops@64 rounds",
+                &self.r3_confirm,
+                |p| rounds(&p.ops_per_s_c64_rounds),
             );
-            println!(
-                "{:<8} {:>8} {:>8} {:>8}   {:<20} ops@64 rounds",
-                "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
-            );
-            for op in Op::ALL {
-                let Some(p) = self.r3_confirm.get(op.name()) else {
-                    continue;
-                };
-                println!(
-                    "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
-                    op.name(),
-                    p.p50_c1,
-                    p.ops_per_s_c16,
-                    p.ops_per_s_c64,
-                    rounds(&p.p50_c1_rounds),
-                    rounds(&p.ops_per_s_c64_rounds)
-                );
-            }
         }
         if let Some(prev) = &self.r1_vs_prev {
             println!();
@@ -573,4 +594,42 @@ fn nice(v: f64) -> f64 {
         }
     }
     10.0 * mag
+}
+
+/// Each round's ratio, three decimals, space-separated.
+fn rounds(v: &[f64]) -> String {
+    v.iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A table of one implementation over another, an operation a row, with a last
+/// column of `last`.
+fn print_pairs(
+    title: &str,
+    last_header: &str,
+    pairs: &BTreeMap<String, Pair>,
+    last: impl Fn(&Pair) -> String,
+) {
+    println!();
+    println!("{title}");
+    println!(
+        "{:<8} {:>8} {:>8} {:>8}   {:<20} {last_header}",
+        "op", "p50@1", "ops@16", "ops@64", "p50@1 rounds"
+    );
+    for op in Op::ALL {
+        let Some(p) = pairs.get(op.name()) else {
+            continue;
+        };
+        println!(
+            "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:<20} {}",
+            op.name(),
+            p.p50_c1,
+            p.ops_per_s_c16,
+            p.ops_per_s_c64,
+            rounds(&p.p50_c1_rounds),
+            last(p)
+        );
+    }
 }

@@ -216,9 +216,9 @@ impl Outbox {
 
 impl Campaign {
     /// The campaigns of holder ID `holder` (`[A-Za-z0-9_-]{1,128}`), none yet.
-    pub fn new(holder: &str) -> Result<Campaign, ErrorReply> {
+    pub fn new(holder: &str) -> Result<Self, ErrorReply> {
         wire::check_name("holder", holder)?;
-        Ok(Campaign {
+        Ok(Self {
             holder: holder.to_string(),
             groups: BTreeMap::new(),
             slots: BTreeMap::new(),

@@ -28,19 +28,19 @@ impl ChangeKind {
     /// The name `watch` prints.
     pub fn as_str(self) -> &'static str {
         match self {
-            ChangeKind::Acquired => "acquired",
-            ChangeKind::Renewed => "renewed",
-            ChangeKind::Released => "released",
-            ChangeKind::Expired => "expired",
-            ChangeKind::Deleted => "deleted",
-            ChangeKind::Written => "written",
+            Self::Acquired => "acquired",
+            Self::Renewed => "renewed",
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::Deleted => "deleted",
+            Self::Written => "written",
         }
     }
 
     /// Whether the key may be free after it: anything but an acquire or a renewal.
     /// A campaign asks again at once on such an event, rather than at its next tick.
     pub fn may_free_key(self) -> bool {
-        !matches!(self, ChangeKind::Acquired | ChangeKind::Renewed)
+        !matches!(self, Self::Acquired | Self::Renewed)
     }
 }
 
@@ -75,7 +75,7 @@ impl ChangeEvent {
         let holder = serde_json::from_slice::<serde_json::Value>(payload)
             .ok()
             .and_then(|v| v.get("holder")?.as_str().map(str::to_string));
-        ChangeEvent {
+        Self {
             kind,
             revision,
             holder,

@@ -29,13 +29,11 @@ pub enum RejectReason {
 impl fmt::Display for RejectReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            RejectReason::NotOwner => "not acting as owner of the key",
-            RejectReason::MissingFence => "the Dagnats-Lease-Fence header is missing",
-            RejectReason::MalformedFence => {
-                "the Dagnats-Lease-Fence header is not an unsigned integer"
-            }
-            RejectReason::StaleFence => "the fence is below this tenure's acquire revision",
-            RejectReason::WrongSubject => "the subject is not this holder's inbox",
+            Self::NotOwner => "not acting as owner of the key",
+            Self::MissingFence => "the Dagnats-Lease-Fence header is missing",
+            Self::MalformedFence => "the Dagnats-Lease-Fence header is not an unsigned integer",
+            Self::StaleFence => "the fence is below this tenure's acquire revision",
+            Self::WrongSubject => "the subject is not this holder's inbox",
         })
     }
 }
@@ -87,7 +85,7 @@ pub struct InboxGuard {
 impl InboxGuard {
     /// A guard for `holder`'s inbox, acting as owner of nothing yet.
     pub fn new(holder: &str) -> Self {
-        InboxGuard {
+        Self {
             prefix: format!("dagnats.lease.inbox.{holder}."),
             tenures: HashMap::new(),
         }
@@ -204,7 +202,7 @@ pub struct FenceGuard {
 impl FenceGuard {
     /// A guard that has seen no fence.
     pub fn new() -> Self {
-        FenceGuard::default()
+        Self::default()
     }
 
     /// Admits a write carrying `fence` (and remembers it) unless it is below the

@@ -84,6 +84,49 @@ pub const DEFAULT_MAX_CLOCK_DRIFT_PPM: u32 = 10_000;
 /// the marker; 1 s leaves room for the proposal in a cluster.
 pub const MAX_EXPIRY_MARKER_LAG: Duration = Duration::from_secs(1);
 
+/// A [`HolderConfig`] outside the contract's bounds: what [`Holder::new`] and
+/// [`HolderConfig::validate`] refuse. A misuse of the API, not a wire reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// What is wrong with the config, as a sentence.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid holder config: {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The wire checks of key, holder and TTL report an `invalid` reply; as a config
+/// error only their sentence is kept.
+impl From<ErrorReply> for ConfigError {
+    fn from(reply: ErrorReply) -> Self {
+        Self::new(reply.error)
+    }
+}
+
+/// Where a config error becomes a reply (the campaign's API): `invalid`.
+impl From<ConfigError> for ErrorReply {
+    fn from(e: ConfigError) -> Self {
+        Self::new(ErrorKind::Invalid, e.message)
+    }
+}
+
 /// How a [`Holder`] campaigns and renews.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderConfig {
@@ -111,7 +154,7 @@ impl HolderConfig {
     /// The defaults for `ttl`: renew and campaign every ttl/3, retry after ttl/10 (0.1
     /// to 1 s), requests bounded by ttl/4 (at most 5 s), 1% clock drift.
     pub fn new(key: impl Into<String>, holder: impl Into<String>, ttl: Duration) -> Self {
-        HolderConfig {
+        Self {
             key: key.into(),
             holder: holder.into(),
             ttl,
@@ -128,11 +171,11 @@ impl HolderConfig {
     }
 
     /// Checks the key, holder and TTL against the contract's bounds.
-    pub fn validate(&self) -> Result<(), ErrorReply> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         wire::check_name("key", &self.key)?;
         wire::check_name("holder", &self.holder)?;
         wire::check_ttl(self.ttl_ms())?;
-        let invalid = |why: &str| Err(ErrorReply::new(ErrorKind::Invalid, why.to_string()));
+        let invalid = |why: &str| Err(ConfigError::new(why));
         if self.max_clock_drift_ppm >= 500_000 {
             return invalid("max_clock_drift_ppm must be below 500000");
         }
@@ -196,6 +239,7 @@ impl HolderRequest {
 
 /// Why a holder stopped acting as owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StepDownReason {
     /// The service said the lease is no longer this holder's (`lost`, or a
     /// `fence_mismatch` whose recovery found another holder).
@@ -211,10 +255,10 @@ pub enum StepDownReason {
 impl fmt::Display for StepDownReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            StepDownReason::Lost => "lost",
-            StepDownReason::DeadlineMissed => "deadline_missed",
-            StepDownReason::Stopped => "stopped",
-            StepDownReason::Failed => "failed",
+            Self::Lost => "lost",
+            Self::DeadlineMissed => "deadline_missed",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
         })
     }
 }
@@ -288,9 +332,9 @@ enum Purpose {
 impl Purpose {
     fn endpoint(self) -> Endpoint {
         match self {
-            Purpose::Acquire => Endpoint::Acquire,
-            Purpose::Renew => Endpoint::Renew,
-            Purpose::Release => Endpoint::Release,
+            Self::Acquire => Endpoint::Acquire,
+            Self::Renew => Endpoint::Renew,
+            Self::Release => Endpoint::Release,
         }
     }
 }
@@ -367,9 +411,9 @@ pub struct Holder {
 
 impl Holder {
     /// A holder that campaigns at once. `Err` when the config is outside the bounds.
-    pub fn new(config: HolderConfig, now: Instant) -> Result<Holder, ErrorReply> {
+    pub fn new(config: HolderConfig, now: Instant) -> Result<Self, ConfigError> {
         config.validate()?;
-        let mut holder = Holder {
+        let mut holder = Self {
             config,
             phase: Phase::Campaigning { next_at: now },
             in_flight: None,

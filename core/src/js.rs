@@ -68,7 +68,7 @@ pub enum RequestOutcome {
 impl RequestOutcome {
     /// A reply without headers.
     pub fn reply(payload: impl Into<Vec<u8>>) -> Self {
-        RequestOutcome::Reply {
+        Self::Reply {
             headers: Vec::new(),
             payload: payload.into(),
         }
@@ -86,14 +86,14 @@ pub struct JsFailure {
 
 impl JsFailure {
     fn unavailable(detail: impl Into<String>) -> Self {
-        JsFailure {
+        Self {
             kind: ErrorKind::Unavailable,
             detail: detail.into(),
         }
     }
 
     fn internal(detail: impl Into<String>) -> Self {
-        JsFailure {
+        Self {
             kind: ErrorKind::Internal,
             detail: detail.into(),
         }
@@ -224,10 +224,10 @@ impl KeyState {
     /// The key's last revision, 0 if never written.
     pub fn revision(&self) -> u64 {
         match self {
-            KeyState::Absent => 0,
-            KeyState::Free { revision }
-            | KeyState::Held { revision, .. }
-            | KeyState::Corrupt { revision, .. } => *revision,
+            Self::Absent => 0,
+            Self::Free { revision }
+            | Self::Held { revision, .. }
+            | Self::Corrupt { revision, .. } => *revision,
         }
     }
 }

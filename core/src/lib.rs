@@ -64,15 +64,19 @@
 //! }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
 
 pub mod call;
 pub mod campaign;
 pub mod change;
+pub mod effect;
 pub mod guard;
 pub mod holder;
 pub mod js;
 pub mod record;
 pub mod startup;
+pub mod subjects;
 pub mod wire;
 
 #[cfg(any(test, feature = "__test"))]

@@ -155,8 +155,8 @@ impl Startup {
         server_version: &str,
         timeout: Duration,
         now: Instant,
-    ) -> Startup {
-        let mut s = Startup {
+    ) -> Self {
+        let mut s = Self {
             options,
             timeout,
             step: Step::Done,

@@ -32,34 +32,37 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in the order the docs list them.
-    pub const ALL: [Endpoint; 5] = [
-        Endpoint::Acquire,
-        Endpoint::Renew,
-        Endpoint::Release,
-        Endpoint::Owner,
-        Endpoint::Forward,
+    pub const ALL: [Self; 5] = [
+        Self::Acquire,
+        Self::Renew,
+        Self::Release,
+        Self::Owner,
+        Self::Forward,
     ];
 
     /// The last subject token, which is also the micro-service endpoint name.
     pub fn name(self) -> &'static str {
         match self {
-            Endpoint::Acquire => "acquire",
-            Endpoint::Renew => "renew",
-            Endpoint::Release => "release",
-            Endpoint::Owner => "owner",
-            Endpoint::Forward => "forward",
+            Self::Acquire => "acquire",
+            Self::Renew => "renew",
+            Self::Release => "release",
+            Self::Owner => "owner",
+            Self::Forward => "forward",
         }
     }
 
     /// The full request subject, e.g. `api.leases.acquire`.
     pub fn subject(self) -> String {
-        format!("api.leases.{}", self.name())
+        format!("{}.{}", crate::subjects::API_PREFIX, self.name())
     }
 
     /// The endpoint for a full subject or a bare name.
-    pub fn from_subject(subject: &str) -> Option<Endpoint> {
-        let name = subject.strip_prefix("api.leases.").unwrap_or(subject);
-        Endpoint::ALL.into_iter().find(|e| e.name() == name)
+    pub fn from_subject(subject: &str) -> Option<Self> {
+        let name = subject
+            .strip_prefix(crate::subjects::API_PREFIX)
+            .and_then(|s| s.strip_prefix('.'))
+            .unwrap_or(subject);
+        Self::ALL.into_iter().find(|e| e.name() == name)
     }
 }
 
@@ -95,17 +98,17 @@ impl ErrorKind {
     /// The snake_case name used on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
-            ErrorKind::Invalid => "invalid",
-            ErrorKind::Unsupported => "unsupported",
-            ErrorKind::Lost => "lost",
-            ErrorKind::FenceMismatch => "fence_mismatch",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Internal => "internal",
-            ErrorKind::NotHeld => "not_held",
-            ErrorKind::OwnerUnavailable => "owner_unavailable",
-            ErrorKind::OwnerRejected => "owner_rejected",
-            ErrorKind::OwnerTimeout => "owner_timeout",
-            ErrorKind::ReplyTooLarge => "reply_too_large",
+            Self::Invalid => "invalid",
+            Self::Unsupported => "unsupported",
+            Self::Lost => "lost",
+            Self::FenceMismatch => "fence_mismatch",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+            Self::NotHeld => "not_held",
+            Self::OwnerUnavailable => "owner_unavailable",
+            Self::OwnerRejected => "owner_rejected",
+            Self::OwnerTimeout => "owner_timeout",
+            Self::ReplyTooLarge => "reply_too_large",
         }
     }
 }
@@ -134,7 +137,7 @@ pub struct ErrorReply {
 impl ErrorReply {
     /// An error reply without an owner.
     pub fn new(kind: ErrorKind, error: impl Into<String>) -> Self {
-        ErrorReply {
+        Self {
             error: error.into(),
             kind,
             holder: None,
@@ -228,22 +231,22 @@ impl Request {
     /// The endpoint this request belongs to.
     pub fn endpoint(&self) -> Endpoint {
         match self {
-            Request::Acquire(_) => Endpoint::Acquire,
-            Request::Renew(_) => Endpoint::Renew,
-            Request::Release(_) => Endpoint::Release,
-            Request::Owner(_) => Endpoint::Owner,
-            Request::Forward(_) => Endpoint::Forward,
+            Self::Acquire(_) => Endpoint::Acquire,
+            Self::Renew(_) => Endpoint::Renew,
+            Self::Release(_) => Endpoint::Release,
+            Self::Owner(_) => Endpoint::Owner,
+            Self::Forward(_) => Endpoint::Forward,
         }
     }
 
     /// The lease key the request is about.
     pub fn key(&self) -> &str {
         match self {
-            Request::Acquire(r) => &r.key,
-            Request::Renew(r) => &r.key,
-            Request::Release(r) => &r.key,
-            Request::Owner(r) => &r.key,
-            Request::Forward(r) => &r.key,
+            Self::Acquire(r) => &r.key,
+            Self::Renew(r) => &r.key,
+            Self::Release(r) => &r.key,
+            Self::Owner(r) => &r.key,
+            Self::Forward(r) => &r.key,
         }
     }
 
@@ -254,7 +257,7 @@ impl Request {
     /// because clients reuse one request struct for every call. Any other field is
     /// `invalid`. Every failure is an `invalid` [`ErrorReply`] whose sentence names
     /// the field.
-    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Request, ErrorReply> {
+    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Self, ErrorReply> {
         if endpoint == Endpoint::Forward {
             return decode_forward(body);
         }
@@ -265,7 +268,7 @@ impl Request {
         let key = fields.key.ok_or_else(|| missing("key"))?;
         check_name("key", &key)?;
         if endpoint == Endpoint::Owner {
-            return Ok(Request::Owner(OwnerRequest { key }));
+            return Ok(Self::Owner(OwnerRequest { key }));
         }
         let holder = fields.holder.ok_or_else(|| missing("holder"))?;
         check_name("holder", &holder)?;
@@ -273,7 +276,7 @@ impl Request {
             Endpoint::Acquire => {
                 let ttl_ms = fields.ttl_ms.ok_or_else(|| missing("ttl_ms"))?;
                 check_ttl(ttl_ms)?;
-                Ok(Request::Acquire(AcquireRequest {
+                Ok(Self::Acquire(AcquireRequest {
                     key,
                     holder,
                     ttl_ms,
@@ -284,7 +287,7 @@ impl Request {
                 if let Some(ttl) = fields.ttl_ms {
                     check_ttl(ttl)?;
                 }
-                Ok(Request::Renew(RenewRequest {
+                Ok(Self::Renew(RenewRequest {
                     key,
                     holder,
                     revision,
@@ -293,7 +296,7 @@ impl Request {
             }
             Endpoint::Release => {
                 let revision = fields.revision.ok_or_else(|| missing("revision"))?;
-                Ok(Request::Release(ReleaseRequest {
+                Ok(Self::Release(ReleaseRequest {
                     key,
                     holder,
                     revision,
@@ -506,7 +509,7 @@ impl Response {
     /// The error kind, when this is an error reply.
     pub fn error_kind(&self) -> Option<ErrorKind> {
         match self {
-            Response::Error(e) => Some(e.kind),
+            Self::Error(e) => Some(e.kind),
             _ => None,
         }
     }
@@ -516,7 +519,7 @@ impl Response {
     /// Reads a reply body as a client of `endpoint` receives it: an error reply when it
     /// carries `kind`, else the success shape of that endpoint. `Err` names what does
     /// not parse.
-    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Response, String> {
+    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Self, String> {
         let value: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| format!("the {} reply is not JSON: {e}", endpoint.name()))?;
         let shape =
@@ -544,11 +547,11 @@ impl Request {
     /// The JSON body a client sends for this request (a forward's payload as base64).
     pub fn to_json(&self) -> Vec<u8> {
         let encoded = match self {
-            Request::Acquire(r) => serde_json::to_vec(r),
-            Request::Renew(r) => serde_json::to_vec(r),
-            Request::Release(r) => serde_json::to_vec(r),
-            Request::Owner(r) => serde_json::to_vec(r),
-            Request::Forward(r) => serde_json::to_vec(&ForwardRequestWire {
+            Self::Acquire(r) => serde_json::to_vec(r),
+            Self::Renew(r) => serde_json::to_vec(r),
+            Self::Release(r) => serde_json::to_vec(r),
+            Self::Owner(r) => serde_json::to_vec(r),
+            Self::Forward(r) => serde_json::to_vec(&ForwardRequestWire {
                 key: r.key.clone(),
                 payload: base64::engine::general_purpose::STANDARD.encode(&r.payload),
                 timeout_ms: r.timeout_ms,
@@ -560,6 +563,6 @@ impl Request {
 
 impl From<ErrorReply> for Response {
     fn from(e: ErrorReply) -> Self {
-        Response::Error(e)
+        Self::Error(e)
     }
 }

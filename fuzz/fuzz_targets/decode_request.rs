@@ -13,7 +13,7 @@ fn name_ok(s: &str) -> bool {
 }
 
 fn ttl_ok(t: u64) -> bool {
-    (1000..=600_000).contains(&t) && t % 1000 == 0
+    (1000..=600_000).contains(&t) && t.is_multiple_of(1000)
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -55,7 +55,10 @@ pub enum Reply {
 
 /// Sends one lease call and waits up to `timeout`.
 pub async fn call(client: &Client, endpoint: &str, body: &Value, timeout: Duration) -> Reply {
-    let req = client.request(format!("api.leases.{endpoint}"), body.to_string().into());
+    let req = client.request(
+        format!("{}.{endpoint}", dagnats_leases_core::subjects::API_PREFIX),
+        body.to_string().into(),
+    );
     match tokio::time::timeout(timeout, req).await {
         Err(_) => Reply::NoReply("timeout".into()),
         Ok(Err(e)) => Reply::NoReply(e.to_string()),
@@ -724,7 +727,7 @@ pub type Seen = Arc<std::sync::Mutex<HashMap<String, Vec<u64>>>>;
 pub async fn watch_events(client: Client, history: Option<History>) -> Seen {
     let seen: Seen = Arc::default();
     let mut sub = client
-        .subscribe("dagnats.lease.changed.>")
+        .subscribe(dagnats_leases_core::subjects::CHANGED_SUBJECTS)
         .await
         .expect("subscribe to change events");
     client.flush().await.expect("flush the subscription");

@@ -786,7 +786,10 @@ async fn request_within(
         .payload(body.to_string().into())
         .timeout(Some(timeout));
     let reply = client
-        .send_request(format!("api.leases.{endpoint}"), request)
+        .send_request(
+            format!("{}.{endpoint}", dagnats_leases_core::subjects::API_PREFIX),
+            request,
+        )
         .await
         .map_err(|e| e.kind())?;
     Ok(serde_json::from_slice(&reply.payload).expect("a JSON reply"))
@@ -854,10 +857,13 @@ async fn stopping_the_service_mid_call_answers_internal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_service_answers_the_requests_delivered_but_unread() {
     let server = NatsServer::start();
-    let prepared =
-        dagnats_leases_tokio::service::prepare(connect(&server).await, Default::default())
-            .await
-            .expect("service prepares");
+    let prepared = dagnats_leases_tokio::service::prepare(
+        dagnats_leases_tokio::runtime::TokioRuntime::shared(),
+        connect(&server).await,
+        Default::default(),
+    )
+    .await
+    .expect("service prepares");
     let client = connect(&server).await;
     let mut calls = futures::stream::FuturesUnordered::new();
     for n in 0..50 {

@@ -26,8 +26,8 @@ struct Run {
 }
 
 impl Run {
-    fn new() -> Run {
-        Run {
+    fn new() -> Self {
+        Self {
             campaign: Campaign::new("h1").unwrap(),
             t0: Instant::now(),
         }

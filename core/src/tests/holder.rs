@@ -10,7 +10,7 @@ use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderRequest, MAX_EXPIRY_MARKER_LAG, StepDownReason,
 };
 use crate::js::RequestOutcome;
-use crate::wire::{Endpoint, ErrorKind};
+use crate::wire::{Endpoint, ErrorKind, ErrorReply};
 
 const TTL: Duration = Duration::from_secs(15);
 
@@ -58,9 +58,9 @@ struct Run {
 }
 
 impl Run {
-    fn new(config: HolderConfig) -> Run {
+    fn new(config: HolderConfig) -> Self {
         let t0 = Instant::now();
-        Run {
+        Self {
             holder: Holder::new(config, t0).unwrap(),
             t0,
         }
@@ -107,8 +107,8 @@ impl Run {
     /// Acquire sent and granted `revision` at 0; the renew that confirms the grant
     /// sent at 0 too and answered at `reply_ms`. The renew is answered with the same
     /// revision (a real one raises it), so a test's fence reads as its tenure.
-    fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Run {
-        let mut run = Run::new(config);
+    fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Self {
+        let mut run = Self::new(config);
         let r = run.request();
         run.answer(0, &r, granted(revision));
         assert_eq!(run.events(), [], "a grant alone elects nobody");
@@ -704,7 +704,9 @@ fn the_config_is_checked_against_the_contract_bounds() {
     ];
     for config in bad {
         let err = Holder::new(config.clone(), Instant::now()).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Invalid, "{config:?}");
+        assert!(!err.message().is_empty(), "{config:?}");
+        // Where a campaign hands it on, it is an `invalid` reply.
+        assert_eq!(ErrorReply::from(err).kind, ErrorKind::Invalid, "{config:?}");
     }
 }
 

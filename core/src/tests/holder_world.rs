@@ -25,8 +25,8 @@ use crate::sim::{MsgKind, SimJetStream};
 struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
     fn next(&mut self) -> u64 {
@@ -47,7 +47,7 @@ impl Rng {
 
 /// The shape of one simulated world.
 #[derive(Debug, Clone)]
-pub struct WorldParams {
+pub(super) struct WorldParams {
     pub seed: u64,
     pub holders: usize,
     pub ttl_s: u64,
@@ -85,7 +85,7 @@ pub struct WorldParams {
 
 /// What each node of a world is.
 #[derive(Debug, Clone, Copy)]
-pub enum Nodes {
+pub(super) enum Nodes {
     /// One [`Holder`] for the one key.
     Holders,
     /// One [`Campaign`] per node with a group of `shards` keys, at most `max_held` held.
@@ -106,7 +106,7 @@ pub enum Nodes {
 
 /// What kind of group each member starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grouping {
+pub(super) enum Grouping {
     /// A shard group holding at most `max_held` of its keys.
     Capped,
     /// A balanced set (`max_held` unused): members share the shards evenly.
@@ -173,7 +173,7 @@ struct ServiceCall {
 
 /// What a world run saw, for coverage checks.
 #[derive(Debug, Default, Clone)]
-pub struct Stats {
+pub(super) struct Stats {
     pub elections: u64,
     pub renewals: u64,
     pub lost: u64,
@@ -188,7 +188,7 @@ pub struct Stats {
     pub most_believers: usize,
 }
 
-pub struct HolderWorld {
+pub(super) struct HolderWorld {
     p: WorldParams,
     rng: Rng,
     t: u64,
@@ -212,13 +212,13 @@ const KEY: &str = "leader";
 const SEMAPHORE: &str = "sem";
 
 impl Machine {
-    fn new(nodes: Nodes, name: &str, configs: &[HolderConfig], now: Instant) -> Machine {
+    fn new(nodes: Nodes, name: &str, configs: &[HolderConfig], now: Instant) -> Self {
         match nodes {
             Nodes::Holders => {
-                Machine::Holder(Holder::new(configs[0].clone(), now).expect("valid config"))
+                Self::Holder(Holder::new(configs[0].clone(), now).expect("valid config"))
             }
             Nodes::Members { .. } => {
-                let mut machine = Machine::Member {
+                let mut machine = Self::Member {
                     campaign: Campaign::new(name).expect("a valid holder ID"),
                     group: None,
                 };
@@ -231,7 +231,7 @@ impl Machine {
     /// A member starts its group; false when the last one has not finished yet.
     fn join(&mut self, nodes: Nodes, configs: &[HolderConfig], now: Instant) -> bool {
         let (
-            Machine::Member { campaign, group },
+            Self::Member { campaign, group },
             Nodes::Members {
                 max_held,
                 grouping,
@@ -261,23 +261,23 @@ impl Machine {
     }
 
     fn handle_change(&mut self, now: Instant, key: &str, event: &ChangeEvent) {
-        if let Machine::Member { campaign, .. } = self {
+        if let Self::Member { campaign, .. } = self {
             campaign.handle_change(now, key, event);
         }
     }
 
     fn poll_request(&mut self) -> Option<HolderRequest> {
         match self {
-            Machine::Holder(h) => h.poll_request(),
-            Machine::Member { campaign, .. } => campaign.poll_request().map(|r| r.request),
+            Self::Holder(h) => h.poll_request(),
+            Self::Member { campaign, .. } => campaign.poll_request().map(|r| r.request),
         }
     }
 
     /// The next holder event and its key; a member's finished group is noted here.
     fn poll_event(&mut self) -> Option<(String, HolderEvent)> {
         match self {
-            Machine::Holder(h) => h.poll_event().map(|e| (KEY.to_string(), e)),
-            Machine::Member { campaign, group } => loop {
+            Self::Holder(h) => h.poll_event().map(|e| (KEY.to_string(), e)),
+            Self::Member { campaign, group } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
                     CampaignEvent::Finished { group: g } => {
@@ -292,34 +292,34 @@ impl Machine {
 
     fn poll_timeout(&self) -> Option<Instant> {
         match self {
-            Machine::Holder(h) => h.poll_timeout(),
-            Machine::Member { campaign, .. } => campaign.poll_timeout(),
+            Self::Holder(h) => h.poll_timeout(),
+            Self::Member { campaign, .. } => campaign.poll_timeout(),
         }
     }
 
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         match self {
-            Machine::Holder(h) => h.handle_outcome(now, id, outcome),
-            Machine::Member { campaign, .. } => campaign.handle_outcome(now, id, outcome),
+            Self::Holder(h) => h.handle_outcome(now, id, outcome),
+            Self::Member { campaign, .. } => campaign.handle_outcome(now, id, outcome),
         }
     }
 
     fn handle_timeout(&mut self, now: Instant) {
         match self {
-            Machine::Holder(h) => h.handle_timeout(now),
-            Machine::Member { campaign, .. } => campaign.handle_timeout(now),
+            Self::Holder(h) => h.handle_timeout(now),
+            Self::Member { campaign, .. } => campaign.handle_timeout(now),
         }
     }
 
     /// Every key this node believes it owns at `now`.
     fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Ownership)> {
         match self {
-            Machine::Holder(h) => h
+            Self::Holder(h) => h
                 .ownership(now)
                 .map(|o| (configs[0].key.clone(), o))
                 .into_iter()
                 .collect(),
-            Machine::Member { campaign, .. } => configs
+            Self::Member { campaign, .. } => configs
                 .iter()
                 .filter_map(|c| Some((c.key.clone(), campaign.ownership(&c.key, now)?)))
                 .collect(),
@@ -348,7 +348,7 @@ fn configs_for(p: &WorldParams, name: &str) -> Vec<HolderConfig> {
 }
 
 impl HolderWorld {
-    pub fn new(p: WorldParams) -> HolderWorld {
+    pub(super) fn new(p: WorldParams) -> Self {
         let mut rng = Rng::new(p.seed);
         let expiry_seed = p.seed;
         let base = Instant::now();
@@ -380,7 +380,7 @@ impl HolderWorld {
                 }
             })
             .collect();
-        let mut world = HolderWorld {
+        let mut world = Self {
             p,
             rng,
             t: 0,
@@ -801,7 +801,7 @@ impl HolderWorld {
     }
 
     /// How many keys each node believes it owns now.
-    pub fn shares(&self) -> Vec<usize> {
+    pub(super) fn shares(&self) -> Vec<usize> {
         (0..self.holders.len())
             .map(|h| {
                 let now = self.holder_now(h, self.t);
@@ -812,7 +812,7 @@ impl HolderWorld {
     }
 
     /// Runs to the end, checking after every step.
-    pub fn run(&mut self) -> Result<(), String> {
+    pub(super) fn run(&mut self) -> Result<(), String> {
         while let Some(Reverse((at, _, idx))) = self.queue.pop() {
             if at > self.p.run_ms {
                 break;

@@ -10,78 +10,78 @@ use crate::record::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, LeaseR
 use crate::sim::{self, MsgKind, SimMsg};
 use crate::wire::{Endpoint, ErrorReply, Response};
 
-pub const MAX_PAYLOAD: usize = 1024 * 1024;
+pub(super) const MAX_PAYLOAD: usize = 1024 * 1024;
 
-pub fn epoch() -> OffsetDateTime {
+pub(super) fn epoch() -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap()
 }
 
 /// A call's wall time: a second after the records these helpers write, so a
 /// lease they show is live with most of its TTL left.
-pub fn wall() -> OffsetDateTime {
+pub(super) fn wall() -> OffsetDateTime {
     epoch() + Duration::from_secs(1)
 }
 
-pub struct Drive {
+pub(super) struct Drive {
     pub call: Call,
     pub now: Instant,
 }
 
 impl Drive {
-    pub fn new(endpoint: Endpoint, body: &str) -> Drive {
-        Drive::with_config(CallConfig::ready(MAX_PAYLOAD), endpoint, body)
+    pub(super) fn new(endpoint: Endpoint, body: &str) -> Self {
+        Self::with_config(CallConfig::ready(MAX_PAYLOAD), endpoint, body)
     }
 
-    pub fn with_config(config: CallConfig, endpoint: Endpoint, body: &str) -> Drive {
+    pub(super) fn with_config(config: CallConfig, endpoint: Endpoint, body: &str) -> Self {
         let now = Instant::now();
-        Drive {
+        Self {
             call: Call::new(config, now, wall(), endpoint, body.as_bytes()),
             now,
         }
     }
 
     /// A call on a bucket of three replicas, which confirms its reads.
-    pub fn replicated(endpoint: Endpoint, body: &str) -> Drive {
-        Drive::with_config(
+    pub(super) fn replicated(endpoint: Endpoint, body: &str) -> Self {
+        Self::with_config(
             CallConfig::ready(MAX_PAYLOAD).for_replicas(3),
             endpoint,
             body,
         )
     }
 
-    pub fn confirm(&mut self) -> ConfirmRead {
+    pub(super) fn confirm(&mut self) -> ConfirmRead {
         match self.effect() {
             Effect::ConfirmRead(c) => c,
             other => panic!("expected a read confirmation, got {other:?}"),
         }
     }
 
-    pub fn effect(&mut self) -> Effect {
+    pub(super) fn effect(&mut self) -> Effect {
         self.call.poll_effect().expect("the call wants an effect")
     }
 
-    pub fn read(&mut self) -> KvRead {
+    pub(super) fn read(&mut self) -> KvRead {
         match self.effect() {
             Effect::KvRead(r) => r,
             other => panic!("expected a leader read, got {other:?}"),
         }
     }
 
-    pub fn write(&mut self) -> KvWrite {
+    pub(super) fn write(&mut self) -> KvWrite {
         match self.effect() {
             Effect::KvWrite(w) => w,
             other => panic!("expected a KV write, got {other:?}"),
         }
     }
 
-    pub fn inbox(&mut self) -> InboxRequest {
+    pub(super) fn inbox(&mut self) -> InboxRequest {
         match self.effect() {
             Effect::InboxRequest(i) => i,
             other => panic!("expected an inbox request, got {other:?}"),
         }
     }
 
-    pub fn reply(&mut self) -> Response {
+    pub(super) fn reply(&mut self) -> Response {
         let r = match self.effect() {
             Effect::Reply(r) => r,
             other => panic!("expected the reply, got {other:?}"),
@@ -94,32 +94,32 @@ impl Drive {
         r
     }
 
-    pub fn error(&mut self) -> ErrorReply {
+    pub(super) fn error(&mut self) -> ErrorReply {
         match self.reply() {
             Response::Error(e) => e,
             other => panic!("expected an error reply, got {other:?}"),
         }
     }
 
-    pub fn feed(&mut self, id: EffectId, outcome: RequestOutcome) {
+    pub(super) fn feed(&mut self, id: EffectId, outcome: RequestOutcome) {
         assert!(self.call.poll_effect().is_none(), "drain before feeding");
         self.call.handle_outcome(self.now, id, outcome);
     }
 
-    pub fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.now += d;
     }
 }
 
-pub fn ack(seq: u64) -> RequestOutcome {
+pub(super) fn ack(seq: u64) -> RequestOutcome {
     RequestOutcome::reply(format!(r#"{{"stream":"KV_leases","seq":{seq}}}"#))
 }
 
-pub fn wrong_last_sequence() -> RequestOutcome {
+pub(super) fn wrong_last_sequence() -> RequestOutcome {
     sim::api_error(400, 10071, "wrong last sequence: 7")
 }
 
-pub fn no_message() -> RequestOutcome {
+pub(super) fn no_message() -> RequestOutcome {
     sim::api_error(404, 10037, "no message found")
 }
 
@@ -147,7 +147,7 @@ fn msg(
 }
 
 /// A live record written at `epoch + time_ms`.
-pub fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> RequestOutcome {
+pub(super) fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> RequestOutcome {
     let record = LeaseRecord {
         holder: holder.into(),
         acquired_at: "2026-09-21T00:00:00Z".into(),
@@ -162,7 +162,7 @@ pub fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> RequestOutcome
     )
 }
 
-pub fn marker(seq: u64) -> RequestOutcome {
+pub(super) fn marker(seq: u64) -> RequestOutcome {
     msg(
         seq,
         MsgKind::Marker,
@@ -172,7 +172,7 @@ pub fn marker(seq: u64) -> RequestOutcome {
     )
 }
 
-pub fn tombstone(seq: u64) -> RequestOutcome {
+pub(super) fn tombstone(seq: u64) -> RequestOutcome {
     msg(
         seq,
         MsgKind::Tombstone,
@@ -182,11 +182,11 @@ pub fn tombstone(seq: u64) -> RequestOutcome {
     )
 }
 
-pub fn corrupt(seq: u64) -> RequestOutcome {
+pub(super) fn corrupt(seq: u64) -> RequestOutcome {
     msg(seq, MsgKind::Value, vec![], b"{not a record".to_vec(), 0)
 }
 
-pub fn header<'a>(w: &'a crate::js::NatsRequest, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(w: &'a crate::js::NatsRequest, name: &str) -> Option<&'a str> {
     w.headers
         .iter()
         .find(|(n, _)| *n == name)

@@ -108,10 +108,11 @@ impl Fx {
 }
 
 pub async fn call_raw(client: &Client, endpoint: &str, body: Vec<u8>) -> Value {
+    let subject = format!("{}.{endpoint}", dagnats_leases_core::subjects::API_PREFIX);
     let reply = client
-        .request(format!("api.leases.{endpoint}"), body.into())
+        .request(subject.clone(), body.into())
         .await
-        .unwrap_or_else(|e| panic!("api.leases.{endpoint}: {e}"));
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
     serde_json::from_slice(&reply.payload)
         .unwrap_or_else(|e| panic!("reply is not JSON ({e}): {:?}", reply.payload))
 }

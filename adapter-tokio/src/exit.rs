@@ -1,0 +1,21 @@
+//! The exit codes of the `dagnats-leases` and `dagnats-leases-smol` binaries, in
+//! one place. [`crate::commands`], [`crate::lock`] and [`crate::cli`] re-export the
+//! ones they return.
+
+/// Done.
+pub const EXIT_OK: u8 = 0;
+/// Any error not listed below.
+pub const EXIT_ERROR: u8 = 1;
+/// `serve`: the service could not start (the same code as [`EXIT_ERROR`]).
+pub const EXIT_START_FAILED: u8 = 1;
+/// No NATS server could be reached (clap also uses 2 for bad arguments).
+pub const EXIT_NO_SERVER: u8 = 2;
+/// The lease is not the caller's, or nobody holds it.
+pub const EXIT_NOT_HELD: u8 = 3;
+/// `fence_mismatch`: acquire again to learn the current fence.
+pub const EXIT_FENCE_MISMATCH: u8 = 4;
+/// `lock`: the lease was lost while the command ran (the command was sent SIGTERM,
+/// then SIGKILL after the grace period).
+pub const EXIT_LEASE_LOST: u8 = 5;
+/// `lock`: the command could not be started.
+pub const EXIT_CANNOT_RUN: u8 = 127;

@@ -1,0 +1,73 @@
+//! The runtime the shared async code runs on: spawn a future, sleep until an
+//! [`Instant`]. Nothing more is asked of an executor.
+//!
+//! The service loop, the typed client and the holder library reach their executor
+//! only through [`Runtime`], so one body of code runs on tokio ([`TokioRuntime`],
+//! here) and on smol (`dagnats_leases_smol::SmolRuntime`). Their timers are this
+//! trait's too: every NATS request is sent without async-nats' own timeout (which
+//! needs tokio's timer in the polling task) and raced against
+//! [`Runtime::sleep_until`] instead. The model is quinn's `Runtime`: an object-safe
+//! trait held as `Arc<dyn Runtime>`, so the types built on it ([`Member`],
+//! [`LeaseClient`], [`ServiceHandle`]) stay the same type on every runtime.
+//!
+//! [`Member`]: crate::member::Member
+//! [`LeaseClient`]: crate::client::LeaseClient
+//! [`ServiceHandle`]: crate::service::ServiceHandle
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::{Either, select};
+
+/// A future this crate hands to a [`Runtime`] to run in the background.
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A timer made by [`Runtime::sleep_until`]: resolves at its deadline.
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// What the shared async code needs from an executor.
+pub trait Runtime: Send + Sync + Debug + 'static {
+    /// Runs `future` to completion in the background, detached.
+    fn spawn(&self, future: Task);
+
+    /// A future that resolves at `deadline` (at once if it has passed).
+    fn sleep_until(&self, deadline: Instant) -> Sleep;
+}
+
+/// Runs on the tokio runtime of the calling task ([`tokio::spawn`],
+/// [`tokio::time::sleep_until`]): spawn and sleep panic outside one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioRuntime;
+
+impl TokioRuntime {
+    /// The runtime as the shared code holds it.
+    pub fn shared() -> Arc<dyn Runtime> {
+        Arc::new(Self)
+    }
+}
+
+impl Runtime for TokioRuntime {
+    fn spawn(&self, future: Task) {
+        tokio::spawn(future);
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Sleep {
+        Box::pin(tokio::time::sleep_until(deadline.into()))
+    }
+}
+
+/// `future`'s output, or `None` if `deadline` comes first.
+pub(crate) async fn until<F: Future>(
+    runtime: &dyn Runtime,
+    deadline: Instant,
+    future: F,
+) -> Option<F::Output> {
+    let future = std::pin::pin!(future);
+    match select(future, runtime.sleep_until(deadline)).await {
+        Either::Left((output, _)) => Some(output),
+        Either::Right(((), _)) => None,
+    }
+}

@@ -1,0 +1,206 @@
+//! The effects a call asks for and their NATS encoding: a leader read, a KV write,
+//! a read confirmation, a request to an owner's inbox, or the reply. Each maps to
+//! one NATS request ([`Effect::into_nats_request`]).
+
+use std::time::Duration;
+
+use crate::js::{self, EffectId, NatsRequest};
+use crate::record::{
+    CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, LeaseEvent, confirm_subject,
+    inbox_subject, kv_subject, ttl_header,
+};
+use crate::wire::Response;
+
+/// A leader read of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRead {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key.
+    pub key: String,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+/// NATS' names for what a KV write does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Store a value.
+    Put,
+    /// Leave a tombstone.
+    Delete,
+}
+
+/// A conditional write of a key: create, update or delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvWrite {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key.
+    pub key: String,
+    /// Put or delete.
+    pub operation: Operation,
+    /// The write succeeds only if the key's last revision is this (0: never written).
+    pub expected_revision: u64,
+    /// Per-message TTL in milliseconds (whole seconds); `None` for a tombstone.
+    pub ttl_ms: Option<u64>,
+    /// The `Dagnats-Lease-Event` header.
+    pub event: LeaseEvent,
+    /// The stored value (empty for a delete).
+    pub value: Vec<u8>,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+/// A read confirmation: a message to `$KV.leases.<key>.read` that the stream
+/// commits only if `$KV.leases.<key>`'s last revision is still `revision`. Only a
+/// leader with a quorum can commit it, so its ack proves the read was current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmRead {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The lease key that was read.
+    pub key: String,
+    /// The key's last revision as read (0: never written).
+    pub revision: u64,
+    /// Bound on the request.
+    pub timeout: Duration,
+}
+
+impl ConfirmRead {
+    /// The JetStream publish that confirms the read: empty, with a 1 s TTL.
+    pub fn nats_request(&self) -> NatsRequest {
+        NatsRequest {
+            subject: confirm_subject(&self.key),
+            headers: vec![
+                (
+                    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                    self.revision.to_string(),
+                ),
+                (
+                    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+                    kv_subject(&self.key),
+                ),
+                (HDR_TTL, ttl_header(CONFIRM_TTL_MS)),
+            ],
+            payload: Vec::new(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// A request to a holder's inbox on behalf of a forward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxRequest {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The owner being tried.
+    pub holder: String,
+    /// The lease key.
+    pub key: String,
+    /// The lease revision, sent as `Dagnats-Lease-Fence`.
+    pub fence: u64,
+    /// The decoded payload.
+    pub payload: Vec<u8>,
+    /// What is left of the call's `timeout_ms`.
+    pub timeout: Duration,
+}
+
+/// Something a call wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Read a key through the stream leader.
+    KvRead(KvRead),
+    /// Write a key conditionally.
+    KvWrite(KvWrite),
+    /// Confirm that a read was current.
+    ConfirmRead(ConfirmRead),
+    /// Request an owner's inbox.
+    InboxRequest(InboxRequest),
+    /// Send this reply to the caller; the call is over.
+    Reply(Response),
+}
+
+impl Effect {
+    /// How long the call waits for this effect's outcome; `None` for a reply.
+    pub fn timeout(&self) -> Option<Duration> {
+        match self {
+            Self::KvRead(r) => Some(r.timeout),
+            Self::KvWrite(w) => Some(w.timeout),
+            Self::ConfirmRead(c) => Some(c.timeout),
+            Self::InboxRequest(i) => Some(i.timeout),
+            Self::Reply(_) => None,
+        }
+    }
+
+    /// The NATS request that carries out this effect, with its id; `None` for a reply.
+    pub fn nats_request(&self) -> Option<(EffectId, NatsRequest)> {
+        match self {
+            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Self::KvWrite(w) => Some((w.id, w.nats_request())),
+            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
+            Self::InboxRequest(i) => Some((i.id, i.nats_request())),
+            Self::Reply(_) => None,
+        }
+    }
+
+    /// Like [`Effect::nats_request`], but takes the effect, so the payload moves
+    /// into the request instead of being copied.
+    pub fn into_nats_request(self) -> Option<(EffectId, NatsRequest)> {
+        match self {
+            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
+            Self::KvWrite(w) => Some((w.id, w.into_nats_request())),
+            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
+            Self::InboxRequest(i) => Some((i.id, i.into_nats_request())),
+            Self::Reply(_) => None,
+        }
+    }
+}
+
+impl KvWrite {
+    /// The JetStream publish that makes this write.
+    pub fn nats_request(&self) -> NatsRequest {
+        self.clone().into_nats_request()
+    }
+
+    /// The JetStream publish that makes this write, taking the write.
+    pub fn into_nats_request(self) -> NatsRequest {
+        let mut headers = vec![
+            (
+                HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                self.expected_revision.to_string(),
+            ),
+            (HDR_LEASE_EVENT, self.event.as_str().to_string()),
+        ];
+        if let Some(ttl) = self.ttl_ms {
+            headers.push((HDR_TTL, ttl_header(ttl)));
+        }
+        if self.operation == Operation::Delete {
+            headers.push((HDR_KV_OPERATION, "DEL".to_string()));
+        }
+        NatsRequest {
+            subject: kv_subject(&self.key),
+            headers,
+            payload: self.value,
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl InboxRequest {
+    /// The request to `dagnats.lease.inbox.<holder>.<key>` with the fence header.
+    pub fn nats_request(&self) -> NatsRequest {
+        self.clone().into_nats_request()
+    }
+
+    /// The request to the owner's inbox, taking the effect.
+    pub fn into_nats_request(self) -> NatsRequest {
+        NatsRequest {
+            subject: inbox_subject(&self.holder, &self.key),
+            headers: vec![(HDR_FENCE, self.fence.to_string())],
+            payload: self.payload,
+            timeout: self.timeout,
+        }
+    }
+}
