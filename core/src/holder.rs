@@ -402,6 +402,9 @@ pub struct Holder {
     /// the lease's end, and the expiry marker still to come would wipe whatever the
     /// key holds then (see [`MAX_EXPIRY_MARKER_LAG`]).
     quiet_until: Option<Instant>,
+    /// The revision of a granted renewal record whose possible expiry marker this
+    /// holder has waited out (see [`may_be_a_late_renewal`]).
+    marker_waited: Option<u64>,
     /// When this holder learned the fence it renews (the reply that showed it).
     fence_learned_at: Instant,
     next_id: u64,
@@ -420,6 +423,7 @@ impl Holder {
             unknown_acquire: None,
             failures: 0,
             quiet_until: None,
+            marker_waited: None,
             fence_learned_at: now,
             unknown_renews: None,
             confirmed: None,
@@ -636,6 +640,23 @@ impl Holder {
             {
                 // Older than what this holder already saw: a stale read, not a grant.
                 self.on_transient(now, flight);
+            }
+            (Purpose::Acquire, Response::Acquired(r))
+                if r.granted
+                    && matches!(self.phase, Phase::Campaigning { .. })
+                    && self.marker_waited != Some(r.lease.revision)
+                    && may_be_a_late_renewal(&r.lease) =>
+            {
+                // A renewal of a tenure of this holder ID that this machine did not
+                // write (an earlier incarnation's, a restart): it may have landed as
+                // its lease ran out, and that lease's expiry marker, still to come
+                // within MAX_EXPIRY_MARKER_LAG, would wipe it and any renew confirming
+                // it. Ask again once the marker must have come (found by a holder
+                // world: a restart granted the late renew of its predecessor).
+                self.saw_revision(r.lease.revision);
+                self.marker_waited = Some(r.lease.revision);
+                self.quiet_for_a_marker(now);
+                self.campaign_after(now, Duration::ZERO);
             }
             (Purpose::Acquire, Response::Acquired(r)) if r.granted => {
                 // Unknown renews may have written this very revision: bound it first.
@@ -983,4 +1004,21 @@ impl Holder {
             timeout: self.config.request_timeout,
         });
     }
+}
+
+/// Whether a granted lease is a renewal stored at least half a TTL after its tenure
+/// began: only such a write can have landed after the end of the lease it renewed
+/// (that lease ran at least a TTL from the tenure's first write). Its times are the
+/// service's (`acquired_at`) and the server's store time (`expires_at` less the
+/// TTL); half a TTL of slack covers their skew.
+fn may_be_a_late_renewal(lease: &crate::wire::Lease) -> bool {
+    let (Some(acquired), Some(expires)) = (
+        crate::record::parse_time(&lease.acquired_at),
+        crate::record::parse_time(&lease.expires_at),
+    ) else {
+        // Unreadable times: assume the worst.
+        return true;
+    };
+    let ttl = time::Duration::milliseconds(lease.ttl_ms as i64);
+    expires - ttl - acquired >= ttl / 2
 }

@@ -844,3 +844,36 @@ fn fence_guard_admits_equal_and_higher_fences_and_refuses_lower() {
         "a refused write must not lower the mark"
     );
 }
+
+#[test]
+fn a_grant_of_a_renewal_this_holder_did_not_write_waits_out_the_expiry_marker_once() {
+    // A renewal stored 20 s into its tenure (TTL 15 s): an earlier incarnation's,
+    // which may have landed as its lease ran out, the marker still to come.
+    let mut late = lease(9, "h1");
+    late["granted"] = json!(true);
+    late["expires_at"] = json!("2026-10-18T12:00:35Z");
+    let late = RequestOutcome::reply(late.to_string());
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(10, &first, late.clone());
+    assert_eq!(run.events(), []);
+    run.no_request();
+    let quiet = crate::holder::MAX_EXPIRY_MARKER_LAG.as_millis() as u64;
+    run.holder.handle_timeout(run.at(10 + quiet - 1));
+    run.no_request();
+    // Once the marker must have come, the same grant is confirmed as usual.
+    run.holder.handle_timeout(run.at(10 + quiet));
+    let again = run.request();
+    assert_eq!(again.endpoint, Endpoint::Acquire);
+    run.answer(10 + quiet, &again, late);
+    let confirm = run.request();
+    assert_eq!(
+        (confirm.endpoint, body(&confirm)["revision"].as_u64()),
+        (Endpoint::Renew, Some(9))
+    );
+    // A fresh create (stored as its tenure began) is confirmed at once.
+    let mut run = Run::new(config());
+    let first = run.request();
+    run.answer(10, &first, granted(3));
+    assert_eq!(run.request().endpoint, Endpoint::Renew);
+}
