@@ -486,7 +486,7 @@ pub async fn run_call_until(
             }
         };
         tokio::select! {
-            outcome = exec::send(runtime, client, request) => call.handle_outcome(Instant::now(), id, outcome),
+            outcome = exec::send_untimed(client, request) => call.handle_outcome(Instant::now(), id, outcome),
             _ = expired => call.handle_timeout(Instant::now()),
             _ = &mut cut => call.abort(Instant::now()),
         }
