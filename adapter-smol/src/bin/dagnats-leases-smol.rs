@@ -1,10 +1,18 @@
 //! `dagnats-leases-smol`: the lease service on smol, with the options of `dagnats-leases serve`.
+//!
+//! One thread runs it all: smol's executor polls the service, inside the
+//! `block_on` of a tokio current-thread runtime that drives async-nats' socket and
+//! runs its connection task. Under `async_compat::Compat` alone that task lives on
+//! a thread of its own, and every NATS request crossed to it and back (two
+//! wake-ups of another thread per request, which the bench's smol / tokio p50
+//! showed).
 
 use std::process::ExitCode;
 
-use async_compat::Compat;
 use clap::{Parser, Subcommand};
+use dagnats_leases_smol::SmolRuntime;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
+use dagnats_leases_tokio::service::prepare;
 
 #[derive(Parser)]
 #[command(
@@ -26,25 +34,44 @@ enum Command {
 fn main() -> ExitCode {
     cli::init_logging();
     let Command::Serve(args) = Cli::parse().command;
-    smol::block_on(async {
-        let client = match Compat::new(args.connect.connect()).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-                return ExitCode::from(cli::EXIT_NO_SERVER);
-            }
-        };
-        let handle = match dagnats_leases_smol::start(client, args.service_options()).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::error!("cannot start: {e}");
-                return ExitCode::from(cli::EXIT_START_FAILED);
-            }
-        };
-        Compat::new(cli::wait_for_signal()).await;
-        tracing::info!("signal received: stopping");
-        handle.shutdown().await;
-        tracing::info!("stopped");
-        ExitCode::SUCCESS
-    })
+    let io = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::error!("cannot start the IO driver: {e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+    };
+    let executor = smol::LocalExecutor::new();
+    io.block_on(executor.run(serve(args)))
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let client = match args.connect.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+            return ExitCode::from(cli::EXIT_NO_SERVER);
+        }
+    };
+    let prepared = match prepare(SmolRuntime::shared(), client, args.service_options()).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+    };
+    let mut serving = std::pin::pin!(prepared.serve);
+    tokio::select! {
+        () = &mut serving => {}
+        () = cli::wait_for_signal() => {
+            tracing::info!("signal received: stopping");
+            let _ = prepared.stop.send(true);
+            serving.await;
+        }
+    }
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
 }
