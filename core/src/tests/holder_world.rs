@@ -20,6 +20,7 @@ use crate::change::ChangeEvent;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, StepDownReason};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
+use crate::wire::{ErrorKind, Response};
 
 /// A small deterministic generator (xorshift64*), so a seed replays a world exactly.
 struct Rng(u64);
@@ -76,6 +77,11 @@ pub(super) struct WorldParams {
     /// place, as `Shards` does when it rebalances, `Elector::stop` then `elect` does,
     /// or a process restarted under the same ID.
     pub recreate_every_ms: u64,
+    /// Share of the service's JetStream steps after which the service stops mid-call,
+    /// percent (0: never): the step has reached JetStream (a write may have landed),
+    /// then the call is cut off ([`Call::abort`]) and replies `internal`, as leases.md
+    /// says of a service stopping mid-call.
+    pub abort_percent: u64,
     /// How long the world runs, simulated ms.
     pub run_ms: u64,
     /// How the holders run: bare [`Holder`] machines for one key, or members (a
@@ -186,6 +192,8 @@ pub(super) struct Stats {
     pub shard_elections: u64,
     /// The most keys believed owned at one check, over all nodes.
     pub most_believers: usize,
+    /// `internal` replies sent to nodes (calls cut off by a stopping service).
+    pub internal_replies: u64,
 }
 
 pub(super) struct HolderWorld {
@@ -570,6 +578,9 @@ impl HolderWorld {
                 Effect::Reply(response) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;
+                    if matches!(&response, Response::Error(e) if e.kind == ErrorKind::Internal) {
+                        self.stats.internal_replies += 1;
+                    }
                     if !self.rng.chance(self.p.loss_percent) {
                         let at = self.t + self.latency();
                         let outcome = RequestOutcome::reply(response.to_json());
@@ -696,8 +707,15 @@ impl HolderWorld {
                     outcome = RequestOutcome::TimedOut;
                 }
                 let now = self.service_now();
+                // Drawn only when aborts are on, so worlds without them (and the
+                // regression seeds) replay as before.
+                let abort = self.p.abort_percent > 0 && self.rng.chance(self.p.abort_percent);
                 if let Some(sc) = self.calls[c].as_mut() {
-                    sc.call.handle_outcome(now, id, outcome);
+                    if abort {
+                        sc.call.abort(now);
+                    } else {
+                        sc.call.handle_outcome(now, id, outcome);
+                    }
                 }
                 self.drain_call(c);
             }
@@ -877,6 +895,7 @@ fn params(seed: u64, holders: usize, ttl_s: u64, pause_every_ms: u64) -> WorldPa
         actual_drift_ppm: 10_000,
         timeout_per_ttl_s: 250,
         recreate_every_ms: 0,
+        abort_percent: 0,
         run_ms: 120_000,
         nodes: Nodes::Holders,
     }
@@ -948,6 +967,56 @@ fn holder_worlds_cover_failovers_and_step_downs_at_the_deadline() {
     // test `lost_steps_down_at_once_and_campaigns_again` and the integration test
     // on a real server cover it.
     assert!(total.pauses > 100, "{total:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A service that stops mid-call (the call cut off after its JetStream step,
+    /// replying `internal`, a write perhaps landed) under the other faults: holders
+    /// and members treat `internal` as an outcome unknown, back off, and never
+    /// believe past the server's lease; never two believers.
+    #[test]
+    fn nodes_answered_internal_mid_call_never_believe_past_the_server_lease(
+        seed in any::<u64>(),
+        members in any::<bool>(),
+        abort_percent in 1u64..15,
+        pause_every_ms in 0u64..20_000,
+    ) {
+        let mut p = if members {
+            member_params(seed, 3, 4, seed % 2 == 0)
+        } else {
+            params(seed, 3, 2, pause_every_ms)
+        };
+        p.abort_percent = abort_percent;
+        let mut world = HolderWorld::new(p);
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The worlds with a service stopping mid-call exercise what they claim: `internal`
+/// replies reach holders and members, and they still elect and renew.
+#[test]
+fn worlds_with_calls_cut_off_mid_call_answer_internal_and_still_elect() {
+    let mut total = Stats::default();
+    for seed in 0..30 {
+        let mut p = if seed % 2 == 0 {
+            params(seed, 3, 2, 10_000)
+        } else {
+            member_params(seed, 3, 4, seed % 4 == 1)
+        };
+        p.abort_percent = 5;
+        let mut world = HolderWorld::new(p);
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        total.internal_replies += world.stats.internal_replies;
+        total.elections += world.stats.elections;
+        total.renewals += world.stats.renewals;
+    }
+    assert!(total.internal_replies > 300, "{total:?}");
+    assert!(total.elections > 100, "{total:?}");
+    assert!(total.renewals > 1000, "{total:?}");
 }
 
 /// The checker is not blind: holders whose clocks run slower than the drift they were
