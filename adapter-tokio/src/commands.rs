@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::record::{LEASE_SUBJECTS, STREAM, kv_subject};
+use dagnats_leases_core::record::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
 use dagnats_leases_core::wire::{ErrorKind, Lease};
 use futures::StreamExt;
 use serde_json::json;
@@ -317,7 +317,7 @@ async fn watch(
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> u8 {
-    let subject = format!("dagnats.lease.changed.{}", key.as_deref().unwrap_or("*"));
+    let subject = changed_subject(key.as_deref().unwrap_or("*"));
     let mut sub = match nats.subscribe(subject.clone()).await {
         Ok(s) => s,
         Err(e) => {

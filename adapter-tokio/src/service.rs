@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use async_nats::service::ServiceExt;
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mode};
-use dagnats_leases_core::record::{QUEUE_GROUP, SERVICE_NAME};
+use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use futures::future::AbortHandle;
@@ -181,7 +181,7 @@ pub async fn prepare(
         .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    let group = service.group("api.leases");
+    let group = service.group(API_PREFIX);
     let mut endpoints = Vec::new();
     for endpoint in Endpoint::ALL {
         let e = group

@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::holder::HolderEvent;
-use crate::record::{HDR_REJECT, REJECT_STALE};
+use crate::record::{HDR_REJECT, INBOX_PREFIX, REJECT_STALE};
 
 /// Why a forwarded request was rejected (the reply is an empty body with
 /// `Dagnats-Lease-Reject: stale` in every case).
@@ -86,7 +86,7 @@ impl InboxGuard {
     /// A guard for `holder`'s inbox, acting as owner of nothing yet.
     pub fn new(holder: &str) -> Self {
         Self {
-            prefix: format!("dagnats.lease.inbox.{holder}."),
+            prefix: format!("{INBOX_PREFIX}.{holder}."),
             tenures: HashMap::new(),
         }
     }
