@@ -279,6 +279,22 @@ async fn exit_codes_wait_and_signals() {
     let leases = LeaseClient::new(async_nats::connect(s.server.url()).await.unwrap());
     assert!(leases.owner("k2").await.unwrap().is_none());
 
+    // SIGTERM likewise: the command gets it, exits 9 from its trap, and that code
+    // is the tool's; the lease is released.
+    let holder = s.lock(
+        &["k2", "--holder", "lock-b"],
+        &format!(
+            "trap 'echo term >> {f}; exit 9' TERM; echo again >> {f}; \
+             while true; do sleep 0.1; done"
+        ),
+    );
+    wait_line(&stamps, "again").await;
+    signal(&holder, "TERM");
+    let out = finish(holder).await;
+    assert_eq!(code(out.status), Some(9));
+    wait_line(&stamps, "term").await;
+    assert!(leases.owner("k2").await.unwrap().is_none());
+
     // --grace above half the TTL is refused.
     let out = finish(s.lock(&["k3", "--ttl-ms", "4000", "--grace", "3s"], "true")).await;
     assert_eq!(code(out.status), Some(2));
