@@ -49,7 +49,7 @@ use dagnats_leases_core::guard::RejectReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{NatsRequest, RequestOutcome};
+use dagnats_leases_core::{EffectId, NatsRequest, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -605,7 +605,7 @@ impl Shards {
 
 /// What came of a request, for the machine.
 struct Answer {
-    id: dagnats_leases_core::EffectId,
+    id: EffectId,
     outcome: RequestOutcome,
 }
 
@@ -621,9 +621,12 @@ async fn drive(shared: Arc<Shared>) {
     let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
     let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
     let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
+    // A request in flight ends when its sender is dropped: the campaign timed it out.
+    let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
     loop {
         let (requests, events, wake, subscribe, new_inboxes, done) = {
             let mut state = shared.lock();
+            in_flight.retain(|id, _| state.campaign.waits_for(*id));
             let requests: Vec<CampaignRequest> =
                 std::iter::from_fn(|| state.campaign.poll_request()).collect();
             let events: Vec<CampaignEvent> =
@@ -639,7 +642,9 @@ async fn drive(shared: Arc<Shared>) {
             )
         };
         for request in requests {
-            pending.push(send(&shared, request));
+            let (give_up, given_up) = oneshot::channel();
+            in_flight.insert(request.request.id, give_up);
+            pending.push(send(&shared, request, given_up));
         }
         for key in subscribe {
             // A failed subscribe only loses the early wake-up, never correctness.
@@ -736,17 +741,22 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
     finished_keys
 }
 
-fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer> {
+/// Sends one of the campaign's requests. Its only deadline is the machine's: when
+/// the campaign times it out, the driver drops `given_up`'s sender and the request
+/// ends `TimedOut` (for the observer; the machine has moved on).
+fn send(
+    shared: &Arc<Shared>,
+    out: CampaignRequest,
+    given_up: oneshot::Receiver<()>,
+) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
-    let runtime = shared.runtime.clone();
     let observer = shared.observer.clone();
     async move {
         let CampaignRequest { key, request } = out;
         let endpoint = request.endpoint;
         let body = observer.as_ref().map(|_| request.body.clone());
         let sent = Instant::now();
-        let outcome = exec::send(
-            &*runtime,
+        let sending = exec::send_untimed(
             &nats,
             NatsRequest {
                 subject: endpoint.subject(),
@@ -754,8 +764,11 @@ fn send(shared: &Arc<Shared>, out: CampaignRequest) -> BoxFuture<'static, Answer
                 payload: request.body,
                 timeout: request.timeout,
             },
-        )
-        .await;
+        );
+        let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
+            futures::future::Either::Left((outcome, _)) => outcome,
+            futures::future::Either::Right(_) => RequestOutcome::TimedOut,
+        };
         if let (Some(o), Some(body)) = (&observer, &body) {
             o.request(&key, endpoint, body, sent, &outcome, Instant::now());
         }

@@ -453,6 +453,13 @@ impl Campaign {
         self.settle(now);
     }
 
+    /// Whether the campaign still waits for the outcome of request `id`. Once it has
+    /// timed the request out (or had its answer) the adapter drops the request: the
+    /// machine's deadline is the only timer a request has.
+    pub fn waits_for(&self, id: EffectId) -> bool {
+        self.out.routes.contains_key(&id)
+    }
+
     /// The next request to send, if any.
     pub fn poll_request(&mut self) -> Option<CampaignRequest> {
         self.out.requests.pop_front()

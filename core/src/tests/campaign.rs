@@ -252,7 +252,10 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine() {
     let first = run.request();
     let deadline = run.at(0) + first.request.timeout;
     assert_eq!(run.campaign.poll_timeout(), Some(deadline));
+    assert!(run.campaign.waits_for(first.request.id));
     run.campaign.handle_timeout(deadline);
+    // The adapter may drop it now: no timer of its own bounds the request.
+    assert!(!run.campaign.waits_for(first.request.id));
     // Timed out: a grant arriving now is for a request nobody waits for.
     run.answer(
         deadline.duration_since(run.t0).as_millis() as u64,
