@@ -52,24 +52,11 @@ pub const ENV_HOLDER: &str = "DAGNATS_LEASE_HOLDER";
 /// The environment variable holding the fence (the tenure's revision), for the command.
 pub const ENV_FENCE: &str = "DAGNATS_LEASE_FENCE";
 
-/// Reads a duration: `250ms`, `5s`, `2m`, `1h`, or a bare number of seconds.
+/// Reads a duration for `--wait` and `--grace` with humantime: `250ms`, `5s`, `1.5s`,
+/// `2m`, `1h 30m`, or `0`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 5s, 2m)"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (ms, s, m, h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 0, 500ms, 5s, 2m"))
 }
 
 /// The options of `lock`.

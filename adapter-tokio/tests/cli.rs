@@ -309,6 +309,19 @@ async fn acquire_wait_is_woken_by_the_release_and_wait_0_tries_once() {
         .json(&["acquire", "w", "--holder", "ops-2", "--wait", "0"])
         .await;
     assert_eq!((code, got["holder"].as_str()), (3, Some("ops-1")));
+    // A duration without a unit, or no duration at all, is refused before any
+    // request: exit 2 with a sentence naming the option.
+    for bad in ["5", "soon"] {
+        let out = cli
+            .run(&["acquire", "w", "--holder", "ops-2", "--wait", bad])
+            .await;
+        assert_eq!(out.status.code(), Some(2), "--wait {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--wait") && err.contains("is not a duration"),
+            "{err}"
+        );
+    }
     // A bounded wait that ends without the lease: exit 3, after the bound.
     let started = std::time::Instant::now();
     let (code, _) = cli
