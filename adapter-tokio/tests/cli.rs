@@ -422,6 +422,13 @@ async fn library_acquire_waiting_is_woken_by_the_release() {
         .unwrap();
     let owner = leases.owner("lw").await.unwrap().unwrap();
     assert_eq!(owner.holder, "ops-1", "the waiter's first try was refused");
+    // Waiting is not polling: while the key stays held (no change event, its TTL
+    // 60 s off), the waiter asks nothing more. A poller at any period under 2 s fails.
+    let polled = tokio::time::timeout(Duration::from_secs(2), asks.next()).await;
+    assert!(
+        polled.is_err(),
+        "the waiter asked again while nothing changed: it polls"
+    );
     leases
         .release("lw", "ops-1", held.lease.revision)
         .await
