@@ -5,15 +5,20 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use common::Fx;
+use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
 use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
-use dagnats_leases_core::wire::ErrorKind;
+use dagnats_leases_core::wire::{Endpoint, ErrorKind};
 use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind};
-use dagnats_leases_tokio::member::{Change, Elector, Member, Ownership, Semaphore, Shards};
+use dagnats_leases_tokio::member::{
+    CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Shards,
+};
+use futures::StreamExt;
 
 const TTL: Duration = Duration::from_secs(2);
 const WAIT: Duration = Duration::from_secs(20);
@@ -412,4 +417,51 @@ async fn a_semaphore_of_two_permits_among_three_members_admits_two() {
     for key in ["pool-0", "pool-1"] {
         assert_eq!(leases.owner(key).await.unwrap(), None, "{key} still held");
     }
+}
+
+/// Records what came of each of a member's requests.
+struct Outcomes(tokio::sync::mpsc::UnboundedSender<(Endpoint, RequestOutcome)>);
+
+impl CampaignObserver for Outcomes {
+    fn request(
+        &self,
+        _key: &str,
+        endpoint: Endpoint,
+        _body: &[u8],
+        _sent: Instant,
+        outcome: &RequestOutcome,
+        _answered: Instant,
+    ) {
+        let _ = self.0.send((endpoint, outcome.clone()));
+    }
+}
+
+/// A member's requests carry no timer of their own (async-nats' is off): the
+/// campaign's deadline ends them. Against a stand-in for the service that takes every
+/// acquire and never answers, the acquire still ends `TimedOut` and the elector still
+/// stops. A driver that kept waiting on requests the campaign gave up on fails here.
+#[tokio::test]
+async fn a_request_nobody_answers_ends_at_the_campaigns_deadline_silent_service_stand_in() {
+    let server = dagnats_leases_tests::NatsServer::start();
+    let nats = common::connect(&server).await;
+    let mut swallowed = nats.subscribe(Endpoint::Acquire.subject()).await.unwrap();
+    nats.flush().await.unwrap();
+    let (tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let member = Member::new(common::connect(&server).await, "silent-1")
+        .expect("valid holder")
+        .with_observer(Arc::new(Outcomes(tx)));
+    let elector = member.elect("silent", TTL).unwrap();
+    tokio::time::timeout(WAIT, swallowed.next())
+        .await
+        .expect("the acquire is sent")
+        .expect("the stand-in subscribes");
+    let (endpoint, outcome) = tokio::time::timeout(WAIT, outcomes.recv())
+        .await
+        .expect("the unanswered acquire ends")
+        .expect("the member runs");
+    assert_eq!(endpoint, Endpoint::Acquire);
+    assert_eq!(outcome, RequestOutcome::TimedOut);
+    tokio::time::timeout(WAIT, elector.stop())
+        .await
+        .expect("stop is not held up by a request nobody answers");
 }
