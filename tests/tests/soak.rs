@@ -23,7 +23,7 @@ use serde_json::json;
 /// on the machine's two cores. Side by side each had about half, and in the library
 /// soak's burst of 2,000 grants and their confirming renewals (latency near the
 /// 3.75 s request timeout even alone) a shard missed its 15 s deadline before all
-/// were held: 2 of 6 runs side by side, 0 of 5 one at a time.
+/// were held: 2 of 6 runs side by side, 0 of 8 one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn env(name: &str, default: u64) -> u64 {
