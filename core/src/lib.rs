@@ -77,6 +77,7 @@ pub mod js;
 pub mod record;
 pub mod startup;
 pub mod subjects;
+pub mod supervise;
 pub mod wire;
 
 #[cfg(any(test, feature = "__test"))]

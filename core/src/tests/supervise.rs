@@ -1,0 +1,474 @@
+//! Table tests of `lock`'s supervision: one per rule of [`crate::supervise`].
+
+use std::time::{Duration, Instant};
+
+use crate::js::RequestOutcome;
+use crate::supervise::{
+    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
+    SupervisorEvent, may_start,
+};
+use crate::wire::Endpoint;
+
+const GRACE: Duration = Duration::from_secs(2);
+
+fn ms(base: Instant, ms: u64) -> Instant {
+    base + Duration::from_millis(ms)
+}
+
+fn drain(s: &mut Supervisor) -> Vec<SupervisorEvent> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+fn drain_lock(l: &mut Lock) -> Vec<LockEvent> {
+    std::iter::from_fn(|| l.poll_event()).collect()
+}
+
+use GroupSignal::{Kill, Term};
+use SupervisorEvent::{Finished, Signal};
+
+#[test]
+fn a_command_starts_only_with_more_than_the_grace_left() {
+    let t = Instant::now();
+    let deadline = ms(t, 10_000);
+    assert!(may_start(t, deadline, GRACE));
+    assert!(
+        !may_start(ms(t, 8_000), deadline, GRACE),
+        "exactly the grace left"
+    );
+    assert!(!may_start(ms(t, 9_000), deadline, GRACE));
+    assert!(
+        !may_start(ms(t, 11_000), deadline, GRACE),
+        "past the deadline"
+    );
+    assert!(Supervisor::new(ms(t, 8_500), deadline, GRACE).is_none());
+    assert!(Supervisor::new(t, deadline, GRACE).is_some());
+}
+
+#[test]
+fn term_at_grace_before_the_deadline_and_kill_at_the_deadline() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    assert_eq!(s.poll_timeout(), Some(ms(t, 8_000)));
+    s.handle_timeout(ms(t, 7_999));
+    assert_eq!(drain(&mut s), []);
+    s.handle_timeout(ms(t, 8_000));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.stop_cause(), Some(StopCause::DeadlineNear));
+    assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)));
+    s.handle_timeout(ms(t, 9_999));
+    assert_eq!(drain(&mut s), []);
+    s.handle_timeout(ms(t, 10_000));
+    assert_eq!(drain(&mut s), [Signal(Kill)]);
+    assert_eq!(s.poll_timeout(), None, "no second SIGKILL");
+}
+
+#[test]
+fn a_late_wake_past_the_deadline_terms_and_kills_at_once() {
+    // A timer that fired late (a suspend): nothing may run past the deadline.
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_timeout(ms(t, 30_000));
+    assert_eq!(drain(&mut s), [Signal(Term), Signal(Kill)]);
+}
+
+#[test]
+fn a_renewal_moves_the_deadline_on_but_never_takes_a_stop_back() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_deadline(ms(t, 3_000), ms(t, 13_000));
+    assert_eq!(s.poll_timeout(), Some(ms(t, 11_000)));
+    s.handle_timeout(ms(t, 11_000));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    // A renewal that comes now does not put SIGKILL off.
+    s.handle_deadline(ms(t, 11_100), ms(t, 20_000));
+    assert_eq!(s.poll_timeout(), Some(ms(t, 13_000)));
+    assert_eq!(s.deadline(), ms(t, 13_000));
+}
+
+#[test]
+fn a_lost_lease_terms_now_and_kills_at_the_earlier_of_grace_and_deadline() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_lost(ms(t, 1_000));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.poll_timeout(), Some(ms(t, 3_000)), "now + grace");
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_deadline(ms(t, 1_000), ms(t, 10_000));
+    s.handle_lost(ms(t, 7_500));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.poll_timeout(), Some(ms(t, 9_500)));
+    // Lost after the TERM time already passed unnoticed: the deadline bounds SIGKILL.
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_lost(ms(t, 9_000));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)), "the deadline");
+}
+
+#[test]
+fn the_tool_gone_stops_the_command() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_tool_gone(ms(t, 500));
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.stop_cause(), Some(StopCause::ToolGone));
+    s.handle_timeout(ms(t, 2_500));
+    assert_eq!(drain(&mut s), [Signal(Kill)]);
+}
+
+#[test]
+fn signals_are_passed_on_and_stop_nothing_by_themselves() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    for sig in [GroupSignal::Term, GroupSignal::Int, GroupSignal::Hup] {
+        s.handle_signal(ms(t, 100), sig);
+        assert_eq!(drain(&mut s), [Signal(sig)]);
+    }
+    assert_eq!(s.stop_cause(), None);
+    assert_eq!(s.poll_timeout(), Some(ms(t, 8_000)));
+}
+
+#[test]
+fn when_the_leader_exits_the_rest_of_its_group_is_stopped_before_finishing() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_leader_exited(ms(t, 1_000), 0);
+    assert_eq!(drain(&mut s), [Signal(Term)], "the rest of the group");
+    assert!(!s.is_done(), "not finished while the group has processes");
+    s.handle_timeout(ms(t, 3_000));
+    assert_eq!(drain(&mut s), [Signal(Kill)]);
+    s.handle_group_empty(ms(t, 3_001));
+    assert_eq!(
+        drain(&mut s),
+        [Finished {
+            code: Some(0),
+            stopped: Some(StopCause::LeaderExited)
+        }]
+    );
+    assert!(s.is_done());
+    assert_eq!(s.poll_timeout(), None);
+}
+
+#[test]
+fn the_leaders_code_is_the_one_reported_even_after_a_stop() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    s.handle_lost(ms(t, 100));
+    s.handle_leader_exited(ms(t, 200), 143);
+    s.handle_group_empty(ms(t, 200));
+    assert_eq!(
+        drain(&mut s),
+        [
+            Signal(Term),
+            Finished {
+                code: Some(143),
+                stopped: Some(StopCause::Lost)
+            }
+        ]
+    );
+    s.handle_signal(ms(t, 300), GroupSignal::Term);
+    assert_eq!(drain(&mut s), [], "nothing to signal once finished");
+}
+
+#[test]
+fn taking_over_a_group_terms_at_once_and_kills_by_the_deadline() {
+    let t = Instant::now();
+    let mut s = Supervisor::stopping_now(ms(t, 9_000), ms(t, 10_000), GRACE, StopCause::GuardGone);
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)));
+    // Already past the deadline: SIGKILL right after SIGTERM.
+    let mut s = Supervisor::stopping_now(ms(t, 11_000), ms(t, 10_000), GRACE, StopCause::GuardGone);
+    assert_eq!(drain(&mut s), [Signal(Term), Signal(Kill)]);
+}
+
+#[test]
+fn the_channel_lines_read_back_and_refuse_anything_else() {
+    let base = Instant::now();
+    let to_clock = |at: Instant| Duration::from_secs(100) + at.duration_since(base);
+    let from_clock = |d: Duration| base + (d - Duration::from_secs(100));
+    for message in [
+        GuardMessage::Deadline(ms(base, 1_234)),
+        GuardMessage::Lost,
+        GuardMessage::Signal(GroupSignal::Hup),
+    ] {
+        let line = message.to_line(to_clock);
+        assert_eq!(
+            GuardMessage::parse(&line, from_clock),
+            Some(message),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        GuardMessage::Deadline(ms(base, 1_234)).to_line(to_clock),
+        "deadline 101.234000000"
+    );
+    for report in [
+        GuardReport::Started { pgid: 4242 },
+        GuardReport::Finished {
+            code: 7,
+            stopped: None,
+        },
+        GuardReport::Finished {
+            code: 137,
+            stopped: Some(StopCause::DeadlineNear),
+        },
+    ] {
+        assert_eq!(GuardReport::parse(&report.to_line()), Some(report));
+    }
+    for bad in [
+        "",
+        "deadline",
+        "deadline 1.5",
+        "deadline x.000000000",
+        "lost now",
+        "signal STOP",
+        "started 0",
+        "finished 300",
+        "finished 1 maybe",
+        "started 1 2",
+    ] {
+        assert_eq!(GuardMessage::parse(bad, from_clock), None, "{bad:?}");
+        assert_eq!(GuardReport::parse(bad), None, "{bad:?}");
+    }
+}
+
+fn refused() -> RequestOutcome {
+    RequestOutcome::reply(
+        br#"{"granted":false,"held":true,"key":"job","holder":"other","revision":3,"acquired_at":"2026-01-01T00:00:00Z","expires_at":"2026-01-01T00:00:15Z","ttl_ms":15000}"#.to_vec(),
+    )
+}
+
+fn granted() -> RequestOutcome {
+    RequestOutcome::reply(
+        br#"{"granted":true,"held":true,"key":"job","holder":"me","revision":3,"acquired_at":"2026-01-01T00:00:00Z","expires_at":"2026-01-01T00:00:15Z","ttl_ms":15000}"#.to_vec(),
+    )
+}
+
+fn elected_and_started(t: Instant) -> Lock {
+    let mut lock = Lock::new(t, GRACE, None);
+    lock.handle_elected(t, ms(t, 10_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::StartGuard {
+            deadline: ms(t, 10_000)
+        }]
+    );
+    lock
+}
+
+#[test]
+fn lock_waits_out_wait_only_after_a_refusal() {
+    let t = Instant::now();
+    let mut lock = Lock::new(t, GRACE, Some(Duration::from_millis(500)));
+    assert_eq!(lock.poll_timeout(), Some(ms(t, 500)));
+    lock.handle_request(ms(t, 10), Endpoint::Acquire, &refused());
+    assert_eq!(drain_lock(&mut lock), []);
+    lock.handle_timeout(ms(t, 500));
+    let exit = LockEvent::Exit {
+        exit: LockExit::NotHeld,
+        release: true,
+    };
+    assert_eq!(drain_lock(&mut lock), [exit]);
+    // The wait passes with no answer yet: the next acquire not granted ends it (a
+    // refusal, or no answer at all), a renew's answer does not.
+    for outcome in [refused(), RequestOutcome::TimedOut] {
+        let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
+        lock.handle_timeout(t);
+        assert_eq!(drain_lock(&mut lock), []);
+        lock.handle_request(ms(t, 9), Endpoint::Renew, &refused());
+        assert_eq!(drain_lock(&mut lock), [], "only acquires count");
+        lock.handle_request(ms(t, 10), Endpoint::Acquire, &outcome);
+        assert_eq!(drain_lock(&mut lock), [exit]);
+        assert!(lock.is_done());
+    }
+    // A grant past the wait does not end it.
+    let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
+    lock.handle_timeout(t);
+    lock.handle_request(ms(t, 10), Endpoint::Acquire, &granted());
+    assert_eq!(drain_lock(&mut lock), []);
+}
+
+#[test]
+fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
+    let t = Instant::now();
+    let mut lock = Lock::new(t, GRACE, None);
+    lock.handle_elected(ms(t, 8_500), ms(t, 10_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [],
+        "1.5 s left, grace 2 s: not started"
+    );
+    lock.handle_deadline(ms(t, 9_000), ms(t, 19_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::StartGuard {
+            deadline: ms(t, 19_000)
+        }]
+    );
+    // Or loses the lease first: nothing ran, so release and exit as lost.
+    let mut lock = Lock::new(t, GRACE, None);
+    lock.handle_elected(ms(t, 8_500), ms(t, 10_000));
+    lock.handle_lost(ms(t, 10_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::LeaseLost,
+            release: true
+        }]
+    );
+}
+
+#[test]
+fn lock_passes_deadlines_loss_and_signals_to_the_guard() {
+    let t = Instant::now();
+    let mut lock = elected_and_started(t);
+    lock.handle_deadline(ms(t, 3_000), ms(t, 13_000));
+    lock.handle_signal(ms(t, 3_100), GroupSignal::Hup);
+    lock.handle_lost(ms(t, 4_000));
+    lock.handle_deadline(ms(t, 4_100), ms(t, 14_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [
+            LockEvent::ToGuard(GuardMessage::Deadline(ms(t, 13_000))),
+            LockEvent::ToGuard(GuardMessage::Signal(GroupSignal::Hup)),
+            LockEvent::ToGuard(GuardMessage::Lost),
+        ],
+        "no deadline after the loss"
+    );
+}
+
+#[test]
+fn lock_releases_only_once_the_guard_saw_the_group_empty() {
+    let t = Instant::now();
+    let mut lock = elected_and_started(t);
+    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
+    lock.handle_report(
+        ms(t, 1_000),
+        GuardReport::Finished {
+            code: 3,
+            stopped: Some(StopCause::LeaderExited),
+        },
+    );
+    assert_eq!(
+        drain_lock(&mut lock),
+        [],
+        "nothing before the guard is gone"
+    );
+    lock.handle_guard_gone(ms(t, 1_001));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::Command(3),
+            release: true
+        }]
+    );
+}
+
+#[test]
+fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
+    let t = Instant::now();
+    for (stopped, lost, at) in [
+        (Some(StopCause::DeadlineNear), false, 8_100),
+        (Some(StopCause::Lost), true, 5_000),
+        (None, false, 10_000), // the tool woke past its deadline
+    ] {
+        let mut lock = elected_and_started(t);
+        lock.handle_report(t, GuardReport::Started { pgid: 77 });
+        if lost {
+            lock.handle_lost(ms(t, 4_000));
+            drain_lock(&mut lock);
+        }
+        lock.handle_report(ms(t, at), GuardReport::Finished { code: 0, stopped });
+        lock.handle_guard_gone(ms(t, at));
+        assert_eq!(
+            drain_lock(&mut lock),
+            [LockEvent::Exit {
+                exit: LockExit::LeaseLost,
+                release: true
+            }],
+            "{stopped:?}"
+        );
+    }
+}
+
+#[test]
+fn lock_whose_guard_died_stops_the_group_itself_before_releasing() {
+    let t = Instant::now();
+    let mut lock = elected_and_started(t);
+    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
+    lock.handle_guard_gone(ms(t, 5_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [
+            LockEvent::WatchGroup { pgid: 77 },
+            LockEvent::Signal {
+                pgid: 77,
+                signal: Term
+            }
+        ]
+    );
+    assert_eq!(lock.poll_timeout(), Some(ms(t, 7_000)), "now + grace");
+    lock.handle_signal(ms(t, 5_500), GroupSignal::Int);
+    lock.handle_timeout(ms(t, 7_000));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [
+            LockEvent::Signal {
+                pgid: 77,
+                signal: GroupSignal::Int
+            },
+            LockEvent::Signal {
+                pgid: 77,
+                signal: Kill
+            }
+        ]
+    );
+    assert!(!lock.is_done(), "no release while a process may run");
+    lock.handle_group_empty(ms(t, 7_010));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::GuardGone,
+            release: true
+        }]
+    );
+}
+
+#[test]
+fn lock_whose_guard_died_near_the_deadline_kills_by_the_deadline() {
+    let t = Instant::now();
+    let mut lock = elected_and_started(t);
+    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
+    lock.handle_guard_gone(ms(t, 9_500));
+    drain_lock(&mut lock);
+    assert_eq!(lock.poll_timeout(), Some(ms(t, 10_000)));
+}
+
+#[test]
+fn lock_whose_guard_died_before_naming_the_group_releases_nothing() {
+    let t = Instant::now();
+    let mut lock = elected_and_started(t);
+    lock.handle_guard_gone(ms(t, 100));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::GuardGone,
+            release: false
+        }]
+    );
+}
+
+#[test]
+fn lock_signalled_before_the_command_started_releases_and_exits() {
+    let t = Instant::now();
+    let mut lock = Lock::new(t, GRACE, None);
+    lock.handle_signal(ms(t, 10), GroupSignal::Term);
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::Interrupted(GroupSignal::Term),
+            release: true
+        }]
+    );
+    assert_eq!(GroupSignal::Term.exit_code(), 143);
+    assert_eq!(GroupSignal::Int.exit_code(), 130);
+}
