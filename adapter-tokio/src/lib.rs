@@ -27,6 +27,7 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
+pub mod clock;
 #[cfg(feature = "cli")]
 pub mod commands;
 #[cfg(feature = "cli")]

@@ -4,40 +4,54 @@
 //! Two processes take part, so that the command is stopped in time even when the
 //! tool itself cannot act (frozen by SIGSTOP, a long pause, killed):
 //!
-//! - the **tool** holds the lease: it campaigns, renews (the library does), and on
-//!   every change of its local deadline tells the guard the new deadline as an
-//!   absolute `CLOCK_MONOTONIC` time (the same clock for every process on the machine,
-//!   so a tool frozen between reading its deadline and writing it can only send a
-//!   deadline that is already true);
-//! - the **guard** (`dagnats-leases __lock-guard`, started by the tool in its own
-//!   process group) runs the command in a process group of its own and keeps the
-//!   deadline: `--grace` before it, the command's group gets SIGTERM; at it, SIGKILL.
-//!   The local deadline is the send time of the last write of the lease plus the TTL,
-//!   less a clock-drift margin, so the command is gone before the server can expire
-//!   the lease and grant it to anyone else. Renewals push the deadline on (the
-//!   library renews every ttl/3, so a healthy tool never gets near it: `--grace` is
-//!   at most half the TTL).
+//! - the **tool** holds the lease: it campaigns, renews (the library does), and
+//!   tells the guard every new deadline as an absolute `CLOCK_BOOTTIME` time (one
+//!   clock for every process on the machine, counting time suspended);
+//! - the **guard** (`dagnats-leases __lock-guard`, started by the tool in a process
+//!   group of its own) runs the command in another process group and keeps the
+//!   deadline: `--grace` before it the command's group gets SIGTERM, SIGKILL at the
+//!   latest at the deadline, which comes before the server can expire the lease.
 //!
-//! On a step-down the tool sends the command SIGTERM at once, SIGKILL after
-//! `--grace` (through the guard), and exits [`EXIT_LEASE_LOST`]. When the command
-//! exits, the tool releases the lease and exits with the command's code (128 + N for
-//! a command killed by signal N). SIGINT and SIGTERM to the tool go to the command's
-//! process group. The command's stdin is `/dev/null` (the guard's stdin is the tool's
-//! channel to it); stdout and stderr are the tool's.
+//! Every rule (when to signal, when the command is over, when to release) is a core
+//! machine: [`dagnats_leases_core::supervise`], the guard's [`Supervisor`] and the
+//! tool's [`Lock`]. This module is their IO: processes, signals, the channel between
+//! the two processes (a socket pair that is the guard's stdin), and one timer each.
+//!
+//! Both processes are child subreapers (`PR_SET_CHILD_SUBREAPER`): a process the
+//! command leaves behind stays the guard's descendant (or the tool's, if the guard
+//! dies), so "every process of the command is gone" can be known by reaping, and
+//! the lease is released only then. SIGTERM, SIGINT and SIGHUP to either process are
+//! passed on to the command. The command's stdin is `/dev/null`; stdout and stderr
+//! are the tool's.
+//!
+//! What `lock` cannot cover: every process of the tool and the guard killed at once
+//! (`kill -9` of both), or the whole host paused; the lease then runs out by its TTL
+//! while the command may run on. Fence downstream writes with `DAGNATS_LEASE_FENCE`.
 
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::holder::HolderEvent;
+use dagnats_leases_core::supervise::{
+    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
+    SupervisorEvent,
+};
 use dagnats_leases_core::wire::Endpoint;
-use rustix::process::{Pid, Signal};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::Notify;
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
+use tokio::sync::mpsc;
 
+use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
 use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
 
@@ -92,7 +106,7 @@ pub struct GuardArgs {
     /// Between SIGTERM and SIGKILL, in milliseconds.
     #[arg(long)]
     pub grace_ms: u64,
-    /// The first deadline, `SECONDS.NANOSECONDS` of CLOCK_MONOTONIC.
+    /// The first deadline, `SECONDS.NANOSECONDS` of CLOCK_BOOTTIME.
     #[arg(long)]
     pub deadline: String,
     /// The command and its arguments.
@@ -130,14 +144,17 @@ impl Campaigner {
     }
 }
 
-/// Tells when an acquire came back without the lease (for `--wait`).
-#[derive(Default)]
-struct AcquireWatch {
-    denied: AtomicBool,
-    answered: Notify,
+/// What the campaign's observer passes on to the tool's loop.
+enum Observed {
+    /// An answer to a request (the [`Lock`] reads acquires for `--wait`).
+    Answer(Endpoint, RequestOutcome),
+    /// A renewal of `key`: a new deadline.
+    Renewed { key: String, deadline: Instant },
 }
 
-impl CampaignObserver for AcquireWatch {
+struct Observer(mpsc::UnboundedSender<Observed>);
+
+impl CampaignObserver for Observer {
     fn request(
         &self,
         _key: &str,
@@ -147,47 +164,264 @@ impl CampaignObserver for AcquireWatch {
         outcome: &RequestOutcome,
         _answered: Instant,
     ) {
-        if endpoint != Endpoint::Acquire {
-            return;
+        let _ = self.0.send(Observed::Answer(endpoint, outcome.clone()));
+    }
+
+    fn event(&self, key: &str, event: &HolderEvent, _at: Instant) {
+        if let HolderEvent::Renewed { deadline, .. } = event {
+            let _ = self.0.send(Observed::Renewed {
+                key: key.to_string(),
+                deadline: *deadline,
+            });
         }
-        let granted = match outcome {
-            RequestOutcome::Reply { payload, .. } => {
-                serde_json::from_slice::<serde_json::Value>(payload)
-                    .ok()
-                    .and_then(|v| v["granted"].as_bool())
-                    == Some(true)
-            }
-            _ => false,
-        };
-        self.denied.store(!granted, Ordering::SeqCst);
-        self.answered.notify_one();
     }
 }
 
-/// CLOCK_MONOTONIC now, the clock `Instant` reads on Linux, shared by every process.
-fn monotonic_now() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+/// A timer on `CLOCK_BOOTTIME` (a timerfd armed at an absolute time): it fires at
+/// once on resume from a suspend that passed its time, where a `CLOCK_MONOTONIC`
+/// timer would fire as late as the suspend was long. A thread of its own blocks
+/// reading the timerfd (tokio registers a raw fd only through `unsafe`, which the
+/// workspace forbids); a re-arm from the loop takes effect on that read at once.
+struct BootTimer {
+    fd: Arc<OwnedFd>,
+    fired: mpsc::UnboundedReceiver<()>,
 }
 
-/// `deadline` as an absolute CLOCK_MONOTONIC time, `SECONDS.NANOSECONDS`.
-fn absolute(deadline: Instant) -> String {
-    let at = monotonic_now() + deadline.saturating_duration_since(Instant::now());
-    format!("{}.{:09}", at.as_secs(), at.subsec_nanos())
+impl BootTimer {
+    fn new() -> io::Result<Self> {
+        let fd = Arc::new(rustix::time::timerfd_create(
+            TimerfdClockId::Boottime,
+            TimerfdFlags::CLOEXEC,
+        )?);
+        let (tx, fired) = mpsc::unbounded_channel();
+        let reader = fd.clone();
+        std::thread::spawn(move || {
+            let mut expirations = [0u8; 8];
+            loop {
+                match rustix::io::read(&*reader, &mut expirations) {
+                    Ok(_) if tx.send(()).is_ok() => {}
+                    Err(rustix::io::Errno::INTR) => {}
+                    _ => return,
+                }
+            }
+        });
+        Ok(Self { fd, fired })
+    }
+
+    /// Fires at `at` (on [`clock::now`]'s clock); `None` disarms.
+    fn arm(&self, at: Option<Instant>) -> io::Result<()> {
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let value = match at {
+            // At least 1 ns: an all-zero value would disarm.
+            Some(at) => {
+                let boot = clock::to_boot(at).max(Duration::from_nanos(1));
+                Timespec {
+                    tv_sec: boot.as_secs().try_into().unwrap_or(i64::MAX),
+                    tv_nsec: boot.subsec_nanos().into(),
+                }
+            }
+            None => zero,
+        };
+        let spec = Itimerspec {
+            it_interval: zero,
+            it_value: value,
+        };
+        rustix::time::timerfd_settime(&*self.fd, TimerfdTimerFlags::ABSTIME, &spec)?;
+        Ok(())
+    }
+
+    /// Resolves when the timer fires (a wake that finds nothing due is harmless).
+    async fn fired(&mut self) -> io::Result<()> {
+        match self.fired.recv().await {
+            Some(()) => Ok(()),
+            None => Err(io::Error::other("the timer's thread ended")),
+        }
+    }
 }
 
-fn parse_absolute(text: &str) -> Option<Duration> {
-    let (s, n) = text.split_once('.')?;
-    Some(Duration::new(s.parse().ok()?, n.parse().ok()?))
+/// SIGTERM, SIGINT and SIGHUP, handled (so neither process dies of them).
+struct Signals {
+    term: SignalStream,
+    int: SignalStream,
+    hup: SignalStream,
 }
 
-/// The exit code a shell gives for this status.
-fn code_of(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
-        _ => EXIT_ERROR,
+impl Signals {
+    fn new() -> io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> GroupSignal {
+        tokio::select! {
+            _ = self.term.recv() => GroupSignal::Term,
+            _ = self.int.recv() => GroupSignal::Int,
+            _ = self.hup.recv() => GroupSignal::Hup,
+        }
+    }
+}
+
+fn raw_signal(signal: GroupSignal) -> Signal {
+    match signal {
+        GroupSignal::Term => Signal::TERM,
+        GroupSignal::Kill => Signal::KILL,
+        GroupSignal::Int => Signal::INT,
+        GroupSignal::Hup => Signal::HUP,
+    }
+}
+
+/// Sends `signal` to group `pgid` and to every child of this process outside it (a
+/// process of the command that left the group and was then orphaned: this process
+/// is its subreaper).
+fn signal_command(pgid: u32, signal: GroupSignal) {
+    let sig = raw_signal(signal);
+    let group = i32::try_from(pgid).ok().and_then(Pid::from_raw);
+    if let Some(group) = group {
+        let _ = rustix::process::kill_process_group(group, sig);
+    }
+    for child in children() {
+        if rustix::process::getpgid(Some(child)).ok() != group {
+            let _ = rustix::process::kill_process(child, sig);
+        }
+    }
+}
+
+/// This process's children, from `/proc/self/task/*/children`.
+fn children() -> Vec<Pid> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|pid| pid.parse().ok().and_then(Pid::from_raw))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// What reaping this process's children shows.
+enum Reaped {
+    /// Child `pid` ended with `code` (128 + N for signal N).
+    Exited { pid: u32, code: u8 },
+    /// No child is left.
+    None,
+}
+
+/// Reaps every child of this process on a thread of its own, until none is left.
+/// Only for a process that waits for no child in any other way.
+fn reap_children() -> mpsc::UnboundedReceiver<Reaped> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        loop {
+            match rustix::process::wait(WaitOptions::empty()) {
+                Ok(Some((pid, status))) => {
+                    let code = match (status.exit_status(), status.terminating_signal()) {
+                        (Some(code), _) => code as u8,
+                        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
+                        _ => continue,
+                    };
+                    let pid = pid.as_raw_nonzero().get() as u32;
+                    let _ = tx.send(Reaped::Exited { pid, code });
+                }
+                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    let _ = tx.send(Reaped::None);
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+fn become_subreaper() {
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        eprintln!(
+            "dagnats-leases: cannot become a child subreaper ({e}): a process the command orphans may outlive it"
+        );
+    }
+}
+
+/// The guard's side of the channel: the tool's socket, which is the guard's stdin.
+fn channel_from_stdin() -> io::Result<UnixStream> {
+    let fd = io::stdin().as_fd().try_clone_to_owned()?;
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
+}
+
+async fn send_line(to: &mut OwnedWriteHalf, line: String) {
+    // A peer that is gone shows as the end of its lines; nothing to do here.
+    let _ = to.write_all(format!("{line}\n").as_bytes()).await;
+}
+
+/// The guard as the tool runs it.
+struct GuardProc {
+    child: Child,
+    to: OwnedWriteHalf,
+    from: Lines<BufReader<OwnedReadHalf>>,
+}
+
+/// Starts the guard under `deadline`, the command's environment set.
+fn start_guard(
+    args: &LockArgs,
+    grace: Duration,
+    deadline: Instant,
+    env: [(&str, String); 3],
+) -> io::Result<GuardProc> {
+    let exe = std::env::current_exe()?;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    let child = Command::new(exe)
+        .arg("__lock-guard")
+        .args(["--grace-ms", &grace.as_millis().to_string()])
+        .args([
+            "--deadline",
+            &GuardMessage::clock_arg(clock::to_boot(deadline)),
+        ])
+        .arg("--")
+        .args(&args.command)
+        .envs(env)
+        .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
+        .process_group(0)
+        .spawn()?;
+    let (from, to) = UnixStream::from_std(ours)?.into_split();
+    Ok(GuardProc {
+        child,
+        to,
+        from: BufReader::new(from).lines(),
+    })
+}
+
+/// The exit code for how `lock` ended, with the sentence said on stderr.
+fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
+    match exit {
+        LockExit::Command(code) => code,
+        LockExit::LeaseLost => {
+            eprintln!("dagnats-leases: lost {key}: the command was stopped (or never started)");
+            EXIT_LEASE_LOST
+        }
+        LockExit::NotHeld => {
+            eprintln!(
+                "dagnats-leases: {key} is held by another holder (waited {:?})",
+                wait.unwrap_or_default()
+            );
+            EXIT_NOT_HELD
+        }
+        LockExit::Interrupted(signal) => signal.exit_code(),
+        LockExit::GuardGone => {
+            eprintln!("dagnats-leases: the guard process died: the command was stopped by lock");
+            EXIT_ERROR
+        }
     }
 }
 
@@ -208,9 +442,9 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         .holder
         .clone()
         .unwrap_or_else(|| Member::unique_id("lock"));
-    let watch = Arc::new(AcquireWatch::default());
+    let (observed_tx, mut observed) = mpsc::unbounded_channel();
     let member = match Member::new(nats, holder.clone()) {
-        Ok(m) => m.with_observer(watch.clone()),
+        Ok(m) => m.with_observer(Arc::new(Observer(observed_tx))),
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
             return crate::commands::exit_code(&e);
@@ -222,221 +456,241 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             .semaphore(&args.key, permits, ttl)
             .map(Campaigner::Slots),
     };
-    let mut elector = match started {
+    let mut campaign = match started {
         Ok(e) => e,
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
             return crate::commands::exit_code(&e);
         }
     };
-    let mut sigint = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    let mut sigterm = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dagnats-leases: cannot handle signals: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    // Orphans of a guard that died become this process's children.
+    become_subreaper();
 
-    // Campaign until elected, or until --wait is over and the last acquire was refused.
-    let wait_until = args.wait.map(|w| tokio::time::Instant::now() + w);
-    let fence = loop {
-        let waited_out = async {
-            match wait_until {
-                Some(at) => loop {
-                    tokio::time::sleep_until(at).await;
-                    if watch.denied.load(Ordering::SeqCst) {
-                        return;
+    let mut lock = Lock::new(clock::now(), grace, args.wait);
+    let mut guard: Option<GuardProc> = None;
+    // After the guard died: what reaping the command's processes shows.
+    let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
+    let mut held_key = args.key.clone();
+    let mut fence = 0;
+    loop {
+        while let Some(event) = lock.poll_event() {
+            match event {
+                LockEvent::StartGuard { deadline } => {
+                    eprintln!(
+                        "dagnats-leases: holding {held_key} as {holder} (fence {fence}); running {}",
+                        args.command[0]
+                    );
+                    let env = [
+                        (ENV_KEY, held_key.clone()),
+                        (ENV_HOLDER, holder.clone()),
+                        (ENV_FENCE, fence.to_string()),
+                    ];
+                    match start_guard(&args, grace, deadline, env) {
+                        Ok(g) => guard = Some(g),
+                        Err(e) => {
+                            campaign.stop().await;
+                            eprintln!("dagnats-leases: cannot start the guard: {e}");
+                            return EXIT_ERROR;
+                        }
                     }
-                    watch.answered.notified().await;
-                    if watch.denied.load(Ordering::SeqCst) {
-                        return;
+                }
+                LockEvent::ToGuard(message) => {
+                    if let Some(g) = &mut guard {
+                        send_line(&mut g.to, message.to_line(clock::to_boot)).await;
                     }
-                },
-                None => std::future::pending().await,
+                }
+                LockEvent::Signal { pgid, signal } => signal_command(pgid, signal),
+                LockEvent::WatchGroup { .. } => reaped = Some(reap_children()),
+                LockEvent::Exit { exit, release } => {
+                    let code = exit_code(exit, &held_key, args.wait);
+                    if !release {
+                        eprintln!(
+                            "dagnats-leases: the guard died before it could name the command's \
+                             processes: the lease on {held_key} is left to run out by its TTL"
+                        );
+                        // Exit now: no release may go out, nor any renewal.
+                        std::process::exit(code.into());
+                    }
+                    campaign.stop().await;
+                    return code;
+                }
             }
-        };
+        }
+        let wake = lock.poll_timeout();
+        let sleep = tokio::time::sleep(wake.map_or(Duration::from_secs(3600), |at| {
+            at.saturating_duration_since(clock::now())
+        }));
         tokio::select! {
-            change = elector.next() => match change.map(|c| c.ownership) {
-                Some(Ownership::Elected { fence }) => break fence,
-                Some(Ownership::SteppedDown { .. }) => continue,
-                None => {
-                    eprintln!("dagnats-leases: the campaign for {} ended", args.key);
-                    return EXIT_ERROR;
+            change = campaign.next() => {
+                let now = clock::now();
+                match change.map(|c| c.ownership) {
+                    Some(Ownership::Elected { fence: f }) => match campaign.held() {
+                        Some((key, tenure)) => {
+                            (held_key, fence) = (key, f);
+                            lock.handle_elected(now, tenure.deadline);
+                        }
+                        // Elected and past the deadline already (a pause right here).
+                        None => lock.handle_lost(now),
+                    },
+                    Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
+                    None => {
+                        eprintln!("dagnats-leases: the campaign for {} ended", args.key);
+                        return EXIT_ERROR;
+                    }
+                }
+            }
+            Some(seen) = observed.recv() => match seen {
+                Observed::Answer(endpoint, outcome) => {
+                    lock.handle_request(clock::now(), endpoint, &outcome)
+                }
+                Observed::Renewed { key, deadline } if key == held_key => {
+                    lock.handle_deadline(clock::now(), deadline)
+                }
+                Observed::Renewed { .. } => {}
+            },
+            line = async { guard.as_mut().expect("guarded by the condition").from.next_line().await },
+                if guard.is_some() && reaped.is_none() => match line {
+                Ok(Some(line)) => {
+                    if let Some(report) = GuardReport::parse(&line) {
+                        lock.handle_report(clock::now(), report);
+                    }
+                }
+                // The channel closed: the guard is gone once it has exited (then its
+                // orphans, if any, are this process's children).
+                _ => {
+                    if let Some(g) = &mut guard {
+                        let _ = g.child.wait().await;
+                    }
+                    lock.handle_guard_gone(clock::now());
+                    if reaped.is_none() {
+                        guard = None;
+                    }
                 }
             },
-            _ = waited_out => {
-                elector.stop().await;
-                eprintln!(
-                    "dagnats-leases: {} is held by another holder (waited {:?})",
-                    args.key,
-                    args.wait.unwrap_or_default()
-                );
-                return EXIT_NOT_HELD;
-            }
-            _ = sigint.recv() => { elector.stop().await; return 130; }
-            _ = sigterm.recv() => { elector.stop().await; return 143; }
-        }
-    };
-    let Some((key, tenure)) = elector.held() else {
-        // Elected and already past the deadline (a pause right here): start over is
-        // not worth it for a one-shot tool.
-        elector.stop().await;
-        eprintln!(
-            "dagnats-leases: lost {} before the command started",
-            args.key
-        );
-        return EXIT_LEASE_LOST;
-    };
-    eprintln!(
-        "dagnats-leases: holding {key} as {holder} (fence {fence}); running {}",
-        args.command[0]
-    );
-
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            elector.stop().await;
-            eprintln!("dagnats-leases: cannot find my own binary: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    let mut guard: Child = match Command::new(exe)
-        .arg("__lock-guard")
-        .args(["--grace-ms", &grace.as_millis().to_string()])
-        .args(["--deadline", &absolute(tenure.deadline)])
-        .arg("--")
-        .args(&args.command)
-        .env(ENV_KEY, &key)
-        .env(ENV_HOLDER, &holder)
-        .env(ENV_FENCE, fence.to_string())
-        .stdin(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
-        Ok(g) => g,
-        Err(e) => {
-            elector.stop().await;
-            eprintln!("dagnats-leases: cannot start the guard: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    let mut to_guard: ChildStdin = guard.stdin.take().expect("piped stdin");
-    let mut last_deadline = tenure.deadline;
-    let mut lost = false;
-    // How often the local deadline is looked at (no request: the library renews).
-    let mut tick = tokio::time::interval(
-        (ttl / 20).clamp(Duration::from_millis(20), Duration::from_millis(250)),
-    );
-    let status = loop {
-        tokio::select! {
-            status = guard.wait() => break status,
-            change = elector.next(), if !lost => {
-                if !matches!(change.map(|c| c.ownership), Some(Ownership::Elected { .. })) {
-                    lost = true;
-                    eprintln!("dagnats-leases: lost {key}: stopping the command");
-                    let _ = to_guard.write_all(b"lost\n").await;
+            Some(seen) = async { reaped.as_mut().expect("guarded by the condition").recv().await },
+                if reaped.is_some() => {
+                if let Reaped::None = seen {
+                    lock.handle_group_empty(clock::now());
                 }
             }
-            _ = tick.tick(), if !lost => {
-                if let Some((_, t)) = elector.held()
-                    && t.deadline != last_deadline
-                {
-                    last_deadline = t.deadline;
-                    let line = format!("deadline {}\n", absolute(t.deadline));
-                    let _ = to_guard.write_all(line.as_bytes()).await;
-                }
-            }
-            _ = sigint.recv() => { let _ = to_guard.write_all(b"signal INT\n").await; }
-            _ = sigterm.recv() => { let _ = to_guard.write_all(b"signal TERM\n").await; }
+            () = sleep => lock.handle_timeout(clock::now()),
+            signal = signals.recv() => lock.handle_signal(clock::now(), signal),
         }
-    };
-    let expired = !lost && elector.held().is_none();
-    if expired {
-        eprintln!(
-            "dagnats-leases: the lease on {key} ran past its deadline (this process could not \
-             renew it in time): the command was stopped"
-        );
-    }
-    let lost = lost || expired;
-    elector.stop().await;
-    match status {
-        // The command's code (127, with the guard's sentence, if it could not start).
-        Ok(status) if !lost => code_of(status),
-        Ok(_) => EXIT_LEASE_LOST,
-        Err(e) => {
-            eprintln!("dagnats-leases: cannot wait for the guard: {e}");
-            EXIT_ERROR
-        }
-    }
-}
-
-fn signal_group(pgid: u32, sig: Signal) {
-    if let Some(pid) = i32::try_from(pgid).ok().and_then(Pid::from_raw) {
-        let _ = rustix::process::kill_process_group(pid, sig);
     }
 }
 
 /// Runs `__lock-guard`: the command in its own process group, stopped at the
 /// deadline; returns the command's code. The caller must then exit the process
-/// without dropping the runtime (`std::process::exit`): the stdin read in flight
-/// cannot be cancelled.
+/// without dropping the runtime (`std::process::exit`).
 pub async fn guard(args: GuardArgs) -> u8 {
-    let Some(mut deadline) = parse_absolute(&args.deadline) else {
+    let Some(deadline) = GuardMessage::parse_clock_arg(&args.deadline).map(clock::from_boot) else {
         eprintln!("dagnats-leases: __lock-guard: bad --deadline");
         return EXIT_ERROR;
     };
     let grace = Duration::from_millis(args.grace_ms);
-    let mut child = match Command::new(&args.command[0])
+    let (from_tool, mut to_tool) = match channel_from_stdin() {
+        Ok(stream) => stream.into_split(),
+        Err(e) => {
+            eprintln!("dagnats-leases: __lock-guard: stdin is not lock's channel: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let (mut signals, mut timer) = match (Signals::new(), BootTimer::new()) {
+        (Ok(s), Ok(t)) => (s, t),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("dagnats-leases: __lock-guard: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    become_subreaper();
+    let Some(mut supervisor) = Supervisor::new(clock::now(), deadline, grace) else {
+        eprintln!(
+            "dagnats-leases: the lease has no more than --grace left: not starting the command"
+        );
+        let report = GuardReport::Finished {
+            code: EXIT_LEASE_LOST,
+            stopped: Some(StopCause::DeadlineNear),
+        };
+        send_line(&mut to_tool, report.to_line()).await;
+        return EXIT_LEASE_LOST;
+    };
+    let child = std::process::Command::new(&args.command[0])
         .args(&args.command[1..])
         .stdin(std::process::Stdio::null())
         .process_group(0)
-        .spawn()
-    {
-        Ok(c) => c,
+        .spawn();
+    let pgid = match child {
+        Ok(c) => c.id(),
         Err(e) => {
             eprintln!("dagnats-leases: cannot run {}: {e}", args.command[0]);
+            let report = GuardReport::Finished {
+                code: EXIT_CANNOT_RUN,
+                stopped: None,
+            };
+            send_line(&mut to_tool, report.to_line()).await;
             return EXIT_CANNOT_RUN;
         }
     };
-    let pgid = child.id().expect("a running child has an id");
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let mut open = true;
-    // Once terminating: when SIGKILL goes out (CLOCK_MONOTONIC).
-    let mut kill_at: Option<Duration> = None;
-    let until = |at: Duration| at.saturating_sub(monotonic_now());
+    send_line(&mut to_tool, GuardReport::Started { pgid }.to_line()).await;
+    let mut reaped = reap_children();
+    let mut lines = BufReader::new(from_tool).lines();
+    let mut tool_open = true;
     loop {
-        let term_in = until(deadline.saturating_sub(grace));
-        tokio::select! {
-            status = child.wait() => {
-                return match status {
-                    Ok(s) => code_of(s),
-                    Err(_) => EXIT_ERROR,
-                };
-            }
-            line = lines.next_line(), if open => match line {
-                Ok(Some(line)) => {
-                    let mut words = line.split_whitespace();
-                    match (words.next(), words.next()) {
-                        (Some("deadline"), Some(at)) if kill_at.is_none() => {
-                            if let Some(at) = parse_absolute(at) {
-                                deadline = at;
-                            }
-                        }
-                        (Some("lost"), _) if kill_at.is_none() => {
-                            signal_group(pgid, Signal::TERM);
-                            kill_at = Some(monotonic_now() + grace);
-                        }
-                        (Some("signal"), Some("INT")) => signal_group(pgid, Signal::INT),
-                        (Some("signal"), Some("TERM")) => signal_group(pgid, Signal::TERM),
-                        _ => {}
-                    }
+        while let Some(event) = supervisor.poll_event() {
+            match event {
+                SupervisorEvent::Signal(signal) => signal_command(pgid, signal),
+                SupervisorEvent::Finished { code, stopped } => {
+                    let code = code.unwrap_or(EXIT_ERROR);
+                    send_line(
+                        &mut to_tool,
+                        GuardReport::Finished { code, stopped }.to_line(),
+                    )
+                    .await;
+                    return code;
                 }
-                // The tool is gone (or exiting): the last deadline stands.
-                _ => open = false,
+            }
+        }
+        if let Err(e) = timer.arm(supervisor.poll_timeout()) {
+            // No timer: stop the command now rather than run it unguarded.
+            eprintln!("dagnats-leases: __lock-guard: cannot arm its timer: {e}");
+            signal_command(pgid, GroupSignal::Kill);
+        }
+        tokio::select! {
+            line = lines.next_line(), if tool_open => match line {
+                Ok(Some(line)) => match GuardMessage::parse(&line, clock::from_boot) {
+                    Some(GuardMessage::Deadline(at)) => supervisor.handle_deadline(clock::now(), at),
+                    Some(GuardMessage::Lost) => supervisor.handle_lost(clock::now()),
+                    Some(GuardMessage::Signal(s)) => supervisor.handle_signal(clock::now(), s),
+                    None => {}
+                },
+                // The tool is gone: nobody renews the lease.
+                _ => {
+                    tool_open = false;
+                    supervisor.handle_tool_gone(clock::now());
+                }
             },
-            _ = tokio::time::sleep(term_in), if kill_at.is_none() => {
-                signal_group(pgid, Signal::TERM);
-                kill_at = Some(deadline);
-            }
-            _ = tokio::time::sleep(until(kill_at.unwrap_or_default())), if kill_at.is_some() => {
-                signal_group(pgid, Signal::KILL);
-                kill_at = Some(Duration::MAX);
-            }
+            Some(seen) = reaped.recv() => match seen {
+                Reaped::Exited { pid, code } if pid == pgid => {
+                    supervisor.handle_leader_exited(clock::now(), code)
+                }
+                Reaped::Exited { .. } => {}
+                Reaped::None => supervisor.handle_group_empty(clock::now()),
+            },
+            fired = timer.fired() => match fired {
+                Ok(()) => supervisor.handle_timeout(clock::now()),
+                Err(e) => {
+                    eprintln!("dagnats-leases: __lock-guard: its timer failed: {e}");
+                    signal_command(pgid, GroupSignal::Kill);
+                }
+            },
+            signal = signals.recv() => supervisor.handle_signal(clock::now(), signal),
         }
     }
 }

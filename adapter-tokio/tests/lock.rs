@@ -57,10 +57,11 @@ impl Setup {
 /// said on stderr.
 async fn finish(mut child: Child) -> Output {
     let mut stderr = child.stderr.take().expect("stderr piped");
-    let reader = std::thread::spawn(move || {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut text = Vec::new();
         let _ = std::io::Read::read_to_end(&mut stderr, &mut text);
-        text
+        let _ = tx.send(text);
     });
     let deadline = Instant::now() + WAIT;
     let status = loop {
@@ -74,10 +75,16 @@ async fn finish(mut child: Child) -> Output {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    // The guard and the command share the pipe; both are gone once the tool is.
-    let stderr = tokio::task::spawn_blocking(move || reader.join().unwrap())
+    // The guard and the command share the pipe: it ends when the last of them has.
+    let pid = child.id();
+    let stderr = tokio::task::spawn_blocking(move || rx.recv_timeout(WAIT))
         .await
-        .unwrap();
+        .unwrap()
+        .unwrap_or_else(|_| {
+            panic!(
+                "lock (pid {pid}) exited, but a process it started still runs (it holds its stderr)"
+            )
+        });
     eprintln!("lock said: {}", String::from_utf8_lossy(&stderr));
     Output {
         status,
@@ -355,4 +362,203 @@ async fn lock_with_permits_runs_at_most_that_many_commands_at_once() {
     for slot in ["pool-0", "pool-1"] {
         assert_eq!(leases.owner(slot).await.unwrap(), None);
     }
+}
+
+/// The PIDs of `pid`'s children, from `/proc`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// The guard process of the `lock` tool `tool` (its one child), once it runs.
+async fn guard_of(tool: &Child) -> u32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let [guard] = children_of(tool.id())[..] {
+            return guard;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no guard under lock {}",
+            tool.id()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first lock on `job` runs `script`, whose processes each append their PID to
+/// the file `pids` (the script says where, with `{pids}`). Once `expected` PIDs are
+/// there, `act` does something to the first lock; a second lock on the same key then
+/// runs a command that lists which of those PIDs still run (zombies left out). It
+/// must list none: no process of the first command runs once the second command has
+/// started. Returns the first lock's output.
+async fn second_lock_finds_none_of_the_first(
+    s: &Setup,
+    first_args: &[&str],
+    script: &str,
+    expected: usize,
+    act: impl AsyncFnOnce(&Child),
+) -> Output {
+    let pids = s.file("pids");
+    let check = s.file("check");
+    let script = script.replace("{pids}", &pids.display().to_string());
+    let mut args = vec!["job", "--holder", "lock-a"];
+    args.extend_from_slice(first_args);
+    let first = s.lock(&args, &script);
+    let deadline = Instant::now() + WAIT;
+    let started: Vec<String> = loop {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        if lines.len() >= expected {
+            break lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first command started {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let second = s.lock(
+        &["job", "--holder", "lock-b", "--ttl-ms", "3000"],
+        &format!(
+            "for p in {}; do st=$(awk '/^State:/ {{print $2}}' /proc/$p/status 2>/dev/null); \
+             if [ -n \"$st\" ] && [ \"$st\" != Z ]; then echo \"$p $st\"; fi; done > {c}.tmp; \
+             mv {c}.tmp {c}",
+            started.join(" "),
+            c = check.display()
+        ),
+    );
+    act(&first).await;
+    let first = finish(first).await;
+    let second = finish(second).await;
+    assert_eq!(code(second.status), Some(0));
+    let survivors = std::fs::read_to_string(&check).expect("the second command ran");
+    assert_eq!(
+        survivors, "",
+        "processes of the first command ({started:?}) still ran when the second started"
+    );
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_guard_is_passed_on_and_the_lease_waits_for_the_command() {
+    let s = setup().await;
+    // Before: the guard died of SIGTERM, lock released, and `sleep` ran on.
+    let first = second_lock_finds_none_of_the_first(
+        &s,
+        &["--ttl-ms", "6000"],
+        "echo $$ >> {pids}; exec sleep 30",
+        1,
+        async |tool| signal_pid(guard_of(tool).await, "TERM"),
+    )
+    .await;
+    assert_eq!(code(first.status), Some(143), "the command's code: SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_to_the_guard_makes_lock_stop_the_command_itself_before_releasing() {
+    let s = setup().await;
+    // The worker ignores SIGTERM: only lock's own SIGKILL after the grace ends it.
+    let first = second_lock_finds_none_of_the_first(
+        &s,
+        &["--ttl-ms", "6000", "--grace", "1s"],
+        "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
+         echo $$ >> {pids}; wait",
+        2,
+        async |tool| signal_pid(guard_of(tool).await, "KILL"),
+    )
+    .await;
+    assert_eq!(code(first.status), Some(1), "the guard died");
+    assert!(
+        String::from_utf8_lossy(&first.stderr).contains("guard process died"),
+        "says why"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapper_shell_dying_of_sigterm_leaves_no_worker_that_ignores_it() {
+    let s = setup().await;
+    // systemd's stop: SIGTERM to the tool. The wrapper shell dies of it; its worker
+    // ignores it and is killed after the grace, before the lease goes.
+    let first = second_lock_finds_none_of_the_first(
+        &s,
+        &["--ttl-ms", "6000", "--grace", "1s"],
+        "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
+         echo $$ >> {pids}; wait",
+        2,
+        async |tool| signal(tool, "TERM"),
+    )
+    .await;
+    assert_eq!(code(first.status), Some(143), "the wrapper's code");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backgrounded_child_is_stopped_before_the_lease_is_released() {
+    let s = setup().await;
+    // The command exits 0 as soon as its worker, which ignores SIGTERM, has started.
+    let first = second_lock_finds_none_of_the_first(
+        &s,
+        &["--ttl-ms", "6000", "--grace", "1s"],
+        "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
+         while ! [ -s {pids} ]; do sleep 0.01; done; echo $$ >> {pids}; exit 0",
+        2,
+        async |_| {},
+    )
+    .await;
+    assert_eq!(code(first.status), Some(0), "the command's code");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_lock_leaves_no_process_of_its_command_to_the_next_holder() {
+    let s = setup().await;
+    // SIGSTOP to the tool: it can neither renew nor signal. Its guard kills the
+    // command (which ignores SIGTERM, and has a child) by the deadline, before the
+    // lease expires on the server and the second lock is granted it.
+    let first = second_lock_finds_none_of_the_first(
+        &s,
+        &["--ttl-ms", "3000", "--grace", "1s"],
+        "trap '' TERM; sh -c 'echo $$ >> {pids}; while :; do sleep 0.1; done' & \
+         echo $$ >> {pids}; while :; do sleep 0.1; done",
+        2,
+        async |tool| {
+            signal(tool, "STOP");
+            // Thawed once the second lock has run: it waits for the lease to expire.
+            let tool_pid = tool.id();
+            let check = s.file("check");
+            tokio::spawn(async move {
+                wait_file(&check).await;
+                signal_pid(tool_pid, "CONT");
+            });
+        },
+    )
+    .await;
+    assert_eq!(code(first.status), Some(5), "woke to a lost lease");
+}
+
+/// Waits until `path` exists (bounded).
+async fn wait_file(path: &Path) {
+    let deadline = Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "no {}", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal_pid(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
 }
