@@ -72,7 +72,7 @@ pub use dagnats_leases_tokio::service::{ServiceHandle, ServiceOptions};
 pub use dagnats_leases_tokio::{Error, ErrorKind};
 
 /// Runs the shared async code on smol: [`smol::spawn`] (detached) and
-/// [`smol::Timer::at`].
+/// [`smol::Timer::after`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SmolRuntime;
 
@@ -88,8 +88,10 @@ impl Runtime for SmolRuntime {
         smol::spawn(future).detach();
     }
 
+    /// Sleeps for what is left until `deadline` by [`Runtime::now`] (the
+    /// suspend-counting clock; smol's timer runs on `CLOCK_MONOTONIC`).
     fn sleep_until(&self, deadline: Instant) -> Sleep {
-        let timer = smol::Timer::at(deadline);
+        let timer = smol::Timer::after(deadline.saturating_duration_since(self.now()));
         Box::pin(async move {
             timer.await;
         })

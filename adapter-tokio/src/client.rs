@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
@@ -246,7 +246,7 @@ impl LeaseClient {
         wait: Duration,
         refused: &mut (dyn FnMut(&AcquireReply) + Send),
     ) -> Result<AcquireReply, LeaseError> {
-        let deadline = Instant::now() + wait;
+        let deadline = self.runtime.now() + wait;
         // Subscribed before the first try, so no event between a refusal and the
         // wait is missed; without it (no permission, say) the TTL timer alone wakes.
         let mut events = match self.nats.subscribe(changed_subject(key)).await {
@@ -258,12 +258,12 @@ impl LeaseClient {
         };
         loop {
             let reply = self.acquire(key, holder, ttl).await?;
-            if reply.granted || Instant::now() >= deadline {
+            if reply.granted || self.runtime.now() >= deadline {
                 return Ok(reply);
             }
             refused(&reply);
             let lease_ttl = Duration::from_millis(reply.lease.ttl_ms);
-            let mut expiry = Instant::now() + lease_ttl;
+            let mut expiry = self.runtime.now() + lease_ttl;
             loop {
                 let event = async {
                     match events.as_mut() {
@@ -274,7 +274,7 @@ impl LeaseClient {
                 tokio::select! {
                     message = event => match message {
                         Some(m) if change_event(&m).kind.may_free_key() => break,
-                        Some(_) => expiry = Instant::now() + lease_ttl,
+                        Some(_) => expiry = self.runtime.now() + lease_ttl,
                         None => events = None,
                     },
                     _ = self.runtime.sleep_until(expiry) => break,

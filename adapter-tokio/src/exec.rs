@@ -1,7 +1,5 @@
 //! Carries out the core's effects: each is one NATS request.
 
-use std::time::Instant;
-
 use async_nats::{Client, HeaderMap, RequestErrorKind};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 
@@ -13,7 +11,7 @@ use crate::runtime::{self, Runtime};
 /// message to its connection task and a channel to wait on, so it runs on any
 /// executor.
 pub async fn send(runtime: &dyn Runtime, client: &Client, request: NatsRequest) -> RequestOutcome {
-    let deadline = Instant::now() + request.timeout;
+    let deadline = runtime.now() + request.timeout;
     runtime::until(runtime, deadline, send_untimed(client, request))
         .await
         .unwrap_or(RequestOutcome::TimedOut)

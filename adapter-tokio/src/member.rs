@@ -178,7 +178,7 @@ impl Shared {
             Some(outlet) => outlet.finished.extend(finished),
             None => return,
         }
-        state.campaign.stop_group(Instant::now(), group);
+        state.campaign.stop_group(self.runtime.now(), group);
         drop(state);
         self.wake.notify_one();
     }
@@ -377,7 +377,7 @@ impl Member {
     ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
         let mut state = self.shared.lock();
-        let id = add(&mut state.campaign, Instant::now())
+        let id = add(&mut state.campaign, self.shared.runtime.now())
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
         state.subscribe.extend(keys.iter().cloned());
         state.outlets.insert(
@@ -454,7 +454,7 @@ impl Group {
         let state = self.shared.lock();
         state
             .campaign
-            .ownership(key, Instant::now())
+            .ownership(key, self.shared.runtime.now())
             .map(Tenure::from)
     }
 
@@ -462,7 +462,7 @@ impl Group {
         let state = self.shared.lock();
         state
             .campaign
-            .held(self.id, Instant::now())
+            .held(self.id, self.shared.runtime.now())
             .into_iter()
             .map(|(k, o)| (k, o.into()))
             .collect()
@@ -676,18 +676,18 @@ async fn drive(shared: Arc<Shared>) {
         };
         tokio::select! {
             Some(answer) = pending.next(), if !pending.is_empty() => {
-                shared.lock().campaign.handle_outcome(Instant::now(), answer.id, answer.outcome);
+                shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
             }
             Some((key, message)) = changes.next(), if !changes.is_empty() => {
                 let event = change_event(&message);
-                shared.lock().campaign.handle_change(Instant::now(), &key, &event);
+                shared.lock().campaign.handle_change(shared.runtime.now(), &key, &event);
             }
             Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
                 let (accepted, rejected) = &inboxes[n];
                 receive(&shared, accepted, rejected, message).await;
             }
             _ = sleep => {
-                shared.lock().campaign.handle_timeout(Instant::now());
+                shared.lock().campaign.handle_timeout(shared.runtime.now());
             }
             _ = shared.wake.notified() => {}
         }
@@ -702,7 +702,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
         return finished_keys;
     }
     if let Some(o) = &shared.observer {
-        let now = Instant::now();
+        let now = shared.runtime.now();
         for event in &events {
             if let CampaignEvent::Holder { key, event, .. } = event {
                 o.event(key, event, now);
@@ -751,11 +751,12 @@ fn send(
 ) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
     let observer = shared.observer.clone();
+    let runtime = shared.runtime.clone();
     async move {
         let CampaignRequest { key, request } = out;
         let endpoint = request.endpoint;
         let body = observer.as_ref().map(|_| request.body.clone());
-        let sent = Instant::now();
+        let sent = runtime.now();
         let sending = exec::send_untimed(
             &nats,
             NatsRequest {
@@ -770,7 +771,7 @@ fn send(
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,
         };
         if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&key, endpoint, body, sent, &outcome, Instant::now());
+            o.request(&key, endpoint, body, sent, &outcome, runtime.now());
         }
         Answer {
             id: request.id,
@@ -794,7 +795,7 @@ async fn receive(
         .and_then(|h| h.get(HDR_FENCE))
         .map(|v| v.as_str().to_string());
     let verdict = shared.lock().campaign.check_inbox(
-        Instant::now(),
+        shared.runtime.now(),
         message.subject.as_str(),
         fence.as_deref(),
     );

@@ -33,12 +33,20 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// Runs `future` to completion in the background, detached.
     fn spawn(&self, future: Task);
 
-    /// A future that resolves at `deadline` (at once if it has passed).
+    /// A future that resolves at `deadline`, an instant of [`Runtime::now`]'s clock
+    /// (at once if it has passed).
     fn sleep_until(&self, deadline: Instant) -> Sleep;
+
+    /// Now, on the clock of every deadline the shared code computes and arms:
+    /// [`crate::clock::now`], which counts time suspended (a holder's deadline must,
+    /// as the server's TTL does). A test's runtime may make it jump.
+    fn now(&self) -> Instant {
+        crate::clock::now()
+    }
 }
 
 /// Runs on the tokio runtime of the calling task ([`tokio::spawn`],
-/// [`tokio::time::sleep_until`]): spawn and sleep panic outside one.
+/// [`tokio::time::sleep`]): spawn and sleep panic outside one.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TokioRuntime;
 
@@ -54,8 +62,14 @@ impl Runtime for TokioRuntime {
         tokio::spawn(future);
     }
 
+    /// Sleeps for what is left until `deadline` by [`Runtime::now`] (tokio's timer
+    /// runs on `CLOCK_MONOTONIC`, so an `Instant` of the suspend-counting clock is
+    /// turned into a wait; a suspend during the wait delays the wake, never the
+    /// answer of a machine asked at it).
     fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Box::pin(tokio::time::sleep_until(deadline.into()))
+        Box::pin(tokio::time::sleep(
+            deadline.saturating_duration_since(self.now()),
+        ))
     }
 }
 

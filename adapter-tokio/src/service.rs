@@ -3,7 +3,7 @@
 //! serving future that spawns nothing and keeps time on a [`Runtime`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::service::ServiceExt;
@@ -258,7 +258,7 @@ async fn ensure_bucket(
     let bucket = BucketOptions {
         replicas: options.replicas,
     };
-    let mut startup = Startup::new(bucket, version, options.kv_timeout, Instant::now());
+    let mut startup = Startup::new(bucket, version, options.kv_timeout, runtime.now());
     loop {
         while let Some(effect) = startup.poll_effect() {
             match effect {
@@ -266,13 +266,13 @@ async fn ensure_bucket(
                 StartupEffect::Done(mode) => return (mode, startup.replicas()),
                 StartupEffect::Request(id, request) => {
                     let outcome = exec::send(runtime, client, request).await;
-                    startup.handle_outcome(Instant::now(), id, outcome);
+                    startup.handle_outcome(runtime.now(), id, outcome);
                 }
             }
         }
         if let Some(at) = startup.poll_timeout() {
             runtime.sleep_until(at).await;
-            startup.handle_timeout(Instant::now());
+            startup.handle_timeout(runtime.now());
         }
     }
 }
@@ -288,7 +288,7 @@ async fn serve(
 ) {
     let shutdown_timeout = options.shutdown_timeout;
     // The replicas are asked again now and then: read confirmation follows them.
-    let mut recheck = runtime.sleep_until(Instant::now() + options.replicas_recheck);
+    let mut recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
     let mut asking = None;
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
@@ -314,7 +314,7 @@ async fn serve(
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
             () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
-                recheck = runtime.sleep_until(Instant::now() + options.replicas_recheck);
+                recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
                 let client = client.clone();
                 let runtime = runtime.clone();
                 let request = startup::stream_info_request(config.kv_timeout);
@@ -341,7 +341,7 @@ async fn serve(
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    let mut bound = runtime.sleep_until(Instant::now() + shutdown_timeout);
+    let mut bound = runtime.sleep_until(runtime.now() + shutdown_timeout);
     let mut open = true;
     let mut late = 0usize;
     while open || !calls.is_empty() {
@@ -375,7 +375,7 @@ async fn serve(
         );
         // Each cut-off call replies at once; the bound only guards a stuck publish.
         let replies = async { while calls.next().await.is_some() {} };
-        let _ = runtime::until(&*runtime, Instant::now() + REPLY_BOUND, replies).await;
+        let _ = runtime::until(&*runtime, runtime.now() + REPLY_BOUND, replies).await;
     }
     drop(calls);
     drop(requests);
@@ -447,7 +447,7 @@ pub async fn run_call_until(
     tokio::pin!(cut);
     let mut call = Call::new(
         config,
-        Instant::now(),
+        runtime.now(),
         OffsetDateTime::now_utc(),
         endpoint,
         body,
@@ -458,8 +458,8 @@ pub async fn run_call_until(
             match call.poll_timeout() {
                 Some(at) => {
                     tokio::select! {
-                        () = runtime.sleep_until(at) => call.handle_timeout(Instant::now()),
-                        _ = &mut cut => call.abort(Instant::now()),
+                        () = runtime.sleep_until(at) => call.handle_timeout(runtime.now()),
+                        _ = &mut cut => call.abort(runtime.now()),
                     }
                     continue;
                 }
@@ -486,9 +486,9 @@ pub async fn run_call_until(
             }
         };
         tokio::select! {
-            outcome = exec::send_untimed(client, request) => call.handle_outcome(Instant::now(), id, outcome),
-            _ = expired => call.handle_timeout(Instant::now()),
-            _ = &mut cut => call.abort(Instant::now()),
+            outcome = exec::send_untimed(client, request) => call.handle_outcome(runtime.now(), id, outcome),
+            _ = expired => call.handle_timeout(runtime.now()),
+            _ = &mut cut => call.abort(runtime.now()),
         }
     }
 }

@@ -434,7 +434,7 @@ impl World {
             self.replies = later;
             due
         };
-        let World {
+        let Self {
             rng,
             tools,
             stats,
