@@ -23,7 +23,8 @@
 //!   revision, the deadline counts from the renew's send.
 //! - A reply that arrives after the local deadline never extends the tenure: a
 //!   renewal that lands after the server's expiry check is wiped by the expiry
-//!   marker that follows.
+//!   marker that follows. The renew confirming a grant is held to the deadline it
+//!   would give too: answered at or after it, it elects nobody.
 //! - After a renew whose outcome is unknown (or answered after the deadline, or
 //!   `lost`), the holder does not campaign until the expiry marker of the lease it
 //!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
@@ -570,6 +571,17 @@ impl Holder {
             // lands after the server's expiry check is wiped by its marker. Whether
             // it wrote is unknown to the campaign that follows.
             self.mark_unknown(flight);
+            self.drive(now);
+            return;
+        }
+        if let Phase::Confirming { .. } = self.phase
+            && flight.purpose == Purpose::Renew
+            && now >= flight.sent_at + self.config.believed_span(self.config.ttl)
+        {
+            // The confirming renew, answered at or after the deadline it would give:
+            // the same as a renew answered after the deadline, it elects nobody.
+            self.mark_unknown(flight);
+            self.campaign_after(now, Duration::ZERO);
             self.drive(now);
             return;
         }

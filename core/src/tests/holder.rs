@@ -7,7 +7,8 @@ use serde_json::json;
 
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, MAX_EXPIRY_MARKER_LAG, StepDownReason,
+    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, MAX_EXPIRY_MARKER_LAG,
+    StepDownReason,
 };
 use crate::js::RequestOutcome;
 use crate::wire::{Endpoint, ErrorKind, ErrorReply};
@@ -314,6 +315,47 @@ fn a_renewal_answered_after_the_deadline_does_not_revive_the_tenure() {
         run.holder.ownership(deadline + Duration::from_millis(1)),
         None
     );
+}
+
+/// The renew confirming a grant is held to the deadline it would give (its send
+/// plus the believed span), as an owner's renew is: a reply handled at or after it
+/// (a holder paused with the reply waiting) may come from a write that landed
+/// after the lease's end, which the expiry marker wipes. It elects nobody; the
+/// holder waits out that marker and campaigns again.
+#[test]
+fn a_confirming_renew_answered_at_or_after_its_deadline_elects_nobody() {
+    let span_ms = span().as_millis() as u64;
+    for (reply_ms, elected) in [
+        (span_ms - 1, true),
+        (span_ms, false),
+        (span_ms + 500, false),
+    ] {
+        let mut run = Run::new(config());
+        let r = run.request();
+        run.answer(0, &r, granted(7));
+        let confirm = run.request();
+        assert_eq!(confirm.endpoint, Endpoint::Renew);
+        run.answer(reply_ms, &confirm, renewed(8));
+        let events = run.events();
+        if elected {
+            assert!(
+                matches!(events[..], [HolderEvent::Elected { .. }, ..]),
+                "{reply_ms}: {events:?}"
+            );
+            continue;
+        }
+        assert_eq!(events, [], "elected by a reply at {reply_ms} ms");
+        assert_eq!(run.holder.status(), HolderStatus::Campaigning);
+        assert_eq!(run.holder.ownership(run.at(reply_ms)), None);
+        // Fence 7 was learned at 0: its lease ends by the TTL and the drift margin,
+        // its marker a lag after that.
+        let quiet_end = run.at(0) + TTL + (TTL - span()) + MAX_EXPIRY_MARKER_LAG;
+        run.holder
+            .handle_timeout(quiet_end - Duration::from_millis(1));
+        run.no_request();
+        run.holder.handle_timeout(quiet_end);
+        assert_eq!(run.request().endpoint, Endpoint::Acquire);
+    }
 }
 
 /// A corrupt record answers `internal` until someone repairs it: a campaign backs
