@@ -88,7 +88,8 @@ type Observer = Option<Arc<dyn CampaignObserver>>;
 pub enum Ownership {
     /// This process owns the key: fence every downstream write with `fence`.
     Elected {
-        /// The revision that began the tenure.
+        /// The revision that began the tenure: the renew's that confirmed the grant,
+        /// above every fence an earlier tenure of this holder ID handed out.
         fence: u64,
     },
     /// Stop acting as owner of the key now.
@@ -110,7 +111,7 @@ pub struct Change {
 /// What a running campaign knows of a key it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tenure {
-    /// The revision that began the tenure.
+    /// The revision that began the tenure (the fence of its `Elected`).
     pub tenure: u64,
     /// The latest fence.
     pub fence: u64,

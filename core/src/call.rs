@@ -27,8 +27,8 @@ pub const MAX_READ_CONFIRMS: u32 = 3;
 /// whatever the key holds when it applies. A renew that lands after the old
 /// revision's end, before the marker, is acknowledged and then wiped (seen in the
 /// partition scenario: renewed at revision 1877, marker 1878 a moment later). So a
-/// lease this close to its end (by the server's store time and the service's
-/// clock) is treated as gone: see [`expiry_guard`].
+/// lease this close to its end is treated as gone (see [`expiry_guard`]): before
+/// the write by the service's clock, after it by the renewal's own store time.
 pub const MAX_EXPIRY_GUARD: Duration = Duration::from_secs(1);
 
 /// The guard for a lease of `ttl_ms`: a quarter of it, at most [`MAX_EXPIRY_GUARD`],
@@ -36,6 +36,23 @@ pub const MAX_EXPIRY_GUARD: Duration = Duration::from_secs(1);
 /// failed renewal.
 pub fn expiry_guard(ttl_ms: u64) -> Duration {
     MAX_EXPIRY_GUARD.min(Duration::from_millis(ttl_ms / 4))
+}
+
+/// How close to the end of the lease it renews (a lease of `ttl_ms`) a renew's ack
+/// may come, by the service's clock, before the call reads the renewal back to
+/// decide on the server's clock whether it landed in time: half the TTL, the
+/// second half of the old lease.
+///
+/// The end is the server's (the old revision's store time + TTL), the ack time the
+/// service's, so a service clock lagging the server's makes a late ack look early.
+/// Half a TTL still reads back every renewal that can have landed within the
+/// [`expiry_guard`] of the end while the lag is under `ttl/2 - guard` (250 ms at
+/// the 1 s minimum, 1 s at 4 s, 6.5 s at 15 s), far beyond what NTP leaves. A
+/// holder renewing every ttl/3 is acknowledged about a third into the old lease,
+/// so it normally costs no read; a service clock running ahead costs reads, never
+/// a wrong answer.
+pub fn read_back_window(ttl_ms: u64) -> Duration {
+    Duration::from_millis(ttl_ms / 2)
 }
 
 /// How many owners a forward tries at most.
@@ -110,9 +127,9 @@ enum Retry {
 #[derive(Debug)]
 enum Job {
     Acquire(AcquireRequest),
-    /// The request, and once it writes: the record its write carries and when the
-    /// lease it renews ends (by the server's store time).
-    Renew(RenewRequest, Option<(LeaseRecord, OffsetDateTime)>),
+    /// The request, and once it writes: the record its write carries and the lease
+    /// it renews.
+    Renew(RenewRequest, Option<Renewal>),
     Release {
         key: String,
         holder: String,
@@ -123,6 +140,17 @@ enum Job {
     },
     Forward(ForwardJob),
     Done,
+}
+
+/// A renew's write: the record it carries, the end (by the server's store time) and
+/// TTL of the lease it renews, and once stored, its revision (the call then reads
+/// the key back: see [`read_back_window`]).
+#[derive(Debug)]
+struct Renewal {
+    record: LeaseRecord,
+    ends: OffsetDateTime,
+    old_ttl_ms: u64,
+    written: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -487,7 +515,23 @@ impl Call {
         self.reply(Response::Error(error));
     }
 
-    fn fail_js(&mut self, failure: JsFailure) {
+    fn fail_js(&mut self, mut failure: JsFailure) {
+        if let Job::Renew(
+            r,
+            Some(Renewal {
+                written: Some(revision),
+                ..
+            }),
+        ) = &self.job
+        {
+            // The write landed; when, by the server's clock, is unknown.
+            failure.detail = format!(
+                "the renewal of `{}` was written at revision {revision}, but reading it back \
+                 to check it landed before the lease's end failed ({}): its outcome is \
+                 unknown, retry",
+                r.key, failure.detail
+            );
+        }
         let last = match &self.job {
             Job::Forward(f) => f.last_tried.clone(),
             _ => None,
@@ -530,6 +574,13 @@ impl Call {
     fn writes_after(&self, now: Instant, state: &KeyState) -> bool {
         match &self.job {
             Job::Acquire(_) => matches!(state, KeyState::Absent | KeyState::Free { .. }),
+            // A renewal's read-back decides from the read: confirm it.
+            Job::Renew(
+                _,
+                Some(Renewal {
+                    written: Some(_), ..
+                }),
+            ) => false,
             Job::Renew(r, _) => self
                 .check_fence(now, &r.key, &r.holder, r.revision, state)
                 .is_ok(),
@@ -589,6 +640,16 @@ impl Call {
                 last,
             ));
         }
+        if let Job::Renew(
+            _,
+            Some(Renewal {
+                written: Some(revision),
+                ..
+            }),
+        ) = self.job
+        {
+            return self.on_read_back(revision, state);
+        }
         match std::mem::replace(&mut self.job, Job::Done) {
             Job::Acquire(r) => {
                 let key = r.key.clone();
@@ -629,7 +690,15 @@ impl Call {
                             }
                             _ => unreachable!("check_fence passed: the key is held"),
                         };
-                        self.job = Job::Renew(r, Some((renewed, ends)));
+                        self.job = Job::Renew(
+                            r,
+                            Some(Renewal {
+                                record: renewed,
+                                ends,
+                                old_ttl_ms: record.ttl_ms,
+                                written: None,
+                            }),
+                        );
                         self.fenced_write(KvWrite {
                             id: EffectId(0),
                             key,
@@ -696,6 +765,15 @@ impl Call {
     }
 
     /// The holder and fence checks of renew and release, and the expiry guard.
+    ///
+    /// The guard compares the service's clock with the server's end (the read's
+    /// store time + TTL): no reply carries the server's time now, and the store
+    /// time read is only a lower bound on it, a TTL or more before the end. So it is
+    /// a first check, not the last word: a service clock running ahead refuses
+    /// early (a `lost` that costs a re-acquire, never a wrong renewal); one lagging
+    /// lets through a write that may land late, which renew then catches on the
+    /// server's clock by reading the renewal back ([`read_back_window`]). A release
+    /// needs no check after: a tombstone frees the key, wiped or not.
     fn check_fence(
         &self,
         now: Instant,
@@ -762,26 +840,28 @@ impl Call {
         }
     }
 
+    /// A write was stored at `revision`. A renew acknowledged in the second half of
+    /// the lease it renews (by the service's clock, [`read_back_window`]) may have
+    /// landed after that lease's end, where the server's expiry marker still wipes
+    /// it: it reads the key back through the stream leader (confirmed, on a
+    /// replicated bucket, like any read) and decides on the renewal's own store
+    /// time, the server's clock ([`Call::on_read_back`]).
     fn on_written(&mut self, now: Instant, revision: u64) {
         let wall = self.started_wall;
-        if let Job::Renew(r, Some((_, ends))) = &self.job {
+        if let Job::Renew(r, Some(renewal)) = &mut self.job {
             let acked = wall + now.saturating_duration_since(self.started_at);
-            if acked >= *ends {
-                // The write may have landed after the lease it renews ran out: the
-                // server's expiry marker for that lease may still come and wipe it
-                // (see [`MAX_EXPIRY_GUARD`]). Not a renewal anyone can rely on.
+            if acked + read_back_window(renewal.old_ttl_ms) >= renewal.ends {
+                renewal.written = Some(revision);
                 let key = r.key.clone();
-                self.job = Job::Done;
-                return self.fail(ErrorReply::new(
-                    ErrorKind::Lost,
-                    format!(
-                        "the renewal of `{key}` was written at revision {revision} only as \
-                         its lease ran out, and the server's expiry may still remove it: \
-                         acquire again"
-                    ),
-                ));
+                return self.read(key);
             }
         }
+        self.on_written_in_time(revision);
+    }
+
+    /// Replies to a write stored at `revision` (a renewal: before its lease's end).
+    fn on_written_in_time(&mut self, revision: u64) {
+        let wall = self.started_wall;
         match std::mem::replace(&mut self.job, Job::Done) {
             Job::Acquire(r) => {
                 let lease = Lease {
@@ -798,7 +878,7 @@ impl Call {
                     lease,
                 }));
             }
-            Job::Renew(r, Some((record, _))) => {
+            Job::Renew(r, Some(Renewal { record, .. })) => {
                 self.reply(Response::Lease(Lease {
                     held: true,
                     key: r.key,
@@ -820,6 +900,56 @@ impl Call {
             }
             other => self.job = other,
         }
+    }
+
+    /// The key read back after a renewal stored at `revision`. The renewal stored,
+    /// by the server's clock, within the [`expiry_guard`] of the end of the lease
+    /// it renews, or no longer the key's last message (wiped by that lease's expiry
+    /// marker), is `lost`, not a renewal anyone can rely on; stored before, it is a
+    /// renewal. (Read by key, not by sequence: a deposed stream leader answers "no
+    /// such message" for a sequence it never stored, which no confirmation can
+    /// refute, while a read of the key is confirmed like any other.)
+    fn on_read_back(&mut self, revision: u64, state: KeyState) {
+        let Job::Renew(r, Some(renewal)) = &self.job else {
+            return;
+        };
+        let key = r.key.clone();
+        let guard = expiry_guard(renewal.old_ttl_ms);
+        let why = match state {
+            KeyState::Held {
+                revision: at,
+                written_at,
+                ..
+            } if at == revision => {
+                if written_at + guard < renewal.ends {
+                    return self.on_written_in_time(revision);
+                }
+                let before = (renewal.ends - written_at).whole_milliseconds();
+                if before > 0 {
+                    format!(
+                        "landed {before} ms before its lease's end by the server's clock, \
+                         under the {} ms guard",
+                        guard.as_millis()
+                    )
+                } else {
+                    format!(
+                        "landed {} ms after its lease's end by the server's clock",
+                        -before
+                    )
+                }
+            }
+            _ => format!(
+                "is gone already (the key is at revision {}: the lease's expiry removed it)",
+                state.revision()
+            ),
+        };
+        self.fail(ErrorReply::new(
+            ErrorKind::Lost,
+            format!(
+                "the renewal of `{key}` written at revision {revision} {why}: the server's \
+                 expiry may remove it; acquire again"
+            ),
+        ));
     }
 
     fn on_conflict(&mut self) {

@@ -20,7 +20,8 @@ pub enum RejectReason {
     MissingFence,
     /// `Dagnats-Lease-Fence` is not an unsigned integer.
     MalformedFence,
-    /// The fence is below the revision that began this holder's tenure.
+    /// The fence is below the revision that began this holder's tenure (for a
+    /// [`crate::holder::Holder`], the revision of the renew that confirmed its grant).
     StaleFence,
     /// The subject is not `dagnats.lease.inbox.<this holder>.<key>`.
     WrongSubject,
@@ -32,7 +33,7 @@ impl fmt::Display for RejectReason {
             Self::NotOwner => "not acting as owner of the key",
             Self::MissingFence => "the Dagnats-Lease-Fence header is missing",
             Self::MalformedFence => "the Dagnats-Lease-Fence header is not an unsigned integer",
-            Self::StaleFence => "the fence is below this tenure's acquire revision",
+            Self::StaleFence => "the fence is below the fence this tenure began with",
             Self::WrongSubject => "the subject is not this holder's inbox",
         })
     }
@@ -50,7 +51,7 @@ impl RejectReason {
 pub struct Accepted {
     /// The key it was forwarded for.
     pub key: String,
-    /// The fence the service sent (at least the tenure's acquire revision).
+    /// The fence the service sent (at least the fence the tenure began with).
     pub fence: u64,
 }
 
@@ -97,7 +98,7 @@ impl InboxGuard {
             .insert(key.to_string(), Tenure { revision, deadline });
     }
 
-    /// The tenure of `key` was renewed: the same acquire revision, a later deadline.
+    /// The tenure of `key` was renewed: the same start fence, a later deadline.
     pub fn extend(&mut self, key: &str, deadline: Instant) {
         if let Some(t) = self.tenures.get_mut(key) {
             t.deadline = deadline;

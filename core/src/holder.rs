@@ -19,11 +19,15 @@
 //! - A grant elects nobody by itself: `granted: true` cannot show whether the lease
 //!   was written by this request or is an older write under the same holder ID (a
 //!   holder made afresh for a key its process held, a restart), which the server
-//!   expires up to a TTL sooner. A renew confirms it; the tenure is the acquire's
-//!   revision, the deadline counts from the renew's send.
+//!   expires up to a TTL sooner. A renew confirms it; the tenure starts at the
+//!   renew's revision and the deadline counts from the renew's send. Not at the
+//!   acquire's revision: an older write is the last fence an earlier tenure of this
+//!   holder ID handed out, and a store that refuses only lower fences would still
+//!   take that tenure's late writes.
 //! - A reply that arrives after the local deadline never extends the tenure: a
 //!   renewal that lands after the server's expiry check is wiped by the expiry
-//!   marker that follows.
+//!   marker that follows. The renew confirming a grant is held to the deadline it
+//!   would give too: answered at or after it, it elects nobody.
 //! - After a renew whose outcome is unknown (or answered after the deadline, or
 //!   `lost`), the holder does not campaign until the expiry marker of the lease it
 //!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
@@ -268,14 +272,15 @@ impl fmt::Display for StepDownReason {
 pub enum HolderEvent {
     /// A tenure began: act as owner until `deadline`, fencing writes with `fence`.
     Elected {
-        /// The acquire revision: the start of the tenure.
+        /// The start of the tenure: the revision of the renew that confirmed the
+        /// grant, above every fence an earlier tenure of this holder ID handed out.
         fence: u64,
         /// The local deadline, on the holder's clock.
         deadline: Instant,
     },
     /// A renewal succeeded: the same tenure, a higher fence, a later deadline.
     Renewed {
-        /// The tenure's acquire revision.
+        /// The tenure's start fence (the `fence` of its `Elected`).
         tenure: u64,
         /// The new fence.
         fence: u64,
@@ -314,7 +319,7 @@ pub enum HolderStatus {
 /// The tenure a holder is in, while its deadline has not passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ownership {
-    /// The acquire revision that began the tenure.
+    /// The fence that began the tenure (the confirming renew's revision).
     pub tenure: u64,
     /// The latest fence (the revision of the last acquire or renew).
     pub fence: u64,
@@ -573,6 +578,17 @@ impl Holder {
             self.drive(now);
             return;
         }
+        if let Phase::Confirming { .. } = self.phase
+            && flight.purpose == Purpose::Renew
+            && now >= flight.sent_at + self.config.believed_span(self.config.ttl)
+        {
+            // The confirming renew, answered at or after the deadline it would give:
+            // the same as a renew answered after the deadline, it elects nobody.
+            self.mark_unknown(flight);
+            self.campaign_after(now, Duration::ZERO);
+            self.drive(now);
+            return;
+        }
         let reply = match &outcome {
             RequestOutcome::Reply { payload, .. } => {
                 Response::decode(flight.purpose.endpoint(), payload).ok()
@@ -718,12 +734,13 @@ impl Holder {
                     deadline,
                 });
             }
-            Phase::Confirming { revision: tenure } => {
-                // The renew proves the lease at `tenure` was ours up to this write:
-                // the tenure began at the acquire's revision.
+            Phase::Confirming { .. } => {
+                // The tenure starts at this renew's revision, not the grant's: a
+                // grant may return an earlier tenure's last write under this holder
+                // ID, whose fence that tenure already handed out.
                 self.phase = Phase::Owner {
                     ownership: Ownership {
-                        tenure,
+                        tenure: revision,
                         fence: revision,
                         deadline,
                     },
@@ -731,11 +748,6 @@ impl Holder {
                     recovering: false,
                 };
                 self.events.push_back(HolderEvent::Elected {
-                    fence: tenure,
-                    deadline,
-                });
-                self.events.push_back(HolderEvent::Renewed {
-                    tenure,
                     fence: revision,
                     deadline,
                 });

@@ -926,12 +926,17 @@ impl World {
                         self.sim.now_ms + guard.as_millis() as u64 >= end
                     })
                 });
-                // A renewal written only as the lease it renewed ran out is lost: the
-                // old lease's expiry marker may still wipe it.
+                // A renewal stored (by the server's clock) within the expiry guard of
+                // the end of the lease it renewed is lost: that lease's expiry marker
+                // may still wipe it.
                 let renewed_too_late = |r: u64| {
-                    let ends = self.sim.at(*revision).and_then(SimMsg::expires_ms);
+                    let old = self.sim.at(*revision);
+                    let ends = old.and_then(SimMsg::expires_ms);
+                    let guard = old.map_or(0, |m| {
+                        crate::call::expiry_guard(m.ttl_ms.unwrap_or(0)).as_millis() as u64
+                    });
                     let stored = self.sim.at(r).map(|m| m.time_ms);
-                    matches!((ends, stored), (Some(end), Some(at)) if at >= end)
+                    matches!((ends, stored), (Some(end), Some(at)) if at + guard >= end)
                 };
                 let right = match (e.kind, held_by_caller) {
                     (ErrorKind::Lost, None) => true,

@@ -7,7 +7,8 @@ use serde_json::json;
 
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, MAX_EXPIRY_MARKER_LAG, StepDownReason,
+    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, MAX_EXPIRY_MARKER_LAG,
+    StepDownReason,
 };
 use crate::js::RequestOutcome;
 use crate::wire::{Endpoint, ErrorKind, ErrorReply};
@@ -106,7 +107,7 @@ impl Run {
 
     /// Acquire sent and granted `revision` at 0; the renew that confirms the grant
     /// sent at 0 too and answered at `reply_ms`. The renew is answered with the same
-    /// revision (a real one raises it), so a test's fence reads as its tenure.
+    /// revision (a real one raises it), so a test's tenure and fence read as one.
     fn elected(config: HolderConfig, revision: u64, reply_ms: u64) -> Self {
         let mut run = Self::new(config);
         let r = run.request();
@@ -118,7 +119,7 @@ impl Run {
         run.answer(reply_ms, &confirm, renewed(revision));
         assert!(matches!(
             run.events()[..],
-            [HolderEvent::Elected { .. }, HolderEvent::Renewed { .. }]
+            [HolderEvent::Elected { fence, .. }] if fence == revision
         ));
         run
     }
@@ -147,17 +148,7 @@ fn the_deadline_counts_from_the_confirming_renews_send_not_its_reply() {
     let confirm = run.request();
     run.answer(8000, &confirm, renewed(8));
     let deadline = run.at(4000) + span();
-    assert_eq!(
-        run.events(),
-        [
-            HolderEvent::Elected { fence: 7, deadline },
-            HolderEvent::Renewed {
-                tenure: 7,
-                fence: 8,
-                deadline
-            }
-        ]
-    );
+    assert_eq!(run.events(), [HolderEvent::Elected { fence: 8, deadline }]);
     assert!(
         run.holder
             .ownership(deadline - Duration::from_millis(1))
@@ -316,6 +307,47 @@ fn a_renewal_answered_after_the_deadline_does_not_revive_the_tenure() {
     );
 }
 
+/// The renew confirming a grant is held to the deadline it would give (its send
+/// plus the believed span), as an owner's renew is: a reply handled at or after it
+/// (a holder paused with the reply waiting) may come from a write that landed
+/// after the lease's end, which the expiry marker wipes. It elects nobody; the
+/// holder waits out that marker and campaigns again.
+#[test]
+fn a_confirming_renew_answered_at_or_after_its_deadline_elects_nobody() {
+    let span_ms = span().as_millis() as u64;
+    for (reply_ms, elected) in [
+        (span_ms - 1, true),
+        (span_ms, false),
+        (span_ms + 500, false),
+    ] {
+        let mut run = Run::new(config());
+        let r = run.request();
+        run.answer(0, &r, granted(7));
+        let confirm = run.request();
+        assert_eq!(confirm.endpoint, Endpoint::Renew);
+        run.answer(reply_ms, &confirm, renewed(8));
+        let events = run.events();
+        if elected {
+            assert!(
+                matches!(events[..], [HolderEvent::Elected { .. }, ..]),
+                "{reply_ms}: {events:?}"
+            );
+            continue;
+        }
+        assert_eq!(events, [], "elected by a reply at {reply_ms} ms");
+        assert_eq!(run.holder.status(), HolderStatus::Campaigning);
+        assert_eq!(run.holder.ownership(run.at(reply_ms)), None);
+        // Fence 7 was learned at 0: its lease ends by the TTL and the drift margin,
+        // its marker a lag after that.
+        let quiet_end = run.at(0) + TTL + (TTL - span()) + MAX_EXPIRY_MARKER_LAG;
+        run.holder
+            .handle_timeout(quiet_end - Duration::from_millis(1));
+        run.no_request();
+        run.holder.handle_timeout(quiet_end);
+        assert_eq!(run.request().endpoint, Endpoint::Acquire);
+    }
+}
+
 /// A corrupt record answers `internal` until someone repairs it: a campaign backs
 /// off, doubling from `retry_every` (1 s here) up to one TTL, and a reply resets it.
 #[test]
@@ -425,6 +457,42 @@ fn a_grant_elects_nobody_until_a_renew_proves_the_lease() {
     assert_eq!(run.request().endpoint, Endpoint::Acquire);
 }
 
+/// A holder made afresh under the same ID (a restart, `stop` then `elect`) is
+/// granted the last write of the ID's earlier tenure, at the fence that tenure
+/// handed out last. The new tenure starts at the confirming renew's revision,
+/// above it: a store that refuses only lower fences then refuses the earlier
+/// tenure's late writes, and the inbox refuses forwards read before the renew.
+#[test]
+fn a_tenure_starts_at_the_confirming_renews_revision_above_the_grants() {
+    let mut store = FenceGuard::new();
+    store.admit(7).unwrap(); // the earlier tenure's write with its last fence
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(0, &r, granted(7));
+    let confirm = run.request();
+    assert_eq!(body(&confirm)["revision"], 7);
+    run.answer(10, &confirm, renewed(8));
+    let deadline = run.at(0) + span();
+    let events = run.events();
+    assert_eq!(events, [HolderEvent::Elected { fence: 8, deadline }]);
+    let own = run.holder.ownership(run.at(10)).expect("owner");
+    assert_eq!((own.tenure, own.fence), (8, 8));
+    // The new tenure writes with its fence; the earlier tenure's late write with 7
+    // must be refused.
+    store.admit(own.tenure).unwrap();
+    assert!(
+        store.admit(7).is_err(),
+        "the earlier tenure's late write passed"
+    );
+    let mut inbox = InboxGuard::new("h1");
+    inbox.observe("leader", &events[0]);
+    assert_eq!(
+        inbox.check(run.at(10), INBOX, Some("7")),
+        Err(RejectReason::StaleFence)
+    );
+    assert!(inbox.check(run.at(10), INBOX, Some("8")).is_ok());
+}
+
 #[test]
 fn no_responders_proves_nothing_was_written() {
     // A recovery grant in a tenure: a renew that met no responders wrote nothing, so
@@ -450,8 +518,7 @@ fn no_responders_proves_nothing_was_written() {
     run.answer(2002, &confirm, renewed(4));
     assert!(matches!(
         run.events()[..],
-        [HolderEvent::Elected { fence: 3, deadline }, HolderEvent::Renewed { .. }]
-            if deadline == run.at(2001) + span()
+        [HolderEvent::Elected { fence: 4, deadline }] if deadline == run.at(2001) + span()
     ));
 }
 
@@ -506,10 +573,7 @@ fn a_grant_older_than_a_revision_already_seen_is_a_stale_read() {
     run.answer(6004, &confirm, renewed(42));
     assert!(matches!(
         run.events()[..],
-        [
-            HolderEvent::Elected { fence: 41, .. },
-            HolderEvent::Renewed { .. }
-        ]
+        [HolderEvent::Elected { fence: 42, .. }]
     ));
 }
 
@@ -535,7 +599,7 @@ fn unavailable_may_have_written_so_it_bounds_a_later_grant() {
 }
 
 #[test]
-fn a_grant_too_old_to_believe_is_confirmed_by_a_renew_and_the_tenure_is_the_acquire() {
+fn a_grant_too_old_to_believe_is_confirmed_by_a_renew_that_starts_the_tenure() {
     let mut run = Run::new(config());
     let first = run.request();
     run.answer(3750, &first, RequestOutcome::TimedOut);
@@ -564,16 +628,12 @@ fn a_grant_too_old_to_believe_is_confirmed_by_a_renew_and_the_tenure_is_the_acqu
     let deadline = run.at(21_030) + span();
     assert_eq!(
         run.events(),
-        [
-            HolderEvent::Elected { fence: 9, deadline },
-            HolderEvent::Renewed {
-                tenure: 9,
-                fence: 12,
-                deadline
-            }
-        ]
+        [HolderEvent::Elected {
+            fence: 12,
+            deadline
+        }]
     );
-    assert_eq!(run.holder.ownership(run.at(21_040)).unwrap().tenure, 9);
+    assert_eq!(run.holder.ownership(run.at(21_040)).unwrap().tenure, 12);
 }
 
 #[test]
@@ -669,8 +729,7 @@ fn a_malformed_reply_counts_as_an_unknown_outcome() {
     run.answer(1003, &confirm, renewed(3));
     assert!(matches!(
         run.events()[..],
-        [HolderEvent::Elected { deadline, .. }, HolderEvent::Renewed { .. }]
-            if deadline == run.at(1002) + span()
+        [HolderEvent::Elected { deadline, .. }] if deadline == run.at(1002) + span()
     ));
 }
 

@@ -5,7 +5,7 @@
 //!
 //! 1. a holder that believes it owns a key (`Holder::ownership`) holds it on the
 //!    server: the live record is its, and no other holder wrote the key since the
-//!    tenure's acquire revision (so it never believes past the server's expiry);
+//!    revision its tenure began with (so it never believes past the server's expiry);
 //! 2. no two holders believe they own one key at the same instant.
 
 use std::cmp::Reverse;
@@ -959,7 +959,9 @@ fn holder_worlds_cover_failovers_and_step_downs_at_the_deadline() {
         total.pauses += s.pauses;
     }
     assert!(total.elections > 200, "{total:?}");
-    assert!(total.renewals > 2000, "{total:?}");
+    // Renewals of a tenure only: the renew confirming a grant is the `Elected`
+    // (1413 of them over these seeds).
+    assert!(total.renewals > 1000, "{total:?}");
     assert!(total.failovers > 100, "{total:?}");
     assert!(total.deadline_missed > 50, "{total:?}");
     // `lost` needs a renew sent in time to reach the service after another holder

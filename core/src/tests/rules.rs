@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use time::OffsetDateTime;
+
 use super::support::*;
 use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Mode, Operation};
 use crate::js::RequestOutcome;
@@ -783,31 +785,131 @@ fn renew_and_release_of_a_lease_at_its_end_are_lost_without_a_write() {
     }
 }
 
-/// A renewal whose write is acknowledged only once the lease it renews has run out
-/// may have landed after the end: the server's expiry marker for the old lease can
-/// still come and wipe it (nats-server 2.14, README Fault tests). It is `lost`, not a
-/// renewal; one acknowledged before the end is a renewal.
+/// A renewal that lands within the expiry guard of the end of the lease it renews
+/// (or after it) may be wiped by that lease's expiry marker (nats-server 2.14,
+/// README Fault tests): it is `lost`, not a renewal. The end is the server's (the
+/// old revision's store time + TTL), so it is judged on the server's clock: a renew
+/// acknowledged in the second half of the old lease (by the service's clock) reads
+/// the key back through the stream leader and compares its own message's store
+/// time. `renew_acked` runs a renew of revision 40 (TTL 15 s, stored at `old_ms`)
+/// on a service whose clock reads `wall` at the start, acknowledged at 41.
+fn renew_acked(config: CallConfig, wall: OffsetDateTime, old_ms: u64, ack_after_ms: u64) -> Drive {
+    let mut d = Drive::at_wall(config, Endpoint::Renew, RENEW, wall);
+    let r = d.read();
+    d.feed(r.id, held(40, "me", 15000, old_ms));
+    let w = d.write();
+    assert_eq!(w.expected_revision, 40);
+    d.advance(Duration::from_millis(ack_after_ms));
+    d.feed(w.id, ack(41));
+    d
+}
+
+fn single() -> CallConfig {
+    CallConfig::ready(MAX_PAYLOAD)
+}
+
+/// The service clock lags the server's by 2 s. The old lease was stored at server
+/// time epoch + 6.5 s (TTL 15 s: it ends at 21.5 s); the call starts at 20 s by the
+/// service's clock, 22 s by the server's. By the service's clock 1.5 s are left,
+/// over the 1 s guard, so it writes; the write lands at 22.01 s, after the end.
 #[test]
-fn a_renewal_acknowledged_after_the_lease_ran_out_is_lost() {
-    // Written at the epoch with a 4 s TTL: 3 s left when the call begins, above
-    // the 1 s guard.
-    assert_eq!(wall() - epoch(), Duration::from_secs(1));
-    for (ack_after_ms, expect) in [(2_999, None), (3_000, Some(ErrorKind::Lost))] {
-        let mut d = Drive::new(Endpoint::Renew, RENEW);
-        let r = d.read();
-        d.feed(r.id, held(40, "me", 4000, 0));
-        let w = d.write();
-        d.advance(Duration::from_millis(ack_after_ms));
-        d.feed(w.id, ack(41));
-        match (d.reply(), expect) {
-            (Response::Lease(l), None) => assert_eq!(l.revision, 41),
-            (Response::Error(e), Some(kind)) => {
-                assert_eq!(e.kind, kind);
-                assert!(e.error.contains("revision 41"), "{}", e.error);
+fn a_renewal_landing_after_the_end_by_the_servers_clock_is_lost_though_the_service_clock_lags() {
+    let service = epoch() + Duration::from_secs(20);
+    let mut d = renew_acked(single(), service, 6_500, 10);
+    let rb = d.read();
+    assert_eq!(rb.key, "k");
+    // Stored 2.01 s after the call began by the service's clock: the server's.
+    d.feed(rb.id, held(41, "me", 15000, 22_010));
+    let e = d.error();
+    assert_eq!(e.kind, ErrorKind::Lost, "{e:?}");
+    assert!(e.error.contains("revision 41"), "{}", e.error);
+    // Within the guard before the end (stored at 20.6 s of 21.5 s): lost too.
+    let mut d = renew_acked(single(), service, 6_500, 10);
+    let rb = d.read();
+    d.feed(rb.id, held(41, "me", 15000, 20_600));
+    assert_eq!(d.error().kind, ErrorKind::Lost);
+    // Gone already: the old lease's marker wiped it (or nothing is left).
+    for state in [marker(42), no_message()] {
+        let mut d = renew_acked(single(), service, 6_500, 10);
+        let rb = d.read();
+        d.feed(rb.id, state);
+        let e = d.error();
+        assert_eq!(e.kind, ErrorKind::Lost);
+        assert!(e.error.contains("gone"), "{}", e.error);
+    }
+}
+
+/// The same lag, a renew well inside the lease (stored at 16 s, 9 s of 15 left by
+/// the server's clock when the call starts): renewed, with no read-back.
+#[test]
+fn a_renewal_well_inside_the_lease_is_renewed_without_a_read_back() {
+    let service = epoch() + Duration::from_secs(20);
+    let mut d = renew_acked(single(), service, 16_000, 10);
+    let Response::Lease(l) = d.reply() else {
+        panic!("expected the lease")
+    };
+    assert_eq!(l.revision, 41);
+}
+
+/// Which acks read back: from the second half of the old lease on, by the service's
+/// clock (old lease stored at 0, TTL 15 s; call at 1 s). A renew every ttl/3 is
+/// acknowledged about 5 s in: no read. The read-back decides either way, also
+/// against a service clock running ahead (acked after the end by it, stored 2 s
+/// before the end by the server's): renewed.
+#[test]
+fn a_renew_reads_back_from_the_second_half_of_the_lease_on_and_the_stored_time_decides() {
+    for (ack_after_ms, reads_back) in [(4_000, false), (6_499, false), (6_500, true)] {
+        let mut d = renew_acked(single(), wall(), 0, ack_after_ms);
+        match d.effect() {
+            Effect::KvRead(_) => assert!(reads_back, "read back at {ack_after_ms}"),
+            Effect::Reply(Response::Lease(l)) => {
+                assert!(!reads_back, "no read-back at {ack_after_ms}");
+                assert_eq!(l.revision, 41);
             }
-            (other, _) => panic!("acked {ack_after_ms} ms on: {other:?}"),
+            other => panic!("{other:?}"),
         }
     }
+    let mut d = renew_acked(single(), wall(), 0, 15_000);
+    let rb = d.read();
+    d.feed(rb.id, held(41, "me", 15000, 13_000));
+    assert!(matches!(d.reply(), Response::Lease(l) if l.revision == 41));
+    // 14 s: within the 1 s guard of the 15 s end.
+    let mut d = renew_acked(single(), wall(), 0, 15_000);
+    let rb = d.read();
+    d.feed(rb.id, held(41, "me", 15000, 14_000));
+    assert_eq!(d.error().kind, ErrorKind::Lost);
+}
+
+/// On a replicated bucket the read-back is confirmed like any read: a deposed
+/// leader showing the key before the renewal (or without it) is refuted by the
+/// confirmation, and the call reads again.
+#[test]
+fn a_renewals_read_back_is_confirmed_on_a_replicated_bucket() {
+    let replicated = single().for_replicas(3);
+    let mut d = renew_acked(replicated, wall(), 0, 10_000);
+    let stale = d.read();
+    d.feed(stale.id, held(40, "me", 15000, 0));
+    let c = d.confirm();
+    assert_eq!(c.revision, 40);
+    d.feed(c.id, wrong_last_sequence());
+    let fresh = d.read();
+    d.feed(fresh.id, held(41, "me", 15000, 11_000));
+    let c = d.confirm();
+    assert_eq!(c.revision, 41);
+    d.feed(c.id, ack(42));
+    assert!(matches!(d.reply(), Response::Lease(l) if l.revision == 41));
+}
+
+/// A read-back that fails leaves the renewal's landing time unknown: `unavailable`,
+/// as a write whose ack was lost.
+#[test]
+fn a_failed_read_back_is_unavailable() {
+    let mut d = renew_acked(single(), wall(), 0, 10_000);
+    let rb = d.read();
+    d.feed(rb.id, RequestOutcome::TimedOut);
+    let e = d.error();
+    assert_eq!(e.kind, ErrorKind::Unavailable);
+    assert!(e.error.contains("revision 41"), "{}", e.error);
 }
 
 /// The call keeps its own request deadlines: an effect unanswered within its timeout

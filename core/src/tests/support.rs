@@ -33,9 +33,19 @@ impl Drive {
     }
 
     pub(super) fn with_config(config: CallConfig, endpoint: Endpoint, body: &str) -> Self {
+        Self::at_wall(config, endpoint, body, wall())
+    }
+
+    /// A call whose service clock reads `wall` as it starts.
+    pub(super) fn at_wall(
+        config: CallConfig,
+        endpoint: Endpoint,
+        body: &str,
+        wall: OffsetDateTime,
+    ) -> Self {
         let now = Instant::now();
         Self {
-            call: Call::new(config, now, wall(), endpoint, body.as_bytes()),
+            call: Call::new(config, now, wall, endpoint, body.as_bytes()),
             now,
         }
     }
