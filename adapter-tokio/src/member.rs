@@ -331,8 +331,10 @@ impl Member {
     /// Shares `keys` evenly with every member running the same `set`: each holds
     /// `floor` or `ceil(keys / members)` once settled, learning of the others from
     /// one presence lease per member (`<set>-member-<i>`, `i` below the number of
-    /// keys). A member above its share releases its newest tenures, a few per renew
-    /// interval; nothing is taken from a holder.
+    /// keys). A member above its share revokes its newest tenures, a few per renew
+    /// interval: each steps down at once ([`StepDownReason::Revoked`]) and is
+    /// released on [`Shards::done`] or at its deadline; nothing is taken from a
+    /// holder.
     pub fn balanced_shards(
         &self,
         set: &str,

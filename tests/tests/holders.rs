@@ -261,7 +261,8 @@ async fn balanced_shards_share_evenly_as_members_join_and_leave() {
     let keys = ["b0", "b1", "b2", "b3", "b4", "b5"];
     let mut all = Vec::new();
     // One member alone takes every shard; each joining member gets an even share,
-    // released by the others at a safe point (no lease is taken from its holder).
+    // released by the others at a safe point (no lease is taken from its holder): this
+    // application never calls `done`, so each moves at its revoked deadline.
     for (i, share) in [6, 3, 2].into_iter().enumerate() {
         let m = member(&fx, &format!("bal-{i}")).await;
         all.push(m.balanced_shards("bal", &keys, TTL).unwrap());
