@@ -29,6 +29,10 @@
 //!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
 //!   server can have): a renewal that landed after the end is wiped by that
 //!   marker, and so would be any write confirming it before the marker.
+//! - [`Holder::stop`] releases at once; [`Holder::revoke`] (for releases the
+//!   library decides by itself) steps down at once but keeps the lease, unrenewed,
+//!   until the last deadline handed out or a `stop`, so whoever read that deadline
+//!   is done before the key can move.
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
 //! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
