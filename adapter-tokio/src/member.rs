@@ -7,6 +7,9 @@
 //! - [`Member::elect`] campaigns for one key and reports [`Ownership`] changes
 //!   ([`Elector`]);
 //! - [`Member::shards`] holds up to N keys of a set, one lease each ([`Shards`]);
+//!   a shard the library gives up by itself (for balance) is revoked first:
+//!   [`StepDownReason::Revoked`], then released on [`Shards::done`] or at the
+//!   deadline it names;
 //! - [`Member::inbox`] receives requests forwarded to this process as owner, with the
 //!   contract's reject rules already applied ([`Inbox`]).
 //!
@@ -46,7 +49,9 @@ use dagnats_leases_core::campaign::{
     Campaign, CampaignEvent, CampaignRequest, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
 };
 use dagnats_leases_core::guard::RejectReason;
-use dagnats_leases_core::holder::{HolderConfig, HolderEvent, StepDownReason};
+/// Why a key stepped down, in [`Ownership::SteppedDown`].
+pub use dagnats_leases_core::holder::StepDownReason;
+use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, NatsRequest, RequestOutcome};
@@ -92,7 +97,9 @@ pub enum Ownership {
         /// above every fence an earlier tenure of this holder ID handed out.
         fence: u64,
     },
-    /// Stop acting as owner of the key now.
+    /// Stop acting as owner of the key now. For [`StepDownReason::Revoked`], writes
+    /// already under way may finish before its `deadline`; then call `done(key)`
+    /// ([`Shards::done`], [`Semaphore::done`]) so the key moves without waiting for it.
     SteppedDown {
         /// Why.
         reason: StepDownReason,
@@ -325,8 +332,10 @@ impl Member {
     /// Shares `keys` evenly with every member running the same `set`: each holds
     /// `floor` or `ceil(keys / members)` once settled, learning of the others from
     /// one presence lease per member (`<set>-member-<i>`, `i` below the number of
-    /// keys). A member above its share releases its newest tenures, a few per renew
-    /// interval; nothing is taken from a holder.
+    /// keys). A member above its share revokes its newest tenures, a few per renew
+    /// interval: each steps down at once ([`StepDownReason::Revoked`]) and is
+    /// released on [`Shards::done`] or at its deadline; nothing is taken from a
+    /// holder.
     pub fn balanced_shards(
         &self,
         set: &str,
@@ -469,6 +478,11 @@ impl Group {
             .collect()
     }
 
+    fn done(&self, key: &str) {
+        self.shared.lock().campaign.done(Instant::now(), key);
+        self.shared.wake.notify_one();
+    }
+
     async fn stop(&mut self) {
         self.stopped = true;
         let (finished, done) = oneshot::channel();
@@ -558,6 +572,12 @@ impl Semaphore {
         &self.name
     }
 
+    /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`]):
+    /// it is released now rather than at its deadline. Otherwise nothing happens.
+    pub fn done(&self, slot: &str) {
+        self.group.done(slot);
+    }
+
     /// Steps down from its slot (if holding one), releases it, and waits for that.
     pub async fn stop(mut self) {
         self.group.stop().await;
@@ -574,6 +594,26 @@ impl Semaphore {
 /// let mut shards = member.shards(&keys, 2, Duration::from_secs(15))?;
 /// while let Some(change) = shards.next().await {
 ///     println!("{}: {:?}; now holding {:?}", change.key, change.ownership, shards.held().keys());
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// A balanced set moves a shard by revoking it: the shard steps down at once, and
+/// its lease goes to another member only once the application is done with it (or
+/// at the deadline it was last given).
+///
+/// ```no_run
+/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dagnats_leases_tokio::member::{Ownership, StepDownReason};
+/// let keys = ["shard-0", "shard-1", "shard-2", "shard-3"];
+/// let mut shards = member.balanced_shards("orders", &keys, Duration::from_secs(15))?;
+/// while let Some(change) = shards.next().await {
+///     if let Ownership::SteppedDown { reason: StepDownReason::Revoked { deadline } } = change.ownership {
+///         // Take no new work for the shard; let writes under way finish (each
+///         // before `deadline`), then hand it over.
+///         shards.done(&change.key);
+///     }
 /// }
 /// # Ok(()) }
 /// ```
@@ -596,6 +636,13 @@ impl Shards {
     /// The tenure of one shard, if owned right now.
     pub fn tenure(&self, key: &str) -> Option<Tenure> {
         self.group.tenure(key)
+    }
+
+    /// The application is done with shard `key`, revoked to rebalance
+    /// ([`StepDownReason::Revoked`]): it is released now rather than at its
+    /// deadline, so the next owner gets it sooner. Otherwise nothing happens.
+    pub fn done(&self, key: &str) {
+        self.group.done(key);
     }
 
     /// Steps down from every shard, releases them, and waits for the releases.

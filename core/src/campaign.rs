@@ -10,14 +10,26 @@
 //! - **At most `max_held` per group.** Campaign acquires wait in a queue and go out
 //!   only while the keys held (or being confirmed) plus those in flight stay below
 //!   the cap, so a group never wins more than it may keep, and the keys take turns.
-//!   Should a group hold more than its cap, it releases the newest tenures.
+//!   Should a group hold more than its cap, it revokes the newest tenures.
 //! - **Balanced shards** ([`Campaign::add_balanced_group`]): members of a shard set
 //!   learn of each other from presence leases, one per member (`<set>-member-<i>`,
 //!   a group of their own that holds one), and hold at most `ceil(shards / members)`
 //!   each. A member above that, or above `floor(shards / members)` while another
-//!   member holds fewer, releases its newest tenures, a few per renew interval, and
-//!   waits a campaign interval before asking for them again: N members converge to
-//!   the floor or the ceiling each, with no preemption (only the holder releases).
+//!   member holds fewer, revokes its newest tenures, a few per renew interval, and
+//!   waits a campaign interval after each release before asking for it again: N
+//!   members converge to the floor or the ceiling each, with no preemption (only the
+//!   holder releases).
+//! - **Revocation before release.** A release the campaign decides by itself (a
+//!   shard shed, a semaphore slot above the cap) goes through [`Holder::revoke`]:
+//!   the key steps down at once (`ownership` is `None`, the event is
+//!   [`StepDownReason::Revoked`] with the last deadline handed out), and the lease
+//!   is kept, not renewed, until the application calls [`Campaign::done`] for the
+//!   key or that deadline passes; only then is it released. An application that
+//!   read a tenure a moment before keeps writing at most until that tenure's
+//!   deadline, and the server's lease outlives every deadline handed out, so the
+//!   next owner is granted the key only after the last such write, whether or not
+//!   the application heard of the revocation. Releases the application asks for
+//!   ([`Campaign::stop_group`]) stay immediate: it has stopped writing.
 //! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
 //!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
 //! - **Semaphores** ([`Campaign::add_semaphore`]): one of `permits` slot leases
@@ -70,6 +82,8 @@ use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
+#[cfg(doc)]
+use crate::holder::StepDownReason;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership};
 use crate::js::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
@@ -151,6 +165,9 @@ struct Slot {
     /// Unique per holder made: outcomes for an earlier holder of the key are dropped.
     serial: u64,
     holder: Holder,
+    /// Revoked for balance: not campaigned for again until a campaign interval after
+    /// its release.
+    shed: bool,
 }
 
 #[derive(Debug)]
@@ -179,7 +196,7 @@ pub struct Campaign {
     /// Holders of keys as change events showed them: how balanced groups count
     /// members and their shares.
     seen: BTreeMap<String, Seen>,
-    /// Keys released to rebalance, not campaigned for again until then.
+    /// Keys shed to rebalance and released, not campaigned for again until then.
     cooldown: BTreeMap<String, Instant>,
 }
 
@@ -394,6 +411,18 @@ impl Campaign {
         }
     }
 
+    /// The application is done with revoked `key` (see [`StepDownReason::Revoked`]):
+    /// it writes no more under that tenure, so the lease is released now rather than
+    /// at its deadline. A key not being revoked is left alone.
+    pub fn done(&mut self, now: Instant, key: &str) {
+        if let Some(slot) = self.slots.get_mut(key)
+            && slot.holder.revoked_until().is_some()
+        {
+            slot.holder.stop(now);
+            self.settle(now);
+        }
+    }
+
     /// Feeds back what came of request `id`. Outcomes nobody waits for are ignored.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         self.deliver(now, id, outcome);
@@ -534,7 +563,7 @@ impl Campaign {
     fn settle(&mut self, now: Instant) {
         loop {
             self.drain(now);
-            self.slots.retain(|_, s| !s.holder.is_done());
+            self.remove_finished(now);
             let mut changed = self.rebalance(now);
             self.drain(now);
             changed |= self.pump(now);
@@ -543,6 +572,26 @@ impl Campaign {
             }
         }
         self.finish_groups(now);
+    }
+
+    /// Drops the slots whose holder is done; a key shed for balance waits a
+    /// campaign interval from its release before it is asked for again.
+    fn remove_finished(&mut self, now: Instant) {
+        let finished: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.holder.is_done())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in finished {
+            let Some(slot) = self.slots.remove(&key) else {
+                continue;
+            };
+            if slot.shed {
+                let wait = slot.holder.config().campaign_every;
+                self.cooldown.insert(key, now + wait);
+            }
+        }
     }
 
     /// Keys of `group` held now or being confirmed, oldest tenure first.
@@ -564,7 +613,7 @@ impl Campaign {
     }
 
     /// Makes a holder for every key of a running group that has none (and was not
-    /// refused for good), and releases the newest tenures of a group above its cap.
+    /// refused for good), and revokes the newest tenures of a group above its cap.
     /// Returns whether it changed anything.
     fn rebalance(&mut self, now: Instant) -> bool {
         let mut changed = false;
@@ -585,19 +634,17 @@ impl Campaign {
                 .take(shed)
                 .map(|(_, key)| key)
                 .collect();
+            let mut balanced = false;
             if let (Some(g), false) = (self.groups.get_mut(&id), surplus.is_empty())
                 && let Some(b) = g.balance.as_mut()
             {
-                let pace = g.keys[0].renew_every;
-                b.shed_at = now + pace;
-                for key in &surplus {
-                    self.cooldown
-                        .insert(key.clone(), now + g.keys[0].campaign_every);
-                }
+                b.shed_at = now + g.keys[0].renew_every;
+                balanced = true;
             }
             for key in surplus {
                 if let Some(slot) = self.slots.get_mut(&key) {
-                    slot.holder.stop(now);
+                    slot.holder.revoke(now);
+                    slot.shed = balanced;
                     changed = true;
                 }
             }
@@ -618,6 +665,7 @@ impl Campaign {
                         group: id,
                         serial: self.next_serial,
                         holder,
+                        shed: false,
                     },
                 );
                 self.next_serial += 1;
@@ -653,10 +701,10 @@ impl Campaign {
         members
     }
 
-    /// How many tenures `group`, holding `held`, should release now: what is above
+    /// How many tenures `group`, holding `held`, should revoke now: what is above
     /// its cap; for a balanced group also one when it is above the floor while a
     /// member holds less than the floor; at most half the surplus (at least one)
-    /// per renew interval.
+    /// per renew interval. Keys being revoked count as given up already.
     fn to_shed(&self, group: GroupId, held: usize, now: Instant) -> usize {
         let g = &self.groups[&group];
         let cap = self.cap(group, now);

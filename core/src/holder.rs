@@ -33,6 +33,10 @@
 //!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
 //!   server can have): a renewal that landed after the end is wiped by that
 //!   marker, and so would be any write confirming it before the marker.
+//! - [`Holder::stop`] releases at once; [`Holder::revoke`] (for releases the
+//!   library decides by itself) steps down at once but keeps the lease, unrenewed,
+//!   until the last deadline handed out or a `stop`, so whoever read that deadline
+//!   is done before the key can move.
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
 //! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
@@ -254,6 +258,14 @@ pub enum StepDownReason {
     Stopped,
     /// The service refused the request for good (`invalid` or `unsupported`).
     Failed,
+    /// The library gives the key up by itself (a shard shed for balance, a semaphore
+    /// slot given up): stop writes now. The lease is kept, not renewed, until
+    /// `deadline` (the last one handed out) or until the application says it is
+    /// done with the key, and only then released.
+    Revoked {
+        /// The last deadline handed out for the key; no later one will be.
+        deadline: Instant,
+    },
 }
 
 impl fmt::Display for StepDownReason {
@@ -263,6 +275,7 @@ impl fmt::Display for StepDownReason {
             Self::DeadlineMissed => "deadline_missed",
             Self::Stopped => "stopped",
             Self::Failed => "failed",
+            Self::Revoked { .. } => "revoked",
         })
     }
 }
@@ -310,7 +323,7 @@ pub enum HolderStatus {
     Confirming,
     /// Owner until the local deadline (check [`Holder::ownership`] for the instant).
     Owner,
-    /// Stepped down for good; releasing.
+    /// Stepped down for good; releasing (once a revocation's hold is over).
     Stopping,
     /// Finished.
     Done,
@@ -366,8 +379,13 @@ enum Phase {
         next_at: Instant,
         recovering: bool,
     },
-    /// Releasing before finishing; `fence` is what to release (if anything).
-    Stopping { fence: Option<u64>, attempts: u32 },
+    /// Releasing before finishing; `fence` is what to release (if anything), not
+    /// before `hold_until` (a revocation keeps the lease until its deadline).
+    Stopping {
+        fence: Option<u64>,
+        attempts: u32,
+        hold_until: Option<Instant>,
+    },
     /// Finished: no more requests or events.
     Done,
 }
@@ -501,6 +519,10 @@ impl Holder {
             } else {
                 ownership.deadline
             }),
+            Phase::Stopping {
+                hold_until: Some(at),
+                ..
+            } if self.in_flight.is_none() => Some(at),
             _ => None,
         }
     }
@@ -533,6 +555,7 @@ impl Holder {
     }
 
     /// Stops: steps down now, releases the lease if this holder has one, then is done.
+    /// A revoked holder releases now rather than at its deadline.
     pub fn stop(&mut self, now: Instant) {
         let fence = match self.phase {
             Phase::Owner { ownership, .. } => {
@@ -543,10 +566,63 @@ impl Holder {
             }
             Phase::Confirming { revision } => Some(revision),
             Phase::Campaigning { .. } => None,
-            Phase::Stopping { .. } | Phase::Done => return,
+            Phase::Stopping {
+                ref mut hold_until, ..
+            } => {
+                if hold_until.take().is_some() {
+                    self.drive(now);
+                }
+                return;
+            }
+            Phase::Done => return,
         };
-        self.phase = Phase::Stopping { fence, attempts: 0 };
+        self.phase = Phase::Stopping {
+            fence,
+            attempts: 0,
+            hold_until: None,
+        };
         self.drive(now);
+    }
+
+    /// Stops for a release the library decided by itself (a shard shed, a semaphore
+    /// slot given up): steps down now with [`StepDownReason::Revoked`], naming the
+    /// last deadline handed out, and keeps the lease until then (no renew) before it
+    /// releases; [`Holder::stop`] releases at once. Not owner (no deadline handed
+    /// out, or it has passed): the same as [`Holder::stop`].
+    ///
+    /// Why it is safe to move the key then: every deadline handed out is the send of
+    /// a write of this tenure plus the TTL, less the drift margin, so the server's
+    /// lease outlives it, and nobody else is granted the key before that lease ends
+    /// or is released. An application that writes only before its last deadline (as
+    /// the holder rules ask) is done before the next owner is granted, even if it
+    /// never hears of the revocation. A renew in flight still lands, but only
+    /// updates the fence to release with: no later deadline is handed out, so none
+    /// has to be waited for.
+    pub fn revoke(&mut self, now: Instant) {
+        match self.phase {
+            Phase::Owner { ownership, .. } if now < ownership.deadline => {
+                self.events.push_back(HolderEvent::SteppedDown {
+                    reason: StepDownReason::Revoked {
+                        deadline: ownership.deadline,
+                    },
+                });
+                self.phase = Phase::Stopping {
+                    fence: Some(ownership.fence),
+                    attempts: 0,
+                    hold_until: Some(ownership.deadline),
+                };
+                self.drive(now);
+            }
+            _ => self.stop(now),
+        }
+    }
+
+    /// While revoked ([`Holder::revoke`]): the deadline the lease is kept until.
+    pub fn revoked_until(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Stopping { hold_until, .. } => hold_until,
+            _ => None,
+        }
     }
 
     /// Request `id` was never sent (its driver dropped it, as a [`crate::campaign`]
@@ -775,12 +851,7 @@ impl Holder {
             _ => written_after + self.config.believed_span(self.lease_ttl(ttl_ms)),
         };
         match self.phase {
-            Phase::Stopping { .. } => {
-                self.phase = Phase::Stopping {
-                    fence: Some(revision),
-                    attempts: self.stop_attempts(),
-                };
-            }
+            Phase::Stopping { ref mut fence, .. } => *fence = Some(revision),
             Phase::Owner { ownership, .. } => {
                 // A recovery after fence_mismatch. The lease at `revision` was written
                 // after the one the current deadline stands on, so it lasts at least as
@@ -897,13 +968,6 @@ impl Holder {
         }
     }
 
-    fn stop_attempts(&self) -> u32 {
-        match self.phase {
-            Phase::Stopping { attempts, .. } => attempts,
-            _ => 0,
-        }
-    }
-
     fn step_down(&mut self, now: Instant, reason: StepDownReason) {
         self.events.push_back(HolderEvent::SteppedDown { reason });
         let wait = match reason {
@@ -968,7 +1032,14 @@ impl Holder {
                 };
                 self.send(now, purpose, ownership.fence);
             }
-            Phase::Stopping { fence, attempts } => match fence {
+            // A revocation keeps the lease until its deadline.
+            Phase::Stopping {
+                hold_until: Some(at),
+                ..
+            } if now < at => {}
+            Phase::Stopping {
+                fence, attempts, ..
+            } => match fence {
                 Some(fence) if attempts < MAX_STOP_REQUESTS => {
                     self.send(now, Purpose::Release, fence)
                 }

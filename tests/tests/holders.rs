@@ -257,7 +257,8 @@ async fn balanced_shards_share_evenly_as_members_join_and_leave() {
     let keys = ["b0", "b1", "b2", "b3", "b4", "b5"];
     let mut all = Vec::new();
     // One member alone takes every shard; each joining member gets an even share,
-    // released by the others at a safe point (no lease is taken from its holder).
+    // released by the others at a safe point (no lease is taken from its holder): this
+    // application never calls `done`, so each moves at its revoked deadline.
     for (i, share) in [6, 3, 2].into_iter().enumerate() {
         let m = member(&fx, &format!("bal-{i}")).await;
         all.push(m.balanced_shards("bal", &keys, TTL).unwrap());
@@ -285,6 +286,61 @@ async fn balanced_shards_share_evenly_as_members_join_and_leave() {
     }
     let presence = leases.owner("bal-member-0").await.unwrap();
     assert_eq!(presence, None, "a stopped member releases its presence too");
+}
+
+/// A shard the library sheds for a newcomer is revoked: it steps down at once and
+/// keeps its lease until the application is done with it. `done` releases it then,
+/// so the newcomer is granted it before the revoked deadline (without `done` the
+/// release would wait for that deadline: the move could not come sooner).
+#[tokio::test]
+async fn a_revoked_shard_moves_as_soon_as_the_application_is_done_with_it() {
+    let fx = Fx::start().await;
+    let ttl = Duration::from_secs(15);
+    let keys = ["rv0", "rv1"];
+    let mut first = member(&fx, "rev-a")
+        .await
+        .balanced_shards("rev", &keys, ttl)
+        .unwrap();
+    until_holding(&mut first, 2).await;
+    let joined = Instant::now();
+    let mut second = member(&fx, "rev-b")
+        .await
+        .balanced_shards("rev", &keys, ttl)
+        .unwrap();
+    // rev-a's share drops to one: at its next tick (a renew interval at most) it
+    // revokes one shard.
+    let (key, deadline) = loop {
+        let change = next_shard(&mut first).await;
+        if let Ownership::SteppedDown {
+            reason: StepDownReason::Revoked { deadline },
+        } = change.ownership
+        {
+            break (change.key, deadline);
+        }
+    };
+    assert!(first.tenure(&key).is_none(), "{key} not owned once revoked");
+    assert_eq!(first.held().len(), 1);
+    let done = Instant::now();
+    first.done(&key);
+    let granted = tokio::time::timeout_at(deadline.into(), async {
+        loop {
+            let change = next_shard(&mut second).await;
+            if change.key == key && matches!(change.ownership, Ownership::Elected { .. }) {
+                return Instant::now();
+            }
+        }
+    })
+    .await
+    .expect("the revoked shard moved before its deadline");
+    println!(
+        "{key}: revoked {:?} after the join, granted to rev-b {:?} after done, {:?} before \
+         the revoked deadline",
+        done - joined,
+        granted - done,
+        deadline - granted
+    );
+    first.stop().await;
+    second.stop().await;
 }
 
 #[tokio::test]

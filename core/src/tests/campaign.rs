@@ -386,3 +386,210 @@ fn the_keys_of_a_group_won_in_one_burst_renew_spread_over_a_quarter_interval() {
     assert_eq!(expected[3].1, Duration::from_micros(4_062_500));
     assert_eq!(renewals, expected);
 }
+
+/// A balanced set of four shards held by h1 alone, every shard and presence key 0
+/// won at 0 ms (shard `s<i>` at revision 10 + i); then h2's presence shows at
+/// `ms`: h1's share drops to two, so it sheds the newest tenure, `s3`, at its next
+/// tick. Returns the run and the deadline `s3` was elected with.
+fn balanced_run_with_a_new_member(ms: u64) -> (Run, GroupId, Instant) {
+    let mut run = Run::new();
+    let now = run.at(0);
+    let shards = configs(&["s0", "s1", "s2", "s3"]);
+    let group = run.campaign.add_balanced_group(now, "set", shards).unwrap();
+    let acquires = run.requests();
+    for r in &acquires {
+        let revision = match r.key.strip_prefix("set-") {
+            Some(_) => 5,
+            None => 10 + r.key[1..].parse::<u64>().unwrap(),
+        };
+        run.elect(0, r, revision);
+    }
+    let deadline = run.campaign.ownership("s3", now).unwrap().deadline;
+    run.events();
+    let joined = ChangeEvent {
+        kind: ChangeKind::Acquired,
+        revision: 20,
+        holder: Some("h2".into()),
+    };
+    run.campaign
+        .handle_change(run.at(ms), "set-member-1", &joined);
+    (run, group, deadline)
+}
+
+fn releases(requests: &[CampaignRequest]) -> Vec<&str> {
+    requests
+        .iter()
+        .filter(|r| r.request.endpoint == Endpoint::Release)
+        .map(|r| r.key.as_str())
+        .collect()
+}
+
+#[test]
+fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done() {
+    let (mut run, group, deadline) = balanced_run_with_a_new_member(100);
+    run.campaign.handle_timeout(run.at(200));
+    // Revoked: not owned from now on, the event names the key and the deadline that
+    // still holds, and nothing is released yet.
+    assert_eq!(
+        run.events(),
+        [CampaignEvent::Holder {
+            group,
+            key: "s3".into(),
+            event: HolderEvent::SteppedDown {
+                reason: StepDownReason::Revoked { deadline }
+            },
+        }]
+    );
+    assert!(run.campaign.ownership("s3", run.at(200)).is_none());
+    assert!(!run.campaign.held(group, run.at(200)).contains_key("s3"));
+    let subject = "dagnats.lease.inbox.h1.s3";
+    assert_eq!(
+        run.campaign.check_inbox(run.at(200), subject, Some("13")),
+        Err(RejectReason::NotOwner)
+    );
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    // The machine wakes at the deadline at the latest.
+    assert!(run.campaign.poll_timeout().unwrap() <= deadline);
+    // `done` for a key not being revoked changes nothing.
+    run.campaign.done(run.at(300), "s0");
+    assert_eq!(run.requests(), []);
+    assert!(run.campaign.ownership("s0", run.at(300)).is_some());
+    // The application is done with s3: released at once, with its fence.
+    run.campaign.done(run.at(400), "s3");
+    let sent = run.requests();
+    assert_eq!(endpoints(&sent), [(Endpoint::Release, "s3")]);
+    assert_eq!(body(&sent[0].request)["revision"], 13);
+}
+
+#[test]
+fn a_shed_shard_not_done_with_is_released_at_the_last_deadline_handed_out() {
+    let (mut run, _, deadline) = balanced_run_with_a_new_member(4_000);
+    run.campaign.handle_timeout(run.at(4_100));
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    // s3's renew comes due while it is revoked: none goes out, and nothing of the
+    // revoked key is released before its deadline.
+    let mut sent = Vec::new();
+    let mut at = run.at(4_100);
+    while at < deadline {
+        run.campaign.handle_timeout(at);
+        sent.extend(run.requests());
+        at = run.campaign.poll_timeout().unwrap();
+        assert!(at <= deadline);
+    }
+    assert!(
+        !sent.iter().any(|r| r.key == "s3"),
+        "{:?}",
+        endpoints(&sent)
+    );
+    assert!(!run.events().iter().any(|e| matches!(e,
+            CampaignEvent::Holder { key, event: HolderEvent::Renewed { .. }, .. } if key == "s3")),);
+    // Shed later, s2 was elected with the same deadline: both go now.
+    run.campaign.handle_timeout(deadline);
+    assert!(releases(&run.requests()).contains(&"s3"));
+}
+
+#[test]
+fn a_renew_in_flight_at_the_revocation_hands_out_no_new_deadline() {
+    let (mut run, _, deadline) = balanced_run_with_a_new_member(4_000);
+    // s3 renews at 4062.5 ms (renewals are spread over a quarter interval); at its
+    // tick after the member joined, its renew goes out and it is revoked.
+    run.campaign.handle_timeout(run.at(4_100));
+    let renewals = run.requests();
+    let renew = renewals.iter().find(|r| r.key == "s3").expect("s3 renews");
+    assert_eq!(renew.request.endpoint, Endpoint::Renew);
+    let revoked = run.events();
+    assert!(
+        matches!(&revoked[..], [CampaignEvent::Holder { key, event: HolderEvent::SteppedDown {
+            reason: StepDownReason::Revoked { deadline: d } }, .. }] if key == "s3" && *d == deadline),
+        "{revoked:?}"
+    );
+    // The renew lands: no event, no new deadline; the fence it wrote is released
+    // at the old deadline.
+    run.answer(4_200, renew, renewed(30));
+    assert_eq!(run.events(), []);
+    assert!(run.campaign.ownership("s3", run.at(4_200)).is_none());
+    run.campaign
+        .handle_timeout(deadline - Duration::from_millis(1));
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    run.campaign.handle_timeout(deadline);
+    let sent: Vec<CampaignRequest> = run
+        .requests()
+        .into_iter()
+        .filter(|r| r.request.endpoint == Endpoint::Release)
+        .collect();
+    assert_eq!(endpoints(&sent), [(Endpoint::Release, "s3")]);
+    assert_eq!(body(&sent[0].request)["revision"], 30);
+}
+
+#[test]
+fn stopping_a_group_releases_a_revoked_shard_at_once() {
+    let (mut run, group, _) = balanced_run_with_a_new_member(100);
+    run.campaign.handle_timeout(run.at(200));
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    run.campaign.stop_group(run.at(300), group);
+    let mut released = releases(&run.requests())
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    released.sort();
+    assert_eq!(released, ["s0", "s1", "s2", "s3", "set-member-0"]);
+}
+
+#[test]
+fn a_shed_shard_is_not_asked_for_again_until_a_campaign_interval_after_its_release() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    let group = run
+        .campaign
+        .add_balanced_group(now, "set", configs(&["s0", "s1", "s2"]))
+        .unwrap();
+    for r in run.requests() {
+        let revision = if r.key.starts_with("set-") {
+            5
+        } else {
+            10 + r.key[1..].parse::<u64>().unwrap()
+        };
+        run.elect(0, &r, revision);
+    }
+    let joined = ChangeEvent {
+        kind: ChangeKind::Acquired,
+        revision: 20,
+        holder: Some("h2".into()),
+    };
+    run.campaign
+        .handle_change(run.at(100), "set-member-1", &joined);
+    let released = |key: &str, revision: u64| {
+        RequestOutcome::reply(format!(
+            r#"{{"released":true,"held":false,"key":"{key}","holder":"h1","revision":{revision}}}"#
+        ))
+    };
+    // h1 holds 3, its cap is 2: s2 goes first; a renew interval later, still above
+    // the floor (1) while h2 holds none, s1 goes too.
+    // Renewals due meanwhile are answered, writing revision 30 and on.
+    let mut next_revision = 30;
+    for (ms, key) in [(200, "s2"), (5_200, "s1")] {
+        run.campaign.handle_timeout(run.at(ms));
+        for renew in run.requests() {
+            assert_eq!(renew.request.endpoint, Endpoint::Renew);
+            run.answer(ms + 50, &renew, renewed(next_revision));
+            next_revision += 1;
+        }
+        run.campaign.done(run.at(ms + 100), key);
+        let sent = run.requests();
+        let release = sent
+            .iter()
+            .find(|r| r.request.endpoint == Endpoint::Release)
+            .unwrap_or_else(|| panic!("{key} released: {:?}", endpoints(&sent)));
+        assert_eq!(release.key, key);
+        run.answer(ms + 110, release, released(key, next_revision));
+    }
+    assert_eq!(run.campaign.held(group, run.at(5_310)).len(), 1);
+    // There is room for one more, and s1 was just released: it is not asked for
+    // (s2, released 5 s ago, is).
+    let asked: Vec<CampaignRequest> = run
+        .requests()
+        .into_iter()
+        .filter(|r| r.request.endpoint == Endpoint::Acquire)
+        .collect();
+    assert_eq!(endpoints(&asked), [(Endpoint::Acquire, "s2")]);
+}

@@ -686,6 +686,54 @@ fn stop_steps_down_first_then_releases_with_the_current_fence() {
 }
 
 #[test]
+fn revoke_steps_down_at_once_and_keeps_the_lease_until_the_deadline_handed_out() {
+    let mut run = Run::elected(config(), 7, 1);
+    let deadline = run.at(0) + span();
+    run.holder.revoke(run.at(10));
+    assert_eq!(
+        run.events(),
+        [HolderEvent::SteppedDown {
+            reason: StepDownReason::Revoked { deadline }
+        }]
+    );
+    assert_eq!(run.holder.ownership(run.at(10)), None);
+    assert_eq!(run.holder.revoked_until(), Some(deadline));
+    // No renew at its tick, no release before the deadline; the timer is the deadline.
+    run.no_request();
+    assert_eq!(run.holder.poll_timeout(), Some(deadline));
+    run.holder.handle_timeout(run.at(5_000));
+    run.no_request();
+    run.holder.handle_timeout(deadline);
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Release);
+    assert_eq!(body(&r)["revision"], 7);
+    assert_eq!(run.events(), []);
+}
+
+#[test]
+fn stop_of_a_revoked_holder_releases_at_once() {
+    let mut run = Run::elected(config(), 7, 1);
+    run.holder.revoke(run.at(10));
+    run.events();
+    run.holder.stop(run.at(20));
+    assert_eq!(run.events(), [], "it stepped down already");
+    let r = run.request();
+    assert_eq!(r.endpoint, Endpoint::Release);
+    assert_eq!(run.holder.revoked_until(), None);
+}
+
+#[test]
+fn revoke_before_any_deadline_was_handed_out_is_a_stop() {
+    let mut run = Run::new(config());
+    let acquire = run.request();
+    run.answer(1, &acquire, granted(5));
+    let _confirm = run.request();
+    run.holder.revoke(run.at(2));
+    assert_eq!(run.events(), []);
+    assert_eq!(run.holder.revoked_until(), None);
+}
+
+#[test]
 fn stop_with_an_acquire_in_flight_releases_what_it_grants() {
     let mut run = Run::new(config());
     let acquire = run.request();

@@ -6,10 +6,16 @@
 //! 1. a holder that believes it owns a key (`Holder::ownership`) holds it on the
 //!    server: the live record is its, and no other holder wrote the key since the
 //!    revision its tenure began with (so it never believes past the server's expiry);
-//! 2. no two holders believe they own one key at the same instant.
+//! 2. no two holders believe they own one key at the same instant;
+//! 3. in member worlds with an application ([`WorldParams::app`]): each member's
+//!    application writes a key through a fenced store until the last deadline
+//!    handed out for it (it ignores revocation and every other step-down, the worst
+//!    case, and stops only when it stopped the group itself), and the store never
+//!    sees a write under a fence lower than one it took already: every write of a
+//!    tenure comes before the next owner's first, by the world's clock.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -87,7 +93,23 @@ pub(super) struct WorldParams {
     /// How the holders run: bare [`Holder`] machines for one key, or members (a
     /// [`Campaign`] each) holding some of a set of shards.
     pub nodes: Nodes,
+    /// Members only: an application per member writing through a fenced store.
+    pub app: App,
 }
+
+/// What each member's application does (see the module docs, invariant 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum App {
+    /// None: no writes are checked.
+    None,
+    /// Writes every key until its last deadline handed out, ignoring revocation.
+    IgnoresRevocation,
+    /// Stops writing a revoked key at once and calls [`Campaign::done`].
+    CallsDone,
+}
+
+/// How often each application writes the keys it believes it may, ms.
+const APP_WRITE_EVERY_MS: u64 = 25;
 
 /// What each node of a world is.
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +172,8 @@ enum Ev {
     Join(usize),
     /// A change event reaches a member, for the machine of a generation.
     Change(usize, u64, String, ChangeEvent),
+    /// Every member's application writes what it may.
+    AppWrite,
 }
 
 struct HolderSim {
@@ -168,6 +192,9 @@ struct HolderSim {
     answered: Vec<EffectId>,
     /// Instants a wake is scheduled for.
     wakes: std::collections::BTreeSet<u64>,
+    /// Its application's keys: the tenure it fences with and the last deadline
+    /// handed out (on the holder's clock).
+    app: BTreeMap<String, (u64, Instant)>,
 }
 
 struct ServiceCall {
@@ -194,6 +221,13 @@ pub(super) struct Stats {
     pub most_believers: usize,
     /// `internal` replies sent to nodes (calls cut off by a stopping service).
     pub internal_replies: u64,
+    /// Shards revoked (stepped down for balance or a cap).
+    pub revoked: u64,
+    /// Writes the applications made through the fenced store.
+    pub app_writes: u64,
+    /// For each join of a balanced world: its instant, and the simulated ms until the
+    /// set was balanced again (`None` if the next join or the end came first).
+    pub rebalances: Vec<(u64, Option<u64>)>,
 }
 
 pub(super) struct HolderWorld {
@@ -213,6 +247,11 @@ pub(super) struct HolderWorld {
     runs: std::collections::BTreeMap<String, Vec<(u64, u64, Option<String>)>>,
     runs_read: usize,
     changes_read: usize,
+    /// The fenced store of the applications: per key, the highest fence written,
+    /// by whom and when first.
+    store: BTreeMap<String, (u64, String, u64)>,
+    /// An application's write the store refused: invariant 3 broken.
+    violation: Option<String>,
     pub stats: Stats,
 }
 
@@ -385,6 +424,7 @@ impl HolderWorld {
                     backlog: Vec::new(),
                     answered: Vec::new(),
                     wakes: Default::default(),
+                    app: BTreeMap::new(),
                 }
             })
             .collect();
@@ -407,8 +447,13 @@ impl HolderWorld {
             runs: Default::default(),
             runs_read: 0,
             changes_read: 0,
+            store: BTreeMap::new(),
+            violation: None,
             stats: Stats::default(),
         };
+        if world.p.app != App::None {
+            world.schedule(0, Ev::AppWrite);
+        }
         for h in 0..world.holders.len() {
             world.drain_holder(h);
             world.schedule_pause(h);
@@ -531,10 +576,12 @@ impl HolderWorld {
                 Ev::Outcome(h, generation, id, RequestOutcome::TimedOut),
             );
         }
+        let mut done = Vec::new();
         while let Some((key, event)) = self.holders[h].machine.poll_event() {
             if std::env::var_os("HOLDER_WORLD_TRACE").is_some() {
                 eprintln!("t={}   h{h} {key}: {event:?}", self.t);
             }
+            self.app_hears(h, &key, &event, &mut done);
             match event {
                 HolderEvent::Elected { .. } => {
                     self.stats.elections += 1;
@@ -550,12 +597,22 @@ impl HolderWorld {
                 HolderEvent::SteppedDown { reason } => match reason {
                     StepDownReason::Lost => self.stats.lost += 1,
                     StepDownReason::DeadlineMissed => self.stats.deadline_missed += 1,
+                    StepDownReason::Revoked { .. } => self.stats.revoked += 1,
                     _ => {}
                 },
                 HolderEvent::Failed { kind, message } => {
                     panic!("holder h{h} failed: {kind}: {message}")
                 }
             }
+        }
+        if !done.is_empty() {
+            let now = self.holder_now(h, self.t);
+            if let Machine::Member { campaign, .. } = &mut self.holders[h].machine {
+                for key in &done {
+                    campaign.done(now, key);
+                }
+            }
+            return self.drain_holder(h);
         }
         if let Some(at) = self.holders[h].machine.poll_timeout() {
             let t = self.server_ms(h, at);
@@ -564,6 +621,95 @@ impl HolderWorld {
                 self.schedule(t, Ev::Wake(h));
             }
         }
+    }
+
+    /// Member `h`'s application hears `event` for `key`: it learns deadlines, and
+    /// writes at once when elected. A revoked key it is done with goes to `done`.
+    fn app_hears(&mut self, h: usize, key: &str, event: &HolderEvent, done: &mut Vec<String>) {
+        if self.p.app == App::None || key.contains("-member-") {
+            return;
+        }
+        let app = &mut self.holders[h].app;
+        match event {
+            HolderEvent::Elected { fence, deadline } => {
+                app.insert(key.to_string(), (*fence, *deadline));
+                self.app_write(h, key);
+            }
+            HolderEvent::Renewed {
+                tenure, deadline, ..
+            } => {
+                if let Some(known) = app.get_mut(key).filter(|k| k.0 == *tenure) {
+                    known.1 = *deadline;
+                }
+            }
+            HolderEvent::SteppedDown {
+                reason: StepDownReason::Stopped,
+            } => {
+                app.remove(key);
+            }
+            HolderEvent::SteppedDown {
+                reason: StepDownReason::Revoked { .. },
+            } if self.p.app == App::CallsDone => {
+                app.remove(key);
+                done.push(key.to_string());
+            }
+            // Ignored: the worst case writes on until its deadline.
+            _ => {}
+        }
+    }
+
+    /// Member `h`'s application writes `key` if its last deadline has not passed.
+    fn app_write(&mut self, h: usize, key: &str) {
+        if self.paused(h) {
+            return;
+        }
+        let now = self.holder_now(h, self.t);
+        let sim = &mut self.holders[h];
+        let Some(&(fence, deadline)) = sim.app.get(key) else {
+            return;
+        };
+        if now >= deadline {
+            sim.app.remove(key);
+            return;
+        }
+        self.stats.app_writes += 1;
+        let name = sim.name.clone();
+        match self.store.get(key) {
+            Some((highest, by, since)) if fence < *highest => {
+                self.violation.get_or_insert(format!(
+                    "t={}ms: {name} wrote {key} under fence {fence} before its deadline, \
+                     but {by} had written it under fence {highest} since t={since}ms",
+                    self.t
+                ));
+            }
+            Some((highest, ..)) if fence == *highest => {}
+            _ => {
+                self.store.insert(key.to_string(), (fence, name, self.t));
+            }
+        }
+    }
+
+    /// Whether every member in the set holds the floor or the ceiling of the
+    /// shards, and every shard is held.
+    fn balanced(&self) -> bool {
+        let Nodes::Members { shards, .. } = self.p.nodes else {
+            return false;
+        };
+        let joined: Vec<usize> = (0..self.holders.len())
+            .filter(|h| {
+                matches!(
+                    self.holders[*h].machine,
+                    Machine::Member { group: Some(_), .. }
+                )
+            })
+            .collect();
+        let shares = self.shares();
+        let (floor, ceil) = (
+            shards / joined.len().max(1),
+            shards.div_ceil(joined.len().max(1)),
+        );
+        joined.iter().all(|h| (floor..=ceil).contains(&shares[*h]))
+            && shares.iter().sum::<usize>() == shards
     }
 
     fn drain_call(&mut self, c: usize) {
@@ -637,6 +783,8 @@ impl HolderWorld {
                 let nodes = self.p.nodes;
                 let sim = &mut self.holders[h];
                 sim.machine = Machine::new(nodes, &sim.name, &sim.configs, now);
+                // The process restarted: its application is gone with it.
+                sim.app.clear();
                 sim.generation += 1;
                 sim.backlog.clear();
                 sim.answered.clear();
@@ -656,6 +804,8 @@ impl HolderWorld {
                     campaign.stop_group(now, *group);
                     self.stats.leaves += 1;
                 }
+                // The application stopped the group: it writes no more.
+                self.holders[h].app.clear();
                 if !self.paused(h) {
                     self.drain_holder(h);
                 }
@@ -674,7 +824,25 @@ impl HolderWorld {
                 if !self.paused(h) {
                     self.drain_holder(h);
                 }
+                if matches!(
+                    self.p.nodes,
+                    Nodes::Members {
+                        grouping: Grouping::Balanced,
+                        ..
+                    }
+                ) {
+                    self.stats.rebalances.push((self.t, None));
+                }
                 self.schedule_leave(h);
+            }
+            Ev::AppWrite => {
+                for h in 0..self.holders.len() {
+                    let keys: Vec<String> = self.holders[h].app.keys().cloned().collect();
+                    for key in keys {
+                        self.app_write(h, &key);
+                    }
+                }
+                self.schedule(self.t + APP_WRITE_EVERY_MS, Ev::AppWrite);
             }
             Ev::Change(h, generation, key, event) => {
                 if generation != self.holders[h].generation || self.paused(h) {
@@ -776,6 +944,16 @@ impl HolderWorld {
             }
         }
         self.stats.most_believers = self.stats.most_believers.max(believers.len());
+        if let Some(v) = self.violation.take() {
+            return Err(v);
+        }
+        if let Some(&(joined, None)) = self.stats.rebalances.last()
+            && self.t > joined
+            && self.balanced()
+        {
+            let last = self.stats.rebalances.len() - 1;
+            self.stats.rebalances[last].1 = Some(self.t - joined);
+        }
         if let Some((key, hs)) = believers.iter().find(|(_, hs)| hs.len() > 1) {
             return Err(format!(
                 "t={}ms: holders {hs:?} all believe they own {key}",
@@ -860,6 +1038,7 @@ fn describe(ev: &Ev) -> String {
         Ev::Recreate(h) => format!("recreate h{h}"),
         Ev::Leave(h) => format!("leave h{h}"),
         Ev::Join(h) => format!("join h{h}"),
+        Ev::AppWrite => "application writes".to_string(),
         Ev::Change(h, g, key, e) => format!("change h{h}/{g} {key} {e:?}"),
         Ev::Arrive(h, g, r) => format!(
             "arrive h{h}/{g} #{} {:?} {}",
@@ -898,6 +1077,7 @@ fn params(seed: u64, holders: usize, ttl_s: u64, pause_every_ms: u64) -> WorldPa
         abort_percent: 0,
         run_ms: 120_000,
         nodes: Nodes::Holders,
+        app: App::None,
     }
 }
 
@@ -1095,6 +1275,7 @@ proptest! {
         p.loss_percent = loss_percent;
         p.ack_loss_percent = ack_loss_percent;
         p.pause_every_ms = pause_every_ms;
+        p.app = App::IgnoresRevocation;
         let mut world = HolderWorld::new(p);
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
@@ -1148,26 +1329,56 @@ fn balanced_params(seed: u64, members: usize, shards: usize) -> WorldParams {
 /// the floor or the ceiling of shards / members each, every shard held, and each
 /// shard moved a bounded number of times (a join takes about shards / members from
 /// the others: at most shards × (1 + 1/2 + … + 1/members) moves in all, doubled for
-/// slack).
+/// slack). Shards move by revocation: each member's application writes its shards
+/// through a fenced store until the last deadline handed out, ignoring revocation
+/// (the worst case) or calling `done` at once, and never overlaps the next owner.
+/// How long each join took to balance again is printed (`--show-output`).
 #[test]
 fn balanced_members_converge_to_an_even_share_with_bounded_moves() {
-    for (seed, members, shards) in [(1, 2, 5), (2, 3, 7), (3, 3, 12), (4, 4, 6), (5, 4, 17)] {
-        let mut world = HolderWorld::new(balanced_params(seed, members, shards));
-        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
-        let shares = world.shares();
-        let (floor, ceil) = (shards / members, shards.div_ceil(members));
-        assert!(
-            shares.iter().all(|n| (floor..=ceil).contains(n)),
-            "{members} members, {shards} shards: shares {shares:?}"
-        );
-        assert_eq!(shares.iter().sum::<usize>(), shards, "{shares:?}");
-        let harmonic: f64 = (1..=members).map(|m| 1.0 / m as f64).sum();
-        let bound = (2.0 * shards as f64 * harmonic).ceil() as u64;
-        assert!(
-            world.stats.shard_elections <= bound,
-            "{members} members, {shards} shards: {} moves, bound {bound}",
-            world.stats.shard_elections
-        );
+    for app in [App::IgnoresRevocation, App::CallsDone] {
+        for (seed, members, shards) in [(1, 2, 5), (2, 3, 7), (3, 3, 12), (4, 4, 6), (5, 4, 17)] {
+            let mut p = balanced_params(seed, members, shards);
+            p.app = app;
+            // Room for each join to settle before the next, to time it.
+            if let Nodes::Members { join_spread_ms, .. } = &mut p.nodes {
+                *join_spread_ms = 8_000;
+            }
+            let mut world = HolderWorld::new(p);
+            world
+                .run()
+                .unwrap_or_else(|v| panic!("{app:?} seed {seed}: {v}"));
+            let shares = world.shares();
+            let (floor, ceil) = (shards / members, shards.div_ceil(members));
+            assert!(
+                shares.iter().all(|n| (floor..=ceil).contains(n)),
+                "{app:?}: {members} members, {shards} shards: shares {shares:?}"
+            );
+            assert_eq!(shares.iter().sum::<usize>(), shards, "{shares:?}");
+            let harmonic: f64 = (1..=members).map(|m| 1.0 / m as f64).sum();
+            let bound = (2.0 * shards as f64 * harmonic).ceil() as u64;
+            let s = &world.stats;
+            assert!(
+                s.shard_elections <= bound,
+                "{app:?}: {members} members, {shards} shards: {} moves, bound {bound}",
+                s.shard_elections
+            );
+            assert!(s.revoked > 0 && s.app_writes > 0, "{app:?}: {s:?}");
+            let took: Vec<String> = s
+                .rebalances
+                .iter()
+                .map(|(at, took)| match took {
+                    Some(ms) => format!("join at {at} ms: {ms} ms"),
+                    None => format!("join at {at} ms: not balanced before the next"),
+                })
+                .collect();
+            println!(
+                "{app:?}, {members} members, {shards} shards: {} moves (bound {bound}), \
+                 {} revoked; rebalance after {}",
+                s.shard_elections,
+                s.revoked,
+                took.join(", ")
+            );
+        }
     }
 }
 
@@ -1193,6 +1404,7 @@ proptest! {
             join_spread_ms: 2_000,
         };
         p.loss_percent = loss_percent;
+        p.app = App::IgnoresRevocation;
         let mut world = HolderWorld::new(p);
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
@@ -1231,6 +1443,7 @@ proptest! {
         let mut p = semaphore_params(seed, members, permits);
         p.loss_percent = loss_percent;
         p.pause_every_ms = pause_every_ms;
+        p.app = App::IgnoresRevocation;
         let mut world = HolderWorld::new(p);
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
