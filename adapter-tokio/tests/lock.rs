@@ -116,12 +116,7 @@ async fn wait_line(path: &Path, prefix: &str) -> Vec<String> {
 }
 
 fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{sig}"), &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{sig}");
+    signal_pid(child.id(), sig);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,6 +460,10 @@ async fn sigterm_to_the_guard_is_passed_on_and_the_lease_waits_for_the_command()
     assert_eq!(code(first.status), Some(143), "the command's code: SIGTERM");
 }
 
+/// A wrapper shell waiting on a worker that ignores SIGTERM; both record their PIDs.
+const WRAPPER_OF_A_STUBBORN_WORKER: &str = "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
+     echo $$ >> {pids}; wait";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_to_the_guard_makes_lock_stop_the_command_itself_before_releasing() {
     let s = setup().await;
@@ -472,8 +471,7 @@ async fn sigkill_to_the_guard_makes_lock_stop_the_command_itself_before_releasin
     let first = second_lock_finds_none_of_the_first(
         &s,
         &["--ttl-ms", "6000", "--grace", "1s"],
-        "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
-         echo $$ >> {pids}; wait",
+        WRAPPER_OF_A_STUBBORN_WORKER,
         2,
         async |tool| signal_pid(guard_of(tool).await, "KILL"),
     )
@@ -493,8 +491,7 @@ async fn a_wrapper_shell_dying_of_sigterm_leaves_no_worker_that_ignores_it() {
     let first = second_lock_finds_none_of_the_first(
         &s,
         &["--ttl-ms", "6000", "--grace", "1s"],
-        "sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & \
-         echo $$ >> {pids}; wait",
+        WRAPPER_OF_A_STUBBORN_WORKER,
         2,
         async |tool| signal(tool, "TERM"),
     )
