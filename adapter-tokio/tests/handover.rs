@@ -112,7 +112,7 @@ async fn a_stopping_leader_hands_over_to_a_waiting_member() {
     let ttl = Duration::from_secs(3);
     let (a, mut a_refused) = watched_member(&server, "m-a").await;
     let (b, mut b_refused) = watched_member(&server, "m-b").await;
-    let mut members = [(a, &mut a_refused), (b, &mut b_refused)];
+    let members = [(a, &mut a_refused), (b, &mut b_refused)];
     let mut leader = members[0].0.elect(KEY, ttl).unwrap();
     elected(&mut leader).await;
     let mut waiting = members[1].0.elect(KEY, ttl).unwrap();
