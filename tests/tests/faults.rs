@@ -92,7 +92,7 @@ impl Fx {
     /// expiry watcher.
     async fn load(&self) -> Load {
         let mut load = Load::new();
-        self.fill(&mut load).await;
+        self.fill(&mut load, &keys()).await;
         load
     }
 
@@ -116,9 +116,9 @@ impl Fx {
         load
     }
 
-    /// Starts the load's tasks in `load`.
-    async fn fill(&self, load: &mut Load) {
-        let keys = keys();
+    /// Starts the load's tasks in `load`, over `keys` (the holders' first three free:
+    /// [`Load::start_holders`]).
+    async fn fill(&self, load: &mut Load, keys: &[String]) {
         load::watch_events(
             load::connect(&self.cluster.urls()).await,
             Some(load.history.clone()),
@@ -127,13 +127,13 @@ impl Fx {
         for i in 0..NODES {
             load.reader(
                 &format!("reader-n{}", i + 1),
-                &keys,
+                keys,
                 &self.cluster.urls_from(i),
             )
             .await;
         }
         let urls: Vec<Vec<String>> = (0..NODES).map(|i| self.cluster.urls_from(i)).collect();
-        load.holders(HOLDERS, &keys, TTL_MS, |h| urls[h % NODES].clone())
+        load.holders(HOLDERS, keys, TTL_MS, |h| urls[h % NODES].clone())
             .await;
     }
 
@@ -458,7 +458,10 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
         })
         .await;
     }
-    fx.fill(&mut load).await;
+    // The load over five keys: the paused processes hold k0 and k1, so k2, k3 and k4
+    // are the free ones each kind of load holder starts on.
+    let load_keys: Vec<String> = [2, 3, 4, 0, 1].iter().map(|i| format!("k{i}")).collect();
+    fx.fill(&mut load, &load_keys).await;
     let history = load.history.clone();
     let store_write = |pred: &dyn Fn(&history::StoreWrite) -> bool| {
         history
