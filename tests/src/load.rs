@@ -810,6 +810,8 @@ pub struct Load {
     pub store: FencedStore,
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The holders' clients, holder `h` on `clients[h]` ([`Load::contest`]).
+    clients: Vec<Client>,
 }
 
 impl Load {
@@ -821,6 +823,7 @@ impl Load {
             history,
             stop: Arc::new(AtomicBool::new(false)),
             tasks: Vec::new(),
+            clients: Vec::new(),
         }
     }
 
@@ -901,6 +904,19 @@ impl Load {
         for (h, client) in clients.iter().enumerate() {
             if let Some(home) = home(HolderKind::of(h)) {
                 for key in keys.iter().filter(|k| *k != home) {
+                    self.holder_task(h, client.clone(), key.clone(), ttl_ms);
+                }
+            }
+        }
+        self.clients = clients;
+    }
+
+    /// The library and leases.md holders started by [`Load::start_holders`]
+    /// campaign for `keys` too, from now on (the shard sets keep theirs).
+    pub fn contest(&mut self, keys: &[String], ttl_ms: u64) {
+        for (h, client) in self.clients.clone().into_iter().enumerate() {
+            if HolderKind::of(h) != HolderKind::LibraryShards {
+                for key in keys {
                     self.holder_task(h, client.clone(), key.clone(), ttl_ms);
                 }
             }

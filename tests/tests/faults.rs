@@ -94,7 +94,7 @@ impl Fx {
     /// expiry watcher.
     async fn load(&self) -> Load {
         let mut load = Load::new();
-        self.fill(&mut load, &keys()).await;
+        self.fill(&mut load, &keys(), &keys()).await;
         load
     }
 
@@ -118,9 +118,9 @@ impl Fx {
         load
     }
 
-    /// Starts the load's tasks in `load`, over `keys` (the holders' first three free:
-    /// [`Load::start_holders`]).
-    async fn fill(&self, load: &mut Load, keys: &[String]) {
+    /// Starts the load's tasks in `load`: readers of `keys`, holders of `held` (the
+    /// first three free: [`Load::start_holders`]).
+    async fn fill(&self, load: &mut Load, keys: &[String], held: &[String]) {
         load::watch_events(
             load::connect(&self.cluster.urls()).await,
             Some(load.history.clone()),
@@ -135,7 +135,7 @@ impl Fx {
             .await;
         }
         let urls: Vec<Vec<String>> = (0..NODES).map(|i| self.cluster.urls_from(i)).collect();
-        load.holders(HOLDERS, keys, TTL_MS, |h| urls[h % NODES].clone())
+        load.holders(HOLDERS, held, TTL_MS, |h| urls[h % NODES].clone())
             .await;
     }
 
@@ -442,8 +442,9 @@ impl Drop for HolderProc {
 /// Two holder processes, one of each kind ([`HolderKind`]: the holder library, and
 /// a client written from leases.md), each owning a key, are frozen with SIGSTOP
 /// right after a deadline check, in the 500 ms of work before a store write, for 3
-/// TTLs; others take the keys over and write through the fence; after SIGCONT each
-/// finishes its work and writes with its old fence, which the store rejects.
+/// TTLs; the load (over three other keys until then) campaigns for their keys too,
+/// others take them over and write through the fence; after SIGCONT each finishes
+/// its work and writes with its old fence, which the store rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_holder_past_its_ttl_then_sigcont() {
     let _serial = serial().await;
@@ -476,10 +477,13 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
         })
         .await;
     }
-    // The load over five keys: the paused processes hold k0 and k1, so k2, k3 and k4
-    // are the free ones each kind of load holder starts on.
-    let load_keys: Vec<String> = [2, 3, 4, 0, 1].iter().map(|i| format!("k{i}")).collect();
-    fx.fill(&mut load, &load_keys).await;
+    // The load's holders campaign for k2, k3 and k4 (a free key for each kind to
+    // start on), and for the paused processes' k0 and k1 only once those are frozen:
+    // contested before, a process that lost its key to a slow renewal on a busy
+    // machine seldom won it back from the load, and the test waited in vain for it
+    // to work (2 of 4 runs at a load average of 5 to 7, 1 of 4 before the fifth key).
+    let all: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+    fx.fill(&mut load, &all, &all[2..]).await;
     let history = load.history.clone();
     let store_write = |pred: &dyn Fn(&history::StoreWrite) -> bool| {
         history
@@ -499,6 +503,7 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
         println!("faults: sigstop: {name} stopped holding {key} at fence {working}");
         frozen.push((working, now()));
     }
+    load.contest(&keys[..paused.len()], TTL_MS);
     // Frozen well past its TTL (3 x 2 s).
     tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
     for ((name, key, _), (working, _)) in paused.iter().zip(&frozen) {
