@@ -169,6 +169,10 @@ async fn sleep_until(t: Nanos) {
     }
 }
 
+/// How long [`Load::start_holders`] waits at each step for the kinds it started to
+/// write through the store (a grant and a first write take milliseconds).
+pub const START_WAIT: Duration = Duration::from_secs(10);
+
 /// Which holder a load runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HolderKind {
@@ -200,6 +204,12 @@ impl HolderKind {
             2 => HolderKind::LibraryShards,
             _ => HolderKind::Library,
         }
+    }
+
+    /// The kind of the load holder named `holder` (`holder-{h}`), if it is one.
+    pub fn of_holder(holder: &str) -> Option<HolderKind> {
+        let h = holder.strip_prefix("holder-")?.parse().ok()?;
+        Some(HolderKind::of(h))
     }
 }
 
@@ -800,6 +810,8 @@ pub struct Load {
     pub store: FencedStore,
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The holders' clients, holder `h` on `clients[h]` ([`Load::contest`]).
+    clients: Vec<Client>,
 }
 
 impl Load {
@@ -811,11 +823,13 @@ impl Load {
             history,
             stop: Arc::new(AtomicBool::new(false)),
             tasks: Vec::new(),
+            clients: Vec::new(),
         }
     }
 
     /// Starts `holders` holders, each campaigning for every key, holder `h` on a
-    /// client connected to one of `urls_of(h)` ([`connect`]).
+    /// client connected to one of `urls_of(h)` ([`connect`]), in the steps of
+    /// [`Load::start_holders`].
     pub async fn holders(
         &mut self,
         holders: usize,
@@ -823,10 +837,11 @@ impl Load {
         ttl_ms: u64,
         urls_of: impl Fn(usize) -> Vec<String>,
     ) {
+        let mut clients = Vec::new();
         for h in 0..holders {
-            let client = connect(&urls_of(h)).await;
-            self.holder(h, client, keys, ttl_ms);
+            clients.push(connect(&urls_of(h)).await);
         }
+        self.start_holders(clients, keys, ttl_ms).await;
     }
 
     /// Starts `holders` holders like [`Load::holders`], holder `h` on a client
@@ -838,41 +853,127 @@ impl Load {
         ttl_ms: u64,
         url_of: impl Fn(usize) -> String,
     ) {
+        let mut clients = Vec::new();
         for h in 0..holders {
-            let client = connect_only(&url_of(h)).await;
-            self.holder(h, client, keys, ttl_ms);
+            clients.push(connect_only(&url_of(h)).await);
+        }
+        self.start_holders(clients, keys, ttl_ms).await;
+    }
+
+    /// Starts holder `h` (`holder-{h}`, of [`HolderKind::of`]`(h)`) on `clients[h]`,
+    /// so that every kind holds a key and writes through the store before the keys
+    /// are contested by all. Started all at once, the first holder to campaign takes
+    /// every key, and a kind that missed the start holds only after a release or a
+    /// fault, if ever (in a scenario of a few seconds, often never). So, in steps:
+    /// 1. the library holders campaign for `keys[0]` alone, the leases.md ones for
+    ///    `keys[1]` alone, until each kind has an accepted store write;
+    /// 2. the shard sets start, over every key (they take free ones: `keys[2..]`,
+    ///    which nobody else may hold then), until they have one too;
+    /// 3. the library and leases.md holders campaign for every other key as well.
+    ///
+    /// A step whose writes do not come within [`START_WAIT`] says so and goes on (the
+    /// fault suite's verdict fails a kind that held or wrote nothing in its run).
+    pub async fn start_holders(&mut self, clients: Vec<Client>, keys: &[String], ttl_ms: u64) {
+        assert!(keys.len() >= 3, "a key for each kind of holder: {keys:?}");
+        let home = |kind| match kind {
+            HolderKind::Library => Some(&keys[0]),
+            HolderKind::LeasesMd => Some(&keys[1]),
+            HolderKind::LibraryShards => None,
+        };
+        let kinds = |homed: bool| {
+            let mut kinds = Vec::new();
+            for kind in (0..clients.len()).map(HolderKind::of) {
+                if home(kind).is_some() == homed && !kinds.contains(&kind) {
+                    kinds.push(kind);
+                }
+            }
+            kinds
+        };
+        for (h, client) in clients.iter().enumerate() {
+            if let Some(key) = home(HolderKind::of(h)) {
+                self.holder_task(h, client.clone(), key.clone(), ttl_ms);
+            }
+        }
+        self.await_writes(&kinds(true)).await;
+        for (h, client) in clients.iter().enumerate() {
+            if home(HolderKind::of(h)).is_none() {
+                self.holder_task(h, client.clone(), keys.join(","), ttl_ms);
+            }
+        }
+        self.await_writes(&kinds(false)).await;
+        for (h, client) in clients.iter().enumerate() {
+            if let Some(home) = home(HolderKind::of(h)) {
+                for key in keys.iter().filter(|k| *k != home) {
+                    self.holder_task(h, client.clone(), key.clone(), ttl_ms);
+                }
+            }
+        }
+        self.clients = clients;
+    }
+
+    /// The library and leases.md holders started by [`Load::start_holders`]
+    /// campaign for `keys` too, from now on (the shard sets keep theirs).
+    pub fn contest(&mut self, keys: &[String], ttl_ms: u64) {
+        for (h, client) in self.clients.clone().into_iter().enumerate() {
+            if HolderKind::of(h) != HolderKind::LibraryShards {
+                for key in keys {
+                    self.holder_task(h, client.clone(), key.clone(), ttl_ms);
+                }
+            }
         }
     }
 
-    /// Holder `h` (`holder-{h}`, of [`HolderKind::of`]`(h)`), one task per key (one
-    /// for them all, for a shard set), on `client`.
-    fn holder(&mut self, h: usize, client: Client, keys: &[String], ttl_ms: u64) {
-        let kind = HolderKind::of(h);
-        // A shard set is one task over every key; the others one task per key.
-        let tasks = match kind {
-            HolderKind::LibraryShards => vec![keys.join(",")],
-            _ => keys.to_vec(),
-        };
-        for key in tasks {
-            let cfg = HolderConfig {
-                holder: format!("holder-{h}"),
-                key: key.clone(),
-                ttl_ms,
-                write_every: Duration::from_millis(100),
-                campaign_every: Duration::from_millis(150),
-                release_chance: 0.01,
-                work: Duration::ZERO,
-            };
-            self.tasks.push(tokio::spawn(run_holder(
-                kind,
-                client.clone(),
-                cfg,
-                StoreTarget::Local(self.store.clone()),
-                self.history.clone(),
-                Arc::clone(&self.stop),
-                Arc::new(NoObserver),
-            )));
+    /// Waits until each of `kinds` has an accepted store write, or [`START_WAIT`]
+    /// has passed (then says which kinds had none).
+    async fn await_writes(&self, kinds: &[HolderKind]) {
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            let records = self.history.records();
+            let missing: Vec<&str> = kinds
+                .iter()
+                .filter(|kind| {
+                    !records.iter().any(|r| {
+                        matches!(r, Record::Store(w)
+                            if w.accepted && HolderKind::of_holder(&w.holder) == Some(**kind))
+                    })
+                })
+                .map(|kind| kind.name())
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                println!(
+                    "load: no accepted store write of the {missing:?} holders within \
+                     {START_WAIT:?} of their start"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Holder `h`'s task (of [`HolderKind::of`]`(h)`) for `key` (for a shard set:
+    /// every key, comma-separated), on `client`.
+    fn holder_task(&mut self, h: usize, client: Client, key: String, ttl_ms: u64) {
+        let cfg = HolderConfig {
+            holder: format!("holder-{h}"),
+            key,
+            ttl_ms,
+            write_every: Duration::from_millis(100),
+            campaign_every: Duration::from_millis(150),
+            release_chance: 0.01,
+            work: Duration::ZERO,
+        };
+        self.tasks.push(tokio::spawn(run_holder(
+            HolderKind::of(h),
+            client,
+            cfg,
+            StoreTarget::Local(self.store.clone()),
+            self.history.clone(),
+            Arc::clone(&self.stop),
+            Arc::new(NoObserver),
+        )));
     }
 
     /// Starts a reader on a client connected to one of `urls` ([`connect`]).
