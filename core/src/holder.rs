@@ -156,7 +156,22 @@ pub struct HolderConfig {
     /// Bound on how much faster the server's clock may run than the holder's, in parts
     /// per million; the local deadline is shortened by this share of the TTL.
     pub max_clock_drift_ppm: u32,
+    /// How long to hold back after a change event that may have freed the key before
+    /// asking for it (zero by default): a candidate that holds back less, a preferred
+    /// one, wins a free key while it is alive; see [`HolderConfig::with_priority`].
+    pub hold_back: Duration,
 }
+
+/// The highest candidate priority: it holds back nothing ([`HolderConfig::with_priority`]).
+pub const MAX_PRIORITY: u8 = 10;
+
+/// How much longer a candidate holds back per step of priority below [`MAX_PRIORITY`].
+/// Far more than a loopback or LAN round trip, so that the preferred candidate's
+/// acquire, sent on the change event, is in before the next one's.
+pub const PRIORITY_STEP: Duration = Duration::from_millis(100);
+
+/// The most a candidate holds back: [`MAX_PRIORITY`] steps.
+pub const MAX_HOLD_BACK: Duration = Duration::from_secs(1);
 
 impl HolderConfig {
     /// The defaults for `ttl`: renew and campaign every ttl/3, retry after ttl/10 (0.1
@@ -171,7 +186,20 @@ impl HolderConfig {
             retry_every: (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             request_timeout: (ttl / 4).min(Duration::from_secs(5)),
             max_clock_drift_ppm: DEFAULT_MAX_CLOCK_DRIFT_PPM,
+            hold_back: Duration::ZERO,
         }
+    }
+
+    /// This config for a candidate of `priority` (0 to [`MAX_PRIORITY`], higher
+    /// preferred): after a release or an expiry it holds back
+    /// ([`HolderConfig::hold_back`]) [`PRIORITY_STEP`] for each step below
+    /// [`MAX_PRIORITY`], so the highest candidate alive wins a free key, and the
+    /// others take it over within [`MAX_HOLD_BACK`] when it is not alive. No key is
+    /// taken from a holder: the priority only decides who asks first. Give every
+    /// candidate of a key a priority (one without holds back nothing).
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.hold_back = PRIORITY_STEP * u32::from(MAX_PRIORITY - priority.min(MAX_PRIORITY));
+        self
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -205,6 +233,9 @@ impl HolderConfig {
             || self.campaign_every > Duration::from_millis(wire::MAX_TTL_MS)
         {
             return invalid("campaign_every must be above zero and at most 600 s");
+        }
+        if self.hold_back > MAX_HOLD_BACK || self.hold_back >= self.campaign_every {
+            return invalid("hold_back must be at most 1 s and below campaign_every");
         }
         Ok(())
     }
@@ -430,6 +461,9 @@ pub struct Holder {
     marker_waited: Option<u64>,
     /// When this holder learned the fence it renews (the reply that showed it).
     fence_learned_at: Instant,
+    /// No acquire before this: a change event may have freed the key, and a
+    /// preferred candidate (one that holds back less) asks first.
+    held_back_until: Option<Instant>,
     next_id: u64,
     requests: VecDeque<HolderRequest>,
     events: VecDeque<HolderEvent>,
@@ -447,6 +481,7 @@ impl Holder {
             failures: 0,
             quiet_until: None,
             marker_waited: None,
+            held_back_until: None,
             fence_learned_at: now,
             unknown_renews: None,
             confirmed: None,
@@ -546,10 +581,16 @@ impl Holder {
 
     /// A change event for the key arrived: when not owner, ask again now rather than
     /// at the next campaign tick (a released or expired key is free at once).
+    /// A candidate that holds back ([`HolderConfig::hold_back`]) asks only once that
+    /// has passed, at its campaign ticks too.
     pub fn handle_changed(&mut self, now: Instant) {
         let quiet = self.quiet_until;
+        let ask_at = now + self.config.hold_back;
+        if !self.config.hold_back.is_zero() {
+            self.held_back_until = Some(ask_at);
+        }
         if let Phase::Campaigning { next_at } = &mut self.phase {
-            *next_at = (*next_at).min(now).max(quiet.unwrap_or(now));
+            *next_at = (*next_at).min(ask_at).max(quiet.unwrap_or(now));
         }
         self.drive(now);
     }
@@ -1017,7 +1058,12 @@ impl Holder {
         }
         match self.phase {
             Phase::Campaigning { next_at } if now >= next_at => {
-                self.send(now, Purpose::Acquire, 0);
+                match self.held_back_until.filter(|until| now < *until) {
+                    // A tick inside the hold-back after a change: the preferred
+                    // candidate asks first.
+                    Some(until) => self.phase = Phase::Campaigning { next_at: until },
+                    None => self.send(now, Purpose::Acquire, 0),
+                }
             }
             Phase::Confirming { revision } => self.send(now, Purpose::Renew, revision),
             Phase::Owner {

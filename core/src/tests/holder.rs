@@ -984,3 +984,51 @@ fn a_grant_of_a_renewal_this_holder_did_not_write_waits_out_the_expiry_marker_on
     run.answer(10, &first, granted(3));
     assert_eq!(run.request().endpoint, Endpoint::Renew);
 }
+
+#[test]
+fn priority_sets_the_hold_back_and_the_config_bounds_it() {
+    use crate::holder::{MAX_HOLD_BACK, MAX_PRIORITY};
+    assert_eq!(config().hold_back, Duration::ZERO, "no priority, no hold-back");
+    assert_eq!(config().with_priority(MAX_PRIORITY).hold_back, Duration::ZERO);
+    assert_eq!(config().with_priority(7).hold_back, Duration::from_millis(300));
+    assert_eq!(config().with_priority(0).hold_back, MAX_HOLD_BACK);
+    assert_eq!(config().with_priority(200).hold_back, Duration::ZERO);
+    for bad in [
+        MAX_HOLD_BACK + Duration::from_millis(1),
+        config().campaign_every,
+    ] {
+        let c = HolderConfig {
+            hold_back: bad,
+            campaign_every: Duration::from_secs(1),
+            ..config()
+        };
+        assert!(c.validate().is_err(), "{bad:?}");
+    }
+}
+
+/// A lower candidate, refused, hears the key may be free: it asks only once its
+/// hold-back has passed, and a campaign tick inside the hold-back waits too; a
+/// candidate with none asks at once.
+#[test]
+fn a_lower_candidate_holds_back_after_a_change_and_a_preferred_one_does_not() {
+    let mut lower = Run::new(config().with_priority(7));
+    let r = lower.request();
+    lower.answer(10, &r, refused(3));
+    lower.no_request();
+    lower.holder.handle_changed(lower.at(4_950));
+    lower.no_request();
+    // The campaign tick (ttl/3 after the refusal, at 5010) falls inside it.
+    lower.holder.handle_timeout(lower.at(5_010));
+    lower.no_request();
+    assert_eq!(lower.holder.poll_timeout(), Some(lower.at(5_250)));
+    lower.holder.handle_timeout(lower.at(5_250));
+    assert_eq!(lower.request().endpoint, Endpoint::Acquire);
+
+    let mut preferred = Run::new(config().with_priority(MAX_PRIORITY_FOR_TEST));
+    let r = preferred.request();
+    preferred.answer(10, &r, refused(3));
+    preferred.holder.handle_changed(preferred.at(4_950));
+    assert_eq!(preferred.request().endpoint, Endpoint::Acquire);
+}
+
+const MAX_PRIORITY_FOR_TEST: u8 = crate::holder::MAX_PRIORITY;
