@@ -79,8 +79,8 @@ use std::time::{Duration, Instant};
 
 use crate::js::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{
-    self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ReleaseRequest, RenewRequest, Request,
-    Response,
+    self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, OwnerRequest, ReleaseRequest,
+    RenewRequest, Request, Response,
 };
 
 /// The default bound on clock drift between a holder and the server: 1%, far more
@@ -376,6 +376,10 @@ enum Purpose {
     Acquire,
     Renew,
     Release,
+    /// A candidate that holds back reads the owner at a campaign tick instead of
+    /// asking for the key: an acquire sent blind might meet the key freed an instant
+    /// earlier and beat the preferred candidate's.
+    Probe,
 }
 
 impl Purpose {
@@ -384,6 +388,7 @@ impl Purpose {
             Self::Acquire => Endpoint::Acquire,
             Self::Renew => Endpoint::Renew,
             Self::Release => Endpoint::Release,
+            Self::Probe => Endpoint::Owner,
         }
     }
 }
@@ -695,6 +700,11 @@ impl Holder {
             self.drive(now);
             return;
         }
+        if flight.purpose == Purpose::Probe {
+            self.on_probe(now, &outcome);
+            self.drive(now);
+            return;
+        }
         if let Phase::Confirming { .. } = self.phase
             && flight.purpose == Purpose::Renew
             && now >= flight.sent_at + self.config.believed_span(self.config.ttl)
@@ -747,8 +757,9 @@ impl Holder {
                 };
                 self.unknown_renews = Some(merged);
             }
-            // Only a stop releases, and a stopped holder believes nothing.
-            Purpose::Release => {}
+            // Only a stop releases, and a stopped holder believes nothing; a probe
+            // reads.
+            Purpose::Release | Purpose::Probe => {}
         }
     }
 
@@ -822,6 +833,31 @@ impl Holder {
                 self.on_transient(now, flight);
             }
         }
+    }
+
+    /// A probe's answer: the key held by another, ask again at the next tick; free,
+    /// or no answer, ask after the hold-back, as after a change event; held under
+    /// this holder ID (a restart), ask now.
+    fn on_probe(&mut self, now: Instant, outcome: &RequestOutcome) {
+        if !matches!(self.phase, Phase::Campaigning { .. }) {
+            return;
+        }
+        let reply = match outcome {
+            RequestOutcome::Reply { payload, .. } => {
+                Response::decode(Endpoint::Owner, payload).ok()
+            }
+            _ => None,
+        };
+        let ask_at = match reply {
+            Some(Response::Lease(lease)) if lease.holder != self.config.holder => {
+                self.highest_seen = self.highest_seen.max(lease.revision);
+                return self.campaign_after(now, self.config.campaign_every);
+            }
+            Some(Response::Lease(_)) => now,
+            _ => now + self.config.hold_back,
+        };
+        self.held_back_until = Some(ask_at);
+        self.campaign_after(now, ask_at - now);
     }
 
     fn lease_ttl(&self, reply_ttl_ms: u64) -> Duration {
@@ -1057,14 +1093,19 @@ impl Holder {
             return;
         }
         match self.phase {
-            Phase::Campaigning { next_at } if now >= next_at => {
-                match self.held_back_until.filter(|until| now < *until) {
-                    // A tick inside the hold-back after a change: the preferred
-                    // candidate asks first.
-                    Some(until) => self.phase = Phase::Campaigning { next_at: until },
-                    None => self.send(now, Purpose::Acquire, 0),
+            Phase::Campaigning { next_at } if now >= next_at => match self.held_back_until {
+                // A tick inside the hold-back after a change: the preferred candidate
+                // asks first.
+                Some(until) if now < until => self.phase = Phase::Campaigning { next_at: until },
+                // The hold-back has passed: ask.
+                Some(_) => {
+                    self.held_back_until = None;
+                    self.send(now, Purpose::Acquire, 0);
                 }
-            }
+                // A plain tick of a candidate that holds back: read first.
+                None if !self.config.hold_back.is_zero() => self.send(now, Purpose::Probe, 0),
+                None => self.send(now, Purpose::Acquire, 0),
+            },
             Phase::Confirming { revision } => self.send(now, Purpose::Renew, revision),
             Phase::Owner {
                 ownership,
@@ -1114,6 +1155,7 @@ impl Holder {
                 holder,
                 revision: fence,
             }),
+            Purpose::Probe => Request::Owner(OwnerRequest { key }),
         };
         if let Phase::Stopping { attempts, .. } = &mut self.phase {
             *attempts += 1;

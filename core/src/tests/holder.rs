@@ -988,9 +988,19 @@ fn a_grant_of_a_renewal_this_holder_did_not_write_waits_out_the_expiry_marker_on
 #[test]
 fn priority_sets_the_hold_back_and_the_config_bounds_it() {
     use crate::holder::{MAX_HOLD_BACK, MAX_PRIORITY};
-    assert_eq!(config().hold_back, Duration::ZERO, "no priority, no hold-back");
-    assert_eq!(config().with_priority(MAX_PRIORITY).hold_back, Duration::ZERO);
-    assert_eq!(config().with_priority(7).hold_back, Duration::from_millis(300));
+    assert_eq!(
+        config().hold_back,
+        Duration::ZERO,
+        "no priority, no hold-back"
+    );
+    assert_eq!(
+        config().with_priority(MAX_PRIORITY).hold_back,
+        Duration::ZERO
+    );
+    assert_eq!(
+        config().with_priority(7).hold_back,
+        Duration::from_millis(300)
+    );
     assert_eq!(config().with_priority(0).hold_back, MAX_HOLD_BACK);
     assert_eq!(config().with_priority(200).hold_back, Duration::ZERO);
     for bad in [
@@ -1006,26 +1016,48 @@ fn priority_sets_the_hold_back_and_the_config_bounds_it() {
     }
 }
 
-/// A lower candidate, refused, hears the key may be free: it asks only once its
-/// hold-back has passed, and a campaign tick inside the hold-back waits too; a
-/// candidate with none asks at once.
+/// A lower candidate reads the owner at a campaign tick instead of asking blind;
+/// hearing the key may be free, it asks only once its hold-back has passed, and a
+/// tick inside the hold-back waits too. A candidate with no hold-back asks at once.
 #[test]
 fn a_lower_candidate_holds_back_after_a_change_and_a_preferred_one_does_not() {
+    let held_by_h2 = RequestOutcome::reply(lease(3, "h2").to_string());
     let mut lower = Run::new(config().with_priority(7));
-    let r = lower.request();
-    lower.answer(10, &r, refused(3));
+    let probe = lower.request();
+    assert_eq!(probe.endpoint, Endpoint::Owner, "a tick reads first");
+    lower.answer(10, &probe, held_by_h2.clone());
     lower.no_request();
     lower.holder.handle_changed(lower.at(4_950));
     lower.no_request();
-    // The campaign tick (ttl/3 after the refusal, at 5010) falls inside it.
+    // The campaign tick (campaign_every after the probe, at 5010) falls inside it.
     lower.holder.handle_timeout(lower.at(5_010));
     lower.no_request();
     assert_eq!(lower.holder.poll_timeout(), Some(lower.at(5_250)));
     lower.holder.handle_timeout(lower.at(5_250));
     assert_eq!(lower.request().endpoint, Endpoint::Acquire);
 
+    // A probe that finds the key free holds back too; one that finds it held under
+    // this holder ID (a restart) asks at once.
+    let free = RequestOutcome::reply(json!({"held": false, "key": "leader"}).to_string());
+    let mut lower = Run::new(config().with_priority(7));
+    let probe = lower.request();
+    lower.answer(10, &probe, free);
+    lower.no_request();
+    assert_eq!(lower.holder.poll_timeout(), Some(lower.at(310)));
+    lower.holder.handle_timeout(lower.at(310));
+    assert_eq!(lower.request().endpoint, Endpoint::Acquire);
+    let mut restarted = Run::new(config().with_priority(7));
+    let probe = restarted.request();
+    restarted.answer(
+        10,
+        &probe,
+        RequestOutcome::reply(lease(3, "h1").to_string()),
+    );
+    assert_eq!(restarted.request().endpoint, Endpoint::Acquire);
+
     let mut preferred = Run::new(config().with_priority(MAX_PRIORITY_FOR_TEST));
     let r = preferred.request();
+    assert_eq!(r.endpoint, Endpoint::Acquire, "no hold-back, no probe");
     preferred.answer(10, &r, refused(3));
     preferred.holder.handle_changed(preferred.at(4_950));
     assert_eq!(preferred.request().endpoint, Endpoint::Acquire);

@@ -12,129 +12,17 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::stand_in::{Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent};
 use crate::js::{EffectId, RequestOutcome};
-use crate::record::format_time;
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent,
 };
-use crate::wire::{
-    AcquireReply, Endpoint, ErrorKind, ErrorReply, Lease, ReleaseReply, Request, Response,
-};
+use crate::wire::Endpoint;
 
-const KEY: &str = "job";
-const TTL_MS: u64 = 3_000;
+const KEY: &str = super::stand_in::KEY;
 const GRACE: Duration = Duration::from_millis(1_000);
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    /// Mostly loopback-fast, sometimes slow (a busy server).
-    fn latency(&mut self) -> u64 {
-        if self.chance(5) {
-            200 + self.below(1_000)
-        } else {
-            1 + self.below(30)
-        }
-    }
-}
-
-/// The stand-in lease service: one key.
-#[derive(Default)]
-struct StandIn {
-    holder: Option<String>,
-    revision: u64,
-    /// When the lease runs out (server ms); the key is free from then on.
-    expires_at: u64,
-    acquired_at: u64,
-}
-
-impl StandIn {
-    fn held_by(&self, t: u64) -> Option<&str> {
-        self.holder.as_deref().filter(|_| t < self.expires_at)
-    }
-
-    fn lease(&self, holder: &str) -> Lease {
-        let epoch = time::OffsetDateTime::UNIX_EPOCH + time::Duration::days(20_000);
-        let at = |ms: u64| format_time(epoch + Duration::from_millis(ms));
-        Lease {
-            held: true,
-            key: KEY.to_string(),
-            holder: holder.to_string(),
-            revision: self.revision,
-            acquired_at: at(self.acquired_at),
-            expires_at: at(self.expires_at),
-            ttl_ms: TTL_MS,
-        }
-    }
-
-    fn handle(&mut self, t: u64, endpoint: Endpoint, body: &[u8]) -> Response {
-        let error = |kind, text: &str| Response::Error(ErrorReply::new(kind, text));
-        match Request::decode(endpoint, body).expect("the holder sends valid requests") {
-            Request::Acquire(r) => match self.held_by(t) {
-                Some(h) if h == r.holder => Response::Acquired(AcquireReply {
-                    granted: true,
-                    lease: self.lease(&r.holder),
-                }),
-                Some(h) => {
-                    let h = h.to_string();
-                    Response::Acquired(AcquireReply {
-                        granted: false,
-                        lease: self.lease(&h),
-                    })
-                }
-                None => {
-                    self.revision += 1;
-                    self.holder = Some(r.holder.clone());
-                    self.acquired_at = t;
-                    self.expires_at = t + TTL_MS;
-                    Response::Acquired(AcquireReply {
-                        granted: true,
-                        lease: self.lease(&r.holder),
-                    })
-                }
-            },
-            Request::Renew(r) => match self.held_by(t) {
-                Some(h) if h == r.holder && r.revision == self.revision => {
-                    self.revision += 1;
-                    self.expires_at = t + TTL_MS;
-                    Response::Lease(self.lease(&r.holder))
-                }
-                Some(h) if h == r.holder => error(ErrorKind::FenceMismatch, "fence"),
-                _ => error(ErrorKind::Lost, "lost"),
-            },
-            Request::Release(r) => match self.held_by(t) {
-                Some(h) if h == r.holder && r.revision == self.revision => {
-                    self.revision += 1;
-                    self.holder = None;
-                    Response::Released(ReleaseReply {
-                        released: true,
-                        held: false,
-                        key: KEY.to_string(),
-                        holder: r.holder,
-                        revision: self.revision,
-                    })
-                }
-                Some(h) if h == r.holder => error(ErrorKind::FenceMismatch, "fence"),
-                _ => error(ErrorKind::Lost, "lost"),
-            },
-            other => panic!("the holder sent {other:?}"),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -215,10 +103,10 @@ struct World {
 impl World {
     fn new(seed: u64) -> Self {
         Self {
-            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            rng: Rng::new(seed),
             t: 0,
             base: Instant::now(),
-            server: StandIn::default(),
+            server: StandIn::new(false),
             tools: Vec::new(),
             requests: Vec::new(),
             replies: Vec::new(),
