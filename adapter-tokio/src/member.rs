@@ -170,6 +170,8 @@ struct Shared {
     holder: String,
     runtime: Arc<dyn Runtime>,
     observer: Observer,
+    /// The candidate priority of every campaign ([`Member::with_priority`]).
+    priority: Option<u8>,
     state: Mutex<State>,
     wake: Notify,
 }
@@ -231,7 +233,7 @@ impl Member {
         holder: impl Into<String>,
         runtime: Arc<dyn Runtime>,
     ) -> Result<Self, LeaseError> {
-        Self::build(nats, holder.into(), runtime, None)
+        Self::build(nats, holder.into(), runtime, None, None)
     }
 
     fn build(
@@ -239,6 +241,7 @@ impl Member {
         holder: String,
         runtime: Arc<dyn Runtime>,
         observer: Observer,
+        priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
         let campaign = Campaign::new(&holder)?;
         let shared = Arc::new(Shared {
@@ -246,6 +249,7 @@ impl Member {
             holder,
             runtime,
             observer,
+            priority,
             state: Mutex::new(State {
                 campaign,
                 outlets: BTreeMap::new(),
@@ -271,8 +275,47 @@ impl Member {
             shared.holder.clone(),
             shared.runtime.clone(),
             Some(observer),
+            shared.priority,
         )
         .expect("the holder ID was checked already")
+    }
+
+    /// The same member as a candidate of `priority` (0 to
+    /// [`dagnats_leases_core::holder::MAX_PRIORITY`], higher preferred) in every
+    /// campaign it starts: after a release or an expiry, the highest candidate alive
+    /// wins the free key; the others hold back 100 ms per step below the top (at most
+    /// 1 s) and take it over when that one is not there. Nothing is taken from a
+    /// holder. Give every candidate of a key a priority. Call it before the first
+    /// campaign: a member made afresh is returned.
+    ///
+    /// ```no_run
+    /// # async fn run(nats: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use dagnats_leases_tokio::member::Member;
+    /// // The replica in the primary zone leads whenever it is up.
+    /// let member = Member::new(nats, Member::unique_id("zone-a"))?.with_priority(10);
+    /// let mut elector = member.elect("exporter-leader", Duration::from_secs(15))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_priority(self, priority: u8) -> Self {
+        let shared = &self.shared;
+        Self::build(
+            shared.nats.clone(),
+            shared.holder.clone(),
+            shared.runtime.clone(),
+            shared.observer.clone(),
+            Some(priority),
+        )
+        .expect("the holder ID was checked already")
+    }
+
+    /// A holder config of this member for `key`, with its priority.
+    fn config(&self, key: &str, ttl: Duration) -> HolderConfig {
+        let config = HolderConfig::new(key, self.shared.holder.clone(), ttl);
+        match self.shared.priority {
+            Some(p) => config.with_priority(p),
+            None => config,
+        }
     }
 
     /// A holder ID unique to this process: `prefix` and random hex.
@@ -296,8 +339,7 @@ impl Member {
 
     /// Campaigns for `key` until stopped; ownership changes arrive on the [`Elector`].
     pub fn elect(&self, key: &str, ttl: Duration) -> Result<Elector, LeaseError> {
-        let config = HolderConfig::new(key, self.shared.holder.clone(), ttl);
-        self.elect_with(config)
+        self.elect_with(self.config(key, ttl))
     }
 
     /// [`Member::elect`] with every holder setting spelled out (its `holder` is
@@ -320,10 +362,7 @@ impl Member {
         max_held: usize,
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
-        let configs = keys
-            .iter()
-            .map(|k| HolderConfig::new(*k, self.shared.holder.clone(), ttl))
-            .collect();
+        let configs = keys.iter().map(|k| self.config(k, ttl)).collect();
         Ok(Shards {
             group: self.start(configs, max_held)?,
         })
@@ -342,10 +381,7 @@ impl Member {
         keys: &[&str],
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
-        let configs: Vec<HolderConfig> = keys
-            .iter()
-            .map(|k| HolderConfig::new(*k, self.shared.holder.clone(), ttl))
-            .collect();
+        let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
         let presence = (0..keys.len()).map(|i| presence_key(set, i));
         let watched = presence.chain(keys.iter().map(|k| k.to_string())).collect();
         Ok(Shards {
@@ -363,7 +399,7 @@ impl Member {
         permits: usize,
         ttl: Duration,
     ) -> Result<Semaphore, LeaseError> {
-        let config = HolderConfig::new(name, self.shared.holder.clone(), ttl);
+        let config = self.config(name, ttl);
         let slots = (0..permits.min(MAX_PERMITS))
             .map(|i| semaphore_slot(name, i))
             .collect();

@@ -197,3 +197,42 @@ async fn a_member_takes_over_from_a_sigkilled_leader_after_its_ttl() {
         summary(takeovers)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preferred_member_wins_a_released_key_and_a_lower_one_takes_it_when_it_is_gone() {
+    let (server, _service) = setup().await;
+    let ttl = Duration::from_secs(3);
+    let (preferred, mut preferred_refused) = watched_member(&server, "preferred").await;
+    let preferred = preferred.with_priority(10);
+    let lower = member(&server, "lower").await.with_priority(3);
+    let holder_now = async || {
+        let leases = LeaseClient::new(async_nats::connect(server.url()).await.unwrap());
+        leases.owner(KEY).await.unwrap().map(|l| l.holder)
+    };
+    for round in 0..3 {
+        // The lower member holds the key; the preferred one waits for it.
+        let mut low = lower.elect(KEY, ttl).unwrap();
+        elected(&mut low).await;
+        let mut high = preferred.elect(KEY, ttl).unwrap();
+        refused(&mut preferred_refused).await;
+        // The lower one releases and campaigns again at once: the preferred one wins.
+        low.stop().await;
+        let mut low = lower.elect(KEY, ttl).unwrap();
+        elected(&mut high).await;
+        assert_eq!(
+            holder_now().await.as_deref(),
+            Some("preferred"),
+            "round {round}"
+        );
+        // The preferred one goes away: the lower one takes over.
+        let gone = Instant::now();
+        high.stop().await;
+        elected(&mut low).await;
+        println!(
+            "round {round}: the lower member took over {:?} after the preferred one stopped",
+            gone.elapsed()
+        );
+        assert_eq!(holder_now().await.as_deref(), Some("lower"));
+        low.stop().await;
+    }
+}
