@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// How long shutdown waits for calls in flight, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
+    /// At most this many calls run at once; further requests wait in the
+    /// subscription, so memory stays flat under a burst.
+    #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
+    pub max_calls_in_flight: usize,
     /// Test only (feature `__test`): answer from unconfirmed reads on a replicated
     /// bucket, so that a benchmark can measure what confirmation costs.
     #[cfg(feature = "__test")]
@@ -34,6 +38,7 @@ impl ServeArgs {
             replicas: self.replicas,
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+            max_calls_in_flight: self.max_calls_in_flight,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             ..ServiceOptions::default()

@@ -21,6 +21,11 @@ use crate::exec;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
+/// The default bound on calls running at once: far above what one service needs to
+/// keep JetStream busy (a call is a few round trips), far below what a burst of
+/// tens of thousands of requests would cost in memory.
+pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
+
 /// How the service runs.
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
@@ -33,6 +38,11 @@ pub struct ServiceOptions {
     /// How often the stream's replicas are asked again while serving: read
     /// confirmation turns on when they go above 1 and off when they come back.
     pub replicas_recheck: Duration,
+    /// At most this many calls run at once. Further requests wait in their
+    /// subscription (async-nats buffers them, up to its subscription capacity, and
+    /// drops what comes past it, which the caller sees as a timeout) until a call
+    /// ends: the service's memory stays flat whatever the burst.
+    pub max_calls_in_flight: usize,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -61,6 +71,7 @@ impl Default for ServiceOptions {
             kv_timeout: DEFAULT_KV_TIMEOUT,
             shutdown_timeout: Duration::from_secs(10),
             replicas_recheck: REPLICAS_RECHECK,
+            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -308,7 +319,8 @@ async fn serve(
     };
     loop {
         tokio::select! {
-            next = requests.next() => {
+            // A request is read only when a call may start: the rest wait.
+            next = requests.next(), if calls.len() < options.max_calls_in_flight.max(1) => {
                 let Some((endpoint, request)) = next else { break };
                 take(&mut calls, endpoint, request, config);
             }
