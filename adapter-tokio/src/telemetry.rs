@@ -290,3 +290,107 @@ pub(crate) fn renew_retry() {
     counter!(SLOWPATH, "endpoint" => Endpoint::Renew.name(), "reason" => "renew_retry")
         .increment(1);
 }
+
+#[cfg(all(test, feature = "cli"))]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    /// What `record` recorded, as Prometheus text.
+    fn recorded(record: impl FnOnce()) -> String {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, record);
+        handle.render()
+    }
+
+    fn ack_error(code: u64, err_code: u64) -> RequestOutcome {
+        RequestOutcome::reply(format!(
+            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
+        ))
+    }
+
+    #[test]
+    fn confirmations_count_their_retries_and_failures() {
+        let text = recorded(|| {
+            let effect = Effect::ConfirmRead(dagnats_leases_core::call::ConfirmRead {
+                id: dagnats_leases_core::EffectId(1),
+                key: "k".into(),
+                revision: 3,
+                timeout: Duration::from_secs(1),
+            });
+            for outcome in [
+                RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
+                ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+                ack_error(503, 10008),
+            ] {
+                JsOp::of(&effect).unwrap().outcome(&outcome);
+            }
+        });
+        assert!(text.contains(&format!("{READ_CONFIRMATIONS} 3")), "{text}");
+        assert!(
+            text.contains(&format!("{READ_CONFIRMATION_RETRIES} 1")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                r#"{JETSTREAM_ERRORS}{{op="confirm",kind="unavailable"}} 1"#
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn jetstream_errors_by_op_and_kind() {
+        let text = recorded(|| {
+            // A key never written: not an error.
+            JsOp::Read.outcome(&ack_error(404, js::ERR_NO_MESSAGE_FOUND));
+            JsOp::Read.outcome(&RequestOutcome::TimedOut);
+            JsOp::Read.outcome(&ack_error(500, 10001));
+            JsOp::Write.outcome(&RequestOutcome::NoResponders);
+            JsOp::Write.outcome(&ack_error(400, js::ERR_WRONG_LAST_SEQUENCE));
+            JsOp::Write.outcome(&RequestOutcome::Failed("gone".into()));
+        });
+        for (op, kind) in [
+            ("read", "timed_out"),
+            ("read", "internal"),
+            ("write", "no_responders"),
+            ("write", "request_failed"),
+        ] {
+            let line = format!(r#"{JETSTREAM_ERRORS}{{op="{op}",kind="{kind}"}} 1"#);
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        let samples = text.lines().filter(|l| l.starts_with(JETSTREAM_ERRORS));
+        assert_eq!(samples.count(), 4, "{text}");
+    }
+
+    #[test]
+    fn holder_outcomes_on_the_slow_path() {
+        let text = recorded(|| {
+            let unavailable = RequestOutcome::reply(r#"{"error":"later","kind":"unavailable"}"#);
+            let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
+            let took = Duration::from_millis(2);
+            assert!(holder_outcome(Endpoint::Renew, &unavailable, took));
+            assert!(!holder_outcome(Endpoint::Renew, &lost, took));
+            assert!(holder_outcome(
+                Endpoint::Acquire,
+                &RequestOutcome::TimedOut,
+                took
+            ));
+            renew_retry();
+        });
+        for (endpoint, reason) in [
+            ("renew", "unavailable"),
+            ("acquire", "timed_out"),
+            ("renew", "renew_retry"),
+        ] {
+            let line = format!(r#"{SLOWPATH}{{endpoint="{endpoint}",reason="{reason}"}} 1"#);
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        // Two renews timed (a summary without buckets here: its count).
+        assert!(
+            text.contains(&format!("{RENEW_DURATION}_count 2")),
+            "{text}"
+        );
+    }
+}
