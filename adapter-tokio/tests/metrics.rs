@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::{NatsCluster, NatsServer};
 use dagnats_leases_tokio::cli;
 use dagnats_leases_tokio::member::{Member, Ownership};
 use dagnats_leases_tokio::telemetry;
@@ -27,7 +27,7 @@ async fn an_election_moves_the_service_and_library_metrics() {
     let library = cli::prometheus_builder().install_recorder().unwrap();
     telemetry::describe();
     let server = NatsServer::start();
-    let served = Served::start(BIN, &server).await;
+    let served = Served::start(BIN, &server.url(), &[]).await;
     let before = scrape(served.addr).await.unwrap();
 
     let nats = async_nats::connect(server.url()).await.unwrap();
@@ -84,5 +84,56 @@ async fn an_election_moves_the_service_and_library_metrics() {
     }
     // The library's metrics are this process's, not the service's.
     assert!(!after.contains(telemetry::LEADER), "{after}");
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_bucket_counts_read_confirmations() {
+    let cluster = tokio::task::spawn_blocking(NatsCluster::start)
+        .await
+        .unwrap();
+    let served = Served::start(BIN, &cluster.url(0), &["--replicas", "3"]).await;
+    let nats = async_nats::connect(cluster.url(0)).await.unwrap();
+    let call = |endpoint: &'static str, body: &'static str| {
+        let nats = nats.clone();
+        async move {
+            let reply = nats
+                .request(format!("api.leases.{endpoint}"), body.into())
+                .await
+                .unwrap();
+            String::from_utf8(reply.payload.to_vec()).unwrap()
+        }
+    };
+    // A new stream may still settle its leader: `unavailable` is retried.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let granted = call("acquire", r#"{"key":"c","holder":"a","ttl_ms":30000}"#).await;
+        if granted.contains(r#""granted":true"#) {
+            break;
+        }
+        assert!(
+            granted.contains(r#""kind":"unavailable""#) && tokio::time::Instant::now() < deadline,
+            "{granted}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = scrape(served.addr).await.unwrap();
+    // An owner call answers from a read, which a replicated bucket confirms.
+    let owner = call("owner", r#"{"key":"c"}"#).await;
+    assert!(owner.contains(r#""holder":"a""#), "{owner}");
+    let after = scrape(served.addr).await.unwrap();
+    let confirmations = telemetry::READ_CONFIRMATIONS;
+    assert_eq!(
+        count(&after, confirmations, &[]) - count(&before, confirmations, &[]),
+        1.0,
+        "{after}"
+    );
+    for quiet in [
+        telemetry::READ_CONFIRMATION_RETRIES,
+        telemetry::JETSTREAM_ERRORS,
+    ] {
+        let (was, is) = (count(&before, quiet, &[]), count(&after, quiet, &[]));
+        assert_eq!(was, is, "{quiet}: {after}");
+    }
     assert_eq!(served.stop().await, Some(0));
 }

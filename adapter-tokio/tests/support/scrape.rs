@@ -70,13 +70,14 @@ pub struct Served {
 }
 
 impl Served {
-    /// Starts `binary serve --metrics-addr` against `server` and waits until its
-    /// scrape shows it serving.
-    pub async fn start(binary: &str, server: &NatsServer) -> Self {
+    /// Starts `binary serve --metrics-addr` against `nats_url`, with `extra`
+    /// arguments, and waits until its scrape shows it serving.
+    pub async fn start(binary: &str, nats_url: &str, extra: &[&str]) -> Self {
         let addr = free_addr();
         let child = Command::new(binary)
-            .args(["serve", "--nats-url", &server.url()])
+            .args(["serve", "--nats-url", nats_url])
             .args(["--metrics-addr", &addr.to_string()])
+            .args(extra)
             .args(["--shutdown-timeout-ms", "2000"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -134,7 +135,7 @@ impl Drop for Served {
 /// their latency histogram counts them.
 pub async fn counts_calls(binary: &str) {
     let server = NatsServer::start();
-    let served = Served::start(binary, &server).await;
+    let served = Served::start(binary, &server.url(), &[]).await;
     let before = scrape(served.addr).await.unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
     let call = |endpoint: &'static str, body: &'static str| {
