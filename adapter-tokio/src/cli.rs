@@ -1,9 +1,13 @@
 //! What both `serve` binaries share: their options, logging and the stop signal.
 
+use std::net::SocketAddr;
 use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::connect::ConnectOptions;
 use crate::service::ServiceOptions;
+use crate::telemetry;
 
 /// The options of `serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -24,6 +28,10 @@ pub struct ServeArgs {
     /// subscription, so memory stays flat under a burst.
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_in_flight: usize,
+    /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
+    /// e.g. `127.0.0.1:9464`. Off when left out.
+    #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
     /// Test only (feature `__test`): answer from unconfirmed reads on a replicated
     /// bucket, so that a benchmark can measure what confirmation costs.
     #[cfg(feature = "__test")]
@@ -44,6 +52,50 @@ impl ServeArgs {
             ..ServiceOptions::default()
         }
     }
+}
+
+/// Upper bounds of the latency histograms' buckets, in seconds: calls and renews.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upper bounds of the campaign-to-elected histogram's buckets, in seconds: a free
+/// key is won in milliseconds, a held one at its holder's release or expiry.
+pub const ELECTION_BUCKETS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+];
+
+/// The Prometheus recorder `serve --metrics-addr` installs, without its listener:
+/// every histogram of [`telemetry`] as a Prometheus histogram with these buckets
+/// (the exporter's default is a summary). A test or an application may install it
+/// with [`PrometheusBuilder::install_recorder`] and render the text itself.
+pub fn prometheus_builder() -> PrometheusBuilder {
+    let buckets = |name: &str| {
+        if name == telemetry::CAMPAIGN_TO_ELECTED {
+            &ELECTION_BUCKETS[..]
+        } else {
+            &LATENCY_BUCKETS[..]
+        }
+    };
+    telemetry::HISTOGRAMS
+        .iter()
+        .fold(PrometheusBuilder::new(), |builder, name| {
+            builder
+                .set_buckets_for_metric(Matcher::Full(name.to_string()), buckets(name))
+                .expect("the bucket lists are not empty")
+        })
+}
+
+/// Installs the process's metrics recorder and serves its Prometheus text over
+/// HTTP on `addr` (bound before it returns). Call it inside a tokio runtime
+/// (on smol: in the `block_on` of one), where the listener is spawned.
+pub fn serve_metrics(addr: SocketAddr) -> Result<(), crate::Error> {
+    prometheus_builder()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+    telemetry::describe();
+    Ok(())
 }
 
 /// Logs to stderr through tracing, `RUST_LOG` filtering (default `info`).

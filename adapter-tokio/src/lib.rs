@@ -40,6 +40,7 @@ pub mod lock;
 pub mod member;
 pub mod runtime;
 pub mod service;
+pub mod telemetry;
 
 /// What went wrong in the adapter (not a lease outcome: those are replies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

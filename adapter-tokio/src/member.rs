@@ -38,7 +38,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -63,6 +63,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
 use crate::runtime::{Runtime, TokioRuntime};
+use crate::telemetry;
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
 /// its outcome, and every event of a key's holder machine. For metrics, tracing, or
@@ -141,6 +142,9 @@ struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
     keys: Vec<String>,
     finished: Vec<oneshot::Sender<()>>,
+    /// When the group's campaign began, or its last step-down (not a stop): the
+    /// start of [`telemetry::CAMPAIGN_TO_ELECTED`].
+    campaigning_since: Instant,
 }
 
 /// An inbox subscription and where its accepted requests go.
@@ -160,6 +164,8 @@ struct State {
     subscribe: Vec<String>,
     inboxes: Vec<InboxFeed>,
     driver_started: bool,
+    /// The keys this member owns, for the [`telemetry::LEADER`] gauge.
+    owned: BTreeSet<String>,
     /// False once every clone of the [`Member`] is gone: the driver ends when its
     /// groups and inboxes have too.
     member_alive: bool,
@@ -256,6 +262,7 @@ impl Member {
                 subscribe: Vec::new(),
                 inboxes: Vec::new(),
                 driver_started: false,
+                owned: BTreeSet::new(),
                 member_alive: true,
             }),
             wake: Notify::new(),
@@ -347,6 +354,7 @@ impl Member {
     pub fn elect_with(&self, mut config: HolderConfig) -> Result<Elector, LeaseError> {
         config.holder = self.shared.holder.clone();
         let key = config.key.clone();
+        telemetry::campaigning_for([key.as_str()]);
         Ok(Elector {
             key,
             group: self.start(vec![config], 1)?,
@@ -363,6 +371,7 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs = keys.iter().map(|k| self.config(k, ttl)).collect();
+        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.start(configs, max_held)?,
         })
@@ -384,6 +393,7 @@ impl Member {
         let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
         let presence = (0..keys.len()).map(|i| presence_key(set, i));
         let watched = presence.chain(keys.iter().map(|k| k.to_string())).collect();
+        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.begin(watched, |c, now| c.add_balanced_group(now, set, configs))?,
         })
@@ -400,9 +410,10 @@ impl Member {
         ttl: Duration,
     ) -> Result<Semaphore, LeaseError> {
         let config = self.config(name, ttl);
-        let slots = (0..permits.min(MAX_PERMITS))
+        let slots: Vec<String> = (0..permits.min(MAX_PERMITS))
             .map(|i| semaphore_slot(name, i))
             .collect();
+        telemetry::campaigning_for(slots.iter().map(String::as_str));
         Ok(Semaphore {
             name: name.to_string(),
             group: self.begin(slots, |c, now| c.add_semaphore(now, config, permits))?,
@@ -423,7 +434,8 @@ impl Member {
     ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
         let mut state = self.shared.lock();
-        let id = add(&mut state.campaign, self.shared.runtime.now())
+        let now = self.shared.runtime.now();
+        let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
         state.subscribe.extend(keys.iter().cloned());
         state.outlets.insert(
@@ -432,6 +444,7 @@ impl Member {
                 changes: changes_tx,
                 keys,
                 finished: Vec::new(),
+                campaigning_since: now,
             },
         );
         self.ensure_driver(&mut state);
@@ -515,7 +528,7 @@ impl Group {
     }
 
     fn done(&self, key: &str) {
-        self.shared.lock().campaign.done(Instant::now(), key);
+        self.shared.lock().campaign.done(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -691,6 +704,10 @@ impl Shards {
 struct Answer {
     id: EffectId,
     outcome: RequestOutcome,
+    key: String,
+    endpoint: Endpoint,
+    /// Neither a yes nor a no (timed out, unavailable, ...).
+    unknown: bool,
 }
 
 type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
@@ -707,6 +724,8 @@ async fn drive(shared: Arc<Shared>) {
     let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
     // A request in flight ends when its sender is dropped: the campaign timed it out.
     let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
+    // Keys whose last renew had an unknown outcome: a renew sent now is a retry.
+    let mut renew_unknown: BTreeSet<String> = BTreeSet::new();
     loop {
         let (requests, events, wake, subscribe, new_inboxes, done) = {
             let mut state = shared.lock();
@@ -726,6 +745,9 @@ async fn drive(shared: Arc<Shared>) {
             )
         };
         for request in requests {
+            if request.request.endpoint == Endpoint::Renew && renew_unknown.contains(&request.key) {
+                telemetry::renew_retry();
+            }
             let (give_up, given_up) = oneshot::channel();
             in_flight.insert(request.request.id, give_up);
             pending.push(send(&shared, request, given_up));
@@ -750,6 +772,9 @@ async fn drive(shared: Arc<Shared>) {
         }
         let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
         if done && pending.is_empty() && !inbox_open {
+            for key in std::mem::take(&mut shared.lock().owned) {
+                telemetry::leading(&key, false);
+            }
             break;
         }
         let sleep = async {
@@ -760,6 +785,13 @@ async fn drive(shared: Arc<Shared>) {
         };
         tokio::select! {
             Some(answer) = pending.next(), if !pending.is_empty() => {
+                if answer.endpoint == Endpoint::Renew {
+                    if answer.unknown {
+                        renew_unknown.insert(answer.key);
+                    } else {
+                        renew_unknown.remove(&answer.key);
+                    }
+                }
                 shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
             }
             Some((key, message)) = changes.next(), if !changes.is_empty() => {
@@ -785,8 +817,8 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
     if events.is_empty() {
         return finished_keys;
     }
+    let now = shared.runtime.now();
     if let Some(o) = &shared.observer {
-        let now = shared.runtime.now();
         for event in &events {
             if let CampaignEvent::Holder { key, event, .. } = event {
                 o.event(key, event, now);
@@ -797,6 +829,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
     for event in events {
         match event {
             CampaignEvent::Holder { group, key, event } => {
+                record(&mut state, now, group, &key, &event);
                 let ownership = match event {
                     HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
                     HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
@@ -823,6 +856,32 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
     // A key may be campaigned for again already, by a group started meanwhile.
     finished_keys.retain(|k| !state.outlets.values().any(|o| o.keys.contains(k)));
     finished_keys
+}
+
+/// Records a holder event in the metrics ([`telemetry`]).
+fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &HolderEvent) {
+    match event {
+        HolderEvent::Elected { .. } => {
+            if state.owned.insert(key.to_string()) {
+                telemetry::leading(key, true);
+            }
+            if let Some(outlet) = state.outlets.get(&group) {
+                telemetry::elected(now.saturating_duration_since(outlet.campaigning_since));
+            }
+        }
+        HolderEvent::SteppedDown { reason } => {
+            telemetry::stepped_down(reason);
+            if state.owned.remove(key) {
+                telemetry::leading(key, false);
+            }
+            if *reason != StepDownReason::Stopped
+                && let Some(outlet) = state.outlets.get_mut(&group)
+            {
+                outlet.campaigning_since = now;
+            }
+        }
+        HolderEvent::Renewed { .. } | HolderEvent::Failed { .. } => {}
+    }
 }
 
 /// Sends one of the campaign's requests. Its only deadline is the machine's: when
@@ -854,12 +913,18 @@ fn send(
             futures::future::Either::Left((outcome, _)) => outcome,
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,
         };
+        let answered = runtime.now();
+        let unknown =
+            telemetry::holder_outcome(endpoint, &outcome, answered.saturating_duration_since(sent));
         if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&key, endpoint, body, sent, &outcome, runtime.now());
+            o.request(&key, endpoint, body, sent, &outcome, answered);
         }
         Answer {
             id: request.id,
             outcome,
+            key,
+            endpoint,
+            unknown,
         }
     }
     .boxed()

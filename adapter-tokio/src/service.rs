@@ -19,6 +19,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::exec;
 use crate::runtime::{self, Runtime, TokioRuntime};
+use crate::telemetry::{self, JsOp};
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
 /// The default bound on calls running at once: far above what one service needs to
@@ -185,6 +186,7 @@ pub async fn prepare(
              retry_on_initial_connect, or wait for the connection first",
         ));
     }
+    telemetry::set_mode(Mode::Starting);
     let service = client
         .service_builder()
         .description("dagnats leases: leader election and shard ownership over NATS")
@@ -235,6 +237,7 @@ pub async fn prepare(
             }
         }
     };
+    telemetry::set_mode(mode);
     let base = CallConfig { mode, ..starting };
     let config = options.call_config(base, replicas);
     tracing::info!(
@@ -455,6 +458,21 @@ pub async fn run_call_until(
     body: &[u8],
     cut: impl std::future::Future<Output = ()>,
 ) -> Vec<u8> {
+    let started = runtime.now();
+    let response = drive_call(runtime, client, config, endpoint, body, cut).await;
+    telemetry::call_answered(endpoint, &response, runtime.now() - started);
+    response.to_json()
+}
+
+/// Carries out one call's effects until it replies (or `cut` completes).
+async fn drive_call(
+    runtime: &dyn Runtime,
+    client: &Client,
+    config: CallConfig,
+    endpoint: Endpoint,
+    body: &[u8],
+    cut: impl std::future::Future<Output = ()>,
+) -> Response {
     let cut = cut.fuse();
     tokio::pin!(cut);
     let mut call = Call::new(
@@ -479,13 +497,13 @@ pub async fn run_call_until(
                     return Response::Error(ErrorReply::new(
                         ErrorKind::Internal,
                         "the call stopped without a reply",
-                    ))
-                    .to_json();
+                    ));
                 }
             }
         };
+        let op = JsOp::of(&effect);
         let (id, request) = match effect {
-            Effect::Reply(response) => return response.to_json(),
+            Effect::Reply(response) => return response,
             other => other
                 .into_nats_request()
                 .expect("every other effect is a request"),
@@ -498,8 +516,18 @@ pub async fn run_call_until(
             }
         };
         tokio::select! {
-            outcome = exec::send_untimed(client, request) => call.handle_outcome(runtime.now(), id, outcome),
-            _ = expired => call.handle_timeout(runtime.now()),
+            outcome = exec::send_untimed(client, request) => {
+                if let Some(op) = op {
+                    op.outcome(&outcome);
+                }
+                call.handle_outcome(runtime.now(), id, outcome)
+            }
+            _ = expired => {
+                if let Some(op) = op {
+                    op.timed_out();
+                }
+                call.handle_timeout(runtime.now())
+            }
             _ = &mut cut => call.abort(runtime.now()),
         }
     }

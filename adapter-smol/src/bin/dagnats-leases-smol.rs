@@ -49,6 +49,14 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    // Inside the IO runtime's `block_on`: the exporter's listener is spawned there.
+    if let Some(addr) = args.metrics_addr {
+        if let Err(e) = cli::serve_metrics(addr) {
+            tracing::error!("cannot serve metrics on {addr}: {e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+        tracing::info!("serving metrics on http://{addr}/metrics");
+    }
     let client = match args.connect.connect().await {
         Ok(c) => c,
         Err(e) => {

@@ -42,6 +42,13 @@ async fn main() -> ExitCode {
         }
     };
     cli::init_logging();
+    if let Some(addr) = args.metrics_addr {
+        if let Err(e) = cli::serve_metrics(addr) {
+            tracing::error!("cannot serve metrics on {addr}: {e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+        tracing::info!("serving metrics on http://{addr}/metrics");
+    }
     let client = match args.connect.connect().await {
         Ok(c) => c,
         Err(e) => {

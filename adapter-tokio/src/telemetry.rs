@@ -1,0 +1,396 @@
+//! The metrics the service and the holder library record, through the [`metrics`]
+//! facade: nothing is kept or sent until the application installs a recorder (the
+//! `serve --metrics-addr` of both binaries installs a Prometheus exporter). A
+//! library emits; the application picks the exporter.
+//!
+//! Every name starts `dagnats_leases_`; labels are lower_snake_case. The machines
+//! of the core record nothing: the adapters record from the effects they carry
+//! out, the outcomes they feed back and the events the machines report.
+//!
+//! Service (recorded by [`crate::service`]):
+//!
+//! | name | type | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | [`CALLS`] | counter | `endpoint`, `reply` | calls answered |
+//! | [`CALL_DURATION`] | histogram | `endpoint` | seconds from request to reply |
+//! | [`READ_CONFIRMATIONS`] | counter | | read confirmations sent |
+//! | [`READ_CONFIRMATION_RETRIES`] | counter | | confirmations that found the key moved on: read again |
+//! | [`JETSTREAM_ERRORS`] | counter | `op`, `kind` | JetStream requests of a call that failed |
+//! | [`MODE`] | gauge | `mode` | 1 for the mode the service is in, 0 for the others |
+//!
+//! Holder library (recorded by [`crate::member`]):
+//!
+//! | name | type | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | [`LEADER`] | gauge | `key` | 1 while this process owns the key, 0 otherwise |
+//! | [`STEP_DOWNS`] | counter | `reason` | step-downs |
+//! | [`SLOWPATH`] | counter | `endpoint`, `reason` | renew retries and requests of unknown outcome |
+//! | [`RENEW_DURATION`] | histogram | | seconds from a renew's send to its outcome |
+//! | [`CAMPAIGN_TO_ELECTED`] | histogram | | seconds from the start of a campaign to `Elected` |
+
+use std::time::Duration;
+
+use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::call::{Effect, Mode};
+use dagnats_leases_core::holder::StepDownReason;
+use dagnats_leases_core::js::{self, JsFailure, PublishResult};
+use dagnats_leases_core::wire::{Endpoint, ErrorKind, Response};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+
+/// Counter, labels `endpoint` (`acquire`, `renew`, `release`, `owner`, `forward`)
+/// and `reply`: `ok`, `not_granted` (an acquire another holder has), or the error
+/// kind of the reply (`lost`, `fence_mismatch`, `unavailable`, `invalid`, ...).
+pub const CALLS: &str = "dagnats_leases_calls_total";
+/// Histogram, label `endpoint`: seconds from a call's start to its reply.
+pub const CALL_DURATION: &str = "dagnats_leases_call_duration_seconds";
+/// Counter: read confirmations sent (on a replicated bucket, every read that
+/// decides a reply is confirmed through the stream leader).
+pub const READ_CONFIRMATIONS: &str = "dagnats_leases_read_confirmations_total";
+/// Counter: read confirmations that found the key written since the read, so the
+/// call read it again.
+pub const READ_CONFIRMATION_RETRIES: &str = "dagnats_leases_read_confirmation_retries_total";
+/// Counter, labels `op` (`read`, `write`, `confirm`) and `kind` (`timed_out`,
+/// `no_responders`, `request_failed`, `unavailable`: an API error saying "not
+/// now", `internal`: any other API error): a call's JetStream request that failed.
+pub const JETSTREAM_ERRORS: &str = "dagnats_leases_jetstream_errors_total";
+/// Gauge, label `mode` (`starting`, `serving`, `unsupported`): 1 for the mode the
+/// service is in, 0 for the others.
+pub const MODE: &str = "dagnats_leases_mode";
+
+/// Gauge, label `key`: 1 while this process owns the key, 0 otherwise (as
+/// client-go's `leader_election_master_status`). A key appears once campaigned for.
+pub const LEADER: &str = "dagnats_leases_leader";
+/// Counter, label `reason` (`lost`, `deadline_missed`, `stopped`, `failed`,
+/// `revoked`): times this process stopped acting as owner of a key.
+pub const STEP_DOWNS: &str = "dagnats_leases_step_downs_total";
+/// Counter, labels `endpoint` (`acquire`, `renew`, `release`) and `reason`:
+/// `renew_retry` (a renew sent while the key's last renew had no clear answer), or
+/// an outcome the holder cannot read as a yes or a no: `timed_out`,
+/// `no_responders`, `request_failed`, `unavailable`, `internal` (as client-go's
+/// `leader_election_slowpath_total`).
+pub const SLOWPATH: &str = "dagnats_leases_slowpath_total";
+/// Histogram: seconds from a renew's send to its outcome (the renew confirming a
+/// grant included; one given up counts until it was).
+pub const RENEW_DURATION: &str = "dagnats_leases_renew_duration_seconds";
+/// Histogram: seconds from the start of a campaign (an elector, shard set or
+/// semaphore started, or its last step-down) to `Elected`.
+pub const CAMPAIGN_TO_ELECTED: &str = "dagnats_leases_campaign_to_elected_seconds";
+
+/// Every histogram's name, for an exporter's bucket settings.
+pub const HISTOGRAMS: [&str; 3] = [CALL_DURATION, RENEW_DURATION, CAMPAIGN_TO_ELECTED];
+
+/// Registers every metric's description with the installed recorder (Prometheus'
+/// `# HELP` lines). Call it after installing one; the names record without it.
+pub fn describe() {
+    describe_counter!(CALLS, "Calls answered, by endpoint and reply kind.");
+    describe_histogram!(
+        CALL_DURATION,
+        metrics::Unit::Seconds,
+        "Seconds from a call's start to its reply, by endpoint."
+    );
+    describe_counter!(READ_CONFIRMATIONS, "Read confirmations sent.");
+    describe_counter!(
+        READ_CONFIRMATION_RETRIES,
+        "Read confirmations that found the key moved on (the call read again)."
+    );
+    describe_counter!(
+        JETSTREAM_ERRORS,
+        "JetStream requests of a call that failed, by op and kind."
+    );
+    describe_gauge!(
+        MODE,
+        "1 for the mode the service is in (starting, serving, unsupported)."
+    );
+    describe_gauge!(LEADER, "1 while this process owns the key, 0 otherwise.");
+    describe_counter!(STEP_DOWNS, "Step-downs of this process, by reason.");
+    describe_counter!(
+        SLOWPATH,
+        "Holder requests on the slow path: renew retries and outcomes neither yes nor no."
+    );
+    describe_histogram!(
+        RENEW_DURATION,
+        metrics::Unit::Seconds,
+        "Seconds from a renew's send to its outcome."
+    );
+    describe_histogram!(
+        CAMPAIGN_TO_ELECTED,
+        metrics::Unit::Seconds,
+        "Seconds from the start of a campaign to Elected."
+    );
+}
+
+/// The `reply` label of a call's reply.
+fn reply_kind(response: &Response) -> &'static str {
+    match response {
+        Response::Error(e) => e.kind.as_str(),
+        Response::Acquired(r) if !r.granted => "not_granted",
+        _ => "ok",
+    }
+}
+
+/// A call answered `response` after `took`.
+pub(crate) fn call_answered(endpoint: Endpoint, response: &Response, took: Duration) {
+    counter!(CALLS, "endpoint" => endpoint.name(), "reply" => reply_kind(response)).increment(1);
+    histogram!(CALL_DURATION, "endpoint" => endpoint.name()).record(took.as_secs_f64());
+}
+
+/// The service is in `mode` now.
+pub(crate) fn set_mode(mode: Mode) {
+    let now = match mode {
+        Mode::Starting => "starting",
+        Mode::Ready => "serving",
+        Mode::Unsupported => "unsupported",
+    };
+    for name in ["starting", "serving", "unsupported"] {
+        gauge!(MODE, "mode" => name).set(if name == now { 1.0 } else { 0.0 });
+    }
+}
+
+/// What a call's JetStream request was, for [`JETSTREAM_ERRORS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JsOp {
+    Read,
+    Write,
+    Confirm,
+}
+
+impl JsOp {
+    /// The op of an effect about to be carried out (counting a confirmation as
+    /// sent); `None` for a request to an owner's inbox or a reply.
+    pub(crate) fn of(effect: &Effect) -> Option<Self> {
+        match effect {
+            Effect::KvRead(_) => Some(Self::Read),
+            Effect::KvWrite(_) => Some(Self::Write),
+            Effect::ConfirmRead(_) => {
+                counter!(READ_CONFIRMATIONS).increment(1);
+                Some(Self::Confirm)
+            }
+            Effect::InboxRequest(_) | Effect::Reply(_) => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Confirm => "confirm",
+        }
+    }
+
+    /// The request timed out by the call's deadline.
+    pub(crate) fn timed_out(self) {
+        self.error("timed_out");
+    }
+
+    fn error(self, kind: &'static str) {
+        counter!(JETSTREAM_ERRORS, "op" => self.name(), "kind" => kind).increment(1);
+    }
+
+    /// What came of the request, before the call reads it.
+    pub(crate) fn outcome(self, outcome: &RequestOutcome) {
+        let failure = match outcome {
+            RequestOutcome::TimedOut => return self.error("timed_out"),
+            RequestOutcome::NoResponders => return self.error("no_responders"),
+            RequestOutcome::Failed(_) => return self.error("request_failed"),
+            RequestOutcome::Reply { payload, .. } => {
+                if self == Self::Confirm {
+                    // Small: read it whole.
+                    match js::parse_pub_ack(outcome) {
+                        Ok(PublishResult::WrongLastSequence) => {
+                            counter!(READ_CONFIRMATION_RETRIES).increment(1);
+                            None
+                        }
+                        Ok(PublishResult::Stored(_)) => None,
+                        Err(f) => Some(f),
+                    }
+                } else if !contains(payload, b"\"error\"") {
+                    // Neither a read's reply (base64 inside, a subject without quotes)
+                    // nor an ack carries the word quoted unless it is an error: no need
+                    // to parse the whole reply a second time.
+                    None
+                } else if self == Self::Read {
+                    js::parse_read(outcome).err()
+                } else {
+                    js::parse_pub_ack(outcome).err()
+                }
+            }
+        };
+        if let Some(JsFailure { kind, .. }) = failure {
+            self.error(if kind == ErrorKind::Unavailable {
+                "unavailable"
+            } else {
+                "internal"
+            });
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Registers the leader gauge of each of `keys` at 0, so that it shows before the
+/// first election.
+pub(crate) fn campaigning_for<'a>(keys: impl IntoIterator<Item = &'a str>) {
+    for key in keys {
+        gauge!(LEADER, "key" => key.to_string()).increment(0.0);
+    }
+}
+
+/// This process began (`true`) or stopped (`false`) owning `key`. An increment, not
+/// a set: two members of one process may campaign for the same key.
+pub(crate) fn leading(key: &str, owns: bool) {
+    let gauge = gauge!(LEADER, "key" => key.to_string());
+    if owns {
+        gauge.increment(1.0);
+    } else {
+        gauge.decrement(1.0);
+    }
+}
+
+/// A key stepped down for `reason`.
+pub(crate) fn stepped_down(reason: &StepDownReason) {
+    counter!(STEP_DOWNS, "reason" => reason.to_string()).increment(1);
+}
+
+/// A key was elected `after` its campaign began.
+pub(crate) fn elected(after: Duration) {
+    histogram!(CAMPAIGN_TO_ELECTED).record(after.as_secs_f64());
+}
+
+/// A holder's request to `endpoint` came back with `outcome` after `took`. Returns
+/// whether the outcome is unknown (neither a yes nor a no), counting it as slow path.
+pub(crate) fn holder_outcome(endpoint: Endpoint, outcome: &RequestOutcome, took: Duration) -> bool {
+    if endpoint == Endpoint::Renew {
+        histogram!(RENEW_DURATION).record(took.as_secs_f64());
+    }
+    let reason = match outcome {
+        RequestOutcome::TimedOut => "timed_out",
+        RequestOutcome::NoResponders => "no_responders",
+        RequestOutcome::Failed(_) => "request_failed",
+        RequestOutcome::Reply { payload, .. } => {
+            // A holder's replies are small, and carry no quote inside a value (keys
+            // and holder IDs are `[A-Za-z0-9_-]`): the kind shows as it is written.
+            if !contains(payload, b"\"kind\"") {
+                return false;
+            }
+            match Response::decode(endpoint, payload).map(|r| r.error_kind()) {
+                Ok(Some(ErrorKind::Unavailable)) => "unavailable",
+                Ok(Some(ErrorKind::Internal)) => "internal",
+                _ => return false,
+            }
+        }
+    };
+    counter!(SLOWPATH, "endpoint" => endpoint.name(), "reason" => reason).increment(1);
+    true
+}
+
+/// A renew is sent while the key's last renew had an unknown outcome.
+pub(crate) fn renew_retry() {
+    counter!(SLOWPATH, "endpoint" => Endpoint::Renew.name(), "reason" => "renew_retry")
+        .increment(1);
+}
+
+#[cfg(all(test, feature = "cli"))]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    /// What `record` recorded, as Prometheus text.
+    fn recorded(record: impl FnOnce()) -> String {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, record);
+        handle.render()
+    }
+
+    fn ack_error(code: u64, err_code: u64) -> RequestOutcome {
+        RequestOutcome::reply(format!(
+            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
+        ))
+    }
+
+    #[test]
+    fn confirmations_count_their_retries_and_failures() {
+        let text = recorded(|| {
+            let effect = Effect::ConfirmRead(dagnats_leases_core::call::ConfirmRead {
+                id: dagnats_leases_core::EffectId(1),
+                key: "k".into(),
+                revision: 3,
+                timeout: Duration::from_secs(1),
+            });
+            for outcome in [
+                RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
+                ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+                ack_error(503, 10008),
+            ] {
+                JsOp::of(&effect).unwrap().outcome(&outcome);
+            }
+        });
+        assert!(text.contains(&format!("{READ_CONFIRMATIONS} 3")), "{text}");
+        assert!(
+            text.contains(&format!("{READ_CONFIRMATION_RETRIES} 1")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                r#"{JETSTREAM_ERRORS}{{op="confirm",kind="unavailable"}} 1"#
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn jetstream_errors_by_op_and_kind() {
+        let text = recorded(|| {
+            // A key never written: not an error.
+            JsOp::Read.outcome(&ack_error(404, js::ERR_NO_MESSAGE_FOUND));
+            JsOp::Read.outcome(&RequestOutcome::TimedOut);
+            JsOp::Read.outcome(&ack_error(500, 10001));
+            JsOp::Write.outcome(&RequestOutcome::NoResponders);
+            JsOp::Write.outcome(&ack_error(400, js::ERR_WRONG_LAST_SEQUENCE));
+            JsOp::Write.outcome(&RequestOutcome::Failed("gone".into()));
+        });
+        for (op, kind) in [
+            ("read", "timed_out"),
+            ("read", "internal"),
+            ("write", "no_responders"),
+            ("write", "request_failed"),
+        ] {
+            let line = format!(r#"{JETSTREAM_ERRORS}{{op="{op}",kind="{kind}"}} 1"#);
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        let samples = text.lines().filter(|l| l.starts_with(JETSTREAM_ERRORS));
+        assert_eq!(samples.count(), 4, "{text}");
+    }
+
+    #[test]
+    fn holder_outcomes_on_the_slow_path() {
+        let text = recorded(|| {
+            let unavailable = RequestOutcome::reply(r#"{"error":"later","kind":"unavailable"}"#);
+            let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
+            let took = Duration::from_millis(2);
+            assert!(holder_outcome(Endpoint::Renew, &unavailable, took));
+            assert!(!holder_outcome(Endpoint::Renew, &lost, took));
+            assert!(holder_outcome(
+                Endpoint::Acquire,
+                &RequestOutcome::TimedOut,
+                took
+            ));
+            renew_retry();
+        });
+        for (endpoint, reason) in [
+            ("renew", "unavailable"),
+            ("acquire", "timed_out"),
+            ("renew", "renew_retry"),
+        ] {
+            let line = format!(r#"{SLOWPATH}{{endpoint="{endpoint}",reason="{reason}"}} 1"#);
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        // Two renews timed (a summary without buckets here: its count).
+        assert!(
+            text.contains(&format!("{RENEW_DURATION}_count 2")),
+            "{text}"
+        );
+    }
+}
