@@ -234,8 +234,8 @@ impl HolderConfig {
         {
             return invalid("campaign_every must be above zero and at most 600 s");
         }
-        if self.hold_back > MAX_HOLD_BACK || self.hold_back >= self.campaign_every {
-            return invalid("hold_back must be at most 1 s and below campaign_every");
+        if self.hold_back > MAX_HOLD_BACK {
+            return invalid("hold_back must be at most 1 s");
         }
         Ok(())
     }
