@@ -598,6 +598,8 @@ impl Campaign {
         // Queued requests at their holder's timeout are cancelled first: never sent,
         // they are not an unknown outcome.
         self.pump(now);
+        // A health step-down due now comes before a renewal due now: none goes out.
+        self.gate_health(now);
         for slot in self.slots.values_mut() {
             slot.holder.handle_timeout(now);
         }
@@ -651,6 +653,11 @@ impl Campaign {
     /// The tenure this holder ID is in for `key` at `now`, if any.
     pub fn ownership(&self, key: &str, now: Instant) -> Option<Ownership> {
         self.slots.get(key)?.holder.ownership(now)
+    }
+
+    /// Where the holder of `key` is in its life, if some group campaigns for it.
+    pub fn status(&self, key: &str) -> Option<HolderStatus> {
+        Some(self.slots.get(key)?.holder.status())
     }
 
     /// The keys of `group` owned at `now`, with their tenures.

@@ -815,3 +815,32 @@ fn a_revoked_shard_stays_revoked_whatever_the_health_and_an_unhealthy_set_leaves
     run.campaign.done(run.at(1_500), "s3");
     assert_eq!(releases(&run.requests()), ["s3"]);
 }
+
+#[test]
+fn a_health_step_down_due_with_a_renewal_sends_no_renew() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    run.events();
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_secs(4));
+    run.campaign.handle_health(run.at(1_000), group, false);
+    // The renewal is due at 5000 ms, the step-down too: the step-down wins.
+    run.campaign.handle_timeout(run.at(5_000));
+    assert_eq!(endpoints(&run.requests()), []);
+    assert!(matches!(
+        &run.events()[..],
+        [CampaignEvent::Holder {
+            event: HolderEvent::SteppedDown {
+                reason: StepDownReason::Unhealthy { .. }
+            },
+            ..
+        }]
+    ));
+    assert_eq!(
+        run.campaign.status("leader"),
+        Some(crate::holder::HolderStatus::Stopping)
+    );
+    assert_eq!(run.campaign.status("other"), None);
+}
