@@ -52,8 +52,8 @@
 //!     tick), the queued acquires go out, and a key released meanwhile is asked
 //!     for again.
 //!   - A balanced set's health is its presence's too: an unhealthy member leaves
-//!     the set at T + `unhealthy_for` (its presence key is released), so the others'
-//!     shares grow to cover its shards.
+//!     the set at T + `unhealthy_for`, its presence key released at once (nothing
+//!     is written under it), so the others' shares grow to cover its shards.
 //! - **Semaphores** ([`Campaign::add_semaphore`]): one of `permits` slot leases
 //!   (`<name>-<i>`), a group of the slots that holds at most one.
 //! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
@@ -740,7 +740,8 @@ impl Campaign {
 
     /// Steps down the keys of groups unhealthy for their `unhealthy_for`: owned keys
     /// are revoked ([`StepDownReason::Unhealthy`]), keys being confirmed released
-    /// (after the confirming renew, if it is out) and never elected.
+    /// (after the confirming renew, if it is out) and never elected; presence keys,
+    /// which guard no writes, are released at once.
     /// Returns whether it changed anything.
     fn gate_health(&mut self, now: Instant) -> bool {
         let due: Vec<GroupId> = self
@@ -751,9 +752,17 @@ impl Campaign {
             .collect();
         let mut changed = false;
         for id in due {
+            let presence = self
+                .groups
+                .values()
+                .any(|g| g.balance.is_some_and(|b| b.presence == id));
             for (_, key) in self.holding(id, now) {
                 if let Some(slot) = self.slots.get_mut(&key) {
-                    slot.holder.revoke_unhealthy(now);
+                    if presence {
+                        slot.holder.stop(now);
+                    } else {
+                        slot.holder.revoke_unhealthy(now);
+                    }
                     changed = true;
                 }
             }
