@@ -682,3 +682,49 @@ async fn an_unhealthy_leader_steps_down_releases_and_campaigns_again_once_health
     );
     leader.stop().await;
 }
+
+/// A shard set whose health check fails for `unhealthy_for` steps down from every
+/// shard with the `Unhealthy` reason; once the application is done with each, the
+/// other member of the set is granted them all. The times are printed.
+#[tokio::test]
+async fn an_unhealthy_shard_set_hands_its_shards_to_a_healthy_member() {
+    let fx = Fx::start().await;
+    let keys = ["hs0", "hs1"];
+    let mut sick = member(&fx, "shards-a").await.shards(&keys, 2, TTL).unwrap();
+    until_holding(&mut sick, 2).await;
+    let mut well = member(&fx, "shards-b").await.shards(&keys, 2, TTL).unwrap();
+    sick.health().set_unhealthy_for(Duration::from_millis(500));
+    let failed = Instant::now();
+    sick.set_healthy(false);
+    let mut stepped = BTreeSet::new();
+    while stepped.len() < keys.len() {
+        let change = next_shard(&mut sick).await;
+        match change.ownership {
+            Ownership::SteppedDown {
+                reason: StepDownReason::Unhealthy { .. },
+            } => {
+                sick.done(&change.key);
+                stepped.insert(change.key);
+            }
+            // An election read late: held() counted it already.
+            Ownership::Elected { .. } => {}
+            other => panic!(
+                "{}: expected a step-down for health, got {other:?}",
+                change.key
+            ),
+        }
+    }
+    let done = Instant::now();
+    assert!(sick.held().is_empty());
+    until_holding(&mut well, 2).await;
+    let moved = Instant::now();
+    assert!(sick.held().is_empty(), "an unhealthy set took a shard back");
+    println!(
+        "shards: unhealthy to both stepped down {:?} (unhealthy_for 500 ms); done to \
+         both held by the other {:?}",
+        done - failed,
+        moved - done
+    );
+    sick.stop().await;
+    well.stop().await;
+}
