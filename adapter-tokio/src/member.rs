@@ -11,7 +11,11 @@
 //!   [`StepDownReason::Revoked`], then released on [`Shards::done`] or at the
 //!   deadline it names;
 //! - [`Member::inbox`] receives requests forwarded to this process as owner, with the
-//!   contract's reject rules already applied ([`Inbox`]).
+//!   contract's reject rules already applied ([`Inbox`]);
+//! - every [`Elector`], [`Shards`] and [`Semaphore`] takes the application's
+//!   health check ([`Health`]): a group unhealthy for `unhealthy_for` (its TTL by
+//!   default) steps down ([`StepDownReason::Unhealthy`]) and releases, and sends no
+//!   campaign acquire until it is healthy again.
 //!
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
 //! request to accept) is the core's. This module is one task per member that sends
@@ -98,9 +102,10 @@ pub enum Ownership {
         /// above every fence an earlier tenure of this holder ID handed out.
         fence: u64,
     },
-    /// Stop acting as owner of the key now. For [`StepDownReason::Revoked`], writes
-    /// already under way may finish before its `deadline`; then call `done(key)`
-    /// ([`Shards::done`], [`Semaphore::done`]) so the key moves without waiting for it.
+    /// Stop acting as owner of the key now. For [`StepDownReason::Revoked`] and
+    /// [`StepDownReason::Unhealthy`], writes already under way may finish before its
+    /// `deadline`; then call `done` ([`Elector::done`], [`Shards::done`],
+    /// [`Semaphore::done`]) so the key moves without waiting for it.
     SteppedDown {
         /// Why.
         reason: StepDownReason,
@@ -532,6 +537,13 @@ impl Group {
         self.shared.wake.notify_one();
     }
 
+    fn health(&self) -> Health {
+        Health {
+            shared: self.shared.clone(),
+            group: self.id,
+        }
+    }
+
     async fn stop(&mut self) {
         self.stopped = true;
         let (finished, done) = oneshot::channel();
@@ -547,6 +559,87 @@ impl Drop for Group {
         if !self.stopped {
             self.shared.stop_group(self.id, None);
         }
+    }
+}
+
+/// Where the application reports a group's health check: an [`Elector`]'s, a
+/// [`Shards`]' or a [`Semaphore`]'s ([`Elector::health`]). Cheap to clone, so a
+/// task of its own (a probe loop, a connection-state callback) can report while
+/// another awaits `next()`.
+///
+/// The library runs no check and keeps no timer for it: the application reports
+/// whenever it learns something (a probe every second, a database connection
+/// lost and back), and the core's campaign machine holds every rule:
+///
+/// - a group is healthy until reported otherwise;
+/// - while unhealthy, it sends no campaign acquire (one not yet sent is taken back);
+///   the keys it holds stay held and renewed;
+/// - unhealthy since T, at T + `unhealthy_for` ([`Health::set_unhealthy_for`], the
+///   TTL by default) every key it holds steps down with
+///   [`StepDownReason::Unhealthy`] and is released the way a revoked key is: when
+///   the application calls `done` for it, or at the deadline the reason names;
+/// - healthy again, it campaigns at once.
+///
+/// ```no_run
+/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dagnats_leases_tokio::member::{Ownership, StepDownReason};
+/// # async fn database_answers() -> bool { true }
+/// let mut elector = member.elect("notify-leader", Duration::from_secs(15))?;
+/// let health = elector.health();
+/// tokio::spawn(async move {
+///     loop {
+///         health.set_healthy(database_answers().await);
+///         tokio::time::sleep(Duration::from_secs(1)).await;
+///     }
+/// });
+/// while let Some(change) = elector.next().await {
+///     if let Ownership::SteppedDown { reason: StepDownReason::Unhealthy { .. } } = change.ownership {
+///         // Stop writing; then let the next leader in at once.
+///         elector.done();
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Health {
+    shared: Arc<Shared>,
+    group: GroupId,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Health {
+    /// The health check passed (`true`) or failed (`false`) just now.
+    pub fn set_healthy(&self, healthy: bool) {
+        let now = self.shared.runtime.now();
+        self.shared
+            .lock()
+            .campaign
+            .handle_health(now, self.group, healthy);
+        self.shared.wake.notify_one();
+    }
+
+    /// How long the check may fail before the group's keys step down (the TTL unless
+    /// set).
+    pub fn set_unhealthy_for(&self, unhealthy_for: Duration) {
+        let now = self.shared.runtime.now();
+        self.shared
+            .lock()
+            .campaign
+            .set_unhealthy_for(now, self.group, unhealthy_for);
+        self.shared.wake.notify_one();
+    }
+
+    /// Whether the group is healthy, as last reported.
+    pub fn is_healthy(&self) -> bool {
+        self.shared.lock().campaign.is_healthy(self.group)
     }
 }
 
@@ -578,6 +671,23 @@ impl Elector {
     /// The key campaigned for.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Where to report the health check ([`Health`]).
+    pub fn health(&self) -> Health {
+        self.group.health()
+    }
+
+    /// Reports the health check: [`Health::set_healthy`].
+    pub fn set_healthy(&self, healthy: bool) {
+        self.group.health().set_healthy(healthy);
+    }
+
+    /// The application is done with the key after a step-down that keeps the lease
+    /// to its deadline ([`StepDownReason::Unhealthy`]): it is released now, so the
+    /// next leader is elected at once. Otherwise nothing happens.
+    pub fn done(&self) {
+        self.group.done(&self.key);
     }
 
     /// Steps down (if leading), releases the lease, and waits for the release.
@@ -621,8 +731,19 @@ impl Semaphore {
         &self.name
     }
 
-    /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`]):
-    /// it is released now rather than at its deadline. Otherwise nothing happens.
+    /// Where to report the health check ([`Health`]).
+    pub fn health(&self) -> Health {
+        self.group.health()
+    }
+
+    /// Reports the health check: [`Health::set_healthy`].
+    pub fn set_healthy(&self, healthy: bool) {
+        self.group.health().set_healthy(healthy);
+    }
+
+    /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`],
+    /// [`StepDownReason::Unhealthy`]): it is released now rather than at its
+    /// deadline. Otherwise nothing happens.
     pub fn done(&self, slot: &str) {
         self.group.done(slot);
     }
@@ -688,10 +809,23 @@ impl Shards {
     }
 
     /// The application is done with shard `key`, revoked to rebalance
-    /// ([`StepDownReason::Revoked`]): it is released now rather than at its
-    /// deadline, so the next owner gets it sooner. Otherwise nothing happens.
+    /// ([`StepDownReason::Revoked`]) or for health ([`StepDownReason::Unhealthy`]):
+    /// it is released now rather than at its deadline, so the next owner gets it
+    /// sooner. Otherwise nothing happens.
     pub fn done(&self, key: &str) {
         self.group.done(key);
+    }
+
+    /// Where to report the health check ([`Health`]). A balanced set's presence
+    /// follows it: unhealthy for `unhealthy_for`, the member leaves the set, and
+    /// the others' shares grow to cover its shards.
+    pub fn health(&self) -> Health {
+        self.group.health()
+    }
+
+    /// Reports the health check: [`Health::set_healthy`].
+    pub fn set_healthy(&self, healthy: bool) {
+        self.group.health().set_healthy(healthy);
     }
 
     /// Steps down from every shard, releases them, and waits for the releases.

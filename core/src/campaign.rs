@@ -32,6 +32,28 @@
 //!   ([`Campaign::stop_group`]) stay immediate: it has stopped writing.
 //! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
 //!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
+//! - **Health-gated leadership** ([`Campaign::handle_health`]): the application
+//!   reports a group's health; a group is healthy until it says otherwise.
+//!   - While unhealthy, the group sends no campaign acquire: those queued wait (and
+//!     are cancelled at their holder's timeout, never sent), those made ready but
+//!     not yet taken by [`Campaign::poll_request`] are taken back and cancelled.
+//!     Keys it holds stay held and renewed: a blip shorter than `unhealthy_for`
+//!     changes nothing else.
+//!   - Unhealthy since T, at T + `unhealthy_for` (the group's TTL by default,
+//!     [`Campaign::set_unhealthy_for`]) every key it holds steps down with
+//!     [`StepDownReason::Unhealthy`] and is released the way a revocation is (on
+//!     [`Campaign::done`] or at the last deadline handed out); a key granted later
+//!     while still unhealthy (an acquire sent before) is never elected: it is
+//!     released once its confirming renew is answered (no deadline was handed out).
+//!   - A key already revoked (for balance, or for health) stays revoked whatever
+//!     the health says: released on `done` or at its deadline, never sooner
+//!     (the application may still write under it), never kept longer.
+//!   - Healthy again: every campaign of the group asks at once (not at its next
+//!     tick), the queued acquires go out, and a key released meanwhile is asked
+//!     for again.
+//!   - A balanced set's health is its presence's too: an unhealthy member leaves
+//!     the set at T + `unhealthy_for`, its presence key released at once (nothing
+//!     is written under it), so the others' shares grow to cover its shards.
 //! - **Semaphores** ([`Campaign::add_semaphore`]): one of `permits` slot leases
 //!   (`<name>-<i>`), a group of the slots that holds at most one.
 //! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
@@ -143,6 +165,23 @@ struct Group {
     deferred: VecDeque<(String, HolderRequest, Instant)>,
     /// Campaign acquires sent and not yet answered.
     gated_in_flight: usize,
+    health: Health,
+}
+
+/// A group's health as the application reported it.
+#[derive(Debug, Clone, Copy)]
+struct Health {
+    /// How long unhealthy before the held keys step down.
+    unhealthy_for: Duration,
+    /// Unhealthy since then; `None` while healthy.
+    since: Option<Instant>,
+}
+
+impl Health {
+    /// When the held keys step down, while unhealthy.
+    fn step_down_at(&self) -> Option<Instant> {
+        self.since.map(|t| t + self.unhealthy_for)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -367,6 +406,10 @@ impl Campaign {
         let id = GroupId(self.next_group);
         self.next_group += 1;
         spread_renewals(&mut keys);
+        let health = Health {
+            unhealthy_for: keys.first().map_or(Duration::ZERO, |c| c.ttl),
+            since: None,
+        };
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
         }
@@ -380,6 +423,7 @@ impl Campaign {
                 failed: BTreeSet::new(),
                 deferred: VecDeque::new(),
                 gated_in_flight: 0,
+                health,
             },
         );
         id
@@ -408,6 +452,84 @@ impl Campaign {
         let groups: Vec<GroupId> = self.groups.keys().copied().collect();
         for group in groups {
             self.stop_group(now, group);
+        }
+    }
+
+    /// The application's health check for `group` passed (`healthy`) or failed at
+    /// `now` (see the [module docs](self)): while it fails, no campaign acquire of
+    /// the group goes out; failing since T, at T + `unhealthy_for` its keys step
+    /// down with [`StepDownReason::Unhealthy`]; passing again, its campaigns ask at
+    /// once. A balanced group's presence follows it. An unknown group is ignored.
+    pub fn handle_health(&mut self, now: Instant, group: GroupId, healthy: bool) {
+        for id in self.with_presence(group) {
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            if healthy {
+                if g.health.since.take().is_some() {
+                    for slot in self.slots.values_mut().filter(|s| s.group == id) {
+                        slot.holder.handle_changed(now);
+                    }
+                }
+            } else {
+                g.health.since.get_or_insert(now);
+                self.recall(now, id);
+            }
+        }
+        self.settle(now);
+    }
+
+    /// How long `group` may stay unhealthy before its keys step down (its keys'
+    /// TTL unless set). A balanced group's presence follows it.
+    pub fn set_unhealthy_for(&mut self, now: Instant, group: GroupId, unhealthy_for: Duration) {
+        for id in self.with_presence(group) {
+            if let Some(g) = self.groups.get_mut(&id) {
+                g.health.unhealthy_for = unhealthy_for;
+            }
+        }
+        self.settle(now);
+    }
+
+    /// Whether `group` is healthy, as last reported (true for an unknown group).
+    pub fn is_healthy(&self, group: GroupId) -> bool {
+        self.groups
+            .get(&group)
+            .is_none_or(|g| g.health.since.is_none())
+    }
+
+    /// `group`, and its presence group if it is a balanced set.
+    fn with_presence(&self, group: GroupId) -> Vec<GroupId> {
+        let presence = self.groups.get(&group).and_then(|g| g.balance);
+        std::iter::once(group)
+            .chain(presence.map(|b| b.presence))
+            .collect()
+    }
+
+    /// Takes back `group`'s campaign acquires made ready but not yet polled: never
+    /// sent, they are cancelled.
+    fn recall(&mut self, now: Instant, group: GroupId) {
+        let routes = &self.out.routes;
+        let (recalled, kept): (VecDeque<CampaignRequest>, VecDeque<CampaignRequest>) =
+            std::mem::take(&mut self.out.requests)
+                .into_iter()
+                .partition(|r| {
+                    routes
+                        .get(&r.request.id)
+                        .is_some_and(|route| route.gated && route.group == group)
+                });
+        self.out.requests = kept;
+        for request in recalled {
+            let Some(route) = self.out.routes.remove(&request.request.id) else {
+                continue;
+            };
+            if let Some(g) = self.groups.get_mut(&group) {
+                g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
+            }
+            if let Some(slot) = self.slots.get_mut(&route.key)
+                && slot.serial == route.serial
+            {
+                slot.holder.cancel(now, route.inner);
+            }
         }
     }
 
@@ -476,6 +598,8 @@ impl Campaign {
         // Queued requests at their holder's timeout are cancelled first: never sent,
         // they are not an unknown outcome.
         self.pump(now);
+        // A health step-down due now comes before a renewal due now: none goes out.
+        self.gate_health(now);
         for slot in self.slots.values_mut() {
             slot.holder.handle_timeout(now);
         }
@@ -504,7 +628,21 @@ impl Campaign {
         let holders = self.slots.values().filter_map(|s| s.holder.poll_timeout());
         let requests = self.out.routes.values().map(|r| r.deadline);
         let cooldowns = self.cooldown.values().copied();
-        holders.chain(requests).chain(cooldowns).min()
+        // An unhealthy group holding keys steps down at its deadline.
+        let health = self.groups.iter().filter_map(|(id, g)| {
+            let at = g.health.step_down_at()?;
+            self.slots
+                .values()
+                .any(|s| {
+                    s.group == *id
+                        && matches!(
+                            s.holder.status(),
+                            HolderStatus::Owner | HolderStatus::Confirming
+                        )
+                })
+                .then_some(at)
+        });
+        holders.chain(requests).chain(cooldowns).chain(health).min()
     }
 
     /// Whether no group is left.
@@ -515,6 +653,11 @@ impl Campaign {
     /// The tenure this holder ID is in for `key` at `now`, if any.
     pub fn ownership(&self, key: &str, now: Instant) -> Option<Ownership> {
         self.slots.get(key)?.holder.ownership(now)
+    }
+
+    /// Where the holder of `key` is in its life, if some group campaigns for it.
+    pub fn status(&self, key: &str) -> Option<HolderStatus> {
+        Some(self.slots.get(key)?.holder.status())
     }
 
     /// The keys of `group` owned at `now`, with their tenures.
@@ -564,7 +707,8 @@ impl Campaign {
         loop {
             self.drain(now);
             self.remove_finished(now);
-            let mut changed = self.rebalance(now);
+            let mut changed = self.gate_health(now);
+            changed |= self.rebalance(now);
             self.drain(now);
             changed |= self.pump(now);
             if !changed {
@@ -592,6 +736,38 @@ impl Campaign {
                 self.cooldown.insert(key, now + wait);
             }
         }
+    }
+
+    /// Steps down the keys of groups unhealthy for their `unhealthy_for`: owned keys
+    /// are revoked ([`StepDownReason::Unhealthy`]), keys being confirmed released
+    /// (after the confirming renew, if it is out) and never elected; presence keys,
+    /// which guard no writes, are released at once.
+    /// Returns whether it changed anything.
+    fn gate_health(&mut self, now: Instant) -> bool {
+        let due: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| !g.stopping && g.health.step_down_at().is_some_and(|at| now >= at))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut changed = false;
+        for id in due {
+            let presence = self
+                .groups
+                .values()
+                .any(|g| g.balance.is_some_and(|b| b.presence == id));
+            for (_, key) in self.holding(id, now) {
+                if let Some(slot) = self.slots.get_mut(&key) {
+                    if presence {
+                        slot.holder.stop(now);
+                    } else {
+                        slot.holder.revoke_unhealthy(now);
+                    }
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     /// Keys of `group` held now or being confirmed, oldest tenure first.
@@ -774,9 +950,13 @@ impl Campaign {
         let mut cancelled = false;
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
-            let room = self
-                .cap(id, now)
-                .saturating_sub(self.holding(id, now).len());
+            // An unhealthy group campaigns for nothing.
+            let room = match self.groups[&id].health.since {
+                Some(_) => 0,
+                None => self
+                    .cap(id, now)
+                    .saturating_sub(self.holding(id, now).len()),
+            };
             let Some(group) = self.groups.get_mut(&id) else {
                 continue;
             };

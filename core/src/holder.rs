@@ -297,6 +297,15 @@ pub enum StepDownReason {
         /// The last deadline handed out for the key; no later one will be.
         deadline: Instant,
     },
+    /// The member's health check failed for longer than its group allows (the
+    /// health gate of [`crate::campaign`]): stop writes now. Like
+    /// [`StepDownReason::Revoked`], the lease is kept, not renewed, until
+    /// `deadline` or until the application says it is done with the key, and only
+    /// then released.
+    Unhealthy {
+        /// The last deadline handed out for the key; no later one will be.
+        deadline: Instant,
+    },
 }
 
 impl fmt::Display for StepDownReason {
@@ -307,6 +316,7 @@ impl fmt::Display for StepDownReason {
             Self::Stopped => "stopped",
             Self::Failed => "failed",
             Self::Revoked { .. } => "revoked",
+            Self::Unhealthy { .. } => "unhealthy",
         })
     }
 }
@@ -645,12 +655,20 @@ impl Holder {
     /// updates the fence to release with: no later deadline is handed out, so none
     /// has to be waited for.
     pub fn revoke(&mut self, now: Instant) {
+        self.revoke_for(now, |deadline| StepDownReason::Revoked { deadline });
+    }
+
+    /// [`Holder::revoke`] for a member whose health check failed too long: the
+    /// event is [`StepDownReason::Unhealthy`], the rest is the same.
+    pub fn revoke_unhealthy(&mut self, now: Instant) {
+        self.revoke_for(now, |deadline| StepDownReason::Unhealthy { deadline });
+    }
+
+    fn revoke_for(&mut self, now: Instant, reason: fn(Instant) -> StepDownReason) {
         match self.phase {
             Phase::Owner { ownership, .. } if now < ownership.deadline => {
                 self.events.push_back(HolderEvent::SteppedDown {
-                    reason: StepDownReason::Revoked {
-                        deadline: ownership.deadline,
-                    },
+                    reason: reason(ownership.deadline),
                 });
                 self.phase = Phase::Stopping {
                     fence: Some(ownership.fence),
@@ -663,7 +681,8 @@ impl Holder {
         }
     }
 
-    /// While revoked ([`Holder::revoke`]): the deadline the lease is kept until.
+    /// While revoked ([`Holder::revoke`], [`Holder::revoke_unhealthy`]): the
+    /// deadline the lease is kept until.
     pub fn revoked_until(&self) -> Option<Instant> {
         match self.phase {
             Phase::Stopping { hold_until, .. } => hold_until,

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use common::Fx;
 use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::change::{ChangeEvent, ChangeKind};
 use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
-use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
+use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT, changed_subject};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind};
-use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind};
+use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind, change_event};
 use dagnats_leases_tokio::member::{
     CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Shards,
 };
@@ -516,4 +517,214 @@ async fn a_request_nobody_answers_ends_at_the_campaigns_deadline_silent_service_
     tokio::time::timeout(WAIT, elector.stop())
         .await
         .expect("stop is not held up by a request nobody answers");
+}
+
+/// Passes on the endpoint of every request a member's campaigns send, once answered.
+struct Sent(tokio::sync::mpsc::UnboundedSender<Endpoint>);
+
+impl CampaignObserver for Sent {
+    fn request(
+        &self,
+        _key: &str,
+        endpoint: Endpoint,
+        _body: &[u8],
+        _sent: Instant,
+        _outcome: &RequestOutcome,
+        _answered: Instant,
+    ) {
+        let _ = self.0.send(endpoint);
+    }
+}
+
+/// The next change event of `kind` above revision `above` on a subscription to a
+/// key's changes.
+async fn until_change(
+    changes: &mut async_nats::Subscriber,
+    kind: ChangeKind,
+    above: u64,
+) -> ChangeEvent {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let message = changes.next().await.expect("subscribed");
+            let event = change_event(&message);
+            if event.kind == kind && event.revision > above {
+                return event;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a {kind:?} change in time"))
+}
+
+/// Health-gated leadership end to end: a leader whose health check fails keeps
+/// leading for `unhealthy_for` (the TTL), then steps down with the `Unhealthy`
+/// reason and keeps the lease, unrenewed, until it is done with it: another member
+/// is refused until then, and elected on the release. Unhealthy, the first sends
+/// no acquire while the other leads and renews; healthy again it campaigns at
+/// once, and is elected when the other stops. Unhealthy once more (at once, with
+/// `unhealthy_for` zero), it releases and the key is free. The times are printed.
+#[tokio::test]
+async fn an_unhealthy_leader_steps_down_releases_and_campaigns_again_once_healthy() {
+    let fx = Fx::start().await;
+    let leases = LeaseClient::new(fx.client.clone());
+    let holder = |lease: Option<dagnats_leases_core::wire::Lease>| lease.map(|l| l.holder);
+    let (tx, mut sent) = tokio::sync::mpsc::unbounded_channel();
+    let a = member(&fx, "health-a")
+        .await
+        .with_observer(Arc::new(Sent(tx)));
+    let mut leader = a.elect("leader", TTL).unwrap();
+    let first = fence_of(&next(&mut leader).await);
+    let mut changes = fx
+        .client
+        .subscribe(changed_subject("leader"))
+        .await
+        .unwrap();
+    fx.client.flush().await.unwrap();
+    // What it sent to be elected is behind us.
+    while sent.try_recv().is_ok() {}
+
+    let failed = Instant::now();
+    leader.set_healthy(false);
+    assert!(!leader.health().is_healthy());
+    assert!(
+        leader.is_leader(),
+        "still leading until unhealthy_for has passed"
+    );
+    let change = next(&mut leader).await;
+    let stepped_down = Instant::now();
+    let Ownership::SteppedDown {
+        reason: StepDownReason::Unhealthy { deadline },
+    } = change.ownership
+    else {
+        panic!("expected a step-down for health, got {change:?}");
+    };
+    assert!(!leader.is_leader());
+
+    // Another member asks: refused, the lease is kept until health-a is done.
+    let (tx_b, mut sent_b) = tokio::sync::mpsc::unbounded_channel();
+    let b = member(&fx, "health-b")
+        .await
+        .with_observer(Arc::new(Sent(tx_b)));
+    let mut other = b.elect("leader", TTL).unwrap();
+    tokio::time::timeout(WAIT, async {
+        while sent_b.recv().await != Some(Endpoint::Acquire) {}
+    })
+    .await
+    .expect("health-b asks");
+    let kept = holder(leases.owner("leader").await.unwrap());
+    assert!(
+        Instant::now() < deadline,
+        "checked before the revoked deadline"
+    );
+    assert_eq!(kept.as_deref(), Some("health-a"));
+    leader.done();
+    let done = Instant::now();
+    until_change(&mut changes, ChangeKind::Released, first).await;
+    let fence_b = fence_of(&next(&mut other).await);
+    let other_elected = Instant::now();
+
+    // Unhealthy, health-a does not campaign: not on the release, not at its ticks,
+    // while health-b is elected and renews (the confirming renew, then three renew
+    // intervals: more than two of health-a's campaign intervals).
+    for _ in 0..4 {
+        until_change(&mut changes, ChangeKind::Renewed, 0).await;
+    }
+    assert_eq!(
+        holder(leases.owner("leader").await.unwrap()).as_deref(),
+        Some("health-b")
+    );
+    let mut acquires = 0;
+    while let Ok(endpoint) = sent.try_recv() {
+        acquires += usize::from(endpoint == Endpoint::Acquire);
+    }
+    assert_eq!(acquires, 0, "an unhealthy member sent acquires");
+
+    // Healthy again: it asks at once (refused: health-b has it) and is elected when
+    // health-b stops.
+    let recovered = Instant::now();
+    leader.set_healthy(true);
+    tokio::time::timeout(WAIT, async {
+        while sent.recv().await != Some(Endpoint::Acquire) {}
+    })
+    .await
+    .expect("an acquire once healthy");
+    let asked = Instant::now();
+    other.stop().await;
+    let stopped = Instant::now();
+    let again = fence_of(&next(&mut leader).await);
+    assert!(again > fence_b, "fence {again} above health-b's {fence_b}");
+    let elected = Instant::now();
+
+    // Unhealthy with unhealthy_for zero: steps down at once; done, the key is free.
+    leader.health().set_unhealthy_for(Duration::ZERO);
+    leader.set_healthy(false);
+    let change = next(&mut leader).await;
+    assert!(
+        matches!(
+            change.ownership,
+            Ownership::SteppedDown {
+                reason: StepDownReason::Unhealthy { .. }
+            }
+        ),
+        "{change:?}"
+    );
+    leader.done();
+    until_change(&mut changes, ChangeKind::Released, again).await;
+    assert_eq!(holder(leases.owner("leader").await.unwrap()), None);
+    println!(
+        "health: unhealthy to step-down {:?} (unhealthy_for = TTL {TTL:?}); done to \
+         the other elected {:?}; healthy to first acquire {:?}; other stopped to \
+         elected {:?}",
+        stepped_down - failed,
+        other_elected - done,
+        asked - recovered,
+        elected - stopped
+    );
+    leader.stop().await;
+}
+
+/// A shard set whose health check fails for `unhealthy_for` steps down from every
+/// shard with the `Unhealthy` reason; once the application is done with each, the
+/// other member of the set is granted them all. The times are printed.
+#[tokio::test]
+async fn an_unhealthy_shard_set_hands_its_shards_to_a_healthy_member() {
+    let fx = Fx::start().await;
+    let keys = ["hs0", "hs1"];
+    let mut sick = member(&fx, "shards-a").await.shards(&keys, 2, TTL).unwrap();
+    until_holding(&mut sick, 2).await;
+    let mut well = member(&fx, "shards-b").await.shards(&keys, 2, TTL).unwrap();
+    sick.health().set_unhealthy_for(Duration::from_millis(500));
+    let failed = Instant::now();
+    sick.set_healthy(false);
+    let mut stepped = BTreeSet::new();
+    while stepped.len() < keys.len() {
+        let change = next_shard(&mut sick).await;
+        match change.ownership {
+            Ownership::SteppedDown {
+                reason: StepDownReason::Unhealthy { .. },
+            } => {
+                sick.done(&change.key);
+                stepped.insert(change.key);
+            }
+            // An election read late: held() counted it already.
+            Ownership::Elected { .. } => {}
+            other => panic!(
+                "{}: expected a step-down for health, got {other:?}",
+                change.key
+            ),
+        }
+    }
+    let done = Instant::now();
+    assert!(sick.held().is_empty());
+    until_holding(&mut well, 2).await;
+    let moved = Instant::now();
+    assert!(sick.held().is_empty(), "an unhealthy set took a shard back");
+    println!(
+        "shards: unhealthy to both stepped down {:?} (unhealthy_for 500 ms); done to \
+         both held by the other {:?}",
+        done - failed,
+        moved - done
+    );
+    sick.stop().await;
+    well.stop().await;
 }

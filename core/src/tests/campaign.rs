@@ -593,3 +593,254 @@ fn a_shed_shard_is_not_asked_for_again_until_a_campaign_interval_after_its_relea
         .collect();
     assert_eq!(endpoints(&asked), [(Endpoint::Acquire, "s2")]);
 }
+
+// The health gate: one rule each.
+
+fn unhealthy(deadline: Instant) -> HolderEvent {
+    HolderEvent::SteppedDown {
+        reason: StepDownReason::Unhealthy { deadline },
+    }
+}
+
+#[test]
+fn an_unhealthy_group_sends_no_campaign_acquire_and_asks_at_once_when_healthy_again() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    assert!(run.campaign.is_healthy(group));
+    // Unhealthy before its first acquire was taken: taken back, never sent.
+    run.campaign.handle_health(run.at(0), group, false);
+    assert!(!run.campaign.is_healthy(group));
+    assert_eq!(run.requests(), []);
+    // Neither its campaign ticks nor a change event freeing the key send one.
+    run.no_acquire_at_its_tick_or_on_a_release_of(5_000, "leader");
+    run.no_acquire_at_its_tick_or_on_a_release_of(20_000, "leader");
+    // The acquire queued at 20.1 s waited its holder's timeout (3750 ms) and was
+    // cancelled, never sent: the next tick is a campaign interval away.
+    run.campaign.handle_timeout(run.at(23_850));
+    assert_eq!(run.requests(), []);
+    assert!(run.campaign.poll_timeout().unwrap() > run.at(28_000));
+    // Healthy again: it asks at once, not at its next tick.
+    run.campaign.handle_health(run.at(24_000), group, true);
+    let ask = run.request();
+    assert_eq!(
+        (ask.key.as_str(), ask.request.endpoint),
+        ("leader", Endpoint::Acquire)
+    );
+    // Healthy reported again changes nothing.
+    run.campaign.handle_health(run.at(24_100), group, true);
+    assert_eq!(run.requests(), []);
+    run.elect(24_100, &ask, 3);
+    assert!(run.campaign.ownership("leader", run.at(24_200)).is_some());
+}
+
+#[test]
+fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    let deadline = run
+        .campaign
+        .ownership("leader", run.at(0))
+        .unwrap()
+        .deadline;
+    run.events();
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_secs(3));
+    run.campaign.handle_health(run.at(1_000), group, false);
+    // Still leading, and the machine wakes at the health deadline.
+    assert_eq!(run.campaign.poll_timeout(), Some(run.at(4_000)));
+    run.campaign.handle_timeout(run.at(3_999));
+    assert_eq!(run.events(), []);
+    assert!(run.campaign.ownership("leader", run.at(3_999)).is_some());
+    // Unhealthy for 3 s: steps down at once, like a revocation, naming the last
+    // deadline handed out; nothing released yet.
+    run.campaign.handle_timeout(run.at(4_000));
+    assert_eq!(
+        run.events(),
+        [CampaignEvent::Holder {
+            group,
+            key: "leader".into(),
+            event: unhealthy(deadline),
+        }]
+    );
+    assert!(run.campaign.ownership("leader", run.at(4_000)).is_none());
+    assert_eq!(run.requests(), []);
+    // The application is done with it: released now, with its fence.
+    run.campaign.done(run.at(4_100), "leader");
+    let sent = run.requests();
+    assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
+    assert_eq!(body(&sent[0].request)["revision"], 3);
+    let released = r#"{"released":true,"held":false,"key":"leader","holder":"h1","revision":4}"#;
+    run.answer(4_110, &sent[0], RequestOutcome::reply(released));
+    // Still unhealthy: the key is not asked for again.
+    run.no_acquire_at_its_tick_or_on_a_release_of(10_000, "leader");
+    // Healthy again: asked for at once.
+    run.campaign.handle_health(run.at(10_300), group, true);
+    let ask = run.request();
+    assert_eq!(ask.request.endpoint, Endpoint::Acquire);
+}
+
+#[test]
+fn a_leader_unhealthy_and_not_done_with_is_released_at_its_last_deadline() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    let deadline = run
+        .campaign
+        .ownership("leader", run.at(0))
+        .unwrap()
+        .deadline;
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_secs(1));
+    run.campaign.handle_health(run.at(100), group, false);
+    run.campaign.handle_timeout(run.at(1_100));
+    assert!(run.events().iter().any(|e| matches!(e,
+        CampaignEvent::Holder { event, .. } if *event == unhealthy(deadline))));
+    // No renew while revoked, no release before the deadline.
+    let mut sent = Vec::new();
+    let mut at = run.at(1_100);
+    while at < deadline {
+        run.campaign.handle_timeout(at);
+        sent.extend(run.requests());
+        at = run.campaign.poll_timeout().unwrap();
+    }
+    assert_eq!(endpoints(&sent), []);
+    run.campaign.handle_timeout(deadline);
+    assert_eq!(endpoints(&run.requests()), [(Endpoint::Release, "leader")]);
+}
+
+#[test]
+fn a_blip_shorter_than_unhealthy_for_changes_nothing_and_the_wait_starts_over() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    run.events();
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_secs(3));
+    run.campaign.handle_health(run.at(1_000), group, false);
+    run.campaign.handle_health(run.at(2_000), group, true);
+    run.campaign.handle_health(run.at(2_500), group, false);
+    // Unhealthy again reported: the wait still counts from 2500 ms.
+    run.campaign.handle_health(run.at(3_000), group, false);
+    run.campaign.handle_timeout(run.at(4_000));
+    assert_eq!(run.events(), []);
+    // It renews while unhealthy.
+    run.campaign.handle_timeout(run.at(5_000));
+    let renew = run.request();
+    assert_eq!(renew.request.endpoint, Endpoint::Renew);
+    run.answer(5_010, &renew, renewed(4));
+    let deadline = run
+        .campaign
+        .ownership("leader", run.at(5_010))
+        .unwrap()
+        .deadline;
+    run.events();
+    assert_eq!(run.campaign.poll_timeout(), Some(run.at(5_500)));
+    run.campaign.handle_timeout(run.at(5_500));
+    assert_eq!(
+        run.events(),
+        [CampaignEvent::Holder {
+            group,
+            key: "leader".into(),
+            event: unhealthy(deadline),
+        }]
+    );
+}
+
+#[test]
+fn a_grant_arriving_past_the_unhealthy_deadline_elects_nobody_and_is_released() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    // The acquire went out healthy; the group turns unhealthy before its answer.
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_millis(500));
+    run.campaign.handle_health(run.at(100), group, false);
+    // Nothing held: no wake-up for health.
+    assert_eq!(
+        run.campaign.poll_timeout(),
+        Some(run.at(0) + first.request.timeout)
+    );
+    run.answer(1_000, &first, granted(3));
+    // Granted after the deadline: its confirming renew was on its way already; it
+    // elects nobody, and the key is released as soon as it is answered.
+    let confirm = run.request();
+    assert_eq!(confirm.request.endpoint, Endpoint::Renew);
+    run.answer(1_010, &confirm, renewed(4));
+    let sent = run.requests();
+    assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
+    assert_eq!(body(&sent[0].request)["revision"], 4);
+    assert_eq!(run.events(), []);
+    assert!(run.campaign.ownership("leader", run.at(1_010)).is_none());
+}
+
+#[test]
+fn a_revoked_shard_stays_revoked_whatever_the_health_and_an_unhealthy_set_leaves() {
+    let (mut run, group, s3_deadline) = balanced_run_with_a_new_member(100);
+    run.campaign.handle_timeout(run.at(200));
+    assert_eq!(run.events().len(), 1, "s3 revoked for balance");
+    run.campaign
+        .set_unhealthy_for(run.at(300), group, Duration::from_secs(1));
+    run.campaign.handle_health(run.at(300), group, false);
+    run.campaign.handle_timeout(run.at(1_300));
+    // Every shard held steps down for health; s3, revoked already, hears nothing
+    // more; the presence key, which guards no writes, is released at once.
+    let mut stepped: Vec<String> = run
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            CampaignEvent::Holder {
+                key,
+                event:
+                    HolderEvent::SteppedDown {
+                        reason: StepDownReason::Unhealthy { .. },
+                    },
+                ..
+            } => Some(key),
+            _ => None,
+        })
+        .collect();
+    stepped.sort();
+    assert_eq!(stepped, ["s0", "s1", "s2"]);
+    assert_eq!(releases(&run.requests()), ["set-member-0"]);
+    // Healthy again: s3 is still kept until `done` or its deadline, not sooner.
+    run.campaign.handle_health(run.at(1_400), group, true);
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    run.campaign
+        .handle_timeout(s3_deadline - Duration::from_millis(1));
+    assert_eq!(releases(&run.requests()), Vec::<&str>::new());
+    run.campaign.done(run.at(1_500), "s3");
+    assert_eq!(releases(&run.requests()), ["s3"]);
+}
+
+#[test]
+fn a_health_step_down_due_with_a_renewal_sends_no_renew() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    run.events();
+    run.campaign
+        .set_unhealthy_for(run.at(0), group, Duration::from_secs(4));
+    run.campaign.handle_health(run.at(1_000), group, false);
+    // The renewal is due at 5000 ms, the step-down too: the step-down wins.
+    run.campaign.handle_timeout(run.at(5_000));
+    assert_eq!(endpoints(&run.requests()), []);
+    assert!(matches!(
+        &run.events()[..],
+        [CampaignEvent::Holder {
+            event: HolderEvent::SteppedDown {
+                reason: StepDownReason::Unhealthy { .. }
+            },
+            ..
+        }]
+    ));
+    assert_eq!(
+        run.campaign.status("leader"),
+        Some(crate::holder::HolderStatus::Stopping)
+    );
+    assert_eq!(run.campaign.status("other"), None);
+}

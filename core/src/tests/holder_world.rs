@@ -12,7 +12,12 @@
 //!    handed out for it (it ignores revocation and every other step-down, the worst
 //!    case, and stops only when it stopped the group itself), and the store never
 //!    sees a write under a fence lower than one it took already: every write of a
-//!    tenure comes before the next owner's first, by the world's clock.
+//!    tenure comes before the next owner's first, by the world's clock;
+//! 4. in member worlds whose health flips ([`WorldParams::health_flip_every_ms`]):
+//!    an unhealthy member sends no campaign acquire, and a member unhealthy since
+//!    T holds no lease on the server past T + `unhealthy_for` + two TTLs (the
+//!    revoked lease kept to its last deadline, a late grant of an acquire sent
+//!    before, and the network's delays).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -23,10 +28,12 @@ use proptest::prelude::*;
 use crate::call::{Call, CallConfig, Effect, EffectId};
 use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, Ownership, StepDownReason};
+use crate::holder::{
+    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, StepDownReason,
+};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
-use crate::wire::{ErrorKind, Response};
+use crate::wire::{Endpoint, ErrorKind, Response};
 
 /// A small deterministic generator (xorshift64*), so a seed replays a world exactly.
 struct Rng(u64);
@@ -95,6 +102,10 @@ pub(super) struct WorldParams {
     pub nodes: Nodes,
     /// Members only: an application per member writing through a fenced store.
     pub app: App,
+    /// Members only: mean time between flips of one member's health check, ms (0:
+    /// always healthy), and how long unhealthy before its keys step down.
+    pub health_flip_every_ms: u64,
+    pub unhealthy_for_ms: u64,
 }
 
 /// What each member's application does (see the module docs, invariant 3).
@@ -174,6 +185,8 @@ enum Ev {
     Change(usize, u64, String, ChangeEvent),
     /// Every member's application writes what it may.
     AppWrite,
+    /// A member's health check flips.
+    Health(usize),
 }
 
 struct HolderSim {
@@ -195,6 +208,12 @@ struct HolderSim {
     /// Its application's keys: the tenure it fences with and the last deadline
     /// handed out (on the holder's clock).
     app: BTreeMap<String, (u64, Instant)>,
+    /// Its health check's verdict, and since when (server ms) its running group has
+    /// known it unhealthy.
+    healthy: bool,
+    unhealthy_since: Option<u64>,
+    /// Unhealthy once, healthy again since.
+    recovered: bool,
 }
 
 struct ServiceCall {
@@ -228,6 +247,13 @@ pub(super) struct Stats {
     /// For each join of a balanced world: its instant, and the simulated ms until the
     /// set was balanced again (`None` if the next join or the end came first).
     pub rebalances: Vec<(u64, Option<u64>)>,
+    /// Health checks that flipped, and keys stepped down for health.
+    pub health_flips: u64,
+    pub unhealthy_step_downs: u64,
+    /// Elections of members that were unhealthy before and healthy again.
+    pub elections_after_recovery: u64,
+    /// Elections of unhealthy members (the grant of an acquire sent while healthy).
+    pub elections_while_unhealthy: u64,
 }
 
 pub(super) struct HolderWorld {
@@ -313,10 +339,33 @@ impl Machine {
         }
     }
 
-    fn poll_request(&mut self) -> Option<HolderRequest> {
+    /// The next request and its key.
+    fn poll_request(&mut self) -> Option<(String, HolderRequest)> {
         match self {
-            Self::Holder(h) => h.poll_request(),
-            Self::Member { campaign, .. } => campaign.poll_request().map(|r| r.request),
+            Self::Holder(h) => h.poll_request().map(|r| (KEY.to_string(), r)),
+            Self::Member { campaign, .. } => campaign.poll_request().map(|r| (r.key, r.request)),
+        }
+    }
+
+    /// Whether `key`'s holder is campaigning (an acquire of it is a campaign's).
+    fn campaigning(&self, key: &str) -> bool {
+        match self {
+            Self::Holder(h) => h.status() == HolderStatus::Campaigning,
+            Self::Member { campaign, .. } => {
+                campaign.status(key) == Some(HolderStatus::Campaigning)
+            }
+        }
+    }
+
+    /// A member's group hears its health check.
+    fn handle_health(&mut self, now: Instant, healthy: bool, unhealthy_for: Duration) {
+        if let Self::Member {
+            campaign,
+            group: Some(group),
+        } = self
+        {
+            campaign.set_unhealthy_for(now, *group, unhealthy_for);
+            campaign.handle_health(now, *group, healthy);
         }
     }
 
@@ -425,6 +474,9 @@ impl HolderWorld {
                     answered: Vec::new(),
                     wakes: Default::default(),
                     app: BTreeMap::new(),
+                    healthy: true,
+                    unhealthy_since: None,
+                    recovered: false,
                 }
             })
             .collect();
@@ -458,6 +510,7 @@ impl HolderWorld {
             world.drain_holder(h);
             world.schedule_pause(h);
             world.schedule_recreate(h);
+            world.schedule_health(h);
             match world.p.nodes {
                 Nodes::Members { join_spread_ms, .. } if join_spread_ms > 0 && h > 0 => {
                     world.schedule(h as u64 * join_spread_ms, Ev::Join(h));
@@ -541,6 +594,33 @@ impl HolderWorld {
         }
     }
 
+    fn schedule_health(&mut self, h: usize) {
+        // Drawn only when health flips, so other worlds replay as before.
+        if self.p.health_flip_every_ms > 0 {
+            let at = self.t + 1 + self.rng.below(2 * self.p.health_flip_every_ms);
+            self.schedule(at, Ev::Health(h));
+        }
+    }
+
+    /// Member `h`'s running group hears its health check (after a flip, a join or
+    /// a restart: a group made afresh learns it at once).
+    fn tell_health(&mut self, h: usize) {
+        if self.p.health_flip_every_ms == 0 {
+            return;
+        }
+        let now = self.holder_now(h, self.t);
+        let unhealthy_for = Duration::from_millis(self.p.unhealthy_for_ms);
+        let sim = &mut self.holders[h];
+        sim.machine.handle_health(now, sim.healthy, unhealthy_for);
+        sim.unhealthy_since = match (sim.healthy, sim.unhealthy_since) {
+            (true, _) => None,
+            (false, Some(t)) if !matches!(sim.machine, Machine::Member { group: None, .. }) => {
+                Some(t)
+            }
+            (false, _) => Some(self.t),
+        };
+    }
+
     fn schedule_recreate(&mut self, h: usize) {
         if self.p.recreate_every_ms > 0 {
             let at = self.t + 1 + self.rng.below(2 * self.p.recreate_every_ms);
@@ -560,7 +640,16 @@ impl HolderWorld {
 
     /// Sends what the holder wants, records its events, and re-arms its timer.
     fn drain_holder(&mut self, h: usize) {
-        while let Some(request) = self.holders[h].machine.poll_request() {
+        while let Some((key, request)) = self.holders[h].machine.poll_request() {
+            if !self.holders[h].healthy
+                && request.endpoint == Endpoint::Acquire
+                && self.holders[h].machine.campaigning(&key)
+            {
+                self.violation.get_or_insert(format!(
+                    "t={}ms: {} campaigns for {key} while unhealthy",
+                    self.t, self.holders[h].name
+                ));
+            }
             let timeout_at = {
                 let sent = self.holder_now(h, self.t);
                 self.server_ms(h, sent + request.timeout)
@@ -585,6 +674,11 @@ impl HolderWorld {
             match event {
                 HolderEvent::Elected { .. } => {
                     self.stats.elections += 1;
+                    match (self.holders[h].healthy, self.holders[h].recovered) {
+                        (true, true) => self.stats.elections_after_recovery += 1,
+                        (false, _) => self.stats.elections_while_unhealthy += 1,
+                        _ => {}
+                    }
                     if !key.contains("-member-") {
                         self.stats.shard_elections += 1;
                     }
@@ -598,6 +692,7 @@ impl HolderWorld {
                     StepDownReason::Lost => self.stats.lost += 1,
                     StepDownReason::DeadlineMissed => self.stats.deadline_missed += 1,
                     StepDownReason::Revoked { .. } => self.stats.revoked += 1,
+                    StepDownReason::Unhealthy { .. } => self.stats.unhealthy_step_downs += 1,
                     _ => {}
                 },
                 HolderEvent::Failed { kind, message } => {
@@ -648,7 +743,7 @@ impl HolderWorld {
                 app.remove(key);
             }
             HolderEvent::SteppedDown {
-                reason: StepDownReason::Revoked { .. },
+                reason: StepDownReason::Revoked { .. } | StepDownReason::Unhealthy { .. },
             } if self.p.app == App::CallsDone => {
                 app.remove(key);
                 done.push(key.to_string());
@@ -788,7 +883,9 @@ impl HolderWorld {
                 sim.generation += 1;
                 sim.backlog.clear();
                 sim.answered.clear();
+                sim.unhealthy_since = None;
                 self.stats.recreations += 1;
+                self.tell_health(h);
                 if !self.paused(h) {
                     self.drain_holder(h);
                 }
@@ -821,6 +918,8 @@ impl HolderWorld {
                     self.schedule(self.t + 100, Ev::Join(h));
                     return;
                 }
+                sim.unhealthy_since = None;
+                self.tell_health(h);
                 if !self.paused(h) {
                     self.drain_holder(h);
                 }
@@ -834,6 +933,19 @@ impl HolderWorld {
                     self.stats.rebalances.push((self.t, None));
                 }
                 self.schedule_leave(h);
+            }
+            Ev::Health(h) if self.paused(h) => {
+                // A frozen process checks nothing: the flip comes when it wakes.
+                let at = self.holders[h].paused_until;
+                self.schedule(at, Ev::Health(h));
+            }
+            Ev::Health(h) => {
+                self.holders[h].healthy = !self.holders[h].healthy;
+                self.holders[h].recovered = self.holders[h].healthy;
+                self.stats.health_flips += 1;
+                self.tell_health(h);
+                self.drain_holder(h);
+                self.schedule_health(h);
             }
             Ev::AppWrite => {
                 for h in 0..self.holders.len() {
@@ -944,6 +1056,7 @@ impl HolderWorld {
             }
         }
         self.stats.most_believers = self.stats.most_believers.max(believers.len());
+        self.check_unhealthy_leases()?;
         if let Some(v) = self.violation.take() {
             return Err(v);
         }
@@ -959,6 +1072,36 @@ impl HolderWorld {
                 "t={}ms: holders {hs:?} all believe they own {key}",
                 self.t
             ));
+        }
+        Ok(())
+    }
+
+    /// A member unhealthy since T holds no lease on the server past T +
+    /// `unhealthy_for` + two TTLs, and the slack of drift, timeouts and latency.
+    fn check_unhealthy_leases(&self) -> Result<(), String> {
+        let p = &self.p;
+        let ttl_ms = p.ttl_s * 1000;
+        let span = (p.unhealthy_for_ms + 2 * ttl_ms) as f64
+            * (1.0 + 2.0 * p.actual_drift_ppm as f64 / 1e6);
+        let bound = span as u64 + 2 * p.ttl_s * p.timeout_per_ttl_s + 4 * p.max_latency_ms + 1000;
+        for sim in &self.holders {
+            let Some(since) = sim.unhealthy_since else {
+                continue;
+            };
+            if self.t <= since + bound {
+                continue;
+            }
+            for config in &sim.configs {
+                if let Some((record, revision)) = self.js.leased(&config.key)
+                    && record.holder == sim.name
+                {
+                    return Err(format!(
+                        "t={}ms: {} is unhealthy since t={since}ms and still holds {} \
+                         (revision {revision}) on the server",
+                        self.t, sim.name, config.key
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1039,6 +1182,7 @@ fn describe(ev: &Ev) -> String {
         Ev::Leave(h) => format!("leave h{h}"),
         Ev::Join(h) => format!("join h{h}"),
         Ev::AppWrite => "application writes".to_string(),
+        Ev::Health(h) => format!("health of h{h} flips"),
         Ev::Change(h, g, key, e) => format!("change h{h}/{g} {key} {e:?}"),
         Ev::Arrive(h, g, r) => format!(
             "arrive h{h}/{g} #{} {:?} {}",
@@ -1078,6 +1222,8 @@ fn params(seed: u64, holders: usize, ttl_s: u64, pause_every_ms: u64) -> WorldPa
         run_ms: 120_000,
         nodes: Nodes::Holders,
         app: App::None,
+        health_flip_every_ms: 0,
+        unhealthy_for_ms: 0,
     }
 }
 
@@ -1462,5 +1608,110 @@ fn semaphore_worlds_fill_every_permit_and_hand_slots_over() {
         let s = &world.stats;
         assert_eq!(s.most_believers, permits, "seed {seed}: {s:?}");
         assert!(s.failovers > 3, "seed {seed}: {s:?}");
+    }
+}
+
+fn health_params(seed: u64, members: usize, shards: usize, grouping: Grouping) -> WorldParams {
+    let mut p = member_params(seed, members, shards, seed.is_multiple_of(2));
+    let max_held = match grouping {
+        Grouping::Capped => shards.div_ceil(members),
+        Grouping::Balanced => shards,
+        Grouping::Semaphore => 1,
+    };
+    p.nodes = Nodes::Members {
+        shards,
+        max_held,
+        new_id_on_restart: seed.is_multiple_of(2),
+        leave_every_ms: 12_000,
+        grouping,
+        join_spread_ms: 0,
+    };
+    p.recreate_every_ms = 15_000;
+    p.pause_every_ms = 15_000;
+    p.health_flip_every_ms = 3_000;
+    p.unhealthy_for_ms = 1_500;
+    p.app = App::IgnoresRevocation;
+    p.run_ms = 60_000;
+    p
+}
+
+const GROUPINGS: [Grouping; 3] = [Grouping::Capped, Grouping::Balanced, Grouping::Semaphore];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Members whose health check flips at random (electors, capped shards, balanced
+    /// sets and semaphores), under the faults of the other member worlds: an
+    /// unhealthy member never campaigns, one unhealthy longer than `unhealthy_for`
+    /// lets its leases go, its application never overlaps the next owner's, and
+    /// nobody believes past the server's lease, never two at once.
+    #[test]
+    fn members_with_flipping_health_keep_every_invariant(
+        seed in any::<u64>(),
+        members in 2usize..5,
+        shards in 1usize..6,
+        grouping in 0usize..3,
+        flip_every_ms in 500u64..8_000,
+        unhealthy_for_ms in 0u64..4_000,
+        calls_done in any::<bool>(),
+    ) {
+        let mut p = health_params(seed, members, shards, GROUPINGS[grouping]);
+        p.health_flip_every_ms = flip_every_ms;
+        p.unhealthy_for_ms = unhealthy_for_ms;
+        if calls_done {
+            p.app = App::CallsDone;
+        }
+        let mut world = HolderWorld::new(p);
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The health worlds exercise what they claim: health flips, keys stepped down
+/// for health, and members elected again once healthy. The counts are printed
+/// (`--show-output`).
+#[test]
+fn health_worlds_step_down_for_health_and_elect_again() {
+    let only: Option<u64> = std::env::var("HOLDER_WORLD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let mut total = Stats::default();
+    for seed in (0..18).filter(|s| only.is_none_or(|o| o == *s)) {
+        let grouping = GROUPINGS[seed as usize % 3];
+        let (members, shards) = match grouping {
+            Grouping::Capped if seed % 2 == 0 => (3, 1),
+            Grouping::Semaphore => (4, 2),
+            _ => (3, 5),
+        };
+        let mut world = HolderWorld::new(health_params(seed, members, shards, grouping));
+        world
+            .run()
+            .unwrap_or_else(|v| panic!("{grouping:?} seed {seed}: {v}"));
+        let s = &world.stats;
+        total.health_flips += s.health_flips;
+        total.unhealthy_step_downs += s.unhealthy_step_downs;
+        total.elections += s.elections;
+        total.elections_after_recovery += s.elections_after_recovery;
+        total.elections_while_unhealthy += s.elections_while_unhealthy;
+        total.revoked += s.revoked;
+        total.app_writes += s.app_writes;
+    }
+    println!(
+        "health worlds: {} flips, {} step-downs for health, {} elections ({} of members \
+         healthy again, {} of unhealthy ones granted an acquire sent before), {} revoked \
+         for balance or a cap, {} application writes",
+        total.health_flips,
+        total.unhealthy_step_downs,
+        total.elections,
+        total.elections_after_recovery,
+        total.elections_while_unhealthy,
+        total.revoked,
+        total.app_writes
+    );
+    if only.is_none() {
+        assert!(total.health_flips > 500, "{total:?}");
+        assert!(total.unhealthy_step_downs > 100, "{total:?}");
+        assert!(total.elections_after_recovery > 100, "{total:?}");
     }
 }
