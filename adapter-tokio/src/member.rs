@@ -514,6 +514,12 @@ impl std::fmt::Debug for Group {
 }
 
 impl Group {
+    fn hand_over(&self) {
+        let now = self.shared.runtime.now();
+        self.shared.lock().campaign.hand_over(now, self.id);
+        self.shared.wake.notify_one();
+    }
+
     fn tenure(&self, key: &str) -> Option<Tenure> {
         let state = self.shared.lock();
         state
@@ -533,7 +539,10 @@ impl Group {
     }
 
     fn done(&self, key: &str) {
-        self.shared.lock().campaign.done(self.shared.runtime.now(), key);
+        self.shared
+            .lock()
+            .campaign
+            .done(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -688,6 +697,15 @@ impl Elector {
     /// next leader is elected at once. Otherwise nothing happens.
     pub fn done(&self) {
         self.group.done(&self.key);
+    }
+
+    /// Hands the key over: steps down now ([`StepDownReason::HandedOver`]),
+    /// releases the lease, and asks for the key again only a campaign interval
+    /// (ttl/3) later, so a member waiting for it is elected within milliseconds
+    /// (woken by the release). Unlike [`Elector::stop`], the elector goes on as a
+    /// candidate. Nothing happens when this process does not lead.
+    pub fn hand_over(&self) {
+        self.group.hand_over();
     }
 
     /// Steps down (if leading), releases the lease, and waits for the release.

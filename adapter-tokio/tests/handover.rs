@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::wire::{Endpoint, Response};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::client::LeaseClient;
@@ -142,6 +143,43 @@ async fn a_stopping_leader_hands_over_to_a_waiting_member() {
     );
     leader.stop().await;
     waiting.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_over_passes_the_key_to_the_waiting_member_and_stays_a_candidate() {
+    let (server, _service) = setup().await;
+    let ttl = Duration::from_secs(3);
+    let (a, mut a_refused) = watched_member(&server, "h-a").await;
+    let (b, mut b_refused) = watched_member(&server, "h-b").await;
+    let mut electors = [a.elect(KEY, ttl).unwrap(), b.elect(KEY, ttl).unwrap()];
+    let refusals = [&mut a_refused, &mut b_refused];
+    elected(&mut electors[0]).await;
+    refused(refusals[1]).await;
+    let mut gaps = Vec::new();
+    let mut leader = 0;
+    for round in 0..10 {
+        let called = Instant::now();
+        electors[leader].hand_over();
+        let next = 1 - leader;
+        let at = elected(&mut electors[next]).await;
+        gaps.push(at.saturating_duration_since(called));
+        match electors[leader].next().await.map(|c| c.ownership) {
+            Some(Ownership::SteppedDown { reason }) => {
+                assert_eq!(reason, StepDownReason::HandedOver, "round {round}")
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+        // Still a candidate: it asks again (a campaign interval later) and waits.
+        refused(refusals[leader]).await;
+        leader = next;
+    }
+    println!(
+        "hand_over() called -> the waiting member Elected: {}",
+        summary(gaps)
+    );
+    for elector in electors {
+        elector.stop().await;
+    }
 }
 
 /// `dagnats-leases lock KEY -- sleep 60` as a leader in a process of its own.

@@ -204,8 +204,8 @@ struct Slot {
     /// Unique per holder made: outcomes for an earlier holder of the key are dropped.
     serial: u64,
     holder: Holder,
-    /// Revoked for balance: not campaigned for again until a campaign interval after
-    /// its release.
+    /// Revoked for balance, or handed over: not campaigned for again until a
+    /// campaign interval after its release.
     shed: bool,
 }
 
@@ -443,6 +443,21 @@ impl Campaign {
         // A balanced group leaves its set: its presence goes with it.
         if let Some(presence) = presence {
             self.stop_group(now, presence);
+        }
+        self.settle(now);
+    }
+
+    /// Hands every key `group` holds over: each steps down
+    /// ([`StepDownReason::HandedOver`]) and is released now, and the group asks for
+    /// it again only a campaign interval after the release, so a member waiting for
+    /// the key (woken by the release's change event) is elected first. The group
+    /// goes on campaigning.
+    pub fn hand_over(&mut self, now: Instant, group: GroupId) {
+        for (_, key) in self.holding(group, now) {
+            if let Some(slot) = self.slots.get_mut(&key) {
+                slot.holder.hand_over(now);
+                slot.shed = true;
+            }
         }
         self.settle(now);
     }

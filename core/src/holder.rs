@@ -287,6 +287,10 @@ pub enum StepDownReason {
     DeadlineMissed,
     /// The application asked to stop (the lease is released).
     Stopped,
+    /// The application handed the key over (the lease is released now, and this
+    /// member asks for the key again only after a campaign interval, so a waiting
+    /// member is elected first).
+    HandedOver,
     /// The service refused the request for good (`invalid` or `unsupported`).
     Failed,
     /// The library gives the key up by itself (a shard shed for balance, a semaphore
@@ -314,6 +318,7 @@ impl fmt::Display for StepDownReason {
             Self::Lost => "lost",
             Self::DeadlineMissed => "deadline_missed",
             Self::Stopped => "stopped",
+            Self::HandedOver => "handed_over",
             Self::Failed => "failed",
             Self::Revoked { .. } => "revoked",
             Self::Unhealthy { .. } => "unhealthy",
@@ -613,11 +618,20 @@ impl Holder {
     /// Stops: steps down now, releases the lease if this holder has one, then is done.
     /// A revoked holder releases now rather than at its deadline.
     pub fn stop(&mut self, now: Instant) {
+        self.stop_for(now, StepDownReason::Stopped);
+    }
+
+    /// Stops as [`Holder::stop`] does, stepping down with
+    /// [`StepDownReason::HandedOver`]: the campaign (see
+    /// [`crate::campaign::Campaign::hand_over`]) asks for the key again only later.
+    pub fn hand_over(&mut self, now: Instant) {
+        self.stop_for(now, StepDownReason::HandedOver);
+    }
+
+    fn stop_for(&mut self, now: Instant, reason: StepDownReason) {
         let fence = match self.phase {
             Phase::Owner { ownership, .. } => {
-                self.events.push_back(HolderEvent::SteppedDown {
-                    reason: StepDownReason::Stopped,
-                });
+                self.events.push_back(HolderEvent::SteppedDown { reason });
                 Some(ownership.fence)
             }
             Phase::Confirming { revision } => Some(revision),

@@ -844,3 +844,52 @@ fn a_health_step_down_due_with_a_renewal_sends_no_renew() {
     );
     assert_eq!(run.campaign.status("other"), None);
 }
+
+/// `hand_over`: the key steps down and is released at once, and the group asks for
+/// it again only a campaign interval after the release, so a waiting member (woken
+/// by the release) is elected first; the group campaigns on.
+#[test]
+fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_later() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let acquire = run.request();
+    run.elect(0, &acquire, 7);
+    run.events();
+    run.campaign.hand_over(run.at(1_000), group);
+    assert!(matches!(
+        &run.events()[..],
+        [CampaignEvent::Holder {
+            event: HolderEvent::SteppedDown {
+                reason: StepDownReason::HandedOver
+            },
+            ..
+        }]
+    ));
+    assert_eq!(run.campaign.ownership("leader", run.at(1_000)), None);
+    let release = run.request();
+    assert_eq!(release.request.endpoint, Endpoint::Release);
+    assert_eq!(body(&release.request)["revision"], 7);
+    let released = RequestOutcome::reply(
+        serde_json::json!({"released": true, "held": false, "key": "leader",
+            "holder": "h1", "revision": 8})
+        .to_string(),
+    );
+    run.answer(1_010, &release, released);
+    // The release's own change event wakes nobody here: no acquire until the
+    // campaign interval (ttl/3) after the release.
+    let free = ChangeEvent {
+        kind: ChangeKind::Released,
+        revision: 8,
+        holder: None,
+    };
+    run.campaign.handle_change(run.at(1_020), "leader", &free);
+    assert_eq!(run.requests(), []);
+    run.campaign.handle_timeout(run.at(6_009));
+    assert_eq!(run.requests(), []);
+    run.campaign.handle_timeout(run.at(6_010));
+    let again = run.request();
+    assert_eq!(
+        (again.request.endpoint, again.key.as_str()),
+        (Endpoint::Acquire, "leader")
+    );
+}
