@@ -1,0 +1,22 @@
+//! The lines `lock` and its guard exchange never panic the reader, and every line
+//! accepted reads back the same after writing it again.
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use dagnats_leases_core::supervise::{GuardMessage, GuardReport};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(line) = std::str::from_utf8(data) else { return };
+    let base = Instant::now();
+    let to_clock = |at: Instant| at.duration_since(base);
+    let from_clock = |d: Duration| base + d;
+    if let Some(message) = GuardMessage::parse(line, from_clock) {
+        let again = message.to_line(to_clock);
+        assert_eq!(GuardMessage::parse(&again, from_clock), Some(message), "{line:?}");
+    }
+    if let Some(report) = GuardReport::parse(line) {
+        assert_eq!(GuardReport::parse(&report.to_line()), Some(report), "{line:?}");
+    }
+});
