@@ -7,7 +7,7 @@
 //! to become ready, typically a few milliseconds.
 //!
 //! The binaries come from `scripts/install-nats-server`:
-//! - [`NatsServer::start`]: upstream v2.14.0 at `.nats/bin/nats-server` in the checkout
+//! - [`NatsServer::start`]: upstream v2.15.1 at `.nats/bin/nats-server` in the checkout
 //!   (override with the environment variable `DAGNATS_NATS_SERVER`);
 //! - [`NatsServer::start_legacy`]: Debian's v2.9.10 at `/usr/sbin/nats-server`, too old
 //!   for per-message TTL (override with `DAGNATS_NATS_SERVER_LEGACY`).
