@@ -400,6 +400,12 @@ impl HolderProc {
         })
     }
 
+    /// The last `n` records it printed (for a failure message).
+    fn last_records(&self, n: usize) -> Vec<Record> {
+        let records = self.records.lock().unwrap();
+        records[records.len().saturating_sub(n)..].to_vec()
+    }
+
     /// SIGTERM, wait for the exit, and return everything it recorded.
     fn finish(mut self) -> Vec<Record> {
         self.signal(rustix::process::Signal::TERM);
@@ -472,8 +478,16 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
     let mut frozen = Vec::new();
     for (name, key, proc) in &paused {
         while proc.working.try_recv().is_ok() {}
+        // It works only while it holds its key: if it lost the key before this
+        // point (and the load holders keep it), say so with what it last did.
         let working = tokio::task::block_in_place(|| proc.working.recv_timeout(WAIT))
-            .unwrap_or_else(|_| panic!("{name} works"));
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{name} works: no deadline check in {WAIT:?}; now {} ns, its last records: {:#?}",
+                    now(),
+                    proc.last_records(8)
+                )
+            });
         proc.signal(rustix::process::Signal::STOP);
         println!("faults: sigstop: {name} stopped holding {key} at fence {working}");
         frozen.push((working, now()));
