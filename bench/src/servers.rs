@@ -1,5 +1,5 @@
-//! The servers the benchmark runs: nats-server (v2.14.0 from `.nats/bin`, as
-//! `scripts/install-nats-server` puts it there) on a free loopback port with its own
+//! The servers the benchmark runs: nats-server (v2.15.1 from `.nats/bin`, as
+//! `scripts/install-nats-server` puts it there; `DAGNATS_NATS_SERVER` overrides) on a free loopback port with its own
 //! store directory. Kept here rather than borrowed from the test harness so that
 //! the benchmark builds on its own.
 

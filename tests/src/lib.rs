@@ -7,8 +7,10 @@
 //! to become ready, typically a few milliseconds.
 //!
 //! The binaries come from `scripts/install-nats-server`:
-//! - [`NatsServer::start`]: upstream v2.14.0 at `.nats/bin/nats-server` in the checkout
-//!   (override with the environment variable `DAGNATS_NATS_SERVER`);
+//! - [`NatsServer::start`]: upstream v2.15.1 at `.nats/bin/nats-server` in the checkout
+//!   (override with the environment variable `DAGNATS_NATS_SERVER`: `scripts/test` points
+//!   it at v2.11.x, the oldest supported release, `.nats/bin-2.11/nats-server`, for a
+//!   second run of the scenario suite);
 //! - [`NatsServer::start_legacy`]: Debian's v2.9.10 at `/usr/sbin/nats-server`, too old
 //!   for per-message TTL (override with `DAGNATS_NATS_SERVER_LEGACY`).
 //!

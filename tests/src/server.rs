@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tempfile::TempDir;
 
 /// The nats-server version `scripts/install-nats-server` puts in `.nats/bin/`.
-pub const SUPPORTED_VERSION: &str = "2.14.0";
+pub const SUPPORTED_VERSION: &str = "2.15.1";
 /// The version of Debian's nats-server package, used by the "unsupported" tests.
 pub const LEGACY_VERSION: &str = "2.9.10";
 /// Environment variable naming the binary [`NatsServer::start`] runs.
@@ -35,7 +35,7 @@ const LOG_TAIL_LINES: usize = 40;
 /// Which nats-server binary to run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Binary {
-    /// v2.14.0 from `.nats/bin/nats-server`, or `$DAGNATS_NATS_SERVER`.
+    /// v2.15.1 from `.nats/bin/nats-server`, or `$DAGNATS_NATS_SERVER`.
     #[default]
     Supported,
     /// Debian's v2.9.10 from `/usr/sbin/nats-server`, or `$DAGNATS_NATS_SERVER_LEGACY`.
@@ -120,12 +120,12 @@ impl Default for NatsServerOptions {
 }
 
 impl NatsServerOptions {
-    /// The defaults: v2.14.0, a free port, JetStream on, the server's own limits.
+    /// The defaults: v2.15.1, a free port, JetStream on, the server's own limits.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Runs this binary instead of v2.14.0.
+    /// Runs this binary instead of v2.15.1.
     pub fn binary(mut self, binary: Binary) -> Self {
         self.binary = binary;
         self
@@ -279,7 +279,7 @@ pub struct ServerInfo {
     /// The server's name (the id unless `server_name` is set).
     #[serde(default)]
     pub server_name: String,
-    /// The version, e.g. `2.14.0`.
+    /// The version, e.g. `2.15.1`.
     pub version: String,
     /// The client port.
     pub port: u16,
@@ -335,7 +335,7 @@ impl fmt::Debug for NatsServer {
 }
 
 impl NatsServer {
-    /// Starts nats-server v2.14.0 with JetStream on a free loopback port.
+    /// Starts nats-server v2.15.1 with JetStream on a free loopback port.
     ///
     /// Panics if the binary is missing (run `scripts/install-nats-server`) or the
     /// server does not become ready in time.
@@ -452,7 +452,7 @@ impl NatsServer {
         &self.store_dir
     }
 
-    /// The version the server announced, e.g. `2.14.0`.
+    /// The version the server announced, e.g. `2.15.1`.
     pub fn version(&self) -> &str {
         &self.info.version
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_tests::NatsCluster;
 use dagnats_leases_tests::cluster::NODES;
-use dagnats_leases_tests::history::{self, Nanos, Outcome, Record, Verdict, now};
+use dagnats_leases_tests::history::{self, Nanos, Op, Outcome, Record, Verdict, now};
 use dagnats_leases_tests::load::{self, HolderKind, Load};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
 use serde_json::{Value, json};
@@ -418,6 +418,39 @@ impl HolderProc {
         })
     }
 
+    /// For a failure message: its last `n` records other than acquires (its
+    /// renewals, releases and tenures: how it lost its key), and the outcomes of
+    /// its acquires with their counts (campaigns would crowd out the rest).
+    fn last_records(&self, n: usize) -> (Vec<Record>, Vec<(String, usize)>) {
+        let records = self.records.lock().unwrap();
+        let mut acquires: Vec<(String, usize)> = Vec::new();
+        for r in records.iter() {
+            if let Record::Call(c) = r
+                && c.op == Op::Acquire
+            {
+                let what = match &c.outcome {
+                    Outcome::Granted { .. } => "granted".to_owned(),
+                    Outcome::Held { .. } => "held by another".to_owned(),
+                    Outcome::Unknown { why } => why.clone(),
+                    other => format!("{other:?}"),
+                };
+                match acquires.iter_mut().find(|(w, _)| *w == what) {
+                    Some((_, count)) => *count += 1,
+                    None => acquires.push((what, 1)),
+                }
+            }
+        }
+        let mut rest: Vec<Record> = records
+            .iter()
+            .rev()
+            .filter(|r| !matches!(r, Record::Call(c) if c.op == Op::Acquire))
+            .take(n)
+            .cloned()
+            .collect();
+        rest.reverse();
+        (rest, acquires)
+    }
+
     /// SIGTERM, wait for the exit, and return everything it recorded.
     fn finish(mut self) -> Vec<Record> {
         self.signal(rustix::process::Signal::TERM);
@@ -497,8 +530,17 @@ async fn sigstop_holder_past_its_ttl_then_sigcont() {
     let mut frozen = Vec::new();
     for (name, key, proc) in &paused {
         while proc.working.try_recv().is_ok() {}
+        // It works only while it holds its key: if it lost the key before this
+        // point (and the load holders keep it), say so with what it last did.
         let working = tokio::task::block_in_place(|| proc.working.recv_timeout(WAIT))
-            .unwrap_or_else(|_| panic!("{name} works"));
+            .unwrap_or_else(|_| {
+                let (last, acquires) = proc.last_records(12);
+                panic!(
+                    "{name} works: no deadline check in {WAIT:?}; now {} ns; its acquires \
+                     (outcome, count): {acquires:?}; its last other records: {last:#?}",
+                    now(),
+                )
+            });
         proc.signal(rustix::process::Signal::STOP);
         println!("faults: sigstop: {name} stopped holding {key} at fence {working}");
         frozen.push((working, now()));

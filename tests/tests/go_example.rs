@@ -1,6 +1,6 @@
 //! The Go example of the spec (`leases.md`, section "Example", a `package main`
 //! program that uses only nats.go) runs as written against the service on
-//! nats-server 2.14: one copy holds the lease through its three renewals and
+//! nats-server 2.15.1: one copy holds the lease through its three renewals and
 //! releases it, printing nothing; a second copy with another holder ID, started
 //! while the first holds the lease, prints `held by notify-7f3a`.
 //!

@@ -53,7 +53,7 @@ async fn start_serves_jetstream_right_away() {
     assert!(info.get("error").is_none(), "{info}");
     let level = info["api"]["level"]
         .as_u64()
-        .expect("2.14 reports api.level");
+        .expect("2.15 reports api.level");
     assert!(level >= 4, "{info}");
     println!("$JS.API.INFO: api.level {level}");
 }

@@ -1,5 +1,6 @@
 //! The scenario suite: every rule of leases.md and contract.md against the service
-//! on a real nats-server 2.14.
+//! on a real nats-server: the pinned 2.15.1, and (in `scripts/test`'s second run,
+//! `DAGNATS_NATS_SERVER` naming the binary) the oldest supported release, 2.11.x.
 
 mod common;
 
@@ -8,12 +9,32 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::*;
-use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::{ENV_SERVER, NatsServer, SUPPORTED_VERSION};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Names the server this run of the suite is on (shown with `--show-output`), and
+/// checks it is the one the run asked for: `DAGNATS_EXPECT_NATS_VERSION` when set (so
+/// a run meant for another release cannot silently fall back to the pinned one), else
+/// the pinned version when `DAGNATS_NATS_SERVER` names no other binary.
+#[test]
+fn the_suite_runs_on_the_server_it_names() {
+    let server = NatsServer::start();
+    println!(
+        "scenarios: nats-server v{} ({})",
+        server.version(),
+        server.binary().display()
+    );
+    let named = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    if let Some(expected) = named("DAGNATS_EXPECT_NATS_VERSION") {
+        assert_eq!(server.version(), expected, "the run asked for v{expected}");
+    } else if named(ENV_SERVER).is_none() {
+        assert_eq!(server.version(), SUPPORTED_VERSION);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
-//! `batch_probe` (issue 15, part 1, "measure first"): what ADR-50 atomic batch
-//! publishing does for KV-like writes on nats-server 2.14 with `sync_interval:
-//! always`, on a single server (an R1 stream) and on a three-node loopback cluster
-//! (an R3 stream), in one run.
+//! `batch_probe` (issue 15, part 1, "measure first"; re-run on 2.15.1 for issue 24):
+//! what ADR-50 atomic batch publishing does for KV-like writes on nats-server (the
+//! pinned version; first run on 2.14.0) with `sync_interval: always`, on a single
+//! server (an R1 stream) and on a three-node loopback cluster (an R3 stream), in one
+//! run.
 //!
 //! It starts its own servers (`.nats/bin/nats-server`, as
 //! `scripts/install-nats-server` puts it there; `DAGNATS_NATS_SERVER` overrides),
@@ -982,8 +983,11 @@ async fn run(args: Args) {
 
     let bif = args.batches_in_flight.max(1);
     let slice_writes = (args.slice_writes / 64).max(1) * 64;
+    // The slowest modes get a quarter slice, so that no slice outlives the writes'
+    // 15 s TTL: single at 1 in flight, and batches of 1 (on 2.15.1 an R1 batch of
+    // 1 commits about 60 per second, 1,024 writes took 15 to 16 s).
     let writes_of = |m: Mode| match m {
-        Mode::Single(1) => slice_writes / 4,
+        Mode::Single(1) | Mode::Batch(1) => slice_writes / 4,
         _ => slice_writes,
     };
     // Warm-up: one small slice of everything.
@@ -1010,8 +1014,16 @@ async fn run(args: Args) {
                 .await;
                 assert!(
                     s.secs < 14.0,
-                    "a slice took {:.1} s: TTLs would expire inside it",
-                    s.secs
+                    "{} {} (cycle {cycle}): a slice took {:.1} s: TTLs would expire inside \
+                     it; {} writes committed, {} errors (first: {:?}), slowest request or \
+                     batch {:.1} ms",
+                    place.name,
+                    MODES[mi].label(bif),
+                    s.secs,
+                    s.writes,
+                    s.errors,
+                    s.first_error,
+                    s.lat_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0,
                 );
                 slices[pi][mi].push(s);
             }
@@ -1032,7 +1044,7 @@ async fn run(args: Args) {
     let single64 = |pi: usize| med_rate(&slices[pi][1]);
     println!();
     println!(
-        "{} slices per mode, {slice_writes} writes per slice ({} at single/1), each write a fresh key \
+        "{} slices per mode, {slice_writes} writes per slice ({} at single/1 and batch N=1), each write a fresh key \
          with Nats-Expected-Last-Subject-Sequence: 0 and Nats-TTL: 15s; writes/s = committed \
          messages / slice time, median over slices (min-max)",
         args.slices,

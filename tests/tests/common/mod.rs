@@ -68,7 +68,7 @@ pub fn set_runtime(runtime: &str) {
 }
 
 impl Fx {
-    /// nats-server 2.14 with the service on it.
+    /// nats-server (the pinned 2.15.1, or `$DAGNATS_NATS_SERVER`) with the service on it.
     pub async fn start() -> Fx {
         Fx::on(NatsServer::start()).await
     }
