@@ -70,6 +70,7 @@
 pub mod call;
 pub mod campaign;
 pub mod change;
+pub mod coalesce;
 pub mod effect;
 pub mod guard;
 pub mod holder;
