@@ -251,6 +251,15 @@ impl Coalescer {
         self.queue.is_empty() && self.in_flight.is_empty() && self.out.is_empty()
     }
 
+    /// The writes a send in flight carries, in order (empty once answered).
+    pub fn writes_of(&self, send: EffectId) -> Vec<WriteId> {
+        match self.in_flight.get(&send) {
+            None => Vec::new(),
+            Some(Flight::Single(w) | Flight::Retry(w)) => vec![w.id],
+            Some(Flight::Batch(ws)) => ws.iter().map(|w| w.id).collect(),
+        }
+    }
+
     /// Writes waiting and sends out.
     pub fn pending(&self) -> (usize, usize) {
         (self.queue.len(), self.in_flight.len())

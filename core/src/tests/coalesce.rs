@@ -407,3 +407,120 @@ fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
     assert!(sends[0].publish.is_empty(), "one, then the other");
     assert_eq!(c.pending(), (1, 1));
 }
+
+// The simulated JetStream's atomic batches, as nats-server 2.12+ answers them.
+
+fn batch_msg(id: &str, seq: u64, commit: bool, key: &str, expected: u64) -> NatsRequest {
+    let mut r = write(key, expected);
+    r.headers.push((HDR_BATCH_ID, id.to_string()));
+    r.headers.push((HDR_BATCH_SEQUENCE, seq.to_string()));
+    if commit {
+        r.headers.push((HDR_BATCH_COMMIT, "1".to_string()));
+    }
+    r
+}
+
+fn err_code(o: &RequestOutcome) -> Option<u64> {
+    let RequestOutcome::Reply { payload, .. } = o else {
+        return None;
+    };
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    v["error"]["err_code"].as_u64()
+}
+
+#[test]
+fn sim_a_batch_is_stored_whole_and_acked_on_its_commit() {
+    let mut js = crate::sim::SimJetStream::new();
+    js.handle(&write("a", 0));
+    assert_eq!(
+        js.handle(&batch_msg("b1", 1, false, "b", 0)),
+        RequestOutcome::reply(Vec::new())
+    );
+    js.handle_publish(&batch_msg("b1", 2, false, "c", 0));
+    assert_eq!(js.log.len(), 1, "nothing stored before the commit");
+    let ack = js.handle(&batch_msg("b1", 3, true, "a", 1));
+    let v: serde_json::Value = match &ack {
+        RequestOutcome::Reply { payload, .. } => serde_json::from_slice(payload).unwrap(),
+        _ => panic!(),
+    };
+    assert_eq!((v["seq"].as_u64(), v["count"].as_u64()), (Some(4), Some(3)));
+    assert_eq!(v["batch"], "b1");
+    let keys: Vec<(u64, &str)> = js.log.iter().map(|m| (m.seq, m.key.as_str())).collect();
+    assert_eq!(keys, vec![(1, "a"), (2, "b"), (3, "c"), (4, "a")]);
+    assert_eq!(js.open_batches(), 0);
+}
+
+#[test]
+fn sim_one_wrong_expected_sequence_fails_the_whole_batch() {
+    let mut js = crate::sim::SimJetStream::new();
+    js.handle(&write("a", 0));
+    js.handle_publish(&batch_msg("b1", 1, false, "b", 0));
+    js.handle_publish(&batch_msg("b1", 2, false, "a", 0));
+    let answer = js.handle(&batch_msg("b1", 3, true, "c", 0));
+    assert_eq!(err_code(&answer), Some(10071));
+    assert_eq!(js.log.len(), 1, "nothing of the batch is stored");
+    assert_eq!(js.open_batches(), 0);
+    // A subject written earlier in the batch cannot be checked again: 10164.
+    js.handle_publish(&batch_msg("b2", 1, false, "b", 0));
+    let answer = js.handle(&batch_msg("b2", 2, true, "b", 0));
+    assert_eq!(err_code(&answer), Some(10164));
+    assert_eq!(js.log.len(), 1);
+}
+
+#[test]
+fn sim_batch_limits_and_errors() {
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 0..50 {
+        js.handle_publish(&batch_msg(&format!("open{i}"), 1, false, "k", 0));
+    }
+    assert_eq!(js.open_batches(), 50);
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("one-more", 1, false, "k", 0))),
+        Some(10210)
+    );
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("one-more", 2, true, "k", 0))),
+        Some(10176),
+        "its commit finds no batch"
+    );
+    // A gap abandons the batch.
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("open0", 3, true, "j", 0))),
+        Some(10176)
+    );
+    assert_eq!(js.open_batches(), 49);
+    // At most 1,000 messages.
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 1..=1000u64 {
+        js.handle_publish(&batch_msg("big", i, false, &format!("k{i}"), 0));
+    }
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("big", 1001, true, "k1001", 0))),
+        Some(10199)
+    );
+    assert!(js.log.is_empty());
+    assert_eq!(js.open_batches(), 0);
+    // Without allow_atomic.
+    let mut js = crate::sim::SimJetStream::new().with_atomic(false);
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("x", 1, true, "k", 0))),
+        Some(10174)
+    );
+    let mut bad_commit = batch_msg("y", 1, false, "k", 0);
+    bad_commit
+        .headers
+        .push((HDR_BATCH_COMMIT, "yes".to_string()));
+    let mut js = crate::sim::SimJetStream::new();
+    assert_eq!(err_code(&js.handle(&bad_commit)), Some(10200));
+}
+
+#[test]
+fn sim_a_1000_message_batch_commits() {
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 1..1000u64 {
+        js.handle_publish(&batch_msg("big", i, false, &format!("k{i}"), 0));
+    }
+    let ack = js.handle(&batch_msg("big", 1000, true, "k1000", 0));
+    assert_eq!(stored(&ack), Some(1000));
+    assert_eq!(js.log.len(), 1000);
+}

@@ -2,6 +2,7 @@
 
 mod campaign;
 mod coalesce;
+mod coalesce_props;
 mod confirm;
 mod holder;
 mod holder_world;
