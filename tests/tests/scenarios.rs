@@ -947,3 +947,76 @@ async fn calls_during_startup_are_unavailable_then_served() {
     assert_eq!(reply["granted"], true, "{reply}");
     handle.shutdown().await;
 }
+
+/// Writes that arrive while one is in flight go as ADR-50 atomic batches on a 2.12+
+/// server (`allow_atomic` set at startup): acquires, renews and releases of many
+/// keys at once each get their own answer and revision, and the stored messages
+/// show the batches they came in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
+    let fx = Fx::start().await;
+    let n = 48;
+    let keys: Vec<String> = (0..n).map(|i| format!("batch-{i}")).collect();
+    let acquired = futures::future::join_all(keys.iter().map(|k| {
+        fx.call(
+            "acquire",
+            json!({"key": k, "holder": "h", "ttl_ms": 10_000}),
+        )
+    }))
+    .await;
+    let mut revisions = HashSet::new();
+    for (k, a) in keys.iter().zip(&acquired) {
+        assert_eq!(a["granted"], true, "{k}: {a}");
+        assert!(revisions.insert(a["revision"].as_u64().unwrap()), "{a}");
+    }
+    // Which of them were stored by a batch.
+    let b64d = base64::engine::general_purpose::STANDARD;
+    let mut batched = 0;
+    for k in &keys {
+        let reply = fx
+            .client
+            .request(
+                "$JS.API.STREAM.MSG.GET.KV_leases",
+                json!({"last_by_subj": format!("$KV.leases.{k}")})
+                    .to_string()
+                    .into(),
+            )
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+        let hdrs = b64d.decode(v["message"]["hdrs"].as_str().unwrap()).unwrap();
+        let text = String::from_utf8_lossy(&hdrs);
+        assert!(text.contains("Nats-TTL"), "{text}");
+        if text.contains("Nats-Batch-Id") {
+            batched += 1;
+        }
+    }
+    assert!(batched > 0, "no write of {n} went in a batch");
+    let renewed = futures::future::join_all(keys.iter().zip(&acquired).map(|(k, a)| {
+        fx.call(
+            "renew",
+            json!({"key": k, "holder": "h", "revision": a["revision"]}),
+        )
+    }))
+    .await;
+    for r in &renewed {
+        assert_eq!(r["held"], true, "{r}");
+    }
+    // A stale fence among them: its own answer, the others unaffected.
+    let mut bodies: Vec<Value> = keys
+        .iter()
+        .zip(&renewed)
+        .map(|(k, r)| json!({"key": k, "holder": "h", "revision": r["revision"]}))
+        .collect();
+    bodies[3]["revision"] = acquired[3]["revision"].clone();
+    let released =
+        futures::future::join_all(bodies.iter().map(|b| fx.call("release", b.clone()))).await;
+    for (i, r) in released.iter().enumerate() {
+        if i == 3 {
+            assert_ne!(r["released"], true, "a stale fence: {r}");
+        } else {
+            assert_eq!(r["released"], true, "{i}: {r}");
+        }
+    }
+    eprintln!("{batched} of {n} acquires stored by a batch");
+}
