@@ -634,6 +634,13 @@ impl Writer {
                 self.coalescer.handle_write(runtime.now(), id, request);
             }
             Some((id, outcome)) = self.sends.next(), if !self.sends.is_empty() => {
+                // Writes still queued whose call gave up (timed out, cut off)
+                // are not sent late.
+                if self.coalescer.pending().0 > 0 {
+                    let (now, coalescer) = (runtime.now(), &mut self.coalescer);
+                    self.waiting
+                        .retain(|w, tx| !(tx.is_closed() && coalescer.handle_cancel(now, *w)));
+                }
                 self.coalescer.handle_outcome(runtime.now(), id, outcome);
             }
         }

@@ -214,6 +214,15 @@ impl Coalescer {
         self.dispatch();
     }
 
+    /// The caller of a write gave up on it (its call timed out or was cut off):
+    /// dropped if it has not gone out yet, and then no result comes for it
+    /// (`true`); once sent it runs its course and its result comes as usual.
+    pub fn handle_cancel(&mut self, _now: Instant, id: WriteId) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|w| w.id != id);
+        self.queue.len() != before
+    }
+
     /// The outcome of a [`Send`]'s `request`.
     pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.remove(&id) else {

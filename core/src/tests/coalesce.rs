@@ -524,3 +524,27 @@ fn sim_a_1000_message_batch_commits() {
     assert_eq!(stored(&ack), Some(1000));
     assert_eq!(js.log.len(), 1000);
 }
+
+#[test]
+fn a_write_given_up_before_it_goes_out_is_dropped() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 0));
+    c.handle_write(now, WriteId(2), write("b", 0));
+    c.handle_write(now, WriteId(3), write("c", 0));
+    assert!(c.handle_cancel(now, WriteId(2)));
+    assert!(
+        !c.handle_cancel(now, WriteId(0)),
+        "already out: it runs its course"
+    );
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done, vec![(WriteId(0), ack(1))]);
+    assert_eq!(c.writes_of(sends[0].id), vec![WriteId(1), WriteId(3)]);
+    c.handle_outcome(now, sends[0].id, batch_ack(3, 2));
+    let (_, done) = drain(&mut c);
+    assert_eq!(done.len(), 2);
+    assert!(c.is_done());
+}
