@@ -1020,3 +1020,84 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     }
     eprintln!("{batched} of {n} acquires stored by a batch");
 }
+
+/// The answers the simulated JetStream gives atomic batches are the real server's:
+/// the commit's ack names the last sequence and the count; one wrong expected
+/// sequence fails the whole batch with 10071 and stores nothing; a subject checked
+/// twice in one batch is 10164; a gap is 10176.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_atomic_batch_answers_are_the_simulators() {
+    use dagnats_leases_core::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
+    let fx = Fx::start().await;
+    let c = &fx.client;
+    let msg = |id: &str, seq: u64, commit: bool, key: &str, expected: u64| {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(HDR_BATCH_ID, id);
+        h.insert(HDR_BATCH_SEQUENCE, seq.to_string().as_str());
+        h.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            expected.to_string().as_str(),
+        );
+        if commit {
+            h.insert(HDR_BATCH_COMMIT, "1");
+        }
+        (format!("$KV.leases.{key}"), h)
+    };
+    let commit = |subject: String, h: async_nats::HeaderMap| async move {
+        let r = c
+            .request_with_headers(subject, h, "{}".into())
+            .await
+            .unwrap();
+        serde_json::from_slice::<Value>(&r.payload).unwrap()
+    };
+    let publish = |subject: String, h: async_nats::HeaderMap| async move {
+        c.publish_with_headers(subject, h, "{}".into())
+            .await
+            .unwrap();
+    };
+    let (s, h) = msg("ok", 1, false, "wa", 0);
+    publish(s, h).await;
+    let (s, h) = msg("ok", 2, true, "wb", 0);
+    let ack = commit(s, h).await;
+    assert_eq!(ack["count"], 2, "{ack}");
+    assert_eq!(ack["batch"], "ok", "{ack}");
+    let last = ack["seq"].as_u64().unwrap();
+
+    let (s, h) = msg("bad", 1, false, "wc", 0);
+    publish(s, h).await;
+    let (s, h) = msg("bad", 2, true, "wa", 0);
+    let answer = commit(s, h).await;
+    assert_eq!(answer["error"]["err_code"], 10071, "{answer}");
+
+    let (s, h) = msg("twice", 1, false, "wd", 0);
+    publish(s, h).await;
+    let (s, h) = msg("twice", 2, true, "wd", 0);
+    let answer = commit(s, h).await;
+    assert_eq!(answer["error"]["err_code"], 10164, "{answer}");
+
+    let (s, h) = msg("gap", 2, true, "we", 0);
+    let answer = commit(s, h).await;
+    assert_eq!(answer["error"]["err_code"], 10176, "{answer}");
+
+    // Nothing of the failed batches is stored: `wc` and `wd` were never written.
+    for key in ["wc", "wd"] {
+        let reply = c
+            .request(
+                "$JS.API.STREAM.MSG.GET.KV_leases",
+                json!({"last_by_subj": format!("$KV.leases.{key}")})
+                    .to_string()
+                    .into(),
+            )
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(v["error"]["err_code"], 10037, "{key}: {v}");
+    }
+    let (s, h) = msg("after", 1, true, "wf", 0);
+    let ack = commit(s, h).await;
+    assert_eq!(
+        ack["seq"].as_u64(),
+        Some(last + 1),
+        "no sequence was used: {ack}"
+    );
+}
