@@ -7,15 +7,19 @@ use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::service::ServiceExt;
-use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, Mode};
+use std::collections::HashMap;
+
+use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, EffectId, Mode};
+use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, Output, WriteId};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
+use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exec;
 use crate::runtime::{self, Runtime, TokioRuntime};
@@ -44,6 +48,10 @@ pub struct ServiceOptions {
     /// drops what comes past it, which the caller sees as a timeout) until a call
     /// ends: the service's memory stays flat whatever the burst.
     pub max_calls_in_flight: usize,
+    /// Whether the calls' writes go through one write coalescer
+    /// ([`dagnats_leases_core::coalesce`]): those that arrive while one is in
+    /// flight go as one atomic batch when the stream allows it (nats-server 2.12+).
+    pub coalesce_writes: bool,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -73,6 +81,7 @@ impl Default for ServiceOptions {
             shutdown_timeout: Duration::from_secs(10),
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            coalesce_writes: true,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -221,7 +230,7 @@ pub async fn prepare(
         kv_timeout: options.kv_timeout,
         confirm_reads: false,
     };
-    let (mode, replicas) = {
+    let (mode, replicas, atomic) = {
         let ensure = ensure_bucket(&*runtime, &client, &options, &info.version);
         tokio::pin!(ensure);
         loop {
@@ -238,18 +247,23 @@ pub async fn prepare(
         }
     };
     telemetry::set_mode(mode);
+    let atomic = atomic && options.coalesce_writes;
     let base = CallConfig { mode, ..starting };
     let config = options.call_config(base, replicas);
     tracing::info!(
         ?mode,
         replicas,
         confirm_reads = config.confirm_reads,
+        atomic_batches = atomic,
         max_payload = info.max_payload,
         server = %info.version,
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let serve = serve(runtime, client, service, requests, config, options, stopped);
+    let writer = Writer::new(&client, atomic);
+    let serve = serve(
+        runtime, client, service, requests, config, options, stopped, writer,
+    );
     Ok(Prepared {
         mode,
         stop,
@@ -262,13 +276,13 @@ type Requests = futures::stream::SelectAll<
     futures::stream::BoxStream<'static, (Endpoint, async_nats::service::Request)>,
 >;
 
-/// The mode to serve in, and the stream's replicas.
+/// The mode to serve in, the stream's replicas, and whether it takes atomic batches.
 async fn ensure_bucket(
     runtime: &dyn Runtime,
     client: &Client,
     options: &ServiceOptions,
     version: &str,
-) -> (Mode, usize) {
+) -> (Mode, usize, bool) {
     let bucket = BucketOptions {
         replicas: options.replicas,
     };
@@ -277,7 +291,9 @@ async fn ensure_bucket(
         while let Some(effect) = startup.poll_effect() {
             match effect {
                 StartupEffect::Log(line) => tracing::warn!("{line}"),
-                StartupEffect::Done(mode) => return (mode, startup.replicas()),
+                StartupEffect::Done(mode) => {
+                    return (mode, startup.replicas(), startup.atomic());
+                }
                 StartupEffect::Request(id, request) => {
                     let outcome = exec::send(runtime, client, request).await;
                     startup.handle_outcome(runtime.now(), id, outcome);
@@ -291,6 +307,7 @@ async fn ensure_bucket(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     runtime: Arc<dyn Runtime>,
     client: Client,
@@ -299,7 +316,9 @@ async fn serve(
     mut config: CallConfig,
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
+    mut writer: Writer,
 ) {
+    let writes = options.coalesce_writes.then(|| writer.sink.clone());
     let shutdown_timeout = options.shutdown_timeout;
     // The replicas are asked again now and then: read confirmation follows them.
     let mut recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
@@ -318,6 +337,7 @@ async fn serve(
             endpoint,
             request,
             cut_off.clone(),
+            writes.clone(),
         ));
     };
     loop {
@@ -328,6 +348,7 @@ async fn serve(
                 take(&mut calls, endpoint, request, config);
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
+            () = writer.step(&runtime, &client) => {}
             () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
                 recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
                 let client = client.clone();
@@ -369,6 +390,7 @@ async fn serve(
                 None => open = false,
             },
             Some(()) = calls.next(), if !calls.is_empty() => {}
+            () = writer.step(&runtime, &client) => {}
             _ = &mut bound => break,
         }
     }
@@ -389,7 +411,14 @@ async fn serve(
             calls.len()
         );
         // Each cut-off call replies at once; the bound only guards a stuck publish.
-        let replies = async { while calls.next().await.is_some() {} };
+        let replies = async {
+            loop {
+                tokio::select! {
+                    next = calls.next() => if next.is_none() { break },
+                    () = writer.step(&runtime, &client) => {}
+                }
+            }
+        };
         let _ = runtime::until(&*runtime, runtime.now() + REPLY_BOUND, replies).await;
     }
     drop(calls);
@@ -408,6 +437,7 @@ async fn answer(
     endpoint: Endpoint,
     request: async_nats::service::Request,
     mut cut_off: watch::Receiver<bool>,
+    writes: Option<WriteSink>,
 ) {
     let cut = async move {
         if cut_off.wait_for(|cut| *cut).await.is_err() {
@@ -415,15 +445,19 @@ async fn answer(
             std::future::pending::<()>().await;
         }
     };
-    let body = run_call_until(
+    let started = runtime.now();
+    let response = drive_call(
         &*runtime,
         &client,
         config,
         endpoint,
         &request.message.payload,
         cut,
+        writes.as_ref(),
     )
     .await;
+    telemetry::call_answered(endpoint, &response, runtime.now() - started);
+    let body = response.to_json();
     if let Err(e) = request.respond(Ok(body.into())).await {
         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
     }
@@ -459,7 +493,7 @@ pub async fn run_call_until(
     cut: impl std::future::Future<Output = ()>,
 ) -> Vec<u8> {
     let started = runtime.now();
-    let response = drive_call(runtime, client, config, endpoint, body, cut).await;
+    let response = drive_call(runtime, client, config, endpoint, body, cut, None).await;
     telemetry::call_answered(endpoint, &response, runtime.now() - started);
     response.to_json()
 }
@@ -472,6 +506,7 @@ async fn drive_call(
     endpoint: Endpoint,
     body: &[u8],
     cut: impl std::future::Future<Output = ()>,
+    writes: Option<&WriteSink>,
 ) -> Response {
     let cut = cut.fuse();
     tokio::pin!(cut);
@@ -502,6 +537,8 @@ async fn drive_call(
             }
         };
         let op = JsOp::of(&effect);
+        let coalesced =
+            writes.filter(|_| matches!(effect, Effect::KvWrite(_) | Effect::ConfirmRead(_)));
         let (id, request) = match effect {
             Effect::Reply(response) => return response,
             other => other
@@ -516,7 +553,7 @@ async fn drive_call(
             }
         };
         tokio::select! {
-            outcome = exec::send_untimed(client, request) => {
+            outcome = send_effect(client, coalesced, request) => {
                 if let Some(op) = op {
                     op.outcome(&outcome);
                 }
@@ -529,6 +566,112 @@ async fn drive_call(
                 call.handle_timeout(runtime.now())
             }
             _ = &mut cut => call.abort(runtime.now()),
+        }
+    }
+}
+
+/// Sends one effect's request: a write through the serve loop's coalescer when
+/// there is one, anything else (and every write without one) straight.
+async fn send_effect(
+    client: &Client,
+    writes: Option<&WriteSink>,
+    request: NatsRequest,
+) -> RequestOutcome {
+    let Some(writes) = writes else {
+        return exec::send_untimed(client, request).await;
+    };
+    let (tx, rx) = oneshot::channel();
+    if writes.send((request, tx)).is_err() {
+        return RequestOutcome::Failed("the service is stopping".to_string());
+    }
+    rx.await
+        .unwrap_or_else(|_| RequestOutcome::Failed("the write was dropped".to_string()))
+}
+
+/// A write for the coalescer and where its outcome goes.
+type WriteSink = mpsc::UnboundedSender<(NatsRequest, oneshot::Sender<RequestOutcome>)>;
+
+/// The serve loop's one [`Coalescer`]: calls hand it their writes through
+/// [`WriteSink`]; the loop sends only what it says and feeds the outcomes back.
+struct Writer {
+    coalescer: Coalescer,
+    sink: WriteSink,
+    incoming: mpsc::UnboundedReceiver<(NatsRequest, oneshot::Sender<RequestOutcome>)>,
+    waiting: HashMap<WriteId, oneshot::Sender<RequestOutcome>>,
+    next_write: u64,
+    sends: FuturesUnordered<futures::future::BoxFuture<'static, (EffectId, RequestOutcome)>>,
+}
+
+impl Writer {
+    fn new(client: &Client, atomic: bool) -> Self {
+        let config = if atomic {
+            // Unique per process: the server keys open batches by id.
+            let inbox = client.new_inbox();
+            let nuid = inbox.rsplit('.').next().unwrap_or_default();
+            CoalescerConfig::atomic(format!("{nuid}-"))
+        } else {
+            CoalescerConfig::single()
+        };
+        let (sink, incoming) = mpsc::unbounded_channel();
+        Self {
+            coalescer: Coalescer::new(config),
+            sink,
+            incoming,
+            waiting: HashMap::new(),
+            next_write: 0,
+            sends: FuturesUnordered::new(),
+        }
+    }
+
+    /// Waits for a write or a send's outcome and handles it. Never completes
+    /// while there is neither (cancel-safe: for `select!`).
+    async fn step(&mut self, runtime: &Arc<dyn Runtime>, client: &Client) {
+        tokio::select! {
+            Some((request, tx)) = self.incoming.recv() => {
+                self.next_write += 1;
+                let id = WriteId(self.next_write);
+                self.waiting.insert(id, tx);
+                self.coalescer.handle_write(runtime.now(), id, request);
+            }
+            Some((id, outcome)) = self.sends.next(), if !self.sends.is_empty() => {
+                // Writes still queued whose call gave up (timed out, cut off)
+                // are not sent late.
+                if self.coalescer.pending().0 > 0 {
+                    let (now, coalescer) = (runtime.now(), &mut self.coalescer);
+                    self.waiting
+                        .retain(|w, tx| !(tx.is_closed() && coalescer.handle_cancel(now, *w)));
+                }
+                self.coalescer.handle_outcome(runtime.now(), id, outcome);
+            }
+        }
+        while let Some(output) = self.coalescer.poll_output() {
+            match output {
+                Output::Done { write, outcome } => {
+                    if let Some(tx) = self.waiting.remove(&write) {
+                        // The call may have given up: nobody to tell then.
+                        let _ = tx.send(outcome);
+                    }
+                }
+                Output::Send(send) => {
+                    let client = client.clone();
+                    let runtime = runtime.clone();
+                    self.sends.push(Box::pin(async move {
+                        for m in send.publish {
+                            let mut headers = async_nats::HeaderMap::new();
+                            for (name, value) in &m.headers {
+                                headers.insert(*name, value.as_str());
+                            }
+                            // A message lost here leaves a gap: the commit is
+                            // answered `incomplete` and the writes go single.
+                            let _ = client
+                                .publish_with_headers(m.subject, headers, m.payload.into())
+                                .await;
+                        }
+                        let outcome = exec::send(&*runtime, &client, send.request).await;
+                        (send.id, outcome)
+                    }));
+                }
+            }
         }
     }
 }

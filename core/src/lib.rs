@@ -5,7 +5,8 @@
 //! the key's KV revision is the fencing token. This crate holds every lease rule as
 //! pure, synchronous state machines: wire types and strict validation ([`wire`]),
 //! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
-//! one machine per call ([`call`]) and bucket startup ([`startup`]); and the holder
+//! one machine per call ([`call`]), the write coalescer that gathers the
+//! calls' writes into atomic batches ([`coalesce`]) and bucket startup ([`startup`]); and the holder
 //! side: a campaigning, renewing [`holder::Holder`], every campaign of one process
 //! ([`campaign::Campaign`]: groups, caps, the inbox), change events ([`change`]),
 //! and the owner-side and downstream checks of [`guard`].
@@ -70,6 +71,7 @@
 pub mod call;
 pub mod campaign;
 pub mod change;
+pub mod coalesce;
 pub mod effect;
 pub mod guard;
 pub mod holder;

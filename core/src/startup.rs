@@ -15,6 +15,8 @@ use crate::wire::ErrorKind;
 
 /// The first nats-server version with per-message TTL.
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+/// The first nats-server version with ADR-50 atomic batches (`allow_atomic`).
+pub const ATOMIC_SERVER_VERSION: (u64, u64) = (2, 12);
 /// `subject_delete_marker_ttl` of the bucket: how long an expiry marker stays (1 s, in ns).
 pub const MARKER_TTL_NS: u64 = 1_000_000_000;
 /// How long startup waits before asking JetStream again after it was unavailable.
@@ -59,6 +61,16 @@ pub fn stream_config(replicas: usize) -> Value {
         "subject_delete_marker_ttl": MARKER_TTL_NS,
         "republish": republish(),
     })
+}
+
+/// [`stream_config`], with `allow_atomic: true` when the server takes atomic
+/// batches (2.12+): the write coalescer sends its batches only then.
+pub fn stream_config_for(replicas: usize, atomic: bool) -> Value {
+    let mut config = stream_config(replicas);
+    if atomic {
+        config["allow_atomic"] = json!(true);
+    }
+    config
 }
 
 /// RePublish of the lease keys only: read confirmations and their markers are
@@ -143,6 +155,10 @@ pub struct Startup {
     races: u32,
     replicas: usize,
     mode: Mode,
+    /// Whether the server version takes atomic batches: `allow_atomic` is set.
+    atomic_wanted: bool,
+    /// Whether the stream's config, as the server returned it, allows them.
+    atomic: bool,
     effects: std::collections::VecDeque<StartupEffect>,
 }
 
@@ -166,6 +182,9 @@ impl Startup {
             races: 0,
             replicas: 1,
             mode: Mode::Starting,
+            atomic_wanted: parse_version(server_version)
+                .is_some_and(|v| v >= ATOMIC_SERVER_VERSION),
+            atomic: false,
             effects: Default::default(),
         };
         match parse_version(server_version) {
@@ -186,6 +205,12 @@ impl Startup {
     /// are confirmed when there are more than one.
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// Whether the stream takes ADR-50 atomic batches: the server is 2.12+ and the
+    /// config it returned says `allow_atomic: true`.
+    pub fn atomic(&self) -> bool {
+        self.atomic
     }
 
     /// The mode calls are served in now: [`Mode::Starting`] (every call replies
@@ -290,7 +315,7 @@ impl Startup {
     }
 
     fn create(&mut self) {
-        let config = stream_config(self.options.replicas.unwrap_or(1));
+        let config = stream_config_for(self.options.replicas.unwrap_or(1), self.atomic_wanted);
         self.send(
             Step::Create,
             format!("$JS.API.STREAM.CREATE.{STREAM}"),
@@ -304,7 +329,11 @@ impl Startup {
         };
         let mut wanted = config.clone();
         let mut differs = false;
-        for (field, value) in managed_fields() {
+        let mut fields = managed_fields();
+        if self.atomic_wanted {
+            fields.push(("allow_atomic", json!(true)));
+        }
+        for (field, value) in fields {
             if config.get(field) != Some(&value) {
                 self.log(format!(
                     "{STREAM}: {field} is {}, setting it to {value}",
@@ -353,6 +382,12 @@ impl Startup {
     /// The server's own word on the config decides: no `allow_msg_ttl: true`, no leases.
     fn check_final(&mut self, info: Value) {
         self.replicas = replicas_in(&info).unwrap_or(1);
+        self.atomic = self.atomic_wanted
+            && info
+                .get("config")
+                .and_then(|c| c.get("allow_atomic"))
+                .and_then(Value::as_bool)
+                == Some(true);
         let ttl = info
             .get("config")
             .and_then(|c| c.get("allow_msg_ttl"))

@@ -2,13 +2,14 @@
 //! their late expiry, `MaxAge` markers, and the deposed-leader stream. Re-exported
 //! from [`crate::sim`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::json;
 use time::OffsetDateTime;
 
+use crate::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::record::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
@@ -96,6 +97,26 @@ pub struct SimJetStream {
     pub expired_unmarked_reads: std::cell::Cell<u64>,
     /// Whether that marker is modelled (off by default: see [`SimJetStream::with_rollup_wipe`]).
     rollup_wipes_late_writes: bool,
+    /// Whether the stream takes atomic batches (`allow_atomic`, 2.12+).
+    allow_atomic: bool,
+    /// Open atomic batches: their messages so far.
+    batches: BTreeMap<String, Vec<NatsRequest>>,
+    /// Atomic batches stored.
+    pub batches_committed: u64,
+}
+
+/// The most messages nats-server takes in one atomic batch.
+pub const SIM_MAX_BATCH: u64 = 1000;
+/// The most atomic batches open at once on one stream.
+pub const SIM_MAX_OPEN_BATCHES: usize = 50;
+
+/// A publish that passed its checks, ready to store.
+struct Prepared {
+    key: String,
+    kind: MsgKind,
+    headers: Vec<(String, String)>,
+    data: Vec<u8>,
+    ttl_ms: Option<u64>,
 }
 
 impl Default for SimJetStream {
@@ -118,7 +139,17 @@ impl SimJetStream {
             doomed: BTreeMap::new(),
             rollup_wipes_late_writes: true,
             expired_unmarked_reads: std::cell::Cell::new(0),
+            allow_atomic: true,
+            batches: BTreeMap::new(),
+            batches_committed: 0,
         }
+    }
+
+    /// Whether the stream takes atomic batches (on by default; off is a server
+    /// before 2.12 or a stream without `allow_atomic`).
+    pub fn with_atomic(mut self, on: bool) -> Self {
+        self.allow_atomic = on;
+        self
     }
 
     /// Whether to model what was seen in a cluster (README, Fault tests): a write
@@ -267,6 +298,14 @@ impl SimJetStream {
 
     /// Answers a request as nats-server would.
     pub fn handle(&mut self, req: &NatsRequest) -> RequestOutcome {
+        if let Some((_, id)) = req
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(HDR_BATCH_ID))
+        {
+            let id = id.clone();
+            return self.batch_message(&id, req);
+        }
         if let Some(key) = kv_key(&req.subject) {
             return self.publish(key, req);
         }
@@ -277,6 +316,25 @@ impl SimJetStream {
     }
 
     fn publish(&mut self, key: &str, req: &NatsRequest) -> RequestOutcome {
+        match self.check(key, req, &BTreeSet::new()) {
+            Err(answer) => answer,
+            // Proposed, but no quorum will ever commit it.
+            Ok(_) if self.deposed => RequestOutcome::TimedOut,
+            Ok(p) => {
+                let seq = self.store(p.key, p.kind, p.headers, p.data, p.ttl_ms);
+                RequestOutcome::reply(json!({"stream": STREAM, "seq": seq}).to_string())
+            }
+        }
+    }
+
+    /// The checks a publish passes before it is stored, against the stream as it
+    /// is; `written` holds the subjects an atomic batch wrote before this message.
+    fn check(
+        &self,
+        key: &str,
+        req: &NatsRequest,
+        written: &BTreeSet<String>,
+    ) -> Result<Prepared, RequestOutcome> {
         let header = |name: &str| {
             req.headers
                 .iter()
@@ -284,36 +342,42 @@ impl SimJetStream {
                 .map(|(_, v)| v.as_str())
         };
         // The checked subject is the published one unless the header names another.
+        let checked_subject =
+            header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT).unwrap_or(&req.subject);
         let checked = match header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT) {
             None => Some(key),
             Some(subject) => kv_key(subject),
         };
         match (header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE), checked) {
             (None, _) if header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT).is_some() => {
-                return api_error(
+                return Err(api_error(
                     400,
                     10193,
                     "missing sequence for expected last sequence per subject",
-                );
+                ));
             }
             (None, _) => {}
-            (Some(_), None) => return api_error(400, 10071, "wrong last sequence: 0"),
+            // A subject this batch already wrote: the server cannot check it.
+            (Some(_), _) if written.contains(checked_subject) => {
+                return Err(api_error(400, 10164, "wrong last sequence"));
+            }
+            (Some(_), None) => return Err(api_error(400, 10071, "wrong last sequence: 0")),
             (Some(expected), Some(checked)) => {
                 let last = self.current.get(checked).map_or(0, |m| m.seq);
                 if expected.parse::<u64>().ok() != Some(last) {
-                    return api_error(400, 10071, &format!("wrong last sequence: {last}"));
+                    return Err(api_error(
+                        400,
+                        10071,
+                        &format!("wrong last sequence: {last}"),
+                    ));
                 }
             }
-        }
-        if self.deposed {
-            // Proposed, but no quorum will ever commit it.
-            return RequestOutcome::TimedOut;
         }
         let ttl_ms = match header(HDR_TTL) {
             None => None,
             Some(v) => match v.strip_suffix('s').and_then(|s| s.parse::<u64>().ok()) {
                 Some(secs) if secs >= 1 => Some(secs * 1000),
-                _ => return api_error(400, 10165, "invalid per-message TTL"),
+                _ => return Err(api_error(400, 10165, "invalid per-message TTL")),
             },
         };
         let kind = match header(HDR_KV_OPERATION) {
@@ -325,8 +389,103 @@ impl SimJetStream {
             .iter()
             .map(|(n, v)| (n.to_string(), v.clone()))
             .collect();
-        let seq = self.store(key.to_string(), kind, headers, req.payload.clone(), ttl_ms);
-        RequestOutcome::reply(json!({"stream": STREAM, "seq": seq}).to_string())
+        Ok(Prepared {
+            key: key.to_string(),
+            kind,
+            headers,
+            data: req.payload.clone(),
+            ttl_ms,
+        })
+    }
+
+    /// A publish without a reply subject (an atomic batch's messages before its
+    /// commit): handled as [`SimJetStream::handle`] does, the answer dropped.
+    pub fn handle_publish(&mut self, req: &NatsRequest) {
+        let _ = self.handle(req);
+    }
+
+    /// Atomic batches open on the stream now.
+    pub fn open_batches(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// One message of an ADR-50 atomic batch, as nats-server 2.12+ answers it:
+    /// staged until the commit, then all checked against the stream as it was
+    /// before the batch and stored together, or none.
+    fn batch_message(&mut self, id: &str, req: &NatsRequest) -> RequestOutcome {
+        let header = |name: &str| {
+            req.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        if !self.allow_atomic {
+            return api_error(400, 10174, "atomic publish is disabled");
+        }
+        if id.len() > 64 {
+            return api_error(400, 10179, "atomic publish batch ID is invalid");
+        }
+        let Some(seq) = header(HDR_BATCH_SEQUENCE).and_then(|v| v.parse::<u64>().ok()) else {
+            return api_error(400, 10175, "atomic publish sequence is missing");
+        };
+        let commit = header(HDR_BATCH_COMMIT);
+        let incomplete = || api_error(400, 10176, "atomic publish batch is incomplete");
+        let too_large = || api_error(400, 10199, "atomic publish batch is too large: 1000");
+        if !self.batches.contains_key(id) {
+            if seq != 1 {
+                return if seq > SIM_MAX_BATCH {
+                    too_large()
+                } else {
+                    incomplete()
+                };
+            }
+            if self.batches.len() >= SIM_MAX_OPEN_BATCHES {
+                return api_error(429, 10210, "atomic publish too many inflight");
+            }
+            self.batches.insert(id.to_string(), Vec::new());
+        }
+        if commit.is_some_and(|c| c != "1") {
+            self.batches.remove(id);
+            return api_error(400, 10200, "atomic publish batch commit is invalid");
+        }
+        let staged = self.batches.get_mut(id).expect("opened above");
+        if staged.len() as u64 + 1 != seq {
+            self.batches.remove(id);
+            return incomplete();
+        }
+        if seq > SIM_MAX_BATCH {
+            self.batches.remove(id);
+            return too_large();
+        }
+        staged.push(req.clone());
+        if commit.is_none() {
+            return RequestOutcome::reply(Vec::new());
+        }
+        let staged = self.batches.remove(id).expect("staged above");
+        let mut written = BTreeSet::new();
+        let mut prepared = Vec::with_capacity(staged.len());
+        for m in &staged {
+            let Some(key) = kv_key(&m.subject) else {
+                return incomplete();
+            };
+            match self.check(key, m, &written) {
+                Ok(p) => prepared.push(p),
+                Err(answer) => return answer,
+            }
+            written.insert(m.subject.clone());
+        }
+        if self.deposed {
+            return RequestOutcome::TimedOut;
+        }
+        let n = prepared.len();
+        let mut last = 0;
+        for p in prepared {
+            last = self.store(p.key, p.kind, p.headers, p.data, p.ttl_ms);
+        }
+        self.batches_committed += 1;
+        RequestOutcome::reply(
+            json!({"stream": STREAM, "seq": last, "batch": id, "count": n}).to_string(),
+        )
     }
 
     fn msg_get(&self, req: &NatsRequest) -> RequestOutcome {

@@ -1,6 +1,8 @@
 //! The core's tests: table tests, one per rule, and property tests over the simulator.
 
 mod campaign;
+mod coalesce;
+mod coalesce_props;
 mod confirm;
 mod holder;
 mod holder_world;

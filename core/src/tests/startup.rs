@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 use crate::call::{EffectId, Mode};
 use crate::js::{NatsRequest, RequestOutcome};
 use crate::sim::api_error;
-use crate::startup::{BucketOptions, STARTUP_RETRY, Startup, StartupEffect, stream_config};
+use crate::startup::{
+    BucketOptions, STARTUP_RETRY, Startup, StartupEffect, stream_config, stream_config_for,
+};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -122,7 +124,7 @@ fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logg
 fn an_existing_bucket_that_matches_is_used_as_it_is() {
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s), (Mode::Ready, vec![]));
 }
 
@@ -139,7 +141,7 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
     s.handle_timeout(t0 + STARTUP_RETRY);
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    s.handle_outcome(t0, id, info(stream_config(1)));
+    s.handle_outcome(t0, id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s).0, Mode::Ready);
 }
 
@@ -165,7 +167,7 @@ fn a_create_racing_another_instance_reads_the_config_again() {
     );
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s).0, Mode::Ready);
 }
 
@@ -205,11 +207,14 @@ fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
 fn replicas_are_read_from_the_servers_config() {
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 1);
     use crate::startup::replicas_from_reply;
-    assert_eq!(replicas_from_reply(&info(stream_config(3))), Some(3));
+    assert_eq!(
+        replicas_from_reply(&info(stream_config_for(3, true))),
+        Some(3)
+    );
     assert_eq!(replicas_from_reply(&RequestOutcome::TimedOut), None);
     assert_eq!(
         replicas_from_reply(&api_error(503, 10008, "unavailable")),
@@ -255,7 +260,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
     s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
     let (id, _) = next_request(&mut s);
     assert_eq!(s.mode(), Mode::Starting, "creating the bucket");
-    s.handle_outcome(t0, id, info(stream_config(1)));
+    s.handle_outcome(t0, id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.mode(), Mode::Ready);
     assert_eq!(served(&s), None, "a ready service writes the lease");
@@ -282,9 +287,40 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine_and_is_asked_ag
     assert!(log.contains("not ready"), "{log}");
     assert_eq!(s.poll_timeout(), Some(t0 + T + STARTUP_RETRY));
     // A late answer to the timed-out request is ignored.
-    s.handle_outcome(t0 + T, id, info(stream_config(1)));
+    s.handle_outcome(t0 + T, id, info(stream_config_for(1, true)));
     assert!(s.poll_effect().is_none());
     s.handle_timeout(t0 + T + STARTUP_RETRY);
     let (_, again) = next_request(&mut s);
     assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
+}
+
+#[test]
+fn allow_atomic_is_set_from_2_12_and_read_back_from_the_servers_config() {
+    for (v, wanted) in [("2.11.4", false), ("2.12.0", true), ("v2.15.1", true)] {
+        let mut s = Startup::new(BucketOptions::default(), v, T, Instant::now());
+        let (id, _) = next_request(&mut s);
+        s.handle_outcome(
+            Instant::now(),
+            id,
+            api_error(404, 10059, "stream not found"),
+        );
+        let (id, r) = next_request(&mut s);
+        let config: Value = serde_json::from_slice(&r.payload).unwrap();
+        assert_eq!(config.get("allow_atomic").is_some(), wanted, "{v}");
+        s.handle_outcome(Instant::now(), id, info(config));
+        assert_eq!(done(&mut s).0, Mode::Ready);
+        assert_eq!(s.atomic(), wanted, "{v}");
+    }
+    // An existing 2.14 stream without it is updated; a server that drops it
+    // from the config it returns leaves batches off.
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.UPDATE.KV_leases");
+    let config: Value = serde_json::from_slice(&r.payload).unwrap();
+    assert_eq!(config["allow_atomic"], true);
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert!(!s.atomic());
 }

@@ -1,0 +1,550 @@
+//! The write coalescer's rules, one table test each.
+
+use std::time::{Duration, Instant};
+
+use crate::coalesce::{
+    Coalescer, CoalescerConfig, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, Output, Send,
+    WriteId,
+};
+use crate::js::{EffectId, NatsRequest, PublishResult, RequestOutcome, parse_pub_ack};
+use crate::record::{
+    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+};
+use crate::subjects::{confirm_subject, kv_subject};
+
+fn write(key: &str, expected: u64) -> NatsRequest {
+    NatsRequest {
+        subject: kv_subject(key),
+        headers: vec![(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, expected.to_string())],
+        payload: b"{}".to_vec(),
+        timeout: Duration::from_secs(2),
+    }
+}
+
+fn header<'a>(r: &'a NatsRequest, name: &str) -> Option<&'a str> {
+    r.headers
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn drain(c: &mut Coalescer) -> (Vec<Send>, Vec<(WriteId, RequestOutcome)>) {
+    let mut sends = Vec::new();
+    let mut done = Vec::new();
+    while let Some(o) = c.poll_output() {
+        match o {
+            Output::Send(s) => sends.push(s),
+            Output::Done { write, outcome } => done.push((write, outcome)),
+        }
+    }
+    (sends, done)
+}
+
+fn ack(seq: u64) -> RequestOutcome {
+    RequestOutcome::reply(format!(r#"{{"stream":"KV_leases","seq":{seq}}}"#))
+}
+
+fn batch_ack(seq: u64, count: u64) -> RequestOutcome {
+    RequestOutcome::reply(format!(
+        r#"{{"stream":"KV_leases","seq":{seq},"batch":"b","count":{count}}}"#
+    ))
+}
+
+fn error(err_code: u64) -> RequestOutcome {
+    RequestOutcome::reply(format!(
+        r#"{{"error":{{"code":400,"err_code":{err_code},"description":"x"}}}}"#
+    ))
+}
+
+fn stored(o: &RequestOutcome) -> Option<u64> {
+    match parse_pub_ack(o) {
+        Ok(PublishResult::Stored(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn atomic() -> Coalescer {
+    Coalescer::new(CoalescerConfig::atomic("p-"))
+}
+
+#[test]
+fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(1), write("a", 0));
+    let (sends, done) = drain(&mut c);
+    assert!(done.is_empty());
+    assert_eq!(sends.len(), 1);
+    assert!(sends[0].publish.is_empty());
+    assert_eq!(
+        sends[0].request,
+        write("a", 0),
+        "no batch header on a single"
+    );
+    c.handle_outcome(now, sends[0].id, ack(7));
+    let (sends2, done) = drain(&mut c);
+    assert!(sends2.is_empty());
+    assert_eq!(
+        done,
+        vec![(WriteId(1), ack(7))],
+        "the reply passes through untouched"
+    );
+    assert!(c.is_done());
+}
+
+#[test]
+fn writes_arriving_while_one_is_in_flight_go_as_one_batch_when_it_returns() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(1), write("a", 0));
+    let (first, _) = drain(&mut c);
+    for (i, key) in ["b", "c", "d"].iter().enumerate() {
+        c.handle_write(now, WriteId(2 + i as u64), write(key, 5));
+        assert_eq!(
+            drain(&mut c),
+            (vec![], vec![]),
+            "they wait for the one in flight"
+        );
+    }
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done, vec![(WriteId(1), ack(1))]);
+    assert_eq!(sends.len(), 1);
+    let s = &sends[0];
+    assert_eq!(s.publish.len(), 2);
+    let all: Vec<&NatsRequest> = s.publish.iter().chain([&s.request]).collect();
+    let id = header(all[0], HDR_BATCH_ID).unwrap().to_string();
+    assert!(id.starts_with("p-") && id.len() <= 64);
+    for (i, (m, key)) in all.iter().zip(["b", "c", "d"]).enumerate() {
+        assert_eq!(
+            m.subject,
+            kv_subject(key),
+            "each message to its own subject, in order"
+        );
+        assert_eq!(header(m, HDR_BATCH_ID), Some(id.as_str()));
+        assert_eq!(
+            header(m, HDR_BATCH_SEQUENCE),
+            Some((i + 1).to_string().as_str())
+        );
+        assert_eq!(
+            header(m, HDR_BATCH_COMMIT),
+            (i == 2).then_some("1"),
+            "only the last commits"
+        );
+        assert_eq!(header(m, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE), Some("5"));
+    }
+    // The commit's ack names the last sequence: each write gets its own.
+    c.handle_outcome(now, s.id, batch_ack(12, 3));
+    let (sends, done) = drain(&mut c);
+    assert!(sends.is_empty());
+    let got: Vec<(WriteId, Option<u64>)> = done.iter().map(|(w, o)| (*w, stored(o))).collect();
+    assert_eq!(
+        got,
+        vec![
+            (WriteId(2), Some(10)),
+            (WriteId(3), Some(11)),
+            (WriteId(4), Some(12))
+        ]
+    );
+    assert!(c.is_done());
+    assert_eq!(c.batch_counts(), (1, 0));
+}
+
+#[test]
+fn a_batch_holds_at_most_max_batch_writes() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig {
+        max_batch: 4,
+        ..CoalescerConfig::atomic("p-")
+    });
+    c.handle_write(now, WriteId(0), write("k0", 0));
+    let (first, _) = drain(&mut c);
+    for i in 1..=10u64 {
+        c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
+    }
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1, "one send in flight by default");
+    assert_eq!(sends[0].publish.len() + 1, 4);
+    c.handle_outcome(now, sends[0].id, batch_ack(5, 4));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done.len(), 4);
+    assert_eq!(sends[0].publish.len() + 1, 4);
+    c.handle_outcome(now, sends[0].id, batch_ack(9, 4));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done.len(), 4);
+    assert_eq!(sends[0].publish.len() + 1, 2, "the last two");
+    assert_eq!(c.pending(), (0, 1));
+}
+
+#[test]
+fn the_bound_is_clamped_to_the_servers_limit() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig {
+        max_batch: 5000,
+        ..CoalescerConfig::atomic("p-")
+    });
+    c.handle_write(now, WriteId(0), write("k", 0));
+    let (first, _) = drain(&mut c);
+    for i in 1..=1500u64 {
+        c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
+    }
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends[0].publish.len() + 1, 1000);
+}
+
+#[test]
+fn two_writes_of_one_subject_never_share_a_batch() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 3));
+    c.handle_write(now, WriteId(2), write("a", 3));
+    // A read confirmation checks `$KV.leases.b` from another subject.
+    let mut confirm = write("b", 4);
+    confirm.subject = confirm_subject("b");
+    confirm
+        .headers
+        .push((HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, kv_subject("b")));
+    c.handle_write(now, WriteId(3), confirm);
+    c.handle_write(now, WriteId(4), write("b", 4));
+    c.handle_write(now, WriteId(5), write("c", 0));
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    let subjects: Vec<String> = sends[0]
+        .publish
+        .iter()
+        .chain([&sends[0].request])
+        .map(|r| r.subject.clone())
+        .collect();
+    assert_eq!(
+        subjects,
+        vec![kv_subject("a"), confirm_subject("b"), kv_subject("c")]
+    );
+    c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done.len(), 3);
+    let subjects: Vec<String> = sends[0]
+        .publish
+        .iter()
+        .chain([&sends[0].request])
+        .map(|r| r.subject.clone())
+        .collect();
+    assert_eq!(
+        subjects,
+        vec![kv_subject("a"), kv_subject("b")],
+        "the next batch, in order"
+    );
+}
+
+#[test]
+fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
+    for err_code in [10071, 10164, 10176, 10210] {
+        let now = Instant::now();
+        let mut c = atomic();
+        c.handle_write(now, WriteId(0), write("x", 0));
+        let (first, _) = drain(&mut c);
+        c.handle_write(now, WriteId(1), write("a", 0));
+        c.handle_write(now, WriteId(2), write("b", 9));
+        c.handle_write(now, WriteId(3), write("c", 0));
+        c.handle_outcome(now, first[0].id, ack(1));
+        let (sends, _) = drain(&mut c);
+        c.handle_outcome(now, sends[0].id, error(err_code));
+        let (retries, done) = drain(&mut c);
+        assert!(done.is_empty(), "no write is told the batch's error");
+        assert_eq!(retries.len(), 3, "all at once, outside the window");
+        for (r, key) in retries.iter().zip(["a", "b", "c"]) {
+            assert!(r.publish.is_empty());
+            assert!(header(&r.request, HDR_BATCH_ID).is_none());
+            assert_eq!(r.request.subject, kv_subject(key));
+        }
+        c.handle_outcome(now, retries[1].id, error(10071));
+        c.handle_outcome(now, retries[0].id, ack(2));
+        c.handle_outcome(now, retries[2].id, RequestOutcome::TimedOut);
+        let (sends, done) = drain(&mut c);
+        assert!(sends.is_empty());
+        assert_eq!(
+            done,
+            vec![
+                (WriteId(2), error(10071)),
+                (WriteId(1), ack(2)),
+                (WriteId(3), RequestOutcome::TimedOut)
+            ],
+            "err_code {err_code}"
+        );
+        assert!(c.is_done());
+        assert_eq!(c.batch_counts(), (1, 1));
+        assert!(c.atomic());
+    }
+}
+
+#[test]
+fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
+    for outcome in [
+        RequestOutcome::TimedOut,
+        RequestOutcome::NoResponders,
+        RequestOutcome::Failed("gone".into()),
+    ] {
+        let now = Instant::now();
+        let mut c = atomic();
+        c.handle_write(now, WriteId(0), write("x", 0));
+        let (first, _) = drain(&mut c);
+        c.handle_write(now, WriteId(1), write("a", 0));
+        c.handle_write(now, WriteId(2), write("b", 0));
+        c.handle_outcome(now, first[0].id, ack(1));
+        let (sends, _) = drain(&mut c);
+        c.handle_outcome(now, sends[0].id, outcome.clone());
+        let (sends, done) = drain(&mut c);
+        assert!(sends.is_empty());
+        assert_eq!(
+            done,
+            vec![(WriteId(1), outcome.clone()), (WriteId(2), outcome)]
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 0));
+    c.handle_write(now, WriteId(2), write("b", 0));
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    c.handle_outcome(now, sends[0].id, batch_ack(9, 3));
+    let (sends, done) = drain(&mut c);
+    assert!(sends.is_empty());
+    assert!(done.iter().all(|(_, o)| stored(o).is_none()), "{done:?}");
+}
+
+#[test]
+fn atomic_disabled_answer_turns_batches_off() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 0));
+    c.handle_write(now, WriteId(2), write("b", 0));
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    c.handle_outcome(now, sends[0].id, error(10174));
+    let (retries, _) = drain(&mut c);
+    assert_eq!(retries.len(), 2);
+    assert!(!c.atomic());
+    c.handle_write(now, WriteId(3), write("c", 0));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1, "single at once though two are in flight");
+}
+
+#[test]
+fn without_atomic_support_everything_goes_single_at_once() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig::single());
+    for i in 0..5u64 {
+        c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
+    }
+    let (sends, done) = drain(&mut c);
+    assert!(done.is_empty());
+    assert_eq!(sends.len(), 5);
+    assert!(
+        sends
+            .iter()
+            .all(|s| s.publish.is_empty() && header(&s.request, HDR_BATCH_ID).is_none())
+    );
+    for (i, s) in sends.iter().enumerate().rev() {
+        c.handle_outcome(now, s.id, ack(i as u64 + 1));
+    }
+    let (_, done) = drain(&mut c);
+    assert_eq!(done.len(), 5);
+    assert!(c.is_done());
+    // An outcome for an id it never sent is ignored.
+    c.handle_outcome(now, EffectId(999), ack(1));
+    assert!(c.poll_output().is_none());
+}
+
+#[test]
+fn a_wider_window_sends_first_writes_at_once() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig {
+        max_in_flight: 2,
+        ..CoalescerConfig::atomic("p-")
+    });
+    c.handle_write(now, WriteId(1), write("a", 0));
+    c.handle_write(now, WriteId(2), write("b", 0));
+    c.handle_write(now, WriteId(3), write("c", 0));
+    c.handle_write(now, WriteId(4), write("d", 0));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 2, "two singles, the others wait");
+    c.handle_outcome(now, sends[1].id, ack(2));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done.len(), 1);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(sends[0].publish.len(), 1, "c and d as one batch");
+    assert_eq!(sends[0].request.timeout, Duration::from_secs(2));
+}
+
+#[test]
+fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    for (i, checked) in ["a", "b"].iter().enumerate() {
+        let mut confirm = write("a", 4);
+        confirm.subject = confirm_subject("a");
+        confirm.headers.push((
+            HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+            kv_subject(checked),
+        ));
+        c.handle_write(now, WriteId(1 + i as u64), confirm);
+    }
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert!(sends[0].publish.is_empty(), "one, then the other");
+    assert_eq!(c.pending(), (1, 1));
+}
+
+// The simulated JetStream's atomic batches, as nats-server 2.12+ answers them.
+
+fn batch_msg(id: &str, seq: u64, commit: bool, key: &str, expected: u64) -> NatsRequest {
+    let mut r = write(key, expected);
+    r.headers.push((HDR_BATCH_ID, id.to_string()));
+    r.headers.push((HDR_BATCH_SEQUENCE, seq.to_string()));
+    if commit {
+        r.headers.push((HDR_BATCH_COMMIT, "1".to_string()));
+    }
+    r
+}
+
+fn err_code(o: &RequestOutcome) -> Option<u64> {
+    let RequestOutcome::Reply { payload, .. } = o else {
+        return None;
+    };
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    v["error"]["err_code"].as_u64()
+}
+
+#[test]
+fn sim_a_batch_is_stored_whole_and_acked_on_its_commit() {
+    let mut js = crate::sim::SimJetStream::new();
+    js.handle(&write("a", 0));
+    assert_eq!(
+        js.handle(&batch_msg("b1", 1, false, "b", 0)),
+        RequestOutcome::reply(Vec::new())
+    );
+    js.handle_publish(&batch_msg("b1", 2, false, "c", 0));
+    assert_eq!(js.log.len(), 1, "nothing stored before the commit");
+    let ack = js.handle(&batch_msg("b1", 3, true, "a", 1));
+    let v: serde_json::Value = match &ack {
+        RequestOutcome::Reply { payload, .. } => serde_json::from_slice(payload).unwrap(),
+        _ => panic!(),
+    };
+    assert_eq!((v["seq"].as_u64(), v["count"].as_u64()), (Some(4), Some(3)));
+    assert_eq!(v["batch"], "b1");
+    let keys: Vec<(u64, &str)> = js.log.iter().map(|m| (m.seq, m.key.as_str())).collect();
+    assert_eq!(keys, vec![(1, "a"), (2, "b"), (3, "c"), (4, "a")]);
+    assert_eq!(js.open_batches(), 0);
+}
+
+#[test]
+fn sim_one_wrong_expected_sequence_fails_the_whole_batch() {
+    let mut js = crate::sim::SimJetStream::new();
+    js.handle(&write("a", 0));
+    js.handle_publish(&batch_msg("b1", 1, false, "b", 0));
+    js.handle_publish(&batch_msg("b1", 2, false, "a", 0));
+    let answer = js.handle(&batch_msg("b1", 3, true, "c", 0));
+    assert_eq!(err_code(&answer), Some(10071));
+    assert_eq!(js.log.len(), 1, "nothing of the batch is stored");
+    assert_eq!(js.open_batches(), 0);
+    // A subject written earlier in the batch cannot be checked again: 10164.
+    js.handle_publish(&batch_msg("b2", 1, false, "b", 0));
+    let answer = js.handle(&batch_msg("b2", 2, true, "b", 0));
+    assert_eq!(err_code(&answer), Some(10164));
+    assert_eq!(js.log.len(), 1);
+}
+
+#[test]
+fn sim_batch_limits_and_errors() {
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 0..50 {
+        js.handle_publish(&batch_msg(&format!("open{i}"), 1, false, "k", 0));
+    }
+    assert_eq!(js.open_batches(), 50);
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("one-more", 1, false, "k", 0))),
+        Some(10210)
+    );
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("one-more", 2, true, "k", 0))),
+        Some(10176),
+        "its commit finds no batch"
+    );
+    // A gap abandons the batch.
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("open0", 3, true, "j", 0))),
+        Some(10176)
+    );
+    assert_eq!(js.open_batches(), 49);
+    // At most 1,000 messages.
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 1..=1000u64 {
+        js.handle_publish(&batch_msg("big", i, false, &format!("k{i}"), 0));
+    }
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("big", 1001, true, "k1001", 0))),
+        Some(10199)
+    );
+    assert!(js.log.is_empty());
+    assert_eq!(js.open_batches(), 0);
+    // Without allow_atomic.
+    let mut js = crate::sim::SimJetStream::new().with_atomic(false);
+    assert_eq!(
+        err_code(&js.handle(&batch_msg("x", 1, true, "k", 0))),
+        Some(10174)
+    );
+    let mut bad_commit = batch_msg("y", 1, false, "k", 0);
+    bad_commit
+        .headers
+        .push((HDR_BATCH_COMMIT, "yes".to_string()));
+    let mut js = crate::sim::SimJetStream::new();
+    assert_eq!(err_code(&js.handle(&bad_commit)), Some(10200));
+}
+
+#[test]
+fn sim_a_1000_message_batch_commits() {
+    let mut js = crate::sim::SimJetStream::new();
+    for i in 1..1000u64 {
+        js.handle_publish(&batch_msg("big", i, false, &format!("k{i}"), 0));
+    }
+    let ack = js.handle(&batch_msg("big", 1000, true, "k1000", 0));
+    assert_eq!(stored(&ack), Some(1000));
+    assert_eq!(js.log.len(), 1000);
+}
+
+#[test]
+fn a_write_given_up_before_it_goes_out_is_dropped() {
+    let now = Instant::now();
+    let mut c = atomic();
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 0));
+    c.handle_write(now, WriteId(2), write("b", 0));
+    c.handle_write(now, WriteId(3), write("c", 0));
+    assert!(c.handle_cancel(now, WriteId(2)));
+    assert!(
+        !c.handle_cancel(now, WriteId(0)),
+        "already out: it runs its course"
+    );
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done, vec![(WriteId(0), ack(1))]);
+    assert_eq!(c.writes_of(sends[0].id), vec![WriteId(1), WriteId(3)]);
+    c.handle_outcome(now, sends[0].id, batch_ack(3, 2));
+    let (_, done) = drain(&mut c);
+    assert_eq!(done.len(), 2);
+    assert!(c.is_done());
+}
