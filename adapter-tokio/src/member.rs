@@ -528,7 +528,10 @@ impl Group {
     }
 
     fn done(&self, key: &str) {
-        self.shared.lock().campaign.done(self.shared.runtime.now(), key);
+        self.shared
+            .lock()
+            .campaign
+            .done(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
