@@ -16,6 +16,7 @@ mod memory;
 mod procs;
 mod profile;
 mod report;
+mod scale;
 mod servers;
 
 use std::collections::BTreeMap;
@@ -136,6 +137,15 @@ pub struct RunArgs {
     /// baseline); replies, time and the service's memory; `burst` in report.json.
     #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
     pub burst: Option<usize>,
+    /// Instead of the benchmark: N leases (default 100,000) of TTL 20 s held by the
+    /// holder library (members with shard sets of 10,000, renewing at ttl/3)
+    /// through the tokio service on a `sync_interval: always` server, for
+    /// `--scale-secs` once all are held; `scale` in report.json.
+    #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
+    pub scale: Option<usize>,
+    /// The window of `--scale`, seconds.
+    #[arg(long, default_value_t = 120)]
+    pub scale_secs: u64,
 }
 
 /// Which nats-servers a run starts (see `--sync`).
@@ -257,6 +267,11 @@ async fn run(args: RunArgs) {
     if let Some(n) = args.burst {
         let burst = burst::run(&out, n).await;
         burst::write(&out, &burst);
+        return;
+    }
+    if let Some(n) = args.scale {
+        let scale = scale::run(&out, n, args.scale_secs).await;
+        scale::write(&out, &scale);
         return;
     }
 
@@ -519,6 +534,10 @@ async fn run(args: RunArgs) {
         prev_label.as_deref(),
     );
     report.print();
+    println!(
+        "calls answered `unavailable` and sent again: {}",
+        load::RETRIED_UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let json = out.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report).expect("json")).expect("write");
     let svg = out.join("latency.svg");
