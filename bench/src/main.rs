@@ -138,7 +138,7 @@ pub struct RunArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
     pub burst: Option<usize>,
     /// Instead of the benchmark: N leases (default 100,000) of TTL 20 s held by the
-    /// holder library (members with shard sets of 10,000, renewing at ttl/3)
+    /// holder library (members with shard sets of `--scale-per-member`, renewing at ttl/3)
     /// through the tokio service on a `sync_interval: always` server, for
     /// `--scale-secs` once all are held; `scale` in report.json.
     #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
@@ -146,6 +146,13 @@ pub struct RunArgs {
     /// The window of `--scale`, seconds.
     #[arg(long, default_value_t = 120)]
     pub scale_secs: u64,
+    /// In `--scale`, start the members one after another, each once the one
+    /// before holds its set (or after 15 s), rather than all at once.
+    #[arg(long)]
+    pub scale_gradual: bool,
+    /// Keys in each member's shard set in `--scale`.
+    #[arg(long, default_value_t = 1_000)]
+    pub scale_per_member: usize,
 }
 
 /// Which nats-servers a run starts (see `--sync`).
@@ -270,7 +277,14 @@ async fn run(args: RunArgs) {
         return;
     }
     if let Some(n) = args.scale {
-        let scale = scale::run(&out, n, args.scale_secs).await;
+        let scale = scale::run(
+            &out,
+            n,
+            args.scale_secs,
+            args.scale_per_member,
+            args.scale_gradual,
+        )
+        .await;
         scale::write(&out, &scale);
         return;
     }

@@ -19,8 +19,6 @@ use crate::servers::{self, PASSWORD};
 
 /// The leases' TTL.
 const TTL: Duration = Duration::from_secs(20);
-/// Keys per member.
-const PER_MEMBER: usize = 10_000;
 
 /// What the window showed.
 #[derive(Debug, Clone, Serialize)]
@@ -31,10 +29,13 @@ pub struct Scale {
     pub cores: usize,
     /// Leases asked for.
     pub leases: usize,
-    /// Members (one connection each), each with a shard set of up to 10,000 keys.
+    /// Members (one connection each), each with a shard set of up to
+    /// `--scale-per-member` keys.
     pub members: usize,
     /// TTL, seconds; renewed at a third of it.
     pub ttl_s: u64,
+    /// Whether members joined one after another (`--scale-gradual`).
+    pub gradual: bool,
     /// Seconds until every lease was held (or the ramp's bound).
     pub ramp_s: f64,
     /// Leases held when the window began.
@@ -108,7 +109,8 @@ fn total(text: &str, name: &str) -> f64 {
 }
 
 /// Holds `n` leases for `secs` once all are held, and prints the figures.
-pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
+pub async fn run(out: &Path, n: usize, secs: u64, per_member: usize, gradual: bool) -> Scale {
+    let per_member = per_member.max(1);
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_bucket_duration(Duration::from_secs(20))
         .expect("bucket duration")
@@ -118,7 +120,7 @@ pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
     let imp = Impl::Tokio;
     let admin = server.connect(imp.name()).await;
     let running = procs::start(imp, "scale-tokio", &server.url(), None, out, &admin).await;
-    let members = n.div_ceil(PER_MEMBER).max(1);
+    let members = n.div_ceil(per_member).max(1);
     println!(
         "scale: {n} leases of TTL {}s in {members} members, nats-server {} (sync always), {} cores (shared machine: noisy)",
         TTL.as_secs(),
@@ -137,12 +139,14 @@ pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
             .await
             .expect("connect");
         let member = Member::new(client, format!("scale-{m}")).expect("member");
-        let mine: Vec<&str> = keys[m * PER_MEMBER..((m + 1) * PER_MEMBER).min(n)]
+        let mine: Vec<&str> = keys[m * per_member..((m + 1) * per_member).min(n)]
             .iter()
             .map(String::as_str)
             .collect();
         let mut shards = member.shards(&mine, mine.len(), TTL).expect("shards");
-        let (held, lost) = (held.clone(), lost.clone());
+        let (held_c, lost) = (held.clone(), lost.clone());
+        let held_now = held.clone();
+        let held = held_c;
         tasks.push(tokio::spawn(async move {
             let _member = member;
             while let Some(change) = shards.next().await {
@@ -159,9 +163,20 @@ pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
                 }
             }
         }));
+        // Members join one after another: the next once this one holds its set
+        // (or after 15 s), so no one campaigns for every key at once.
+        if gradual {
+            let want = ((m + 1) * per_member).min(n) as i64;
+            let joined = Instant::now();
+            while held_now.load(Ordering::Relaxed) < want
+                && joined.elapsed() < Duration::from_secs(15)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     // The ramp: until every lease is held, at most 5 minutes.
-    let ramp_bound = Duration::from_secs(300);
+    let ramp_bound = Duration::from_secs(90) + start.elapsed();
     let mut last_print = Instant::now();
     while (held.load(Ordering::Relaxed) as usize) < n && start.elapsed() < ramp_bound {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -213,6 +228,7 @@ pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
         leases: n,
         members,
         ttl_s: TTL.as_secs(),
+        gradual,
         ramp_s,
         held_at_start,
         held_at_end: held.load(Ordering::Relaxed),
@@ -229,7 +245,13 @@ pub async fn run(out: &Path, n: usize, secs: u64) -> Scale {
         rss_server_kib: procs::rss_kib(srv),
         rss_members_kib: procs::rss_kib(me),
     };
-    let step_downs = total(&text, telemetry::STEP_DOWNS);
+    let step_downs = total(&text, telemetry::STEP_DOWNS) + 0.0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with(telemetry::STEP_DOWNS) || l.starts_with(telemetry::SLOWPATH))
+    {
+        println!("  {line}");
+    }
     println!();
     println!(
         "scale: {} leases (TTL {} s, renewed at ttl/3) in {} members over {:.0} s, nats-server {}",
