@@ -1,7 +1,9 @@
 //! The peer: etcd (Debian's `etcd-server`) on loopback with its own data directory,
 //! driven through the `etcd-client` crate, doing what a lease user would do there:
 //! acquire = a lease grant plus a put-if-absent transaction, renew = one keepalive,
-//! release = a revoke, owner = a get. etcd has no forward.
+//! release = a revoke, owner = a get. etcd has no forward. With `--r3` also a
+//! three-member cluster on loopback (`etcd-r3`), the peer of the three-node NATS
+//! cluster.
 
 use std::ops::Range;
 use std::path::Path;
@@ -21,49 +23,135 @@ use crate::servers::free_port;
 /// The lease TTL etcd's leases get, in seconds.
 const TTL_S: i64 = 120;
 
-/// A running etcd; killed (and its data removed) when dropped.
+/// A running etcd, one member or a cluster of three; killed (and its data
+/// removed) when dropped.
 pub struct Etcd {
-    child: Child,
-    url: String,
+    children: Vec<Child>,
+    /// Every member's client URL.
+    urls: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
+/// The members of [`Etcd::start_cluster`].
+pub const CLUSTER_MEMBERS: usize = 3;
+
+/// Starts one member `name` of the cluster `initial_cluster`, its data under `dir`.
+fn launch(
+    name: &str,
+    url: &str,
+    peer: &str,
+    initial_cluster: &str,
+    dir: &Path,
+    log: &Path,
+) -> Child {
+    let log = std::fs::File::create(log).expect("log");
+    Command::new("etcd")
+        .arg(format!("--name={name}"))
+        .arg(format!("--data-dir={}", dir.join(name).display()))
+        .arg(format!("--listen-client-urls={url}"))
+        .arg(format!("--advertise-client-urls={url}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster={initial_cluster}"))
+        .arg("--initial-cluster-token=dagnats-bench")
+        .arg("--initial-cluster-state=new")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("cannot run etcd: install Debian's etcd-server (scripts/bench does)")
+}
+
 impl Etcd {
-    /// Starts `etcd` from the PATH on two free loopback ports.
+    /// Starts one `etcd` from the PATH on two free loopback ports.
     pub fn start(log_dir: &Path) -> Etcd {
+        Etcd::start_members(log_dir, 1, "bench", "etcd")
+    }
+
+    /// Starts a three-member cluster (`e1`, `e2`, `e3`) on loopback, each member
+    /// with its own data directory, fsync as shipped; logs `etcd-r3-e<i>.log`.
+    pub fn start_cluster(log_dir: &Path) -> Etcd {
+        Etcd::start_members(log_dir, CLUSTER_MEMBERS, "e", "etcd-r3")
+    }
+
+    fn start_members(log_dir: &Path, members: usize, prefix: &str, log: &str) -> Etcd {
         let dir = tempfile::Builder::new()
             .prefix("dagnats-bench-etcd-")
             .tempdir()
             .expect("temp dir");
-        let (client_port, peer_port) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(log_dir.join("etcd.log")).expect("log");
-        let child = Command::new("etcd")
-            .arg("--name=bench")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={url}"))
-            .arg(format!("--advertise-client-urls={url}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=bench={peer}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("cannot run etcd: install Debian's etcd-server (scripts/bench does)");
+        let name = |i: usize| {
+            if members == 1 {
+                prefix.to_string()
+            } else {
+                format!("{prefix}{}", i + 1)
+            }
+        };
+        let ports: Vec<(u16, u16)> = (0..members).map(|_| (free_port(), free_port())).collect();
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|(c, _)| format!("http://127.0.0.1:{c}"))
+            .collect();
+        let peers: Vec<String> = ports
+            .iter()
+            .map(|(_, p)| format!("http://127.0.0.1:{p}"))
+            .collect();
+        let initial_cluster = (0..members)
+            .map(|i| format!("{}={}", name(i), peers[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let children = (0..members)
+            .map(|i| {
+                let log = if members == 1 {
+                    log_dir.join(format!("{log}.log"))
+                } else {
+                    log_dir.join(format!("{log}-{}.log", name(i)))
+                };
+                launch(
+                    &name(i),
+                    &urls[i],
+                    &peers[i],
+                    &initial_cluster,
+                    dir.path(),
+                    &log,
+                )
+            })
+            .collect();
         Etcd {
-            child,
-            url,
+            children,
+            urls,
             _dir: dir,
         }
     }
 
-    /// A connected client, once etcd answers.
-    pub async fn client(&self) -> Client {
+    /// The client URL of the member that leads (the only one for a single member),
+    /// once the members agree on a leader.
+    pub async fn leader_url(&self) -> String {
+        if self.urls.len() == 1 {
+            return self.urls[0].clone();
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(mut c) = Client::connect([self.url.as_str()], None).await
+            for url in &self.urls {
+                if let Ok(mut c) = Client::connect([url.as_str()], None).await
+                    && let Ok(status) = c.status().await
+                    && status.leader() != 0
+                    && status.header().map(|h| h.member_id()) == Some(status.leader())
+                {
+                    return url.clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "the etcd cluster has no leader");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A connected client of the leader (see [`Etcd::leader_url`]), once it
+    /// answers: as on the NATS cluster, everything talks to the leader.
+    pub async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = self.leader_url().await;
+        loop {
+            if let Ok(mut c) = Client::connect([url.as_str()], None).await
                 && c.get("ready-probe", None).await.is_ok()
             {
                 return c;
@@ -90,8 +178,10 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

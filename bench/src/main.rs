@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod baseline;
+mod burst;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod load;
@@ -15,6 +16,7 @@ mod memory;
 mod procs;
 mod profile;
 mod report;
+mod scale;
 mod servers;
 
 use std::collections::BTreeMap;
@@ -26,6 +28,8 @@ use procs::Impl;
 
 /// The concurrencies measured: latency at 1, throughput at 16 and 64.
 pub const CONCURRENCIES: [usize; 3] = [1, 16, 64];
+/// Also measured on the three-node cluster and the three-member etcd (`--r3`).
+pub const R3_WIDE: usize = 256;
 
 #[derive(Parser)]
 #[command(
@@ -127,6 +131,28 @@ pub struct RunArgs {
     /// Where the report goes (default: target/bench in the checkout).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Instead of the benchmark: N acquires of distinct keys sent at once to the
+    /// tokio service on a fresh (lazy) nats-server, with the default bound on calls
+    /// in flight and with it effectively off (`--max-calls-in-flight 1000000`, the
+    /// baseline); replies, time and the service's memory; `burst` in report.json.
+    #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
+    pub burst: Option<usize>,
+    /// Instead of the benchmark: N leases (default 100,000) of TTL 20 s held by the
+    /// holder library (members with shard sets of `--scale-per-member`, renewing at ttl/3)
+    /// through the tokio service on a `sync_interval: always` server, for
+    /// `--scale-secs` once all are held; `scale` in report.json.
+    #[arg(long, num_args = 0..=1, default_missing_value = "100000", value_name = "N")]
+    pub scale: Option<usize>,
+    /// The window of `--scale`, seconds.
+    #[arg(long, default_value_t = 120)]
+    pub scale_secs: u64,
+    /// In `--scale`, start the members one after another, each once the one
+    /// before holds its set (or after 15 s), rather than all at once.
+    #[arg(long)]
+    pub scale_gradual: bool,
+    /// Keys in each member's shard set in `--scale`.
+    #[arg(long, default_value_t = 1_000)]
+    pub scale_per_member: usize,
 }
 
 /// Which nats-servers a run starts (see `--sync`).
@@ -190,6 +216,8 @@ impl Place {
     /// about 6 minutes; `--r3` adds 2 to 3.
     fn calls(self, sync: SyncMode, op: Op, c: usize, n: usize) -> Option<usize> {
         match self {
+            Place::R3 if c == R3_WIDE && op != Op::Forward => Some(n),
+            _ if c == R3_WIDE => None,
             Place::Fsync if sync == SyncMode::Both && !op.writes() => None,
             Place::Fsync if sync == SyncMode::Both && c > 1 => Some(n / 2),
             Place::R3 if c > 1 => Some(n / 4),
@@ -243,6 +271,23 @@ async fn run(args: RunArgs) {
         .clone()
         .unwrap_or_else(|| servers::checkout().join("target/bench"));
     std::fs::create_dir_all(&out).expect("report dir");
+    if let Some(n) = args.burst {
+        let burst = burst::run(&out, n).await;
+        burst::write(&out, &burst);
+        return;
+    }
+    if let Some(n) = args.scale {
+        let scale = scale::run(
+            &out,
+            n,
+            args.scale_secs,
+            args.scale_per_member,
+            args.scale_gradual,
+        )
+        .await;
+        scale::write(&out, &scale);
+        return;
+    }
 
     let sync = if args.sync_always {
         SyncMode::Always
@@ -340,11 +385,30 @@ async fn run(args: RunArgs) {
         Some(e) => Some(e.client().await),
         None => None,
     };
+    #[cfg(feature = "etcd")]
+    let etcd_r3 = (args.r3 && !args.no_etcd).then(|| etcd::Etcd::start_cluster(&out));
+    #[cfg(feature = "etcd")]
+    let etcd_r3_client = match &etcd_r3 {
+        Some(e) => Some(e.client().await),
+        None => None,
+    };
+    #[cfg(feature = "etcd")]
+    if let Some(e) = &etcd_r3 {
+        println!(
+            "etcd {}: three members on loopback (fsync as shipped), every call to the leader {}",
+            e.version(),
+            e.leader_url().await
+        );
+    }
     #[cfg(not(feature = "etcd"))]
     if !args.no_etcd {
         println!("etcd left out: this build lacks the `etcd` feature (scripts/bench turns it on)");
     }
 
+    let mut concurrencies = CONCURRENCIES.to_vec();
+    if args.r3 {
+        concurrencies.push(R3_WIDE);
+    }
     let mut results: Results = BTreeMap::new();
     for round in 0..rounds {
         // Fresh processes each round, all running at once, each in its own account.
@@ -382,8 +446,14 @@ async fn run(args: RunArgs) {
             load::measure(client, Op::Owner, &tag, 4, 200).await;
         }
         for op in Op::ALL {
-            for c in CONCURRENCIES {
-                let n = if c == 1 { calls } else { tp_calls };
+            for c in concurrencies.iter().copied() {
+                // At 256 in flight (the cluster only) as many calls as 16 and 64
+                // get on the single servers, at least two per worker per slice.
+                let n = match c {
+                    1 => calls,
+                    R3_WIDE => tp_calls.max(R3_WIDE * slices * 2),
+                    _ => tp_calls,
+                };
                 let tag = format!("r{round}");
                 let mut names = Vec::new();
                 let mut targets: Vec<(std::sync::Arc<dyn load::Target>, usize)> = Vec::new();
@@ -397,8 +467,18 @@ async fn run(args: RunArgs) {
                 #[cfg(feature = "etcd")]
                 if let Some(client) = &etcd_client
                     && op != Op::Forward
+                    && c != R3_WIDE
                 {
                     names.push("etcd".to_string());
+                    targets.push((etcd::EtcdTarget::prepare(client, op, &tag, c, n).await, n));
+                }
+                // The three-member etcd gets what the three-node cluster gets.
+                #[cfg(feature = "etcd")]
+                if let Some(client) = &etcd_r3_client
+                    && op != Op::Forward
+                    && let Some(n) = Place::R3.calls(sync, op, c, n)
+                {
+                    names.push("etcd-r3".to_string());
                     targets.push((etcd::EtcdTarget::prepare(client, op, &tag, c, n).await, n));
                 }
                 let stats = load::interleaved(&targets, c, slices).await;
@@ -421,6 +501,12 @@ async fn run(args: RunArgs) {
     let etcd_version = etcd.as_ref().map(|e| e.version());
     #[cfg(feature = "etcd")]
     drop(etcd);
+    #[cfg(feature = "etcd")]
+    let etcd_r3_members = etcd_r3.as_ref().map(|_| etcd::CLUSTER_MEMBERS);
+    #[cfg(feature = "etcd")]
+    drop(etcd_r3);
+    #[cfg(not(feature = "etcd"))]
+    let etcd_r3_members: Option<usize> = None;
     #[cfg(not(feature = "etcd"))]
     let etcd_version: Option<String> = None;
     let nats_version = servers[0].1.version().to_string();
@@ -455,11 +541,17 @@ async fn run(args: RunArgs) {
                 placement: "every client and service on n1, every stream leader on n1".to_string(),
                 calls_c1: calls,
                 calls_tp: tp_calls / 4,
+                calls_256: tp_calls.max(R3_WIDE * slices * 2),
+                etcd_members: etcd_r3_members,
             }),
         },
         prev_label.as_deref(),
     );
     report.print();
+    println!(
+        "calls answered `unavailable` and sent again: {}",
+        load::RETRIED_UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let json = out.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report).expect("json")).expect("write");
     let svg = out.join("latency.svg");

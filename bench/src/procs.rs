@@ -58,6 +58,10 @@ pub struct Options {
     pub wrapper: Vec<String>,
     /// `--replicas` of the service (the bucket's stream replicas on create).
     pub replicas: Option<usize>,
+    /// Further arguments of the service (e.g. `--max-calls-in-flight`).
+    pub extra_args: Vec<String>,
+    /// `RUST_LOG` of the process (default `warn`).
+    pub rust_log: Option<String>,
 }
 
 /// A running implementation; killed when dropped.
@@ -152,6 +156,7 @@ pub async fn start_with(
     if imp == Impl::TokioUnconfirmed {
         args.push("--unconfirmed-reads-for-tests".to_string());
     }
+    args.extend(options.extra_args.iter().cloned());
     assert!(
         bin.is_file(),
         "{} is missing: build it first (scripts/bench does)",
@@ -168,7 +173,7 @@ pub async fn start_with(
     };
     let child = cmd
         .args(args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", options.rust_log.as_deref().unwrap_or("warn"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)

@@ -52,6 +52,11 @@ pub struct R3Setup {
     pub calls_c1: usize,
     /// Calls per measurement at concurrency 16 and 64 there.
     pub calls_tp: usize,
+    /// Calls per measurement at concurrency 256 there (and on `etcd-r3`).
+    pub calls_256: usize,
+    /// Members of the etcd cluster beside it (`etcd-r3`), if etcd ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_members: Option<usize>,
 }
 
 /// The figures of one implementation for one operation.
@@ -159,7 +164,7 @@ pub const SMOL_GOAL: f64 = 1.05;
 pub const PREV_BOUND: f64 = 1.02;
 
 /// One implementation against etcd, medians over rounds.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct VsEtcd {
     /// etcd's p50 at concurrency 1 over this one's (above 1: this one is faster).
     pub etcd_p50_over_this_c1: f64,
@@ -167,6 +172,12 @@ pub struct VsEtcd {
     pub ops_per_s_c16_over_etcd: f64,
     /// This one's throughput at 64 in flight over etcd's.
     pub ops_per_s_c64_over_etcd: f64,
+    /// This one's throughput at 256 in flight over etcd's (`tokio-r3` against
+    /// `etcd-r3` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ops_per_s_c256_over_etcd: Option<f64>,
+    /// The etcd it is compared with: `etcd` (one member) or `etcd-r3` (three).
+    pub against: String,
 }
 
 /// The floor an implementation is compared with: the baseline on the same server
@@ -186,7 +197,7 @@ fn key(c: usize) -> String {
 }
 
 /// Order of implementations in the table and the plot.
-const ORDER: [&str; 11] = [
+const ORDER: [&str; 12] = [
     "baseline",
     "tokio",
     "tokio-prev",
@@ -198,6 +209,7 @@ const ORDER: [&str; 11] = [
     "tokio-r3",
     "tokio-unconfirmed-r3",
     "etcd",
+    "etcd-r3",
 ];
 
 /// The confirmed and the unconfirmed service on the cluster.
@@ -256,18 +268,26 @@ impl Report {
         }
         let mut vs_etcd: BTreeMap<String, BTreeMap<String, VsEtcd>> = BTreeMap::new();
         for (op, per_impl) in &operations {
-            let Some(etcd) = per_impl.get("etcd") else {
-                continue;
-            };
-            for imp in ["tokio", "tokio-fsync"] {
-                let Some(f) = per_impl.get(imp) else { continue };
-                let ops = |c: usize| f.at[&key(c)].ops_per_s / etcd.at[&key(c)].ops_per_s;
+            // The service on one server against one member, on the cluster against
+            // the three-member cluster.
+            for (imp, peer) in [
+                ("tokio", "etcd"),
+                ("tokio-fsync", "etcd"),
+                ("tokio-r3", "etcd-r3"),
+            ] {
+                let (Some(f), Some(etcd)) = (per_impl.get(imp), per_impl.get(peer)) else {
+                    continue;
+                };
+                let ops =
+                    |c: usize| Some(f.at.get(&key(c))?.ops_per_s / etcd.at.get(&key(c))?.ops_per_s);
                 vs_etcd.entry(op.clone()).or_default().insert(
                     imp.to_string(),
                     VsEtcd {
                         etcd_p50_over_this_c1: etcd.at[&key(1)].p50_us / f.at[&key(1)].p50_us,
-                        ops_per_s_c16_over_etcd: ops(16),
-                        ops_per_s_c64_over_etcd: ops(64),
+                        ops_per_s_c16_over_etcd: ops(16).unwrap_or(f64::NAN),
+                        ops_per_s_c64_over_etcd: ops(64).unwrap_or(f64::NAN),
+                        ops_per_s_c256_over_etcd: ops(crate::R3_WIDE),
+                        against: peer.to_string(),
                     },
                 );
             }
@@ -328,7 +348,7 @@ impl Report {
                 .unwrap_or_default()
         );
         println!(
-            "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+            "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
             "op",
             "impl",
             "p50@1",
@@ -338,6 +358,7 @@ impl Report {
             "ops@16",
             "p50@64",
             "ops@64",
+            "ops@256",
             "p50/base",
             "ops64/base"
         );
@@ -351,7 +372,7 @@ impl Report {
                 let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
                 let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
                 println!(
-                    "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+                    "{:<8} {:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
                     op.name(),
                     imp,
                     num(get(1).map(|s| s.p50_us)),
@@ -361,6 +382,7 @@ impl Report {
                     num(get(16).map(|s| s.ops_per_s)),
                     num(get(64).map(|s| s.p50_us)),
                     num(get(64).map(|s| s.ops_per_s)),
+                    num(get(crate::R3_WIDE).map(|s| s.ops_per_s)),
                     ratio(f.ratio_p50),
                     ratio(f.ratio_ops_per_s_64),
                 );
@@ -369,15 +391,22 @@ impl Report {
         if !self.vs_etcd.is_empty() {
             println!();
             println!(
-                "against etcd (fsync on every write): etcd p50@1 / this, this ops / etcd ops at 16 and 64"
+                "against etcd (fsync on every write): etcd p50@1 / this, this ops / etcd ops at 16, 64 (and 256 on the clusters)"
+            );
+            println!(
+                "{:<8} {:<14} {:<8} {:>6} {:>6} {:>6} {:>6}",
+                "op", "this", "against", "p50@1", "ops@16", "ops@64", "ops@256"
             );
             for (op, per_impl) in &self.vs_etcd {
                 for (imp, v) in per_impl {
                     println!(
-                        "{op:<8} {imp:<14} {:>6.2} {:>6.2} {:>6.2}",
+                        "{op:<8} {imp:<14} {:<8} {:>6.2} {:>6.2} {:>6.2} {:>6}",
+                        v.against,
                         v.etcd_p50_over_this_c1,
                         v.ops_per_s_c16_over_etcd,
-                        v.ops_per_s_c64_over_etcd
+                        v.ops_per_s_c64_over_etcd,
+                        v.ops_per_s_c256_over_etcd
+                            .map_or("-".to_string(), |r| format!("{r:.2}"))
                     );
                 }
             }
@@ -472,6 +501,7 @@ fn color(imp: &str) -> &'static str {
         "tokio-prev-fsync" => "#7f7f7f",
         "tokio-r3" => "#ff7f0e",
         "tokio-unconfirmed-r3" => "#e377c2",
+        "etcd-r3" => "#8b0000",
         _ => "#d62728",
     }
 }
