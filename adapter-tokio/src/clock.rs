@@ -44,10 +44,11 @@ pub fn to_boot(at: Instant) -> Duration {
 }
 
 /// An absolute `CLOCK_BOOTTIME` reading as an instant of [`now`]'s clock (a reading
-/// from before this process's first one is taken as that one).
-pub fn from_boot(at: Duration) -> Instant {
+/// from before this process's first one is taken as that one); `None` for a
+/// reading so far ahead that no instant stands for it.
+pub fn from_boot(at: Duration) -> Option<Instant> {
     let (instant, boot) = base();
-    instant + at.saturating_sub(boot)
+    instant.checked_add(at.saturating_sub(boot))
 }
 
 #[cfg(test)]
@@ -58,7 +59,8 @@ mod tests {
     fn boot_readings_round_trip_and_follow_the_clock() {
         let at = now() + Duration::from_millis(1_500);
         let boot = to_boot(at);
-        assert_eq!(from_boot(boot), at);
+        assert_eq!(from_boot(boot), Some(at));
+        assert_eq!(from_boot(Duration::MAX), None, "out of range, not a panic");
         assert!(boot > boottime(), "a later instant is a later reading");
         let before = now();
         let after = now();

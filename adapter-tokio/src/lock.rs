@@ -590,7 +590,8 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
 /// deadline; returns the command's code. The caller must then exit the process
 /// without dropping the runtime (`std::process::exit`).
 pub async fn guard(args: GuardArgs) -> u8 {
-    let Some(deadline) = GuardMessage::parse_clock_arg(&args.deadline).map(clock::from_boot) else {
+    let Some(deadline) = GuardMessage::parse_clock_arg(&args.deadline).and_then(clock::from_boot)
+    else {
         eprintln!("dagnats-leases: __lock-guard: bad --deadline");
         return EXIT_ERROR;
     };

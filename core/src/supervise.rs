@@ -341,11 +341,11 @@ impl GuardMessage {
     }
 
     /// Reads a line of the channel (`clock` turns an absolute time back into an
-    /// instant); `None` for anything else.
-    pub fn parse(line: &str, clock: impl Fn(Duration) -> Instant) -> Option<Self> {
+    /// instant, `None` when it has none: out of range); `None` for anything else.
+    pub fn parse(line: &str, clock: impl Fn(Duration) -> Option<Instant>) -> Option<Self> {
         let mut words = line.split_whitespace();
         let message = match (words.next()?, words.next()) {
-            ("deadline", Some(at)) => Self::Deadline(clock(parse_clock(at)?)),
+            ("deadline", Some(at)) => Self::Deadline(clock(parse_clock(at)?)?),
             ("lost", None) => Self::Lost,
             ("signal", Some(name)) => Self::Signal(GroupSignal::from_name(name)?),
             _ => return None,

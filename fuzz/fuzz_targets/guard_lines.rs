@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(line) = std::str::from_utf8(data) else { return };
     let base = Instant::now();
     let to_clock = |at: Instant| at.duration_since(base);
-    let from_clock = |d: Duration| base + d;
+    let from_clock = |d: Duration| base.checked_add(d);
     if let Some(message) = GuardMessage::parse(line, from_clock) {
         let again = message.to_line(to_clock);
         assert_eq!(GuardMessage::parse(&again, from_clock), Some(message), "{line:?}");

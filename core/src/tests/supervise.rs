@@ -184,7 +184,7 @@ fn taking_over_a_group_terms_at_once_and_kills_by_the_deadline() {
 fn the_channel_lines_read_back_and_refuse_anything_else() {
     let base = Instant::now();
     let to_clock = |at: Instant| Duration::from_secs(100) + at.duration_since(base);
-    let from_clock = |d: Duration| base + (d - Duration::from_secs(100));
+    let from_clock = |d: Duration| base.checked_add(d.checked_sub(Duration::from_secs(100))?);
     for message in [
         GuardMessage::Deadline(ms(base, 1_234)),
         GuardMessage::Lost,
@@ -225,6 +225,8 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
         "finished 300",
         "finished 1 maybe",
         "started 1 2",
+        // Found by the fuzzer: a time past any instant is refused, not a panic.
+        "deadline 11244444444444444234.000000001",
     ] {
         assert_eq!(GuardMessage::parse(bad, from_clock), None, "{bad:?}");
         assert_eq!(GuardReport::parse(bad), None, "{bad:?}");
