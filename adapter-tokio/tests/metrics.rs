@@ -94,16 +94,7 @@ async fn a_replicated_bucket_counts_read_confirmations() {
         .unwrap();
     let served = Served::start(BIN, &cluster.url(0), &["--replicas", "3"]).await;
     let nats = async_nats::connect(cluster.url(0)).await.unwrap();
-    let call = |endpoint: &'static str, body: &'static str| {
-        let nats = nats.clone();
-        async move {
-            let reply = nats
-                .request(format!("api.leases.{endpoint}"), body.into())
-                .await
-                .unwrap();
-            String::from_utf8(reply.payload.to_vec()).unwrap()
-        }
-    };
+    let call = |endpoint, body| scrape::call(&nats, endpoint, body);
     // A new stream may still settle its leader: `unavailable` is retried.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {

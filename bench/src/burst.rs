@@ -351,13 +351,6 @@ async fn one(
 /// Puts `burst` under the `burst` key of `report.json` in `out`, keeping what a
 /// full run wrote there.
 pub fn write(out: &Path, burst: &Burst) {
-    let path = out.join("report.json");
-    let mut report: serde_json::Value = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
-    report["burst"] = serde_json::to_value(burst).expect("json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")).expect("write");
+    let path = crate::report::put(out, "burst", serde_json::to_value(burst).expect("json"));
     println!("wrote the burst to {}", path.display());
 }

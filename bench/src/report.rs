@@ -506,6 +506,20 @@ fn color(imp: &str) -> &'static str {
     }
 }
 
+/// Puts `value` under `key` of `report.json` in `out`, keeping what is there (a full
+/// run's report, or another mode's key).
+pub fn put(out: &std::path::Path, key: &str, value: serde_json::Value) -> std::path::PathBuf {
+    let path = out.join("report.json");
+    let mut report: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    report[key] = value;
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")).expect("write");
+    path
+}
+
 /// Latency (p50, solid; p99, dashed) against concurrency, one panel per operation.
 pub fn plot(report: &Report) -> String {
     let (pw, ph, ml, mt, mb) = (300.0, 230.0, 55.0, 40.0, 40.0);

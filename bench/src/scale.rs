@@ -283,13 +283,6 @@ pub async fn run(out: &Path, n: usize, secs: u64, per_member: usize, gradual: bo
 
 /// Puts `scale` under the `scale` key of `report.json` in `out`.
 pub fn write(out: &Path, scale: &Scale) {
-    let path = out.join("report.json");
-    let mut report: serde_json::Value = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
-    report["scale"] = serde_json::to_value(scale).expect("json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")).expect("write");
+    let path = crate::report::put(out, "scale", serde_json::to_value(scale).expect("json"));
     println!("wrote the scale run to {}", path.display());
 }

@@ -138,16 +138,7 @@ pub async fn counts_calls(binary: &str) {
     let served = Served::start(binary, &server.url(), &[]).await;
     let before = scrape(served.addr).await.unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
-    let call = |endpoint: &'static str, body: &'static str| {
-        let nats = nats.clone();
-        async move {
-            let reply = nats
-                .request(format!("api.leases.{endpoint}"), body.into())
-                .await
-                .unwrap();
-            String::from_utf8(reply.payload.to_vec()).unwrap()
-        }
-    };
+    let call = |endpoint, body| call(&nats, endpoint, body);
     let granted = call("acquire", r#"{"key":"m","holder":"a","ttl_ms":30000}"#).await;
     assert!(granted.contains(r#""granted":true"#), "{granted}");
     let taken = call("acquire", r#"{"key":"m","holder":"b","ttl_ms":30000}"#).await;
@@ -193,4 +184,13 @@ pub async fn counts_calls(binary: &str) {
         "{after}"
     );
     assert_eq!(served.stop().await, Some(0), "SIGTERM ends it with exit 0");
+}
+
+/// Calls `api.leases.<endpoint>` with `body`; the reply as text.
+pub async fn call(nats: &async_nats::Client, endpoint: &str, body: &'static str) -> String {
+    let reply = nats
+        .request(format!("api.leases.{endpoint}"), body.into())
+        .await
+        .unwrap();
+    String::from_utf8(reply.payload.to_vec()).unwrap()
 }
