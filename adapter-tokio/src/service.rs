@@ -10,7 +10,7 @@ use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, EffectId, Mode};
-use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, Output, WriteId};
+use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, Output, WriteId};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
@@ -49,9 +49,15 @@ pub struct ServiceOptions {
     /// ends: the service's memory stays flat whatever the burst.
     pub max_calls_in_flight: usize,
     /// Whether the calls' writes go through one write coalescer
-    /// ([`dagnats_leases_core::coalesce`]): those that arrive while one is in
-    /// flight go as one atomic batch when the stream allows it (nats-server 2.12+).
+    /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
+    /// flight they gather into atomic batches when the stream allows it
+    /// (nats-server 2.12+).
     pub coalesce_writes: bool,
+    /// Single writes in flight before writes gather into batches.
+    pub batch_after: usize,
+    /// The smallest batch the coalescer sends; fewer gathered writes wait for a
+    /// single write to come back and go single.
+    pub min_batch: usize,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -82,6 +88,8 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             coalesce_writes: true,
+            batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
+            min_batch: coalesce::DEFAULT_MIN_BATCH,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -260,7 +268,7 @@ pub async fn prepare(
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let writer = Writer::new(&client, atomic);
+    let writer = Writer::new(&client, atomic, &options);
     let serve = serve(
         runtime, client, service, requests, config, options, stopped, writer,
     );
@@ -603,12 +611,16 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(client: &Client, atomic: bool) -> Self {
+    fn new(client: &Client, atomic: bool, options: &ServiceOptions) -> Self {
         let config = if atomic {
             // Unique per process: the server keys open batches by id.
             let inbox = client.new_inbox();
             let nuid = inbox.rsplit('.').next().unwrap_or_default();
-            CoalescerConfig::atomic(format!("{nuid}-"))
+            CoalescerConfig {
+                single_window: options.batch_after,
+                min_batch: options.min_batch,
+                ..CoalescerConfig::atomic(format!("{nuid}-"))
+            }
         } else {
             CoalescerConfig::single()
         };

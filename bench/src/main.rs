@@ -307,15 +307,24 @@ async fn run(args: RunArgs) {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
     match sync {
-        SyncMode::Always => plan.push((Place::Fsync, Impl::ALL.to_vec())),
-        SyncMode::Both => plan.push((Place::Fsync, vec![Impl::Baseline, Impl::Tokio])),
+        SyncMode::Always => plan.push((
+            Place::Fsync,
+            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
+        )),
+        SyncMode::Both => plan.push((
+            Place::Fsync,
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
+        )),
         SyncMode::Default => {}
     }
     if args.prev_bin.is_some() {
         plan[0].1.push(Impl::TokioPrev);
     }
     if args.r3 {
-        plan.push((Place::R3, vec![Impl::Tokio, Impl::TokioUnconfirmed]));
+        plan.push((
+            Place::R3,
+            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioSingle],
+        ));
     }
     let mut servers = Vec::new();
     let mut clients = Vec::new();

@@ -25,6 +25,9 @@ pub enum Impl {
     /// `dagnats-leases serve --unconfirmed-reads-for-tests`: no read confirmation
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
+    /// `dagnats-leases serve --coalesce-writes false`: every write alone, the
+    /// write coalescer's baseline.
+    TokioSingle,
 }
 
 impl Impl {
@@ -39,6 +42,7 @@ impl Impl {
             Impl::Smol => "smol",
             Impl::TokioPrev => "tokio-prev",
             Impl::TokioUnconfirmed => "tokio-unconfirmed",
+            Impl::TokioSingle => "tokio-single",
         }
     }
 }
@@ -130,7 +134,9 @@ pub async fn start_with(
     let dir = bin_dir();
     let (bin, first): (PathBuf, &str) = match imp {
         Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
-        Impl::Tokio | Impl::TokioUnconfirmed => (dir.join("dagnats-leases"), "serve"),
+        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioSingle => {
+            (dir.join("dagnats-leases"), "serve")
+        }
         Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
         Impl::TokioPrev => (
             PREV_BIN.get().expect("tokio-prev needs --prev-bin").clone(),
@@ -155,6 +161,9 @@ pub async fn start_with(
     }
     if imp == Impl::TokioUnconfirmed {
         args.push("--unconfirmed-reads-for-tests".to_string());
+    }
+    if imp == Impl::TokioSingle {
+        args.extend(["--coalesce-writes", "false"].map(String::from));
     }
     args.extend(options.extra_args.iter().cloned());
     assert!(
