@@ -9,6 +9,7 @@
 
 mod baseline;
 mod burst;
+mod campaign_cost;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod load;
@@ -56,6 +57,16 @@ enum Command {
         /// Its password.
         #[arg(long)]
         password: String,
+    },
+    /// What one input costs the holder library's Campaign machine holding many
+    /// keys, against a few (stand-in service, virtual time; no NATS).
+    CampaignCost {
+        /// Shard group sizes, the first the baseline of the ratios.
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+        keys: Vec<usize>,
+        /// Where the report goes (default: target/bench in the checkout).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Profile baseline and service under callgrind: instructions and allocations per call.
     Profile {
@@ -242,6 +253,15 @@ fn main() {
             user,
             password,
         }) => rt.block_on(baseline::serve(&nats_url, &user, &password)),
+        Some(Command::CampaignCost { keys, out }) => {
+            let costs = campaign_cost::run(&keys);
+            let out = out.unwrap_or_else(|| servers::checkout().join("target/bench"));
+            std::fs::create_dir_all(&out).expect("report dir");
+            let path = out.join("campaign-cost.json");
+            let json = serde_json::to_string_pretty(&costs).expect("costs serialise");
+            std::fs::write(&path, json).expect("write the report");
+            println!("report: {}", path.display());
+        }
         Some(Command::Profile { calls, ops, out }) => {
             let ops: Vec<Op> = if ops.is_empty() {
                 Op::ALL.to_vec()

@@ -33,6 +33,16 @@ pub enum Impl {
 impl Impl {
     /// The three, floor first.
     pub const ALL: [Impl; 3] = [Impl::Baseline, Impl::Tokio, Impl::Smol];
+    /// Every implementation, each with an account on the benchmark's servers.
+    #[cfg(test)]
+    const EVERY: [Impl; 6] = [
+        Impl::Baseline,
+        Impl::Tokio,
+        Impl::Smol,
+        Impl::TokioPrev,
+        Impl::TokioUnconfirmed,
+        Impl::TokioSingle,
+    ];
 
     /// The name in tables and the report, and the account it runs in.
     pub fn name(self) -> &'static str {
@@ -267,4 +277,20 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Impl;
+
+    #[test]
+    fn every_implementation_has_an_account() {
+        for imp in Impl::EVERY {
+            assert!(
+                crate::servers::ACCOUNTS.contains(&imp.name()),
+                "{} has no account",
+                imp.name()
+            );
+        }
+    }
 }

@@ -10,12 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The accounts of the benchmark's nats-server, one per implementation.
-pub const ACCOUNTS: [&str; 5] = [
+pub const ACCOUNTS: [&str; 6] = [
     "baseline",
     "tokio",
     "smol",
     "tokio-prev",
     "tokio-unconfirmed",
+    "tokio-single",
 ];
 /// Every account user's password.
 pub const PASSWORD: &str = "bench";

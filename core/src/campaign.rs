@@ -237,17 +237,41 @@ pub struct Campaign {
     seen: BTreeMap<String, Seen>,
     /// Keys shed to rebalance and released, not campaigned for again until then.
     cooldown: BTreeMap<String, Instant>,
+    /// Whether a key of a running group may lack a holder: set when a group is
+    /// added, a slot is dropped or a cooldown ends, so that a settle with none of
+    /// these does not look at every key (a member may hold thousands).
+    vacancies: bool,
+    /// Keys whose holder was fed since it was last drained: only they can have
+    /// requests or events to pass on.
+    touched: BTreeSet<String>,
+    /// Keys drained in the settle under way: their deadlines are indexed again at
+    /// its end, and only they can have finished.
+    drained: BTreeSet<String>,
+    /// Every holder's next deadline, in order: a timeout feeds only the holders due,
+    /// and `poll_timeout` reads the first (a member may hold thousands of keys).
+    timers: BTreeSet<(Instant, String)>,
+    /// Each key's entry in `timers`.
+    timer_of: BTreeMap<String, Instant>,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
 #[derive(Debug, Default)]
 struct Outbox {
     routes: BTreeMap<EffectId, Route>,
+    /// The routes' deadlines, in order.
+    deadlines: BTreeSet<(Instant, EffectId)>,
     requests: VecDeque<CampaignRequest>,
     next_request: u64,
 }
 
 impl Outbox {
+    /// Takes the route of request `id` (answered, timed out or recalled).
+    fn take(&mut self, id: EffectId) -> Option<Route> {
+        let route = self.routes.remove(&id)?;
+        self.deadlines.remove(&(route.deadline, id));
+        Some(route)
+    }
+
     /// Sends a holder's request under an id of the campaign's own.
     fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: HolderRequest) {
         let id = EffectId(self.next_request);
@@ -263,6 +287,7 @@ impl Outbox {
                 deadline: now + request.timeout,
             },
         );
+        self.deadlines.insert((now + request.timeout, id));
         self.requests.push_back(CampaignRequest {
             key: key.to_string(),
             request: HolderRequest { id, ..request },
@@ -286,6 +311,11 @@ impl Campaign {
             events: VecDeque::new(),
             seen: BTreeMap::new(),
             cooldown: BTreeMap::new(),
+            vacancies: false,
+            touched: BTreeSet::new(),
+            drained: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            timer_of: BTreeMap::new(),
         })
     }
 
@@ -413,6 +443,7 @@ impl Campaign {
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
         }
+        self.vacancies = true;
         self.groups.insert(
             id,
             Group {
@@ -437,8 +468,9 @@ impl Campaign {
         };
         g.stopping = true;
         let presence = g.balance.map(|b| b.presence);
-        for slot in self.slots.values_mut().filter(|s| s.group == group) {
+        for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == group) {
             slot.holder.stop(now);
+            self.touched.insert(key.clone());
         }
         // A balanced group leaves its set: its presence goes with it.
         if let Some(presence) = presence {
@@ -457,6 +489,7 @@ impl Campaign {
             if let Some(slot) = self.slots.get_mut(&key) {
                 slot.holder.hand_over(now);
                 slot.shed = true;
+                self.touched.insert(key);
             }
         }
         self.settle(now);
@@ -482,8 +515,9 @@ impl Campaign {
             };
             if healthy {
                 if g.health.since.take().is_some() {
-                    for slot in self.slots.values_mut().filter(|s| s.group == id) {
+                    for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == id) {
                         slot.holder.handle_changed(now);
+                        self.touched.insert(key.clone());
                     }
                 }
             } else {
@@ -534,7 +568,7 @@ impl Campaign {
                 });
         self.out.requests = kept;
         for request in recalled {
-            let Some(route) = self.out.routes.remove(&request.request.id) else {
+            let Some(route) = self.out.take(request.request.id) else {
                 continue;
             };
             if let Some(g) = self.groups.get_mut(&group) {
@@ -544,6 +578,7 @@ impl Campaign {
                 && slot.serial == route.serial
             {
                 slot.holder.cancel(now, route.inner);
+                self.touched.insert(route.key);
             }
         }
     }
@@ -556,6 +591,7 @@ impl Campaign {
             && slot.holder.revoked_until().is_some()
         {
             slot.holder.stop(now);
+            self.touched.insert(key.to_string());
             self.settle(now);
         }
     }
@@ -593,6 +629,7 @@ impl Campaign {
         }
         if let Some(slot) = self.slots.get_mut(key) {
             slot.holder.handle_changed(now);
+            self.touched.insert(key.to_string());
             self.settle(now);
         }
     }
@@ -602,10 +639,10 @@ impl Campaign {
     pub fn handle_timeout(&mut self, now: Instant) {
         let expired: Vec<EffectId> = self
             .out
-            .routes
+            .deadlines
             .iter()
-            .filter(|(_, r)| r.deadline <= now)
-            .map(|(id, _)| *id)
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, id)| *id)
             .collect();
         for id in expired {
             self.deliver(now, id, RequestOutcome::TimedOut);
@@ -615,8 +652,20 @@ impl Campaign {
         self.pump(now);
         // A health step-down due now comes before a renewal due now: none goes out.
         self.gate_health(now);
-        for slot in self.slots.values_mut() {
-            slot.holder.handle_timeout(now);
+        // The holders due, and those fed just now (their deadline may have moved
+        // before it was indexed again); a holder not due does nothing.
+        let due: BTreeSet<String> = self
+            .timers
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, key)| key.clone())
+            .chain(self.touched.iter().cloned())
+            .collect();
+        for key in due {
+            if let Some(slot) = self.slots.get_mut(&key) {
+                slot.holder.handle_timeout(now);
+                self.touched.insert(key);
+            }
         }
         self.settle(now);
     }
@@ -640,8 +689,8 @@ impl Campaign {
 
     /// When to call [`Campaign::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let holders = self.slots.values().filter_map(|s| s.holder.poll_timeout());
-        let requests = self.out.routes.values().map(|r| r.deadline);
+        let holders = self.timers.first().map(|(at, _)| *at);
+        let requests = self.out.deadlines.first().map(|(at, _)| *at);
         let cooldowns = self.cooldown.values().copied();
         // An unhealthy group holding keys steps down at its deadline.
         let health = self.groups.iter().filter_map(|(id, g)| {
@@ -657,7 +706,12 @@ impl Campaign {
                 })
                 .then_some(at)
         });
-        holders.chain(requests).chain(cooldowns).chain(health).min()
+        holders
+            .into_iter()
+            .chain(requests)
+            .chain(cooldowns)
+            .chain(health)
+            .min()
     }
 
     /// Whether no group is left.
@@ -702,7 +756,7 @@ impl Campaign {
     }
 
     fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        let Some(route) = self.out.routes.remove(&id) else {
+        let Some(route) = self.out.take(id) else {
             return;
         };
         if route.gated
@@ -714,6 +768,7 @@ impl Campaign {
             && slot.serial == route.serial
         {
             slot.holder.handle_outcome(now, route.inner, outcome);
+            self.touched.insert(route.key);
         }
     }
 
@@ -731,21 +786,48 @@ impl Campaign {
             }
         }
         self.finish_groups(now);
+        self.index_timers();
+    }
+
+    /// Indexes the deadlines of the holders drained in this settle again.
+    fn index_timers(&mut self) {
+        for key in std::mem::take(&mut self.drained) {
+            if let Some(at) = self.timer_of.remove(&key) {
+                self.timers.remove(&(at, key.clone()));
+            }
+            if let Some(at) = self.slots.get(&key).and_then(|s| s.holder.poll_timeout()) {
+                self.timers.insert((at, key.clone()));
+                self.timer_of.insert(key, at);
+            }
+        }
+        #[cfg(debug_assertions)]
+        for (key, slot) in &self.slots {
+            debug_assert!(
+                !slot.holder.has_output(),
+                "{key}: a holder fed without being marked touched"
+            );
+            debug_assert_eq!(
+                self.timer_of.get(key).copied(),
+                slot.holder.poll_timeout(),
+                "{key}: a deadline not indexed"
+            );
+        }
     }
 
     /// Drops the slots whose holder is done; a key shed for balance waits a
     /// campaign interval from its release before it is asked for again.
     fn remove_finished(&mut self, now: Instant) {
         let finished: Vec<String> = self
-            .slots
+            .drained
             .iter()
-            .filter(|(_, s)| s.holder.is_done())
-            .map(|(k, _)| k.clone())
+            .filter(|k| self.slots.get(*k).is_some_and(|s| s.holder.is_done()))
+            .cloned()
             .collect();
         for key in finished {
             let Some(slot) = self.slots.remove(&key) else {
                 continue;
             };
+            self.vacancies = true;
             if slot.shed {
                 let wait = slot.holder.config().campaign_every;
                 self.cooldown.insert(key, now + wait);
@@ -778,11 +860,25 @@ impl Campaign {
                     } else {
                         slot.holder.revoke_unhealthy(now);
                     }
+                    self.touched.insert(key);
                     changed = true;
                 }
             }
         }
         changed
+    }
+
+    /// How many keys of `group` are held now or being confirmed: [`Self::holding`]'s
+    /// length, without building it.
+    fn held_count(&self, group: GroupId, now: Instant) -> usize {
+        self.slots
+            .values()
+            .filter(|s| {
+                s.group == group
+                    && (s.holder.status() == HolderStatus::Confirming
+                        || s.holder.ownership(now).is_some())
+            })
+            .count()
     }
 
     /// Keys of `group` held now or being confirmed, oldest tenure first.
@@ -808,23 +904,29 @@ impl Campaign {
     /// Returns whether it changed anything.
     fn rebalance(&mut self, now: Instant) -> bool {
         let mut changed = false;
+        let cooling = self.cooldown.len();
         self.cooldown.retain(|_, until| now < *until);
+        self.vacancies |= self.cooldown.len() != cooling;
         let running: Vec<GroupId> = self
             .groups
             .iter()
             .filter(|(_, g)| !g.stopping)
             .map(|(id, _)| *id)
             .collect();
+        let vacancies = std::mem::take(&mut self.vacancies);
         for id in running {
-            let holding = self.holding(id, now);
-            let shed = self.to_shed(id, holding.len(), now);
+            let shed = self.to_shed(id, now);
             // The newest tenures go first: the oldest have served longest unmoved.
-            let surplus: Vec<String> = holding
-                .into_iter()
-                .rev()
-                .take(shed)
-                .map(|(_, key)| key)
-                .collect();
+            let surplus: Vec<String> = match shed {
+                0 => Vec::new(),
+                _ => self
+                    .holding(id, now)
+                    .into_iter()
+                    .rev()
+                    .take(shed)
+                    .map(|(_, key)| key)
+                    .collect(),
+            };
             let mut balanced = false;
             if let (Some(g), false) = (self.groups.get_mut(&id), surplus.is_empty())
                 && let Some(b) = g.balance.as_mut()
@@ -836,8 +938,12 @@ impl Campaign {
                 if let Some(slot) = self.slots.get_mut(&key) {
                     slot.holder.revoke(now);
                     slot.shed = balanced;
+                    self.touched.insert(key);
                     changed = true;
                 }
+            }
+            if !vacancies {
+                continue;
             }
             let group = &self.groups[&id];
             for config in &group.keys {
@@ -860,6 +966,7 @@ impl Campaign {
                     },
                 );
                 self.next_serial += 1;
+                self.touched.insert(config.key.clone());
                 changed = true;
             }
         }
@@ -896,15 +1003,20 @@ impl Campaign {
     /// its cap; for a balanced group also one when it is above the floor while a
     /// member holds less than the floor; at most half the surplus (at least one)
     /// per renew interval. Keys being revoked count as given up already.
-    fn to_shed(&self, group: GroupId, held: usize, now: Instant) -> usize {
+    fn to_shed(&self, group: GroupId, now: Instant) -> usize {
         let g = &self.groups[&group];
-        let cap = self.cap(group, now);
         let Some(b) = g.balance else {
-            return held.saturating_sub(cap);
+            // A group that may hold all its keys holds none too many.
+            if g.keys.len() <= g.max_held {
+                return 0;
+            }
+            return self.held_count(group, now).saturating_sub(g.max_held);
         };
         if now < b.shed_at {
             return 0;
         }
+        let held = self.held_count(group, now);
+        let cap = self.cap(group, now);
         let members = self.members(b.presence, now);
         let floor = g.keys.len() / members.len();
         let share = |m: &str| {
@@ -930,7 +1042,11 @@ impl Campaign {
     /// Sends what the holders want (campaign acquires into their group's queue) and
     /// passes their events on.
     fn drain(&mut self, now: Instant) {
-        for (key, slot) in self.slots.iter_mut() {
+        for key in std::mem::take(&mut self.touched) {
+            let Some(slot) = self.slots.get_mut(&key) else {
+                continue;
+            };
+            let key = &key;
             let group = self.groups.get_mut(&slot.group);
             let mut group = group;
             while let Some(request) = slot.holder.poll_request() {
@@ -955,6 +1071,7 @@ impl Campaign {
                     event,
                 });
             }
+            self.drained.insert(key.clone());
         }
     }
 
@@ -966,11 +1083,13 @@ impl Campaign {
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
             // An unhealthy group campaigns for nothing.
-            let room = match self.groups[&id].health.since {
+            let g = &self.groups[&id];
+            if g.deferred.is_empty() {
+                continue;
+            }
+            let room = match g.health.since {
                 Some(_) => 0,
-                None => self
-                    .cap(id, now)
-                    .saturating_sub(self.holding(id, now).len()),
+                None => self.cap(id, now).saturating_sub(self.held_count(id, now)),
             };
             let Some(group) = self.groups.get_mut(&id) else {
                 continue;
@@ -986,6 +1105,7 @@ impl Campaign {
                     // Stopped, or waited here as long as the holder would wait for an
                     // answer: it was never sent, and the holder hears so.
                     slot.holder.cancel(now, request.id);
+                    self.touched.insert(key);
                     cancelled = true;
                 } else if group.gated_in_flight < room {
                     group.gated_in_flight += 1;
