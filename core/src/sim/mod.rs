@@ -14,8 +14,10 @@
 //!
 //! The simulated stream is in `jetstream`; the steps a world takes are in `ops` (the
 //! operation grammar), the world that carries them out in `world`, and the
-//! invariants it checks after each in `judge`.
+//! invariants it checks after each in `judge`. The holder world (`holder_world`)
+//! runs holders and members against the call machines over the same stream.
 
+pub mod holder_world;
 mod jetstream;
 mod judge;
 mod ops;
