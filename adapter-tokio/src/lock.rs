@@ -53,7 +53,9 @@ use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
-use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
+use crate::member::{
+    CampaignObserver, Change, Elector, Member, ObservedRequest, Ownership, Semaphore, Tenure,
+};
 
 pub use crate::exit::{EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
@@ -155,16 +157,10 @@ enum Observed {
 struct Observer(mpsc::UnboundedSender<Observed>);
 
 impl CampaignObserver for Observer {
-    fn request(
-        &self,
-        _key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        _sent: Instant,
-        outcome: &RequestOutcome,
-        _answered: Instant,
-    ) {
-        let _ = self.0.send(Observed::Answer(endpoint, outcome.clone()));
+    fn request(&self, request: &ObservedRequest<'_>) {
+        let _ = self
+            .0
+            .send(Observed::Answer(request.endpoint, request.outcome.clone()));
     }
 
     fn event(&self, key: &str, event: &HolderEvent, _at: Instant) {
@@ -447,7 +443,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         Ok(m) => m.with_observer(Arc::new(Observer(observed_tx))),
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
-            return crate::commands::exit_code(&e);
+            return crate::exit::exit_code(&e);
         }
     };
     let started = match args.permits {
@@ -460,7 +456,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         Ok(e) => e,
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
-            return crate::commands::exit_code(&e);
+            return crate::exit::exit_code(&e);
         }
     };
     let mut signals = match Signals::new() {

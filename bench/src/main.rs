@@ -18,7 +18,8 @@ mod procs;
 mod profile;
 mod report;
 mod scale;
-mod servers;
+
+use dagnats_leases_bench::servers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

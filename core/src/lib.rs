@@ -86,6 +86,10 @@ pub mod wire;
 #[doc(hidden)]
 pub mod sim;
 
+#[cfg(any(test, feature = "__test"))]
+#[doc(hidden)]
+pub mod test_support;
+
 pub use call::{Call, CallConfig, Effect, EffectId, Mode};
 pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};

@@ -46,7 +46,7 @@ async fn every_input_bound_is_enforced_and_an_invalid_call_changes_no_lease() {
     let before = fx.owner("bounds").await;
     for endpoint in ["acquire", "renew", "release", "owner", "forward"] {
         let ep = dagnats_leases_core::Endpoint::from_subject(endpoint).unwrap();
-        for body in dagnats_leases_core::sim::invalid_bodies(ep) {
+        for body in dagnats_leases_core::test_support::invalid_bodies(ep) {
             let reply = fx.call_raw(endpoint, body.clone().into_bytes()).await;
             assert_eq!(kind(&reply), "invalid", "{endpoint} {body}: {reply}");
             assert!(reply["error"].as_str().unwrap().len() > 10);
