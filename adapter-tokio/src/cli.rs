@@ -24,10 +24,14 @@ pub struct ServeArgs {
     /// How long shutdown waits for calls in flight, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
-    /// At most this many calls run at once; further requests wait in the
-    /// subscription, so memory stays flat under a burst.
+    /// At most this many calls run at once; further requests wait (see
+    /// --max-calls-waiting), so memory stays flat under a burst.
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_in_flight: usize,
+    /// At most this many requests wait for a call to end (half kept for renew and
+    /// release); past that a request is answered `unavailable` at once.
+    #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
+    pub max_calls_waiting: usize,
     /// Gather the calls' writes into atomic batches under load (nats-server 2.12+;
     /// `false` sends every write alone).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -57,6 +61,7 @@ impl ServeArgs {
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             max_calls_in_flight: self.max_calls_in_flight,
+            max_calls_waiting: self.max_calls_waiting,
             coalesce_writes: self.coalesce_writes,
             batch_after: self.batch_after,
             min_batch: self.min_batch,

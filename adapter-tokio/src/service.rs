@@ -9,13 +9,14 @@ use async_nats::Client;
 use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
+use dagnats_leases_core::admit::{Admission, Admit};
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, EffectId, Mode};
 use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, Output, WriteId};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
-use futures::future::AbortHandle;
+use futures::future::{AbortHandle, Either};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
@@ -43,11 +44,14 @@ pub struct ServiceOptions {
     /// How often the stream's replicas are asked again while serving: read
     /// confirmation turns on when they go above 1 and off when they come back.
     pub replicas_recheck: Duration,
-    /// At most this many calls run at once. Further requests wait in their
-    /// subscription (async-nats buffers them, up to its subscription capacity, and
-    /// drops what comes past it, which the caller sees as a timeout) until a call
-    /// ends: the service's memory stays flat whatever the burst.
+    /// At most this many calls run at once; further requests wait, up to
+    /// `max_calls_waiting`, and past that are answered `unavailable` at once
+    /// ([`dagnats_leases_core::admit`]): the service's memory stays flat whatever
+    /// the burst, and no call is answered long after its caller gave up.
     pub max_calls_in_flight: usize,
+    /// At most this many requests wait for a call to end (half of them kept for
+    /// renew and release).
+    pub max_calls_waiting: usize,
     /// Whether the calls' writes go through one write coalescer
     /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
     /// flight they gather into atomic batches when the stream allows it
@@ -87,6 +91,7 @@ impl Default for ServiceOptions {
             shutdown_timeout: Duration::from_secs(10),
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
             coalesce_writes: true,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
@@ -336,26 +341,50 @@ async fn serve(
     let (cut, cut_off) = watch::channel(false);
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
+    // Each yields whether it was a call (not a refusal), for admission's count.
     let mut calls = FuturesUnordered::new();
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
-        calls.push(answer(
-            runtime.clone(),
-            client.clone(),
-            config,
-            endpoint,
-            request,
-            cut_off.clone(),
-            writes.clone(),
+        calls.push(Either::Left(
+            answer(
+                runtime.clone(),
+                client.clone(),
+                config,
+                endpoint,
+                request,
+                cut_off.clone(),
+                writes.clone(),
+            )
+            .map(|()| true),
         ));
+    };
+    let mut admission = Admission::new(
+        runtime.now(),
+        options.max_calls_in_flight,
+        options.max_calls_waiting,
+    );
+    let admit = |admission: &mut Admission<_>, calls: &mut FuturesUnordered<_>, config| {
+        while let Some(event) = admission.poll_event() {
+            match event {
+                Admit::Start(endpoint, request) => take(calls, endpoint, request, config),
+                Admit::Refuse(endpoint, request, response) => calls.push(Either::Right(
+                    refuse(endpoint, request, response).map(|()| false),
+                )),
+            }
+        }
     };
     loop {
         tokio::select! {
-            // A request is read only when a call may start: the rest wait.
-            next = requests.next(), if calls.len() < options.max_calls_in_flight.max(1) => {
+            next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
-                take(&mut calls, endpoint, request, config);
+                admission.handle_request(runtime.now(), endpoint, request);
+                admit(&mut admission, &mut calls, config);
             }
-            Some(()) = calls.next(), if !calls.is_empty() => {}
+            Some(was_call) = calls.next(), if !calls.is_empty() => {
+                if was_call {
+                    admission.handle_finished(runtime.now());
+                    admit(&mut admission, &mut calls, config);
+                }
+            }
             () = writer.step(&runtime, &client) => {}
             () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
                 recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
@@ -381,6 +410,8 @@ async fn serve(
     // them: the requests already delivered to this client are in their buffers, and
     // each stream ends once those are read. Every one of them is answered.
     let _ = service.stop().await;
+    admission.handle_stop(runtime.now());
+    admit(&mut admission, &mut calls, config);
     let in_flight = calls.len();
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
@@ -397,7 +428,7 @@ async fn serve(
                 }
                 None => open = false,
             },
-            Some(()) = calls.next(), if !calls.is_empty() => {}
+            Some(_) = calls.next(), if !calls.is_empty() => {}
             () = writer.step(&runtime, &client) => {}
             _ = &mut bound => break,
         }
@@ -468,6 +499,14 @@ async fn answer(
     let body = response.to_json();
     if let Err(e) = request.respond(Ok(body.into())).await {
         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+    }
+}
+
+/// Answers a request admission refused, at once.
+async fn refuse(endpoint: Endpoint, request: async_nats::service::Request, response: Response) {
+    telemetry::refused(endpoint);
+    if let Err(e) = request.respond(Ok(response.to_json().into())).await {
+        tracing::warn!("refusal not sent: {e}");
     }
 }
 

@@ -41,6 +41,9 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 /// and `reply`: `ok`, `not_granted` (an acquire another holder has), or the error
 /// kind of the reply (`lost`, `fence_mismatch`, `unavailable`, `invalid`, ...).
 pub const CALLS: &str = "dagnats_leases_calls_total";
+/// Counter, label `endpoint`: requests answered `unavailable` at once because the
+/// service was at its bound of calls running and waiting ([`dagnats_leases_core::admit`]).
+pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
 /// Histogram, label `endpoint`: seconds from a call's start to its reply.
 pub const CALL_DURATION: &str = "dagnats_leases_call_duration_seconds";
 /// Counter: read confirmations sent (on a replicated bucket, every read that
@@ -83,6 +86,10 @@ pub const HISTOGRAMS: [&str; 3] = [CALL_DURATION, RENEW_DURATION, CAMPAIGN_TO_EL
 /// `# HELP` lines). Call it after installing one; the names record without it.
 pub fn describe() {
     describe_counter!(CALLS, "Calls answered, by endpoint and reply kind.");
+    describe_counter!(
+        REFUSED,
+        "Requests answered unavailable at once: the service was at its bound."
+    );
     describe_histogram!(
         CALL_DURATION,
         metrics::Unit::Seconds,
@@ -132,6 +139,11 @@ fn reply_kind(response: &Response) -> &'static str {
 pub(crate) fn call_answered(endpoint: Endpoint, response: &Response, took: Duration) {
     counter!(CALLS, "endpoint" => endpoint.name(), "reply" => reply_kind(response)).increment(1);
     histogram!(CALL_DURATION, "endpoint" => endpoint.name()).record(took.as_secs_f64());
+}
+
+/// A request for `endpoint` was refused at the service's bound.
+pub(crate) fn refused(endpoint: Endpoint) {
+    counter!(REFUSED, "endpoint" => endpoint.name()).increment(1);
 }
 
 /// The service is in `mode` now.

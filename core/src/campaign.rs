@@ -11,6 +11,9 @@
 //!   only while the keys held (or being confirmed) plus those in flight stay below
 //!   the cap, so a group never wins more than it may keep, and the keys take turns.
 //!   Should a group hold more than its cap, it revokes the newest tenures.
+//!   Whatever the cap, at most [`MAX_CAMPAIGNS_IN_FLIGHT`] campaign acquires of a
+//!   group are out at once: a member starting with thousands of keys asks at the
+//!   pace the service answers, and its renewals (never queued) are not drowned.
 //! - **Balanced shards** ([`Campaign::add_balanced_group`]): members of a shard set
 //!   learn of each other from presence leases, one per member (`<set>-member-<i>`,
 //!   a group of their own that holds one), and hold at most `ceil(shards / members)`
@@ -1089,7 +1092,10 @@ impl Campaign {
             }
             let room = match g.health.since {
                 Some(_) => 0,
-                None => self.cap(id, now).saturating_sub(self.held_count(id, now)),
+                None => self
+                    .cap(id, now)
+                    .saturating_sub(self.held_count(id, now))
+                    .min(MAX_CAMPAIGNS_IN_FLIGHT),
             };
             let Some(group) = self.groups.get_mut(&id) else {
                 continue;
@@ -1183,6 +1189,12 @@ fn spread_renewals(keys: &mut [HolderConfig]) {
 
 /// The most slots a semaphore may have.
 pub const MAX_PERMITS: usize = 1024;
+
+/// Campaign acquires of one group out at once, at most. 100 members of 1,000
+/// shards each sent 100,000 acquires at once to one service (`scripts/bench
+/// --scale 100000`): the renewals of the leases already won queued behind them,
+/// timed out, and every lease was lost.
+pub const MAX_CAMPAIGNS_IN_FLIGHT: usize = 32;
 
 /// The key of slot `i` of semaphore `name`: `<name>-<i>`.
 pub fn semaphore_slot(name: &str, i: usize) -> String {

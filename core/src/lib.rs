@@ -68,6 +68,7 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
+pub mod admit;
 pub mod call;
 pub mod campaign;
 pub mod change;

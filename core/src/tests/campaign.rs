@@ -157,6 +157,43 @@ fn a_group_sends_no_more_campaign_acquires_than_it_may_hold() {
 }
 
 #[test]
+fn a_group_of_many_keys_has_at_most_max_campaigns_in_flight_acquires_out() {
+    use crate::campaign::MAX_CAMPAIGNS_IN_FLIGHT;
+    let mut run = Run::new();
+    let names: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    run.group(&keys, keys.len());
+    let first = run.requests();
+    assert_eq!(first.len(), MAX_CAMPAIGNS_IN_FLIGHT, "not all 100 at once");
+    assert!(
+        first
+            .iter()
+            .all(|r| r.request.endpoint == Endpoint::Acquire)
+    );
+    // Each answer lets one more out.
+    run.answer(10, &first[0], refused(4));
+    let next = run.request();
+    assert_eq!(next.request.endpoint, Endpoint::Acquire);
+    assert!(
+        !first.iter().any(|r| r.key == next.key),
+        "a key not yet asked"
+    );
+    let mut revision = 10;
+    for r in first.iter().skip(1) {
+        revision += 1;
+        run.answer(20, r, granted(revision));
+    }
+    // The granted keys' confirming renews go out, and acquires refill the window:
+    // `next` is still out, so one fewer than the bound.
+    let out = run.requests();
+    let acquires = out
+        .iter()
+        .filter(|r| r.request.endpoint == Endpoint::Acquire)
+        .count();
+    assert_eq!(acquires, MAX_CAMPAIGNS_IN_FLIGHT - 1, "{out:?}");
+}
+
+#[test]
 fn a_held_key_lost_makes_room_for_a_waiting_one() {
     let mut run = Run::new();
     run.group(&["s0", "s1"], 1);

@@ -1,0 +1,126 @@
+//! Table tests of admission: start, wait, refuse, and the room kept for renewals.
+
+use std::time::Instant;
+
+use crate::admit::{Admission, Admit};
+use crate::wire::{Endpoint, ErrorKind, Response};
+
+fn drain(a: &mut Admission<u32>) -> Vec<Admit<u32>> {
+    std::iter::from_fn(|| a.poll_event()).collect()
+}
+
+fn started(events: &[Admit<u32>]) -> Vec<u32> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Admit::Start(_, r) => Some(*r),
+            Admit::Refuse(..) => None,
+        })
+        .collect()
+}
+
+fn refused(events: &[Admit<u32>]) -> Vec<u32> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Admit::Refuse(_, r, Response::Error(e)) if e.kind == ErrorKind::Unavailable => Some(*r),
+            Admit::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
+            Admit::Start(..) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn below_the_bound_every_request_starts_at_once() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 3, 4);
+    for (i, e) in [Endpoint::Acquire, Endpoint::Owner, Endpoint::Renew]
+        .into_iter()
+        .enumerate()
+    {
+        a.handle_request(now, e, i as u32);
+    }
+    let events = drain(&mut a);
+    assert_eq!(started(&events), [0, 1, 2]);
+    assert_eq!(a.counts(), (3, 0, 0));
+}
+
+#[test]
+fn past_the_bound_requests_wait_and_start_in_order_as_calls_end() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 1, 4);
+    a.handle_request(now, Endpoint::Forward, 0);
+    a.handle_request(now, Endpoint::Forward, 1);
+    a.handle_request(now, Endpoint::Renew, 2);
+    assert_eq!(started(&drain(&mut a)), [0]);
+    assert_eq!(a.counts(), (1, 2, 0));
+    a.handle_finished(now);
+    assert_eq!(started(&drain(&mut a)), [1]);
+    a.handle_finished(now);
+    assert_eq!(started(&drain(&mut a)), [2]);
+    a.handle_finished(now);
+    assert!(drain(&mut a).is_empty());
+    assert!(a.is_done());
+}
+
+#[test]
+fn a_full_queue_refuses_at_once_with_unavailable() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 1, 2);
+    a.handle_request(now, Endpoint::Renew, 0);
+    a.handle_request(now, Endpoint::Renew, 1);
+    a.handle_request(now, Endpoint::Release, 2);
+    a.handle_request(now, Endpoint::Renew, 3);
+    let events = drain(&mut a);
+    assert_eq!(started(&events), [0]);
+    assert_eq!(refused(&events), [3], "two wait, the third past the bound");
+    assert_eq!(a.counts(), (1, 2, 1));
+}
+
+#[test]
+fn half_the_queue_is_kept_for_renew_and_release() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 1, 4);
+    a.handle_request(now, Endpoint::Acquire, 0);
+    // Acquire, owner and forward may fill half the queue.
+    a.handle_request(now, Endpoint::Acquire, 1);
+    a.handle_request(now, Endpoint::Owner, 2);
+    a.handle_request(now, Endpoint::Forward, 3);
+    a.handle_request(now, Endpoint::Acquire, 4);
+    // Renew and release take the rest.
+    a.handle_request(now, Endpoint::Renew, 5);
+    a.handle_request(now, Endpoint::Release, 6);
+    a.handle_request(now, Endpoint::Renew, 7);
+    let events = drain(&mut a);
+    assert_eq!(started(&events), [0]);
+    assert_eq!(refused(&events), [3, 4, 7]);
+    for _ in 0..5 {
+        a.handle_finished(now);
+    }
+    assert_eq!(started(&drain(&mut a)), [1, 2, 5, 6]);
+}
+
+#[test]
+fn stopping_starts_every_waiting_request() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 1, 4);
+    for i in 0..3 {
+        a.handle_request(now, Endpoint::Renew, i);
+    }
+    drain(&mut a);
+    a.handle_stop(now);
+    assert_eq!(started(&drain(&mut a)), [1, 2]);
+    a.handle_request(now, Endpoint::Acquire, 9);
+    assert_eq!(started(&drain(&mut a)), [9], "no bound once stopping");
+}
+
+#[test]
+fn a_bound_of_zero_still_runs_one_call() {
+    let now = Instant::now();
+    let mut a = Admission::new(now, 0, 0);
+    a.handle_request(now, Endpoint::Owner, 0);
+    a.handle_request(now, Endpoint::Owner, 1);
+    let events = drain(&mut a);
+    assert_eq!(started(&events), [0]);
+    assert_eq!(refused(&events), [1]);
+}
