@@ -9,8 +9,10 @@ use async_nats::Client;
 use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
-use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, EffectId, Mode};
+use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+
 use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, Output, WriteId};
+use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
@@ -518,7 +520,10 @@ async fn drive_call(
         body,
     );
     loop {
-        let Some(effect) = call.poll_effect() else {
+        if let Some(response) = call.poll_event() {
+            return response;
+        }
+        let Some(transmit) = call.poll_transmit() else {
             // Waiting with nothing to do can only be a forward's deadline.
             match call.poll_timeout() {
                 Some(at) => {
@@ -536,15 +541,9 @@ async fn drive_call(
                 }
             }
         };
-        let op = JsOp::of(&effect);
-        let coalesced =
-            writes.filter(|_| matches!(effect, Effect::KvWrite(_) | Effect::ConfirmRead(_)));
-        let (id, request) = match effect {
-            Effect::Reply(response) => return response,
-            other => other
-                .into_nats_request()
-                .expect("every other effect is a request"),
-        };
+        let op = JsOp::of(transmit.kind);
+        let coalesced = writes.filter(|_| transmit.kind.is_stream_write());
+        let Transmit { id, request, .. } = transmit;
         let deadline = call.poll_timeout();
         let expired = async {
             match deadline {

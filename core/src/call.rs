@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use time::OffsetDateTime;
 
-pub use crate::js::EffectId;
-use crate::js::{self, JsFailure, KeyState, PublishResult, RequestOutcome};
+use crate::io::RequestOutcome;
+use crate::io::{EffectId, Mode, Transmit};
+use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::record::{HDR_REJECT, LeaseEvent, LeaseRecord, REJECT_STALE, format_time};
 use crate::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardReply, ForwardRequest,
@@ -59,17 +60,6 @@ pub fn read_back_window(ttl_ms: u64) -> Duration {
 pub const MAX_FORWARD_ATTEMPTS: u32 = 3;
 /// The default bound on one JetStream request.
 pub const DEFAULT_KV_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Whether the service can serve leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The bucket is being ensured: calls reply `unavailable`.
-    Starting,
-    /// The bucket is there with per-message TTL.
-    Ready,
-    /// The server cannot do per-message TTL: calls reply `unsupported`.
-    Unsupported,
-}
 
 /// What every call needs to know about the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,10 +154,10 @@ struct ForwardJob {
 
 /// One call, from decoded request to reply.
 ///
-/// Drive it by draining [`Call::poll_effect`] after every input until it returns
-/// `None`, carrying out each effect and feeding its outcome to
-/// [`Call::handle_outcome`]; call [`Call::handle_timeout`] when
-/// [`Call::poll_timeout`] passes. The last effect is always one [`Effect::Reply`].
+/// Drive it by draining [`Call::poll_transmit`] after every input until it returns
+/// `None`, sending each request and feeding its outcome to [`Call::handle_outcome`];
+/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes. The call's one
+/// event is its reply ([`Call::poll_event`]); then it [`is_done`](Call::is_done).
 #[derive(Debug)]
 pub struct Call {
     job: Job,
@@ -183,6 +173,8 @@ pub struct Call {
     writes: u32,
     confirms: u32,
     effects: std::collections::VecDeque<Effect>,
+    /// The reply, until polled.
+    reply: Option<Response>,
 }
 
 impl Call {
@@ -209,6 +201,7 @@ impl Call {
             writes: 0,
             confirms: 0,
             effects: Default::default(),
+            reply: None,
         };
         match config.mode {
             Mode::Unsupported => {
@@ -276,7 +269,19 @@ impl Call {
         }
     }
 
-    /// The next effect to carry out, if any.
+    /// The next request to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.effects.pop_front().map(Effect::into_transmit)
+    }
+
+    /// The reply, once the call has one: its one event.
+    pub fn poll_event(&mut self) -> Option<Response> {
+        self.reply.take()
+    }
+
+    /// The next request as the call decided it, for table tests that read its fields.
+    #[cfg(any(test, feature = "__test"))]
+    #[doc(hidden)]
     pub fn poll_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
     }
@@ -296,7 +301,7 @@ impl Call {
 
     /// Whether the call has replied and its reply was polled: nothing more to do.
     pub fn is_done(&self) -> bool {
-        self.replied() && self.effects.is_empty()
+        self.replied() && self.effects.is_empty() && self.reply.is_none()
     }
 
     fn replied(&self) -> bool {
@@ -442,7 +447,7 @@ impl Call {
     /// Asks for `effect` and waits for its outcome until its timeout has passed.
     fn issue(&mut self, waiting: Waiting, effect: Effect) {
         self.waiting = waiting;
-        self.waiting_until = effect.timeout().map(|t| self.now + t);
+        self.waiting_until = Some(self.now + effect.timeout());
         self.effects.push_back(effect);
     }
 
@@ -508,7 +513,7 @@ impl Call {
         self.waiting = Waiting::Nothing;
         self.waiting_until = None;
         self.effects.clear();
-        self.effects.push_back(Effect::Reply(response));
+        self.reply = Some(response);
     }
 
     fn fail(&mut self, error: ErrorReply) {

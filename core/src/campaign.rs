@@ -73,7 +73,7 @@
 //! use std::time::{Duration, Instant};
 //! use dagnats_leases_core::campaign::{Campaign, CampaignEvent};
 //! use dagnats_leases_core::holder::HolderConfig;
-//! use dagnats_leases_core::js::RequestOutcome;
+//! use dagnats_leases_core::io::RequestOutcome;
 //!
 //! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
 //! # fn sleep_until(_: Instant) {}
@@ -107,7 +107,7 @@ use crate::guard::{Accepted, InboxGuard, RejectReason};
 #[cfg(doc)]
 use crate::holder::StepDownReason;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership};
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
+use crate::io::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 /// One group of keys campaigned for together: an elector, or a shard set.

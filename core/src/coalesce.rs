@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
+use crate::io::{EffectId, NatsRequest, RequestOutcome};
 use crate::record::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
 
 /// ADR-50's batch id header.

@@ -45,7 +45,7 @@
 //! ```no_run
 //! use std::time::{Duration, Instant};
 //! use dagnats_leases_core::holder::{Holder, HolderConfig, HolderEvent};
-//! use dagnats_leases_core::js::RequestOutcome;
+//! use dagnats_leases_core::io::RequestOutcome;
 //!
 //! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
 //! # fn sleep_until(_: Instant) {}
@@ -77,7 +77,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
+use crate::io::{EffectId, NatsRequest, RequestOutcome};
 use crate::wire::{
     self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, OwnerRequest, ReleaseRequest,
     RenewRequest, Request, Response,

@@ -6,10 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::call::{EffectId, Mode};
-use crate::js::{
-    self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure, NatsRequest, RequestOutcome,
-};
+use crate::io::{EffectId, Mode};
+use crate::io::{NatsRequest, RequestOutcome};
+use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
 use crate::record::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
 use crate::wire::ErrorKind;
 

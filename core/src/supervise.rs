@@ -37,7 +37,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
 use crate::wire::{Endpoint, Response};
 
 /// A signal for every process of the command.

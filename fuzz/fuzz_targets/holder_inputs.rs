@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_core::guard::InboxGuard;
 use dagnats_leases_core::holder::{Holder, HolderConfig};
-use dagnats_leases_core::js::RequestOutcome;
+use dagnats_leases_core::io::{RequestOutcome};
 use dagnats_leases_core::wire::{Endpoint, Response};
 use libfuzzer_sys::fuzz_target;
 

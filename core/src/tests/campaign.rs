@@ -9,7 +9,7 @@ use crate::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
 use crate::wire::{Endpoint, ErrorKind};
 
 const TTL: Duration = Duration::from_secs(15);

@@ -6,7 +6,8 @@ use crate::coalesce::{
     Coalescer, CoalescerConfig, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, Output, Send,
     WriteId,
 };
-use crate::js::{EffectId, NatsRequest, PublishResult, RequestOutcome, parse_pub_ack};
+use crate::io::{EffectId, NatsRequest, RequestOutcome};
+use crate::js::{PublishResult, parse_pub_ack};
 use crate::record::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
 };

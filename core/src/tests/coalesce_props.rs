@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::call::{Call, CallConfig, Effect, EffectId};
+use crate::call::{Call, CallConfig};
+
 use crate::coalesce::{Coalescer, CoalescerConfig, Output, Send, WriteId};
-use crate::js::NatsRequest;
+use crate::io::EffectId;
+use crate::io::NatsRequest;
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
 
@@ -98,17 +100,13 @@ impl Driver {
     /// Call `i`'s next effects: its reply, or requests (with their index `k`).
     fn drain(&mut self, i: usize) -> Vec<(u32, EffectId, NatsRequest, bool)> {
         let mut out = Vec::new();
-        while let Some(effect) = self.calls[i].poll_effect() {
-            let is_write = matches!(effect, Effect::KvWrite(_) | Effect::ConfirmRead(_));
-            match effect {
-                Effect::Reply(r) => self.replies[i] = Some(r),
-                other => {
-                    let (id, req) = other.into_nats_request().expect("a request");
-                    let k = self.issued[i];
-                    self.issued[i] += 1;
-                    out.push((k, id, req, is_write));
-                }
-            }
+        while let Some(t) = self.calls[i].poll_transmit() {
+            let k = self.issued[i];
+            self.issued[i] += 1;
+            out.push((k, t.id, t.request, t.kind.is_stream_write()));
+        }
+        if let Some(r) = self.calls[i].poll_event() {
+            self.replies[i] = Some(r);
         }
         out
     }

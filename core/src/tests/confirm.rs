@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::support::*;
 use crate::call::{CallConfig, Effect, MAX_READ_CONFIRMS};
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
 use crate::record::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, HDR_TTL,
 };

@@ -10,7 +10,7 @@ use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, MAX_EXPIRY_MARKER_LAG,
     StepDownReason,
 };
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
 use crate::wire::{Endpoint, ErrorKind, ErrorReply};
 
 const TTL: Duration = Duration::from_secs(15);

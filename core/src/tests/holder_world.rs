@@ -25,13 +25,15 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use crate::call::{Call, CallConfig, Effect, EffectId};
+use crate::call::{Call, CallConfig};
+
 use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
 use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, StepDownReason,
 };
-use crate::js::{NatsRequest, RequestOutcome};
+use crate::io::EffectId;
+use crate::io::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -812,11 +814,14 @@ impl HolderWorld {
             let Some(sc) = self.calls[c].as_mut() else {
                 return;
             };
-            let Some(effect) = sc.call.poll_effect() else {
-                return;
-            };
-            match effect {
-                Effect::Reply(response) => {
+            if let Some(t) = sc.call.poll_transmit() {
+                let at = self.t + self.latency();
+                self.schedule(at, Ev::Step(c, t.id, t.request));
+                continue;
+            }
+            match sc.call.poll_event() {
+                None => return,
+                Some(response) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;
                     if matches!(&response, Response::Error(e) if e.kind == ErrorKind::Internal) {
@@ -828,11 +833,6 @@ impl HolderWorld {
                         self.schedule(at, Ev::Outcome(h, generation, id, outcome));
                     }
                     return;
-                }
-                other => {
-                    let (id, request) = other.nats_request().expect("a JetStream request");
-                    let at = self.t + self.latency();
-                    self.schedule(at, Ev::Step(c, id, request));
                 }
             }
         }

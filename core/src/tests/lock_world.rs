@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent};
-use crate::js::{EffectId, RequestOutcome};
+use crate::io::{EffectId, RequestOutcome};
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent,

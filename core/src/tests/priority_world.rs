@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, MAX_PRIORITY};
-use crate::js::{EffectId, RequestOutcome};
+use crate::io::{EffectId, RequestOutcome};
 use crate::wire::Endpoint;
 
 struct Candidate {

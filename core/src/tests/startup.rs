@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::call::{EffectId, Mode};
-use crate::js::{NatsRequest, RequestOutcome};
+use crate::io::{EffectId, Mode};
+use crate::io::{NatsRequest, RequestOutcome};
 use crate::sim::api_error;
 use crate::startup::{
     BucketOptions, STARTUP_RETRY, Startup, StartupEffect, stream_config, stream_config_for,
@@ -242,7 +242,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
             body,
         );
         match call.poll_effect() {
-            Some(Effect::Reply(r)) => r.error_kind(),
+            None => call.poll_event().expect("a reply").error_kind(),
             Some(Effect::KvWrite(_)) => None,
             other => panic!("{other:?}"),
         }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent, may_start,
