@@ -14,7 +14,7 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, Output, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
-use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
+use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
@@ -290,17 +290,18 @@ async fn ensure_bucket(
     };
     let mut startup = Startup::new(bucket, version, options.kv_timeout, runtime.now());
     loop {
-        while let Some(effect) = startup.poll_effect() {
-            match effect {
-                StartupEffect::Log(line) => tracing::warn!("{line}"),
-                StartupEffect::Done(mode) => {
+        while let Some(event) = startup.poll_event() {
+            match event {
+                StartupEvent::Log(line) => tracing::warn!("{line}"),
+                StartupEvent::Done(mode) => {
                     return (mode, startup.replicas(), startup.atomic());
                 }
-                StartupEffect::Request(id, request) => {
-                    let outcome = exec::send(runtime, client, request).await;
-                    startup.handle_outcome(runtime.now(), id, outcome);
-                }
             }
+        }
+        if let Some(t) = startup.poll_transmit() {
+            let outcome = exec::send(runtime, client, t.request).await;
+            startup.handle_outcome(runtime.now(), t.id, outcome);
+            continue;
         }
         if let Some(at) = startup.poll_timeout() {
             runtime.sleep_until(at).await;
