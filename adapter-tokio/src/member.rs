@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignRequest, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
+    Campaign, CampaignEvent, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
@@ -58,7 +58,7 @@ pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{EffectId, NatsRequest, RequestOutcome};
+use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -121,26 +121,8 @@ pub struct Change {
     pub ownership: Ownership,
 }
 
-/// What a running campaign knows of a key it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenure {
-    /// The revision that began the tenure (the fence of its `Elected`).
-    pub tenure: u64,
-    /// The latest fence.
-    pub fence: u64,
-    /// The local deadline: past it, this process is no longer owner.
-    pub deadline: Instant,
-}
-
-impl From<dagnats_leases_core::holder::Ownership> for Tenure {
-    fn from(o: dagnats_leases_core::holder::Ownership) -> Self {
-        Self {
-            tenure: o.tenure,
-            fence: o.fence,
-            deadline: o.deadline,
-        }
-    }
-}
+/// What a running campaign knows of a key it holds: the core's tenure.
+pub use dagnats_leases_core::holder::Tenure;
 
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
@@ -254,7 +236,7 @@ impl Member {
         observer: Observer,
         priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
-        let campaign = Campaign::new(&holder)?;
+        let campaign = Campaign::new(&holder, runtime.now())?;
         let shared = Arc::new(Shared {
             nats,
             holder,
@@ -522,10 +504,7 @@ impl Group {
 
     fn tenure(&self, key: &str) -> Option<Tenure> {
         let state = self.shared.lock();
-        state
-            .campaign
-            .ownership(key, self.shared.runtime.now())
-            .map(Tenure::from)
+        state.campaign.tenure(key, self.shared.runtime.now())
     }
 
     fn held(&self) -> BTreeMap<String, Tenure> {
@@ -533,9 +512,6 @@ impl Group {
         state
             .campaign
             .held(self.id, self.shared.runtime.now())
-            .into_iter()
-            .map(|(k, o)| (k, o.into()))
-            .collect()
     }
 
     fn done(&self, key: &str) {
@@ -882,8 +858,15 @@ async fn drive(shared: Arc<Shared>) {
         let (requests, events, wake, subscribe, new_inboxes, done) = {
             let mut state = shared.lock();
             in_flight.retain(|id, _| state.campaign.waits_for(*id));
-            let requests: Vec<CampaignRequest> =
-                std::iter::from_fn(|| state.campaign.poll_request()).collect();
+            // Each with the key whose holder sends it (none for a request the
+            // campaign no longer waits for: it is not sent).
+            let campaign = &mut state.campaign;
+            let requests: Vec<(String, Transmit)> = std::iter::from_fn(|| {
+                let t = campaign.poll_transmit()?;
+                Some(campaign.key_of(t.id).map(|k| (k.to_string(), t)))
+            })
+            .flatten()
+            .collect();
             let events: Vec<CampaignEvent> =
                 std::iter::from_fn(|| state.campaign.poll_event()).collect();
             let done = !state.member_alive && state.campaign.is_done();
@@ -896,13 +879,14 @@ async fn drive(shared: Arc<Shared>) {
                 done,
             )
         };
-        for request in requests {
-            if request.request.endpoint == Endpoint::Renew && renew_unknown.contains(&request.key) {
+        for (key, transmit) in requests {
+            if transmit.kind == TransmitKind::Lease(Endpoint::Renew) && renew_unknown.contains(&key)
+            {
                 telemetry::renew_retry();
             }
             let (give_up, given_up) = oneshot::channel();
-            in_flight.insert(request.request.id, give_up);
-            pending.push(send(&shared, request, given_up));
+            in_flight.insert(transmit.id, give_up);
+            pending.push(send(&shared, key, transmit, given_up));
         }
         for key in subscribe {
             // A failed subscribe only loses the early wake-up, never correctness.
@@ -1041,26 +1025,23 @@ fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &Ho
 /// ends `TimedOut` (for the observer; the machine has moved on).
 fn send(
     shared: &Arc<Shared>,
-    out: CampaignRequest,
+    key: String,
+    transmit: Transmit,
     given_up: oneshot::Receiver<()>,
 ) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
     let observer = shared.observer.clone();
     let runtime = shared.runtime.clone();
     async move {
-        let CampaignRequest { key, request } = out;
-        let endpoint = request.endpoint;
-        let body = observer.as_ref().map(|_| request.body.clone());
+        let Transmit {
+            id, kind, request, ..
+        } = transmit;
+        let TransmitKind::Lease(endpoint) = kind else {
+            unreachable!("a campaign sends only lease calls");
+        };
+        let body = observer.as_ref().map(|_| request.payload.clone());
         let sent = runtime.now();
-        let sending = exec::send_untimed(
-            &nats,
-            NatsRequest {
-                subject: endpoint.subject(),
-                headers: Vec::new(),
-                payload: request.body,
-                timeout: request.timeout,
-            },
-        );
+        let sending = exec::send_untimed(&nats, request);
         let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
             futures::future::Either::Left((outcome, _)) => outcome,
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,
@@ -1072,7 +1053,7 @@ fn send(
             o.request(&key, endpoint, body, sent, &outcome, answered);
         }
         Answer {
-            id: request.id,
+            id,
             outcome,
             key,
             endpoint,

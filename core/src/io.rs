@@ -115,3 +115,15 @@ impl Transmit {
         }
     }
 }
+
+/// A call to the lease service: `body` to `endpoint`'s subject, bounded by
+/// `timeout` (the machine that asks times it out itself too).
+pub fn lease_call(id: EffectId, endpoint: Endpoint, body: Vec<u8>, timeout: Duration) -> Transmit {
+    let request = NatsRequest {
+        subject: endpoint.subject(),
+        headers: Vec::new(),
+        payload: body,
+        timeout,
+    };
+    Transmit::new(id, TransmitKind::Lease(endpoint), request)
+}

@@ -99,7 +99,7 @@ pub use call::{Call, CallConfig, Effect};
 pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};
 pub use guard::{FenceGuard, InboxGuard};
-pub use holder::{Holder, HolderConfig, HolderEvent};
+pub use holder::{Holder, HolderConfig, HolderEvent, Tenure};
 pub use io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 pub use wire::{Endpoint, ErrorKind, Request, Response};
 

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use crate::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
+use super::support::HolderRequest;
+use crate::campaign::{Campaign, CampaignEvent, GroupId};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
@@ -20,6 +21,13 @@ fn configs(keys: &[&str]) -> Vec<HolderConfig> {
         .collect()
 }
 
+/// A request the campaign sent, with the key whose holder sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CampaignRequest {
+    key: String,
+    request: HolderRequest,
+}
+
 struct Run {
     campaign: Campaign,
     t0: Instant,
@@ -28,7 +36,7 @@ struct Run {
 impl Run {
     fn new() -> Self {
         Self {
-            campaign: Campaign::new("h1").unwrap(),
+            campaign: Campaign::new("h1", Instant::now()).unwrap(),
             t0: Instant::now(),
         }
     }
@@ -45,7 +53,15 @@ impl Run {
     }
 
     fn requests(&mut self) -> Vec<CampaignRequest> {
-        std::iter::from_fn(|| self.campaign.poll_request()).collect()
+        std::iter::from_fn(|| {
+            let t = self.campaign.poll_transmit()?;
+            let key = self.campaign.key_of(t.id).expect("waited for").to_string();
+            Some(CampaignRequest {
+                key,
+                request: t.into(),
+            })
+        })
+        .collect()
     }
 
     fn request(&mut self) -> CampaignRequest {
@@ -137,7 +153,7 @@ fn a_config_of_another_holder_id_or_an_empty_group_is_refused() {
     let other = vec![HolderConfig::new("k", "h2", TTL)];
     assert!(run.campaign.add_group(now, other, 1).is_err());
     assert!(run.campaign.add_group(now, Vec::new(), 1).is_err());
-    assert!(Campaign::new("bad holder").is_err());
+    assert!(Campaign::new("bad holder", Instant::now()).is_err());
 }
 
 #[test]
@@ -264,7 +280,7 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine() {
     );
     let retry = run.requests();
     assert!(retry.iter().all(|r| r.request.id != first.request.id));
-    assert!(run.campaign.ownership("leader", deadline).is_none());
+    assert!(run.campaign.tenure("leader", deadline).is_none());
     assert_eq!(run.events(), []);
 }
 
@@ -354,7 +370,7 @@ fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
     let second = run.request();
     assert_eq!(second.key, "jobs-1");
     run.elect(20, &second, 9);
-    assert!(run.campaign.ownership("jobs-1", run.at(30)).is_some());
+    assert!(run.campaign.tenure("jobs-1", run.at(30)).is_some());
     // One slot held: no acquire for the others, at their ticks or on a release.
     run.no_acquire_at_its_tick_or_on_a_release_of(5_100, "jobs-0");
 }
@@ -404,7 +420,7 @@ fn balanced_run_with_a_new_member(ms: u64) -> (Run, GroupId, Instant) {
         };
         run.elect(0, r, revision);
     }
-    let deadline = run.campaign.ownership("s3", now).unwrap().deadline;
+    let deadline = run.campaign.tenure("s3", now).unwrap().deadline;
     run.events();
     let joined = ChangeEvent {
         kind: ChangeKind::Acquired,
@@ -440,7 +456,7 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
             },
         }]
     );
-    assert!(run.campaign.ownership("s3", run.at(200)).is_none());
+    assert!(run.campaign.tenure("s3", run.at(200)).is_none());
     assert!(!run.campaign.held(group, run.at(200)).contains_key("s3"));
     let subject = "dagnats.lease.inbox.h1.s3";
     assert_eq!(
@@ -453,7 +469,7 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
     // `done` for a key not being revoked changes nothing.
     run.campaign.done(run.at(300), "s0");
     assert_eq!(run.requests(), []);
-    assert!(run.campaign.ownership("s0", run.at(300)).is_some());
+    assert!(run.campaign.tenure("s0", run.at(300)).is_some());
     // The application is done with s3: released at once, with its fence.
     run.campaign.done(run.at(400), "s3");
     let sent = run.requests();
@@ -507,7 +523,7 @@ fn a_renew_in_flight_at_the_revocation_hands_out_no_new_deadline() {
     // at the old deadline.
     run.answer(4_200, renew, renewed(30));
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("s3", run.at(4_200)).is_none());
+    assert!(run.campaign.tenure("s3", run.at(4_200)).is_none());
     run.campaign
         .handle_timeout(deadline - Duration::from_millis(1));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
@@ -630,7 +646,7 @@ fn an_unhealthy_group_sends_no_campaign_acquire_and_asks_at_once_when_healthy_ag
     run.campaign.handle_health(run.at(24_100), group, true);
     assert_eq!(run.requests(), []);
     run.elect(24_100, &ask, 3);
-    assert!(run.campaign.ownership("leader", run.at(24_200)).is_some());
+    assert!(run.campaign.tenure("leader", run.at(24_200)).is_some());
 }
 
 #[test]
@@ -639,11 +655,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     let group = run.group(&["leader"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    let deadline = run
-        .campaign
-        .ownership("leader", run.at(0))
-        .unwrap()
-        .deadline;
+    let deadline = run.campaign.tenure("leader", run.at(0)).unwrap().deadline;
     run.events();
     run.campaign
         .set_unhealthy_for(run.at(0), group, Duration::from_secs(3));
@@ -652,7 +664,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     assert_eq!(run.campaign.poll_timeout(), Some(run.at(4_000)));
     run.campaign.handle_timeout(run.at(3_999));
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("leader", run.at(3_999)).is_some());
+    assert!(run.campaign.tenure("leader", run.at(3_999)).is_some());
     // Unhealthy for 3 s: steps down at once, like a revocation, naming the last
     // deadline handed out; nothing released yet.
     run.campaign.handle_timeout(run.at(4_000));
@@ -664,7 +676,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
             event: unhealthy(deadline),
         }]
     );
-    assert!(run.campaign.ownership("leader", run.at(4_000)).is_none());
+    assert!(run.campaign.tenure("leader", run.at(4_000)).is_none());
     assert_eq!(run.requests(), []);
     // The application is done with it: released now, with its fence.
     run.campaign.done(run.at(4_100), "leader");
@@ -687,11 +699,7 @@ fn a_leader_unhealthy_and_not_done_with_is_released_at_its_last_deadline() {
     let group = run.group(&["leader"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    let deadline = run
-        .campaign
-        .ownership("leader", run.at(0))
-        .unwrap()
-        .deadline;
+    let deadline = run.campaign.tenure("leader", run.at(0)).unwrap().deadline;
     run.campaign
         .set_unhealthy_for(run.at(0), group, Duration::from_secs(1));
     run.campaign.handle_health(run.at(100), group, false);
@@ -734,7 +742,7 @@ fn a_blip_shorter_than_unhealthy_for_changes_nothing_and_the_wait_starts_over() 
     run.answer(5_010, &renew, renewed(4));
     let deadline = run
         .campaign
-        .ownership("leader", run.at(5_010))
+        .tenure("leader", run.at(5_010))
         .unwrap()
         .deadline;
     run.events();
@@ -774,7 +782,7 @@ fn a_grant_arriving_past_the_unhealthy_deadline_elects_nobody_and_is_released() 
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
     assert_eq!(body(&sent[0].request)["revision"], 4);
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("leader", run.at(1_010)).is_none());
+    assert!(run.campaign.tenure("leader", run.at(1_010)).is_none());
 }
 
 #[test]
@@ -865,7 +873,7 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
             ..
         }]
     ));
-    assert_eq!(run.campaign.ownership("leader", run.at(1_000)), None);
+    assert_eq!(run.campaign.tenure("leader", run.at(1_000)), None);
     let release = run.request();
     assert_eq!(release.request.endpoint, Endpoint::Release);
     assert_eq!(body(&release.request)["revision"], 7);

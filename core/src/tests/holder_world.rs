@@ -27,11 +27,10 @@ use proptest::prelude::*;
 
 use crate::call::{Call, CallConfig};
 
+use super::support::HolderRequest;
 use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
-use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, StepDownReason,
-};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, StepDownReason, Tenure};
 use crate::io::EffectId;
 use crate::io::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
@@ -294,7 +293,7 @@ impl Machine {
             }
             Nodes::Members { .. } => {
                 let mut machine = Self::Member {
-                    campaign: Campaign::new(name).expect("a valid holder ID"),
+                    campaign: Campaign::new(name, now).expect("a valid holder ID"),
                     group: None,
                 };
                 machine.join(nodes, configs, now);
@@ -344,8 +343,15 @@ impl Machine {
     /// The next request and its key.
     fn poll_request(&mut self) -> Option<(String, HolderRequest)> {
         match self {
-            Self::Holder(h) => h.poll_request().map(|r| (KEY.to_string(), r)),
-            Self::Member { campaign, .. } => campaign.poll_request().map(|r| (r.key, r.request)),
+            Self::Holder(h) => h.poll_transmit().map(|t| (KEY.to_string(), t.into())),
+            Self::Member { campaign, .. } => {
+                let t = campaign.poll_transmit()?;
+                // Read from the body: a request may be timed out before it is polled.
+                let body: serde_json::Value =
+                    serde_json::from_slice(&t.request.payload).expect("a JSON body");
+                let key = body["key"].as_str().expect("a key").to_string();
+                Some((key, t.into()))
+            }
         }
     }
 
@@ -410,16 +416,16 @@ impl Machine {
     }
 
     /// Every key this node believes it owns at `now`.
-    fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Ownership)> {
+    fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Tenure)> {
         match self {
             Self::Holder(h) => h
-                .ownership(now)
+                .tenure(now)
                 .map(|o| (configs[0].key.clone(), o))
                 .into_iter()
                 .collect(),
             Self::Member { campaign, .. } => configs
                 .iter()
-                .filter_map(|c| Some((c.key.clone(), campaign.ownership(&c.key, now)?)))
+                .filter_map(|c| Some((c.key.clone(), campaign.tenure(&c.key, now)?)))
                 .collect(),
         }
     }
@@ -459,7 +465,7 @@ impl HolderWorld {
                 let machine = match p.nodes {
                     Nodes::Members { join_spread_ms, .. } if join_spread_ms > 0 && i > 0 => {
                         Machine::Member {
-                            campaign: Campaign::new(&name).expect("a valid holder ID"),
+                            campaign: Campaign::new(&name, base).expect("a valid holder ID"),
                             group: None,
                         }
                     }
@@ -1107,7 +1113,7 @@ impl HolderWorld {
     }
 
     /// `name` believes it owns `key` in tenure `own`: the server must agree.
-    fn check_owner(&self, name: &str, key: &str, own: Ownership) -> Result<(), String> {
+    fn check_owner(&self, name: &str, key: &str, own: Tenure) -> Result<(), String> {
         // The lease by its TTL: expired but not yet marked does not count.
         let Some((record, revision)) = self.js.leased(key) else {
             return Err(format!(

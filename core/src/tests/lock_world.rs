@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::stand_in::{Rng, StandIn, TTL_MS};
+use super::support::HolderRequest;
 use crate::holder::{Holder, HolderConfig, HolderEvent};
 use crate::io::{EffectId, RequestOutcome};
 use crate::supervise::{
@@ -419,7 +420,7 @@ impl World {
                 }
             }
         }
-        while let Some(request) = tool.holder.poll_request() {
+        while let Some(request) = tool.holder.poll_transmit().map(HolderRequest::from) {
             let lost = rng.chance(5);
             let at = t + rng.latency();
             if !lost {
