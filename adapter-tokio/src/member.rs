@@ -509,9 +509,7 @@ impl Group {
 
     fn held(&self) -> BTreeMap<String, Tenure> {
         let state = self.shared.lock();
-        state
-            .campaign
-            .held(self.id, self.shared.runtime.now())
+        state.campaign.held(self.id, self.shared.runtime.now())
     }
 
     fn done(&self, key: &str) {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 
-use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, Output, WriteId};
+use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
@@ -644,34 +644,30 @@ impl Writer {
                 self.coalescer.handle_outcome(runtime.now(), id, outcome);
             }
         }
-        while let Some(output) = self.coalescer.poll_output() {
-            match output {
-                Output::Done { write, outcome } => {
-                    if let Some(tx) = self.waiting.remove(&write) {
-                        // The call may have given up: nobody to tell then.
-                        let _ = tx.send(outcome);
-                    }
-                }
-                Output::Send(send) => {
-                    let client = client.clone();
-                    let runtime = runtime.clone();
-                    self.sends.push(Box::pin(async move {
-                        for m in send.publish {
-                            let mut headers = async_nats::HeaderMap::new();
-                            for (name, value) in &m.headers {
-                                headers.insert(*name, value.as_str());
-                            }
-                            // A message lost here leaves a gap: the commit is
-                            // answered `incomplete` and the writes go single.
-                            let _ = client
-                                .publish_with_headers(m.subject, headers, m.payload.into())
-                                .await;
-                        }
-                        let outcome = exec::send(&*runtime, &client, send.request).await;
-                        (send.id, outcome)
-                    }));
-                }
+        while let Some(CoalescerEvent::Done { write, outcome }) = self.coalescer.poll_event() {
+            if let Some(tx) = self.waiting.remove(&write) {
+                // The call may have given up: nobody to tell then.
+                let _ = tx.send(outcome);
             }
+        }
+        while let Some(send) = self.coalescer.poll_transmit() {
+            let client = client.clone();
+            let runtime = runtime.clone();
+            self.sends.push(Box::pin(async move {
+                for m in send.publish {
+                    let mut headers = async_nats::HeaderMap::new();
+                    for (name, value) in &m.headers {
+                        headers.insert(*name, value.as_str());
+                    }
+                    // A message lost here leaves a gap: the commit is
+                    // answered `incomplete` and the writes go single.
+                    let _ = client
+                        .publish_with_headers(m.subject, headers, m.payload.into())
+                        .await;
+                }
+                let outcome = exec::send(&*runtime, &client, send.request).await;
+                (send.id, outcome)
+            }));
         }
     }
 }

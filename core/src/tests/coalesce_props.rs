@@ -16,9 +16,8 @@ use serde_json::json;
 
 use crate::call::{Call, CallConfig};
 
-use crate::coalesce::{Coalescer, CoalescerConfig, Output, Send, WriteId};
-use crate::io::EffectId;
-use crate::io::NatsRequest;
+use crate::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use crate::io::{EffectId, NatsRequest, Transmit};
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
 
@@ -124,7 +123,7 @@ fn coalesced(
     let mut co = Coalescer::new(config);
     let mut trace = Vec::new();
     let mut reads: Vec<(usize, u32, EffectId, NatsRequest)> = Vec::new();
-    let mut sends: Vec<Send> = Vec::new();
+    let mut sends: Vec<Transmit> = Vec::new();
     let mut writes: BTreeMap<WriteId, (usize, u32, EffectId)> = BTreeMap::new();
     let mut next_write = 0u64;
     let mut ready: Vec<usize> = (0..calls.len()).collect();
@@ -147,17 +146,16 @@ fn coalesced(
                     }
                 }
             }
-            while let Some(o) = co.poll_output() {
+            while let Some(t) = co.poll_transmit() {
                 moved = true;
-                match o {
-                    Output::Send(s) => sends.push(s),
-                    Output::Done { write, outcome } => {
-                        let (i, _, id) = writes.remove(&write).expect("a write it was given");
-                        let now = d.now();
-                        d.calls[i].handle_outcome(now, id, outcome);
-                        ready.push(i);
-                    }
-                }
+                sends.push(t);
+            }
+            while let Some(CoalescerEvent::Done { write, outcome }) = co.poll_event() {
+                moved = true;
+                let (i, _, id) = writes.remove(&write).expect("a write it was given");
+                let now = d.now();
+                d.calls[i].handle_outcome(now, id, outcome);
+                ready.push(i);
             }
             if !moved {
                 break;
