@@ -27,7 +27,7 @@ use std::time::Duration;
 use async_nats::Client;
 use base64::Engine as _;
 use dagnats_leases_core::change::ChangeEvent;
-use dagnats_leases_core::record::changed_subject;
+use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
     OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,

@@ -56,7 +56,7 @@ use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
-use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
+use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use futures::future::BoxFuture;

@@ -13,8 +13,8 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 
 use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
-use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
+use dagnats_leases_core::subjects::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;

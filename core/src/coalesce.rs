@@ -46,7 +46,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
-use crate::record::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
+use crate::subjects::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
 
 /// ADR-50's batch id header.
 pub const HDR_BATCH_ID: &str = "Nats-Batch-Id";

@@ -7,10 +7,11 @@ use std::time::Duration;
 use crate::js::{self};
 
 use crate::io::{EffectId, NatsRequest, Transmit, TransmitKind};
-use crate::record::{
+use crate::record::{LeaseEvent, ttl_header};
+use crate::subjects::{
     CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, LeaseEvent, confirm_subject,
-    inbox_subject, kv_subject, ttl_header,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, confirm_subject, inbox_subject,
+    kv_subject,
 };
 
 /// A leader read of a key.

@@ -12,7 +12,8 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 
 use crate::io::{NatsRequest, RequestOutcome};
-use crate::record::{HDR_KV_OPERATION, HDR_MARKER_REASON, LeaseRecord, STREAM, kv_subject};
+use crate::record::LeaseRecord;
+use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON, STREAM, kv_subject};
 use crate::wire::ErrorKind;
 
 /// JetStream's error code for a failed expected-last-sequence check.

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
-use crate::record::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
+use crate::subjects::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
 use crate::wire::ErrorKind;
 
 /// The first nats-server version with per-message TTL.

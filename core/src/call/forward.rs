@@ -10,7 +10,7 @@ use super::{Call, Job, Waiting, with_owner};
 use crate::effect::{Effect, InboxRequest};
 use crate::io::RequestOutcome;
 use crate::js::KeyState;
-use crate::record::{HDR_REJECT, REJECT_STALE};
+use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::wire::{ErrorKind, ErrorReply, ForwardReply, ForwardRequest, Response};
 
 /// How many owners a forward tries at most.

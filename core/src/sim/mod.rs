@@ -29,7 +29,8 @@ use crate::call::{Call, CallConfig, Effect};
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
 use crate::js::{self, KeyState};
-use crate::record::{HDR_REJECT, LeaseEvent, REJECT_STALE};
+use crate::record::LeaseEvent;
+use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
 /// How a simulated owner answers a forwarded request.

@@ -8,7 +8,7 @@ use crate::coalesce::{
 };
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js::{PublishResult, parse_pub_ack};
-use crate::record::{
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
 };
 use crate::subjects::{confirm_subject, kv_subject};

@@ -8,9 +8,10 @@ use super::support::*;
 use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Operation};
 use crate::io::Mode;
 use crate::io::RequestOutcome;
-use crate::record::{
+use crate::record::{LeaseEvent, LeaseRecord, format_time};
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT,
-    HDR_TTL, LeaseEvent, LeaseRecord, format_time,
+    HDR_TTL,
 };
 use crate::wire::{Endpoint, ErrorKind, Response};
 

@@ -8,8 +8,9 @@ use crate::call::{Call, CallConfig, ConfirmRead, Effect, InboxRequest, KvRead, K
 
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
-use crate::record::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, LeaseRecord};
+use crate::record::LeaseRecord;
 use crate::sim::{self, MsgKind, SimMsg};
+use crate::subjects::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON};
 use crate::wire::{Endpoint, ErrorReply, Response};
 
 pub(super) const MAX_PAYLOAD: usize = 1024 * 1024;
