@@ -3,7 +3,7 @@
 //! serving future that spawns nothing and keeps time on a [`Runtime`].
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use async_nats::service::ServiceExt;
@@ -13,7 +13,8 @@ use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 
 use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
-use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
+use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
+use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
@@ -263,8 +264,17 @@ pub async fn prepare(
     );
     let (stop, stopped) = watch::channel(false);
     let writer = Writer::new(&client, atomic);
+    // The replicas are asked again now and then: read confirmation follows them.
+    let check = (mode == Mode::Ready).then(|| {
+        ReplicasCheck::new(
+            runtime.now(),
+            options.replicas_recheck,
+            options.kv_timeout,
+            replicas,
+        )
+    });
     let serve = serve(
-        runtime, client, service, requests, config, options, stopped, writer,
+        runtime, client, service, requests, config, options, stopped, writer, check,
     );
     Ok(Prepared {
         mode,
@@ -320,12 +330,16 @@ async fn serve(
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
     mut writer: Writer,
+    mut check: Option<ReplicasCheck>,
 ) {
     let writes = options.coalesce_writes.then(|| writer.sink.clone());
     let shutdown_timeout = options.shutdown_timeout;
-    // The replicas are asked again now and then: read confirmation follows them.
-    let mut recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
-    let mut asking = None;
+    let mut check_at = check.as_ref().and_then(ReplicasCheck::poll_timeout);
+    let mut recheck = sleep_until(&*runtime, check_at);
+    let mut asking: Option<(
+        EffectId,
+        futures::future::BoxFuture<'static, RequestOutcome>,
+    )> = None;
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
     let (cut, cut_off) = watch::channel(false);
@@ -352,24 +366,36 @@ async fn serve(
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
             () = writer.step(&runtime, &client) => {}
-            () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
-                recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
-                let client = client.clone();
-                let runtime = runtime.clone();
-                let request = startup::stream_info_request(config.kv_timeout);
-                asking = Some(Box::pin(async move { exec::send(&*runtime, &client, request).await }));
+            () = &mut recheck => {
+                if let Some(c) = &mut check {
+                    c.handle_timeout(runtime.now());
+                }
             }
-            outcome = async { asking.as_mut().expect("guarded").await }, if asking.is_some() => {
-                asking = None;
-                if let Some(replicas) = startup::replicas_from_reply(&outcome) {
-                    let now = options.call_config(config, replicas);
-                    if now.confirm_reads != config.confirm_reads {
-                        tracing::info!(replicas, confirm_reads = now.confirm_reads, "the leases stream's replicas changed");
-                        config = now;
-                    }
+            outcome = async { asking.as_mut().expect("guarded").1.as_mut().await }, if asking.is_some() => {
+                let (id, _) = asking.take().expect("guarded");
+                if let Some(c) = &mut check {
+                    c.handle_outcome(runtime.now(), id, outcome);
                 }
             }
             _ = stopped.changed() => break,
+        }
+        let Some(c) = &mut check else { continue };
+        while let Some(t) = c.poll_transmit() {
+            let (client, runtime) = (client.clone(), runtime.clone());
+            let send = async move { exec::send(&*runtime, &client, t.request).await };
+            asking = Some((t.id, Box::pin(send)));
+        }
+        while let Some(ReplicasEvent::ConfirmReads { replicas, on }) = c.poll_event() {
+            tracing::info!(
+                replicas,
+                confirm_reads = on,
+                "the leases stream's replicas changed"
+            );
+            config = options.call_config(config, replicas);
+        }
+        if c.poll_timeout() != check_at {
+            check_at = c.poll_timeout();
+            recheck = sleep_until(&*runtime, check_at);
         }
     }
     // Unsubscribe every endpoint (each does so on its next poll), then keep reading
@@ -463,6 +489,14 @@ async fn answer(
     let body = response.to_json();
     if let Err(e) = request.respond(Ok(body.into())).await {
         tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+    }
+}
+
+/// Sleeps until `at`, or for ever without one.
+fn sleep_until(runtime: &dyn Runtime, at: Option<Instant>) -> runtime::Sleep {
+    match at {
+        Some(at) => runtime.sleep_until(at),
+        None => Box::pin(std::future::pending()),
     }
 }
 

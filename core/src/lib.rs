@@ -86,6 +86,7 @@ pub mod holder;
 pub mod io;
 pub mod js;
 pub mod record;
+pub mod replicas;
 pub mod startup;
 pub mod subjects;
 pub mod supervise;

@@ -9,6 +9,7 @@ mod holder_world;
 mod lock_world;
 mod priority_world;
 mod properties;
+mod replicas;
 mod rules;
 mod stand_in;
 mod startup;
