@@ -76,6 +76,7 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
+pub mod acquire_wait;
 pub mod call;
 pub mod campaign;
 pub mod change;

@@ -1,5 +1,6 @@
 //! The core's tests: table tests, one per rule, and property tests over the simulator.
 
+mod acquire_wait;
 mod campaign;
 mod coalesce;
 mod coalesce_props;
