@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
+    Campaign, CampaignEvent, GroupId, MAX_PERMITS, semaphore_slot,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
@@ -127,7 +127,6 @@ pub use dagnats_leases_core::holder::Tenure;
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
-    keys: Vec<String>,
     finished: Vec<oneshot::Sender<()>>,
     /// When the group's campaign began, or its last step-down (not a stop): the
     /// start of [`telemetry::CAMPAIGN_TO_ELECTED`].
@@ -147,8 +146,6 @@ struct InboxFeed {
 struct State {
     campaign: Campaign,
     outlets: BTreeMap<GroupId, Outlet>,
-    /// Keys whose change events the driver should subscribe to.
-    subscribe: Vec<String>,
     inboxes: Vec<InboxFeed>,
     driver_started: bool,
     /// The keys this member owns, for the [`telemetry::LEADER`] gauge.
@@ -246,7 +243,6 @@ impl Member {
             state: Mutex::new(State {
                 campaign,
                 outlets: BTreeMap::new(),
-                subscribe: Vec::new(),
                 inboxes: Vec::new(),
                 driver_started: false,
                 owned: BTreeSet::new(),
@@ -378,11 +374,9 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
-        let presence = (0..keys.len()).map(|i| presence_key(set, i));
-        let watched = presence.chain(keys.iter().map(|k| k.to_string())).collect();
         telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
-            group: self.begin(watched, |c, now| c.add_balanced_group(now, set, configs))?,
+            group: self.begin(|c, now| c.add_balanced_group(now, set, configs))?,
         })
     }
 
@@ -403,20 +397,18 @@ impl Member {
         telemetry::campaigning_for(slots.iter().map(String::as_str));
         Ok(Semaphore {
             name: name.to_string(),
-            group: self.begin(slots, |c, now| c.add_semaphore(now, config, permits))?,
+            group: self.begin(|c, now| c.add_semaphore(now, config, permits))?,
         })
     }
 
     fn start(&self, configs: Vec<HolderConfig>, max_held: usize) -> Result<Group, LeaseError> {
-        let keys = configs.iter().map(|c| c.key.clone()).collect();
-        self.begin(keys, |c, now| c.add_group(now, configs, max_held))
+        self.begin(|c, now| c.add_group(now, configs, max_held))
     }
 
-    /// Adds a group to the machine (`add`) and subscribes to the change events of
-    /// `keys`.
+    /// Adds a group to the machine (`add`); the machine says which change events
+    /// to watch for it.
     fn begin(
         &self,
-        keys: Vec<String>,
         add: impl FnOnce(&mut Campaign, Instant) -> Result<GroupId, ErrorReply>,
     ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
@@ -424,12 +416,10 @@ impl Member {
         let now = self.shared.runtime.now();
         let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
-        state.subscribe.extend(keys.iter().cloned());
         state.outlets.insert(
             id,
             Outlet {
                 changes: changes_tx,
-                keys,
                 finished: Vec::new(),
                 campaigning_since: now,
             },
@@ -853,7 +843,7 @@ async fn drive(shared: Arc<Shared>) {
     // Keys whose last renew had an unknown outcome: a renew sent now is a retry.
     let mut renew_unknown: BTreeSet<String> = BTreeSet::new();
     loop {
-        let (requests, events, wake, subscribe, new_inboxes, done) = {
+        let (requests, events, wake, new_inboxes, done) = {
             let mut state = shared.lock();
             in_flight.retain(|id, _| state.campaign.waits_for(*id));
             // Each with the key whose holder sends it (none for a request the
@@ -872,7 +862,6 @@ async fn drive(shared: Arc<Shared>) {
                 requests,
                 events,
                 state.campaign.poll_timeout(),
-                std::mem::take(&mut state.subscribe),
                 std::mem::take(&mut state.inboxes),
                 done,
             )
@@ -886,19 +875,26 @@ async fn drive(shared: Arc<Shared>) {
             in_flight.insert(transmit.id, give_up);
             pending.push(send(&shared, key, transmit, given_up));
         }
-        for key in subscribe {
-            // A failed subscribe only loses the early wake-up, never correctness.
-            if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
-                let (stop, stopped) = oneshot::channel();
-                subscribed.insert(key.clone(), stop);
-                changes.push(Box::pin(
-                    sub.map(move |m| (key.clone(), m)).take_until(stopped),
-                ));
+        let mut others = Vec::new();
+        for event in events {
+            match event {
+                CampaignEvent::Watch { key } => {
+                    // A failed subscribe only loses the early wake-up, never correctness.
+                    if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
+                        let (stop, stopped) = oneshot::channel();
+                        subscribed.insert(key.clone(), stop);
+                        changes.push(Box::pin(
+                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
+                        ));
+                    }
+                }
+                CampaignEvent::Unwatch { key } => {
+                    subscribed.remove(&key);
+                }
+                other => others.push(other),
             }
         }
-        for key in dispatch(&shared, events) {
-            subscribed.remove(&key);
-        }
+        dispatch(&shared, others);
         for feed in new_inboxes {
             let n = inboxes.len();
             inboxes.push((feed.accepted, feed.rejected));
@@ -944,12 +940,10 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Passes the machine's events on; returns the keys no running group campaigns for
-/// any more (their change events are no longer wanted).
-fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
-    let mut finished_keys = Vec::new();
+/// Passes the machine's holder events and group ends on.
+fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     if events.is_empty() {
-        return finished_keys;
+        return;
     }
     let now = shared.runtime.now();
     if let Some(o) = &shared.observer {
@@ -979,17 +973,15 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
             }
             CampaignEvent::Finished { group } => {
                 if let Some(outlet) = state.outlets.remove(&group) {
-                    finished_keys.extend(outlet.keys);
                     for f in outlet.finished {
                         let _ = f.send(());
                     }
                 }
             }
+            // The driver subscribes and unsubscribes itself.
+            CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
         }
     }
-    // A key may be campaigned for again already, by a group started meanwhile.
-    finished_keys.retain(|k| !state.outlets.values().any(|o| o.keys.contains(k)));
-    finished_keys
 }
 
 /// Records a holder event in the metrics ([`telemetry`]).

@@ -125,6 +125,17 @@ pub enum CampaignEvent {
         /// What happened.
         event: HolderEvent,
     },
+    /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
+    /// members of a balanced set by it). They wake a campaign when the key may be free.
+    Watch {
+        /// The key.
+        key: String,
+    },
+    /// Unsubscribe from `key`'s change events: no group campaigns for it any more.
+    Unwatch {
+        /// The key.
+        key: String,
+    },
     /// The group is finished: stopped and released, or every key refused for good.
     /// Its keys may be campaigned for again.
     Finished {
@@ -394,6 +405,8 @@ impl Campaign {
         };
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
+            let key = config.key.clone();
+            self.events.push_back(CampaignEvent::Watch { key });
         }
         self.groups.insert(
             id,
@@ -1021,8 +1034,10 @@ impl Campaign {
             }
             for id in finished {
                 if let Some(group) = self.groups.remove(&id) {
-                    for config in &group.keys {
+                    for config in group.keys {
                         self.claimed.remove(&config.key);
+                        let key = config.key;
+                        self.events.push_back(CampaignEvent::Unwatch { key });
                     }
                 }
                 self.events.push_back(CampaignEvent::Finished { group: id });

@@ -28,6 +28,25 @@ struct CampaignRequest {
     request: HolderRequest,
 }
 
+fn is_watch(e: &CampaignEvent) -> bool {
+    matches!(
+        e,
+        CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. }
+    )
+}
+
+fn watch(key: &str) -> CampaignEvent {
+    CampaignEvent::Watch {
+        key: key.to_string(),
+    }
+}
+
+fn unwatch(key: &str) -> CampaignEvent {
+    CampaignEvent::Unwatch {
+        key: key.to_string(),
+    }
+}
+
 struct Run {
     campaign: Campaign,
     t0: Instant,
@@ -93,7 +112,15 @@ impl Run {
         assert_eq!(self.requests(), []);
     }
 
+    /// The events but watch and unwatch (see [`Run::watches`]).
     fn events(&mut self) -> Vec<CampaignEvent> {
+        std::iter::from_fn(|| self.campaign.poll_event())
+            .filter(|e| !is_watch(e))
+            .collect()
+    }
+
+    /// Every event, watches included.
+    fn all_events(&mut self) -> Vec<CampaignEvent> {
         std::iter::from_fn(|| self.campaign.poll_event()).collect()
     }
 
@@ -144,6 +171,59 @@ fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
     run.answer(2, &acquire, refused(4));
     assert_eq!(run.events(), [CampaignEvent::Finished { group: first }]);
     run.group(&["leader"], 1);
+}
+
+/// The campaign says which keys' change events to watch: a group's keys while it
+/// runs, and no longer once it has finished; a key campaigned for again is
+/// watched again.
+#[test]
+fn a_group_watches_its_keys_until_it_finishes() {
+    let mut run = Run::new();
+    let group = run.group(&["a", "b"], 1);
+    assert_eq!(run.all_events(), [watch("a"), watch("b")]);
+    let acquire = run.request();
+    run.campaign.stop_group(run.at(1), group);
+    assert_eq!(
+        run.all_events(),
+        [],
+        "still waiting for the acquire's answer"
+    );
+    run.answer(2, &acquire, refused(4));
+    assert_eq!(
+        run.all_events(),
+        [
+            unwatch("a"),
+            unwatch("b"),
+            CampaignEvent::Finished { group }
+        ]
+    );
+    run.group(&["b"], 1);
+    assert_eq!(run.all_events(), [watch("b")]);
+}
+
+/// A balanced set watches its presence keys too; a semaphore, its slots.
+#[test]
+fn balanced_sets_and_semaphores_watch_every_key_they_count_by() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    run.campaign
+        .add_balanced_group(now, "set", configs(&["s0", "s1"]))
+        .unwrap();
+    let mut watched: Vec<CampaignEvent> = run.all_events();
+    watched.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(
+        watched,
+        [
+            watch("s0"),
+            watch("s1"),
+            watch("set-member-0"),
+            watch("set-member-1")
+        ]
+    );
+    run.campaign
+        .add_semaphore(now, HolderConfig::new("jobs", "h1", TTL), 2)
+        .unwrap();
+    assert_eq!(run.all_events(), [watch("jobs-0"), watch("jobs-1")]);
 }
 
 #[test]
@@ -900,4 +980,110 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
         (again.request.endpoint, again.key.as_str()),
         (Endpoint::Acquire, "leader")
     );
+}
+
+/// Random groups started, stopped and answered: the keys watched are always those
+/// of the groups not yet finished, each watched once, every request is for a
+/// watched key, and nothing is watched once every group has finished.
+fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
+    const POOL: [&str; 4] = ["a", "b", "c", "d"];
+    let mut run = Run::new();
+    let mut watched = std::collections::BTreeSet::new();
+    let mut groups: Vec<GroupId> = Vec::new();
+    let mut out: Vec<CampaignRequest> = Vec::new();
+    let mut ms = 0;
+    for &(op, x, y) in ops {
+        ms += u64::from(y) * 20;
+        let now = run.at(ms);
+        match op % 4 {
+            0 => {
+                let keys: Vec<&str> = POOL
+                    .iter()
+                    .copied()
+                    .filter(|_| x % 2 == 1)
+                    .take(2)
+                    .collect();
+                let keys = if keys.is_empty() {
+                    vec![POOL[usize::from(x) % 4]]
+                } else {
+                    keys
+                };
+                if let Ok(g) = run.campaign.add_group(now, configs(&keys), 1) {
+                    groups.push(g);
+                }
+            }
+            1 if !groups.is_empty() => {
+                let g = groups.remove(usize::from(x) % groups.len());
+                run.campaign.stop_group(now, g);
+            }
+            2 if !out.is_empty() => {
+                let r = out.remove(usize::from(x) % out.len());
+                let outcome = match y % 3 {
+                    0 => granted(u64::from(x) + 1),
+                    1 => refused(u64::from(x) + 1),
+                    _ => RequestOutcome::NoResponders,
+                };
+                run.campaign.handle_outcome(now, r.request.id, outcome);
+            }
+            _ => run.campaign.handle_timeout(now),
+        }
+        // A group's keys are watched from its start to its end.
+        for e in run.all_events() {
+            match e {
+                CampaignEvent::Watch { key } if !watched.insert(key.clone()) => {
+                    return Err(format!("{ms} ms: {key} watched twice"));
+                }
+                CampaignEvent::Unwatch { key } if !watched.remove(&key) => {
+                    return Err(format!("{ms} ms: {key} unwatched unwatched"));
+                }
+                _ => {}
+            }
+        }
+        for r in run.requests() {
+            if !watched.contains(&r.key) {
+                return Err(format!("{ms} ms: a request for unwatched {}", r.key));
+            }
+            out.push(r);
+        }
+        out.retain(|r| run.campaign.waits_for(r.request.id));
+    }
+    for g in groups {
+        run.campaign.stop_group(run.at(ms), g);
+    }
+    // Answer everything still out as refused, until every group is finished.
+    for step in 1..50 {
+        let now = run.at(ms + step * 1_000);
+        for r in std::mem::take(&mut out) {
+            run.campaign
+                .handle_outcome(now, r.request.id, RequestOutcome::NoResponders);
+        }
+        run.campaign.handle_timeout(now);
+        out.extend(run.requests());
+        for e in run.all_events() {
+            match e {
+                CampaignEvent::Watch { key } => {
+                    watched.insert(key);
+                }
+                CampaignEvent::Unwatch { key } => {
+                    watched.remove(&key);
+                }
+                _ => {}
+            }
+        }
+    }
+    if run.campaign.is_done() && !watched.is_empty() {
+        return Err(format!("every group finished, still watched: {watched:?}"));
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #[test]
+    fn the_keys_watched_are_the_running_groups_keys(
+        ops in proptest::collection::vec((0u8..4, proptest::prelude::any::<u8>(), 0u8..50), 0..80),
+    ) {
+        if let Err(v) = watch_world(&ops) {
+            proptest::prop_assert!(false, "{}", v);
+        }
+    }
 }

@@ -384,6 +384,7 @@ impl Machine {
             Self::Member { campaign, group } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
+                    CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
                     CampaignEvent::Finished { group: g } => {
                         if *group == Some(g) {
                             *group = None;
