@@ -342,7 +342,7 @@ pub enum HolderStatus {
     Campaigning,
     /// Granted, proving the lease fresh with a renew before acting as owner.
     Confirming,
-    /// Owner until the local deadline (check [`Holder::ownership`] for the instant).
+    /// Owner until the local deadline (check [`Holder::tenure`] for the instant).
     Owner,
     /// Stepped down for good; releasing (once a revocation's hold is over).
     Stopping,

@@ -6,10 +6,14 @@
 //! pure, synchronous state machines: wire types and strict validation ([`wire`]),
 //! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
 //! one machine per call ([`call`]), the write coalescer that gathers the
-//! calls' writes into atomic batches ([`coalesce`]) and bucket startup ([`startup`]); and the holder
-//! side: a campaigning, renewing [`holder::Holder`], every campaign of one process
-//! ([`campaign::Campaign`]: groups, caps, the inbox), change events ([`change`]),
-//! and the owner-side and downstream checks of [`guard`].
+//! calls' writes into atomic batches ([`coalesce`]), bucket startup ([`startup`])
+//! and the replicas re-check that turns read confirmation on and off
+//! ([`replicas`]); and the holder side: a campaigning, renewing
+//! [`holder::Holder`], every campaign of one process ([`campaign::Campaign`]:
+//! groups, caps, the inbox, which change events to watch), the client's waiting
+//! acquire ([`acquire_wait`]), change events ([`change`]), the owner-side and
+//! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]). The
+//! I/O types every machine shares are in [`io`].
 //!
 //! # Determinism
 //!
@@ -20,9 +24,12 @@
 //!
 //! # One vocabulary
 //!
-//! Every machine ([`call::Call`], [`startup::Startup`], [`holder::Holder`],
-//! [`campaign::Campaign`], [`supervise::Supervisor`], [`supervise::Lock`],
-//! [`coalesce::Coalescer`]) is driven the same way, in the types of [`io`]:
+//! Every machine ([`call::Call`], [`startup::Startup`],
+//! [`replicas::ReplicasCheck`], [`coalesce::Coalescer`], [`holder::Holder`],
+//! [`campaign::Campaign`], [`acquire_wait::WaitingAcquire`],
+//! [`supervise::Supervisor`], [`supervise::Lock`]) is driven the same way, in the
+//! types of [`io`] (the two of `lock`'s supervision send nothing, so they have no
+//! `poll_transmit`):
 //!
 //! - inputs are `handle_*(now, …)`; the result of a request comes back as
 //!   `handle_outcome(now, id, outcome)`, tagged with the [`io::EffectId`] it was
