@@ -961,7 +961,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
                 let ownership = match event {
                     HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
                     HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
-                    HolderEvent::Renewed { .. } => None,
+                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
                     HolderEvent::Failed { kind, message } => {
                         tracing::error!(key, %kind, message, "the lease service refused this holder");
                         None
@@ -1006,7 +1006,7 @@ fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &Ho
                 outlet.campaigning_since = now;
             }
         }
-        HolderEvent::Renewed { .. } | HolderEvent::Failed { .. } => {}
+        HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } | HolderEvent::Failed { .. } => {}
     }
 }
 

@@ -326,6 +326,13 @@ pub enum HolderEvent {
         /// Why.
         reason: StepDownReason,
     },
+    /// An acquire while campaigning did not win the key: `holder` has it, or
+    /// (`None`) no usable answer came. The holder asks again later; `lock --wait`
+    /// gives up on it once its wait has passed.
+    Refused {
+        /// The holder the service named, if it answered.
+        holder: Option<String>,
+    },
     /// The service refused for good; the holder is done.
     Failed {
         /// The error kind the service replied with.
@@ -702,11 +709,30 @@ impl Holder {
     }
 
     /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
-    /// waits for are ignored.
+    /// waits for are ignored. A campaign's acquire that leaves the holder campaigning
+    /// is reported [`HolderEvent::Refused`].
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.filter(|f| f.id == id) else {
             return;
         };
+        let campaign =
+            flight.purpose == Purpose::Acquire && matches!(self.phase, Phase::Campaigning { .. });
+        let holder = match &outcome {
+            RequestOutcome::Reply { payload, .. } if campaign => {
+                match Response::decode(Endpoint::Acquire, payload) {
+                    Ok(Response::Acquired(r)) if !r.granted => Some(r.lease.holder),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        self.on_outcome(now, flight, outcome);
+        if campaign && matches!(self.phase, Phase::Campaigning { .. }) {
+            self.events.push_back(HolderEvent::Refused { holder });
+        }
+    }
+
+    fn on_outcome(&mut self, now: Instant, flight: InFlight, outcome: RequestOutcome) {
         self.in_flight = None;
         if matches!(self.phase, Phase::Owner { ownership, .. } if now >= ownership.deadline) {
             // The tenure ended at the deadline, whatever this says: a renewal that

@@ -28,10 +28,16 @@ struct CampaignRequest {
     request: HolderRequest,
 }
 
+/// Watches and refusals, which the tests of other rules leave out.
 fn is_watch(e: &CampaignEvent) -> bool {
     matches!(
         e,
-        CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. }
+        CampaignEvent::Watch { .. }
+            | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::Holder {
+                event: HolderEvent::Refused { .. },
+                ..
+            }
     )
 }
 
@@ -112,7 +118,7 @@ impl Run {
         assert_eq!(self.requests(), []);
     }
 
-    /// The events but watch and unwatch (see [`Run::watches`]).
+    /// The events but watches and refusals (see [`Run::all_events`]).
     fn events(&mut self) -> Vec<CampaignEvent> {
         std::iter::from_fn(|| self.campaign.poll_event())
             .filter(|e| !is_watch(e))

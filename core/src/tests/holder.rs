@@ -96,7 +96,15 @@ impl Run {
         self.holder.handle_outcome(self.at(ms), r.id, outcome);
     }
 
+    /// The events but refusals (see [`Run::all_events`]).
     fn events(&mut self) -> Vec<HolderEvent> {
+        self.all_events()
+            .into_iter()
+            .filter(|e| !matches!(e, HolderEvent::Refused { .. }))
+            .collect()
+    }
+
+    fn all_events(&mut self) -> Vec<HolderEvent> {
         std::iter::from_fn(|| self.holder.poll_event()).collect()
     }
 
@@ -667,6 +675,37 @@ fn another_holder_means_campaigning_again_later_or_on_a_change_event() {
     run.no_request();
     run.holder.handle_change(run.at(100), &freed());
     assert_eq!(run.request().endpoint, Endpoint::Acquire);
+}
+
+/// A campaign's acquire that leaves the holder campaigning is reported, naming the
+/// holder the service named; a grant, or a renew's answer, is not.
+#[test]
+fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(10, &r, refused(4));
+    let by = |h: &str| HolderEvent::Refused {
+        holder: Some(h.to_string()),
+    };
+    assert_eq!(run.all_events(), [by("h2")]);
+    run.holder.handle_timeout(run.at(5010));
+    let r = run.request();
+    run.answer(5020, &r, RequestOutcome::TimedOut);
+    assert_eq!(run.all_events(), [HolderEvent::Refused { holder: None }]);
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(10, &r, granted(4));
+    assert_eq!(run.all_events(), [], "confirming, not refused");
+    let mut run = Run::elected(config(), 7, 1);
+    run.all_events();
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    run.answer(5010, &renew, renewed(8));
+    assert!(
+        !run.all_events()
+            .iter()
+            .any(|e| matches!(e, HolderEvent::Refused { .. }))
+    );
 }
 
 /// Only an event that may have freed the key wakes a candidate: an acquire or a

@@ -707,6 +707,7 @@ impl HolderWorld {
                 HolderEvent::Failed { kind, message } => {
                     panic!("holder h{h} failed: {kind}: {message}")
                 }
+                HolderEvent::Refused { .. } => {}
             }
         }
         if !done.is_empty() {

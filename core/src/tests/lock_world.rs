@@ -357,6 +357,7 @@ impl World {
                 HolderEvent::Elected { deadline, .. } => tool.lock.handle_elected(now, deadline),
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
+                HolderEvent::Refused { .. } => tool.lock.handle_refused(now),
                 HolderEvent::Failed { kind, message } => {
                     return Err(format!("{} failed: {kind}: {message}", tool.name));
                 }
