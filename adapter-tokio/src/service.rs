@@ -267,10 +267,10 @@ pub async fn prepare(
     // The replicas are asked again now and then: read confirmation follows them.
     let check = (mode == Mode::Ready).then(|| {
         ReplicasCheck::new(
-            runtime.now(),
             options.replicas_recheck,
             options.kv_timeout,
             replicas,
+            runtime.now(),
         )
     });
     let serve = serve(

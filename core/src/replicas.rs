@@ -42,7 +42,7 @@ pub struct ReplicasCheck {
 impl ReplicasCheck {
     /// Checks every `every` from `now`, each request bounded by `timeout`, starting
     /// from the `replicas` startup found.
-    pub fn new(now: Instant, every: Duration, timeout: Duration, replicas: usize) -> Self {
+    pub fn new(every: Duration, timeout: Duration, replicas: usize, now: Instant) -> Self {
         Self {
             every,
             timeout,

@@ -32,7 +32,7 @@ fn check_at(c: &mut ReplicasCheck, at: Instant) -> crate::io::EffectId {
 #[test]
 fn a_check_goes_out_each_period_and_not_before() {
     let t0 = Instant::now();
-    let mut c = ReplicasCheck::new(t0, EVERY, T, 1);
+    let mut c = ReplicasCheck::new(EVERY, T, 1, t0);
     assert_eq!(c.poll_timeout(), Some(t0 + EVERY));
     c.handle_timeout(ms(t0, 9_999));
     assert!(c.poll_transmit().is_none());
@@ -51,7 +51,7 @@ fn a_check_goes_out_each_period_and_not_before() {
 #[test]
 fn confirmation_turns_on_past_one_replica_and_off_at_one_once_each() {
     let t0 = Instant::now();
-    let mut c = ReplicasCheck::new(t0, EVERY, T, 1);
+    let mut c = ReplicasCheck::new(EVERY, T, 1, t0);
     let id = check_at(&mut c, t0 + EVERY);
     c.handle_outcome(t0 + EVERY, id, info(3));
     let on = ReplicasEvent::ConfirmReads {
@@ -76,7 +76,7 @@ fn confirmation_turns_on_past_one_replica_and_off_at_one_once_each() {
 #[test]
 fn no_answer_or_an_error_keeps_what_was_known_and_a_late_answer_is_ignored() {
     let t0 = Instant::now();
-    let mut c = ReplicasCheck::new(t0, EVERY, T, 3);
+    let mut c = ReplicasCheck::new(EVERY, T, 3, t0);
     assert!(c.confirm_reads());
     let id = check_at(&mut c, t0 + EVERY);
     c.handle_timeout(t0 + EVERY + T);
@@ -105,7 +105,7 @@ proptest! {
     ) {
         let t0 = Instant::now();
         let mut now = t0;
-        let mut c = ReplicasCheck::new(t0, EVERY, T, start as usize);
+        let mut c = ReplicasCheck::new(EVERY, T, start as usize, t0);
         let mut expected = start > 1;
         let mut out = None;
         for (wait, replicas, answer) in steps {
