@@ -64,8 +64,8 @@ use std::time::Instant;
 use async_compat::Compat;
 pub use dagnats_leases_tokio::client::{Forwarded, LeaseClient, LeaseError, LeaseErrorKind};
 pub use dagnats_leases_tokio::member::{
-    CampaignObserver, Change, Elector, ForwardedRequest, Health, Inbox, Member, Ownership,
-    Semaphore, Shards, StepDownReason, Tenure,
+    CampaignObserver, Change, Elector, ForwardedRequest, Health, Inbox, Member, ObservedRequest,
+    Ownership, Semaphore, Shards, StepDownReason, Tenure,
 };
 pub use dagnats_leases_tokio::runtime::Runtime;
 use dagnats_leases_tokio::runtime::{Sleep, Task};

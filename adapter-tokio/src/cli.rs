@@ -28,6 +28,16 @@ pub struct ServeArgs {
     /// subscription, so memory stays flat under a burst.
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_in_flight: usize,
+    /// Gather the calls' writes into atomic batches under load (nats-server 2.12+;
+    /// `false` sends every write alone).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub coalesce_writes: bool,
+    /// Single writes in flight before writes start to gather into batches.
+    #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]
+    pub batch_after: usize,
+    /// The smallest batch sent; fewer gathered writes wait for a single to come back.
+    #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_MIN_BATCH)]
+    pub min_batch: usize,
     /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
     /// e.g. `127.0.0.1:9464`. Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
@@ -47,6 +57,9 @@ impl ServeArgs {
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             max_calls_in_flight: self.max_calls_in_flight,
+            coalesce_writes: self.coalesce_writes,
+            batch_after: self.batch_after,
+            min_batch: self.min_batch,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             ..ServiceOptions::default()

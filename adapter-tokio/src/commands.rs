@@ -14,14 +14,16 @@ use std::time::Duration;
 use async_nats::Client;
 use base64::Engine as _;
 use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
-use dagnats_leases_core::wire::{ErrorKind, Lease};
+use dagnats_leases_core::wire::Lease;
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::client::{LeaseClient, LeaseError, LeaseErrorKind};
+use crate::client::{LeaseClient, LeaseError};
 use crate::connect::ConnectOptions;
 
-pub use crate::exit::{EXIT_ERROR, EXIT_FENCE_MISMATCH, EXIT_NO_SERVER, EXIT_NOT_HELD, EXIT_OK};
+pub use crate::exit::{
+    EXIT_ERROR, EXIT_FENCE_MISMATCH, EXIT_NO_SERVER, EXIT_NOT_HELD, EXIT_OK, exit_code,
+};
 
 /// What every operator command takes: how to reach NATS, and the output format.
 #[derive(Debug, Clone, clap::Args)]
@@ -298,16 +300,6 @@ fn report(e: &LeaseError, json: bool, out: &mut (dyn Write + Send)) -> u8 {
         eprintln!("dagnats-leases: {e}");
     }
     exit_code(e)
-}
-
-/// The exit code of a failed call.
-pub fn exit_code(e: &LeaseError) -> u8 {
-    match e.kind() {
-        LeaseErrorKind::Refused(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
-        LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
-        LeaseErrorKind::Connection => EXIT_NO_SERVER,
-        _ => EXIT_ERROR,
-    }
 }
 
 async fn watch(

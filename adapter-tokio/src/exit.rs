@@ -1,6 +1,11 @@
 //! The exit codes of the `dagnats-leases` and `dagnats-leases-smol` binaries, in
-//! one place. [`crate::commands`], [`crate::lock`] and [`crate::cli`] re-export the
-//! ones they return.
+//! one place, and the code of a failed call ([`exit_code`], which the commands and
+//! `lock` both return). [`crate::commands`], [`crate::lock`] and [`crate::cli`]
+//! re-export the ones they return.
+
+use dagnats_leases_core::wire::ErrorKind;
+
+use crate::client::{LeaseError, LeaseErrorKind};
 
 /// Done.
 pub const EXIT_OK: u8 = 0;
@@ -19,3 +24,13 @@ pub const EXIT_FENCE_MISMATCH: u8 = 4;
 pub const EXIT_LEASE_LOST: u8 = 5;
 /// `lock`: the command could not be started.
 pub const EXIT_CANNOT_RUN: u8 = 127;
+
+/// The exit code of a failed call.
+pub fn exit_code(e: &LeaseError) -> u8 {
+    match e.kind() {
+        LeaseErrorKind::Refused(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
+        LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
+        LeaseErrorKind::Connection => EXIT_NO_SERVER,
+        _ => EXIT_ERROR,
+    }
+}

@@ -436,7 +436,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         Ok(m) => m.with_observer(Arc::new(Observer(observed_tx))),
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
-            return crate::commands::exit_code(&e);
+            return crate::exit::exit_code(&e);
         }
     };
     let started = match args.permits {
@@ -449,7 +449,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
         Ok(e) => e,
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
-            return crate::commands::exit_code(&e);
+            return crate::exit::exit_code(&e);
         }
     };
     let mut signals = match Signals::new() {

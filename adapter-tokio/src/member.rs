@@ -74,21 +74,28 @@ use crate::telemetry;
 /// a test's history (the fault suite records the library's own view through it).
 /// Called on the driver's task: keep it quick.
 pub trait CampaignObserver: Send + Sync {
-    /// A request for `key` (`endpoint`, `body`) was sent at `sent` and came back
-    /// with `outcome` at `answered`.
-    fn request(
-        &self,
-        _key: &str,
-        _endpoint: Endpoint,
-        _body: &[u8],
-        _sent: Instant,
-        _outcome: &RequestOutcome,
-        _answered: Instant,
-    ) {
-    }
+    /// A request was sent and came back (or was given up on).
+    fn request(&self, _request: &ObservedRequest<'_>) {}
 
     /// The holder of `key` reported `event` at `at`.
     fn event(&self, _key: &str, _event: &HolderEvent, _at: Instant) {}
+}
+
+/// One of a campaign's requests, as a [`CampaignObserver`] sees it once it is over.
+#[derive(Debug, Clone, Copy)]
+pub struct ObservedRequest<'a> {
+    /// The key it was for.
+    pub key: &'a str,
+    /// The endpoint it went to.
+    pub endpoint: Endpoint,
+    /// Its body.
+    pub body: &'a [u8],
+    /// When it was sent.
+    pub sent: Instant,
+    /// How it came back (`TimedOut` when the campaign gave up on it).
+    pub outcome: &'a RequestOutcome,
+    /// When it came back.
+    pub answered: Instant,
 }
 
 type Observer = Option<Arc<dyn CampaignObserver>>;
@@ -1040,7 +1047,14 @@ fn send(
         let unknown =
             telemetry::holder_outcome(endpoint, &outcome, answered.saturating_duration_since(sent));
         if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&key, endpoint, body, sent, &outcome, answered);
+            o.request(&ObservedRequest {
+                key: &key,
+                endpoint,
+                body,
+                sent,
+                outcome: &outcome,
+                answered,
+            });
         }
         Answer {
             id,

@@ -10,8 +10,7 @@ use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
-
-use dagnats_leases_core::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
@@ -52,9 +51,15 @@ pub struct ServiceOptions {
     /// ends: the service's memory stays flat whatever the burst.
     pub max_calls_in_flight: usize,
     /// Whether the calls' writes go through one write coalescer
-    /// ([`dagnats_leases_core::coalesce`]): those that arrive while one is in
-    /// flight go as one atomic batch when the stream allows it (nats-server 2.12+).
+    /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
+    /// flight they gather into atomic batches when the stream allows it
+    /// (nats-server 2.12+).
     pub coalesce_writes: bool,
+    /// Single writes in flight before writes gather into batches.
+    pub batch_after: usize,
+    /// The smallest batch the coalescer sends; fewer gathered writes wait for a
+    /// single write to come back and go single.
+    pub min_batch: usize,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -85,6 +90,8 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             coalesce_writes: true,
+            batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
+            min_batch: coalesce::DEFAULT_MIN_BATCH,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -263,7 +270,7 @@ pub async fn prepare(
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let writer = Writer::new(&client, atomic);
+    let writer = Writer::new(&client, atomic, &options);
     // The replicas are asked again now and then: read confirmation follows them.
     let check = (mode == Mode::Ready).then(|| {
         ReplicasCheck::new(
@@ -637,12 +644,16 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(client: &Client, atomic: bool) -> Self {
+    fn new(client: &Client, atomic: bool, options: &ServiceOptions) -> Self {
         let config = if atomic {
             // Unique per process: the server keys open batches by id.
             let inbox = client.new_inbox();
             let nuid = inbox.rsplit('.').next().unwrap_or_default();
-            CoalescerConfig::atomic(format!("{nuid}-"))
+            CoalescerConfig {
+                single_window: options.batch_after,
+                min_batch: options.min_batch,
+                ..CoalescerConfig::atomic(format!("{nuid}-"))
+            }
         } else {
             CoalescerConfig::single()
         };

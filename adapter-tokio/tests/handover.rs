@@ -13,7 +13,7 @@ use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::wire::{Endpoint, Response};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::client::LeaseClient;
-use dagnats_leases_tokio::member::{CampaignObserver, Elector, Member, Ownership};
+use dagnats_leases_tokio::member::{CampaignObserver, Elector, Member, ObservedRequest, Ownership};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
@@ -39,23 +39,15 @@ async fn member(server: &NatsServer, name: &str) -> Member {
 struct Refusals(tokio::sync::mpsc::UnboundedSender<()>);
 
 impl CampaignObserver for Refusals {
-    fn request(
-        &self,
-        _key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        _sent: Instant,
-        outcome: &RequestOutcome,
-        _answered: Instant,
-    ) {
-        let refused = match outcome {
+    fn request(&self, request: &ObservedRequest<'_>) {
+        let refused = match request.outcome {
             RequestOutcome::Reply { payload, .. } => matches!(
-                Response::decode(endpoint, payload),
+                Response::decode(request.endpoint, payload),
                 Ok(Response::Acquired(r)) if !r.granted
             ),
             _ => false,
         };
-        if endpoint == Endpoint::Acquire && refused {
+        if request.endpoint == Endpoint::Acquire && refused {
             let _ = self.0.send(());
         }
     }

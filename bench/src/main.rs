@@ -9,6 +9,7 @@
 
 mod baseline;
 mod burst;
+mod campaign_cost;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod load;
@@ -17,7 +18,8 @@ mod procs;
 mod profile;
 mod report;
 mod scale;
-mod servers;
+
+use dagnats_leases_bench::servers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,6 +58,16 @@ enum Command {
         /// Its password.
         #[arg(long)]
         password: String,
+    },
+    /// What one input costs the holder library's Campaign machine holding many
+    /// keys, against a few (stand-in service, virtual time; no NATS).
+    CampaignCost {
+        /// Shard group sizes, the first the baseline of the ratios.
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+        keys: Vec<usize>,
+        /// Where the report goes (default: target/bench in the checkout).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Profile baseline and service under callgrind: instructions and allocations per call.
     Profile {
@@ -242,6 +254,15 @@ fn main() {
             user,
             password,
         }) => rt.block_on(baseline::serve(&nats_url, &user, &password)),
+        Some(Command::CampaignCost { keys, out }) => {
+            let costs = campaign_cost::run(&keys);
+            let out = out.unwrap_or_else(|| servers::checkout().join("target/bench"));
+            std::fs::create_dir_all(&out).expect("report dir");
+            let path = out.join("campaign-cost.json");
+            let json = serde_json::to_string_pretty(&costs).expect("costs serialise");
+            std::fs::write(&path, json).expect("write the report");
+            println!("report: {}", path.display());
+        }
         Some(Command::Profile { calls, ops, out }) => {
             let ops: Vec<Op> = if ops.is_empty() {
                 Op::ALL.to_vec()
@@ -307,15 +328,24 @@ async fn run(args: RunArgs) {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
     match sync {
-        SyncMode::Always => plan.push((Place::Fsync, Impl::ALL.to_vec())),
-        SyncMode::Both => plan.push((Place::Fsync, vec![Impl::Baseline, Impl::Tokio])),
+        SyncMode::Always => plan.push((
+            Place::Fsync,
+            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
+        )),
+        SyncMode::Both => plan.push((
+            Place::Fsync,
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
+        )),
         SyncMode::Default => {}
     }
     if args.prev_bin.is_some() {
         plan[0].1.push(Impl::TokioPrev);
     }
     if args.r3 {
-        plan.push((Place::R3, vec![Impl::Tokio, Impl::TokioUnconfirmed]));
+        plan.push((
+            Place::R3,
+            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioSingle],
+        ));
     }
     let mut servers = Vec::new();
     let mut clients = Vec::new();

@@ -25,11 +25,24 @@ pub enum Impl {
     /// `dagnats-leases serve --unconfirmed-reads-for-tests`: no read confirmation
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
+    /// `dagnats-leases serve --coalesce-writes false`: every write alone, the
+    /// write coalescer's baseline.
+    TokioSingle,
 }
 
 impl Impl {
     /// The three, floor first.
     pub const ALL: [Impl; 3] = [Impl::Baseline, Impl::Tokio, Impl::Smol];
+    /// Every implementation, each with an account on the benchmark's servers.
+    #[cfg(test)]
+    const EVERY: [Impl; 6] = [
+        Impl::Baseline,
+        Impl::Tokio,
+        Impl::Smol,
+        Impl::TokioPrev,
+        Impl::TokioUnconfirmed,
+        Impl::TokioSingle,
+    ];
 
     /// The name in tables and the report, and the account it runs in.
     pub fn name(self) -> &'static str {
@@ -39,6 +52,7 @@ impl Impl {
             Impl::Smol => "smol",
             Impl::TokioPrev => "tokio-prev",
             Impl::TokioUnconfirmed => "tokio-unconfirmed",
+            Impl::TokioSingle => "tokio-single",
         }
     }
 }
@@ -130,7 +144,9 @@ pub async fn start_with(
     let dir = bin_dir();
     let (bin, first): (PathBuf, &str) = match imp {
         Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
-        Impl::Tokio | Impl::TokioUnconfirmed => (dir.join("dagnats-leases"), "serve"),
+        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioSingle => {
+            (dir.join("dagnats-leases"), "serve")
+        }
         Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
         Impl::TokioPrev => (
             PREV_BIN.get().expect("tokio-prev needs --prev-bin").clone(),
@@ -155,6 +171,9 @@ pub async fn start_with(
     }
     if imp == Impl::TokioUnconfirmed {
         args.push("--unconfirmed-reads-for-tests".to_string());
+    }
+    if imp == Impl::TokioSingle {
+        args.extend(["--coalesce-writes", "false"].map(String::from));
     }
     args.extend(options.extra_args.iter().cloned());
     assert!(
@@ -258,4 +277,20 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Impl;
+
+    #[test]
+    fn every_implementation_has_an_account() {
+        for imp in Impl::EVERY {
+            assert!(
+                crate::servers::ACCOUNTS.contains(&imp.name()),
+                "{} has no account",
+                imp.name()
+            );
+        }
+    }
 }

@@ -91,6 +91,12 @@ pub struct Report {
     /// operation.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub r3_confirm: BTreeMap<String, Pair>,
+    /// The write coalescer: `tokio` over `tokio-single` (`--coalesce-writes
+    /// false`) on each `sync_interval: always` server (`-fsync`, `-r3`): server,
+    /// then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
+    /// one call in flight; reported, not asserted).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub coalesce: BTreeMap<String, BTreeMap<String, Pair>>,
     /// smol over tokio on the same server in the same run (`smol` / `tokio`, and
     /// `smol-fsync` / `tokio-fsync`): server, then operation. Goal: `p50_c1` at most
     /// [`SMOL_GOAL`] on every operation (reported, not asserted).
@@ -119,6 +125,9 @@ pub struct Pair {
     pub ops_per_s_c16: f64,
     /// Throughput at 64 in flight, this / over (below 1: this is slower).
     pub ops_per_s_c64: f64,
+    /// Throughput at 256 in flight, this / over, where both ran there (`--r3`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ops_per_s_c256: Option<f64>,
     /// `p50_c1` of each round on its own.
     pub p50_c1_rounds: Vec<f64>,
     /// `ops_per_s_c64` of each round on its own.
@@ -140,6 +149,10 @@ impl Pair {
             p50_c1: med(a, 1).p50_us / med(b, 1).p50_us,
             ops_per_s_c16: med(a, 16).ops_per_s / med(b, 16).ops_per_s,
             ops_per_s_c64: med(a, 64).ops_per_s / med(b, 64).ops_per_s,
+            ops_per_s_c256: a
+                .get(&crate::R3_WIDE)
+                .zip(b.get(&crate::R3_WIDE))
+                .map(|(x, y)| Stats::median(x).ops_per_s / Stats::median(y).ops_per_s),
             p50_c1_rounds: rounds(1, |s| s.p50_us),
             ops_per_s_c64_rounds: rounds(64, |s| s.ops_per_s),
         })
@@ -159,6 +172,8 @@ pub struct VsPrev {
 
 /// The goal for smol's p50 at concurrency 1 over tokio's, every operation.
 pub const SMOL_GOAL: f64 = 1.05;
+/// The coalescer's bound on p50 at one call in flight over every write alone.
+pub const COALESCE_GOAL: f64 = 1.05;
 
 /// The bound R1 figures must keep against the earlier commit's.
 pub const PREV_BOUND: f64 = 1.02;
@@ -298,6 +313,20 @@ impl Report {
                 Pair::of(results, op, R3_PAIR.0, R3_PAIR.1).map(|p| (op.name().to_string(), p))
             })
             .collect();
+        let mut coalesce: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
+        for (this, over) in [
+            ("tokio-fsync", "tokio-single-fsync"),
+            ("tokio-r3", "tokio-single-r3"),
+        ] {
+            for op in Op::ALL {
+                if let Some(p) = Pair::of(results, op, this, over) {
+                    coalesce
+                        .entry(this.to_string())
+                        .or_default()
+                        .insert(op.name().to_string(), p);
+                }
+            }
+        }
         let mut smol_vs_tokio: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
         for (smol, tokio) in [("smol", "tokio"), ("smol-fsync", "tokio-fsync")] {
             for op in Op::ALL {
@@ -327,6 +356,7 @@ impl Report {
             operations,
             vs_etcd,
             r3_confirm,
+            coalesce,
             smol_vs_tokio,
             r1_vs_prev,
             memory,
@@ -441,6 +471,30 @@ impl Report {
                 "ops@64 rounds",
                 &self.r3_confirm,
                 |p| rounds(&p.ops_per_s_c64_rounds),
+            );
+        }
+        for pairs in self.coalesce.values() {
+            let Some(first) = pairs.values().next() else {
+                continue;
+            };
+            print_pairs(
+                &format!(
+                    "the write coalescer: {} / {} (every write alone), medians over rounds (each round); goal p50@1 <= {COALESCE_GOAL}",
+                    first.this, first.over
+                ),
+                "ops@256 goal",
+                pairs,
+                |p| {
+                    let wide = p
+                        .ops_per_s_c256
+                        .map_or("-".to_string(), |r| format!("{r:.3}"));
+                    let goal = if p.p50_c1 <= COALESCE_GOAL {
+                        "met"
+                    } else {
+                        "missed"
+                    };
+                    format!("{wide:>7} {goal}")
+                },
             );
         }
         if let Some(prev) = &self.r1_vs_prev {

@@ -1,21 +1,23 @@
-//! The servers the benchmark runs: nats-server (v2.15.1 from `.nats/bin`, as
-//! `scripts/install-nats-server` puts it there; `DAGNATS_NATS_SERVER` overrides) on a free loopback port with its own
-//! store directory. Kept here rather than borrowed from the test harness so that
-//! the benchmark builds on its own.
+//! The servers the benchmark and `batch_probe` run: nats-server (v2.15.1 from
+//! `.nats/bin`, as `scripts/install-nats-server` puts it there;
+//! `DAGNATS_NATS_SERVER` overrides) on a free loopback port with its own store
+//! directory and a monitoring port. Kept here rather than borrowed from the test
+//! harness so that the benchmark builds on its own.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The accounts of the benchmark's nats-server, one per implementation.
-pub const ACCOUNTS: [&str; 5] = [
+pub const ACCOUNTS: [&str; 6] = [
     "baseline",
     "tokio",
     "smol",
     "tokio-prev",
     "tokio-unconfirmed",
+    "tokio-single",
 ];
 /// Every account user's password.
 pub const PASSWORD: &str = "bench";
@@ -51,6 +53,8 @@ pub enum Sync {
 pub struct Nats {
     child: Child,
     port: u16,
+    /// The monitoring port (`/varz`, `/raftz`, ...).
+    http: u16,
     /// The version the server's INFO gives.
     pub version: String,
     _dir: tempfile::TempDir,
@@ -104,8 +108,10 @@ impl Nats {
             Sync::Default => "",
             Sync::Always => ", sync_interval: always",
         };
+        let http = free_port();
         let mut conf = format!(
-            "listen: \"127.0.0.1:{port}\"\njetstream {{ store_dir: {:?}{sync_interval} }}\n{extra}",
+            "listen: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
+             jetstream {{ store_dir: {:?}{sync_interval} }}\n{extra}",
             dir.path().join("store").display().to_string()
         );
         conf += &accounts_block();
@@ -137,9 +143,25 @@ impl Nats {
         Nats {
             child,
             port,
+            http,
             version,
             _dir: dir,
         }
+    }
+
+    /// A GET of `path` on the monitoring port, the body as JSON.
+    pub fn monitor(&self, path: &str) -> Option<serde_json::Value> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let (_, json) = body.split_once("\r\n\r\n")?;
+        serde_json::from_str(json).ok()
     }
 
     /// The process id.
@@ -259,6 +281,11 @@ impl Cluster {
         self.nodes[0].url()
     }
 
+    /// The nodes, `n1` first.
+    pub fn nodes(&self) -> &[Nats] {
+        &self.nodes
+    }
+
     /// The nodes' version.
     pub fn version(&self) -> &str {
         &self.nodes[0].version
@@ -350,6 +377,14 @@ impl Server {
     /// A client in `account`.
     pub async fn connect(&self, account: &str) -> async_nats::Client {
         connect(&self.url(), account).await
+    }
+
+    /// Its nodes: the one server, or the cluster's, `n1` first.
+    pub fn nodes(&self) -> &[Nats] {
+        match self {
+            Server::Single(n) => std::slice::from_ref(n),
+            Server::Cluster(c) => c.nodes(),
+        }
     }
 }
 

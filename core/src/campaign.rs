@@ -231,17 +231,41 @@ pub struct Campaign {
     seen: BTreeMap<String, Seen>,
     /// Keys shed to rebalance and released, not campaigned for again until then.
     cooldown: BTreeMap<String, Instant>,
+    /// Whether a key of a running group may lack a holder: set when a group is
+    /// added, a slot is dropped or a cooldown ends, so that a settle with none of
+    /// these does not look at every key (a member may hold thousands).
+    vacancies: bool,
+    /// Keys whose holder was fed since it was last drained: only they can have
+    /// requests or events to pass on.
+    touched: BTreeSet<String>,
+    /// Keys drained in the settle under way: their deadlines are indexed again at
+    /// its end, and only they can have finished.
+    drained: BTreeSet<String>,
+    /// Every holder's next deadline, in order: a timeout feeds only the holders due,
+    /// and `poll_timeout` reads the first (a member may hold thousands of keys).
+    timers: BTreeSet<(Instant, String)>,
+    /// Each key's entry in `timers`.
+    timer_of: BTreeMap<String, Instant>,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
 #[derive(Debug, Default)]
 struct Outbox {
     routes: BTreeMap<EffectId, Route>,
+    /// The routes' deadlines, in order.
+    deadlines: BTreeSet<(Instant, EffectId)>,
     requests: VecDeque<Transmit>,
     next_request: u64,
 }
 
 impl Outbox {
+    /// Takes the route of request `id` (answered, timed out or recalled).
+    fn take(&mut self, id: EffectId) -> Option<Route> {
+        let route = self.routes.remove(&id)?;
+        self.deadlines.remove(&(route.deadline, id));
+        Some(route)
+    }
+
     /// Sends a holder's request under an id of the campaign's own.
     fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: Transmit) {
         let id = EffectId(self.next_request);
@@ -257,6 +281,7 @@ impl Outbox {
                 deadline: now + request.request.timeout,
             },
         );
+        self.deadlines.insert((now + request.request.timeout, id));
         self.requests.push_back(Transmit { id, ..request });
     }
 }
@@ -279,6 +304,11 @@ impl Campaign {
             events: VecDeque::new(),
             seen: BTreeMap::new(),
             cooldown: BTreeMap::new(),
+            vacancies: false,
+            touched: BTreeSet::new(),
+            drained: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            timer_of: BTreeMap::new(),
         })
     }
 
@@ -408,6 +438,7 @@ impl Campaign {
             let key = config.key.clone();
             self.events.push_back(CampaignEvent::Watch { key });
         }
+        self.vacancies = true;
         self.groups.insert(
             id,
             Group {
@@ -432,8 +463,9 @@ impl Campaign {
         };
         g.stopping = true;
         let presence = g.balance.map(|b| b.presence);
-        for slot in self.slots.values_mut().filter(|s| s.group == group) {
+        for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == group) {
             slot.holder.stop(now);
+            self.touched.insert(key.clone());
         }
         // A balanced group leaves its set: its presence goes with it.
         if let Some(presence) = presence {
@@ -452,6 +484,7 @@ impl Campaign {
             if let Some(slot) = self.slots.get_mut(&key) {
                 slot.holder.hand_over(now);
                 slot.shed = true;
+                self.touched.insert(key);
             }
         }
         self.settle(now);
@@ -477,8 +510,9 @@ impl Campaign {
             };
             if healthy {
                 if g.health.since.take().is_some() {
-                    for slot in self.slots.values_mut().filter(|s| s.group == id) {
+                    for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == id) {
                         slot.holder.ask_now(now);
+                        self.touched.insert(key.clone());
                     }
                 }
             } else {
@@ -529,7 +563,7 @@ impl Campaign {
                 });
         self.out.requests = kept;
         for request in recalled {
-            let Some(route) = self.out.routes.remove(&request.id) else {
+            let Some(route) = self.out.take(request.id) else {
                 continue;
             };
             if let Some(g) = self.groups.get_mut(&group) {
@@ -539,6 +573,7 @@ impl Campaign {
                 && slot.serial == route.serial
             {
                 slot.holder.cancel(now, route.inner);
+                self.touched.insert(route.key);
             }
         }
     }
@@ -551,6 +586,7 @@ impl Campaign {
             && slot.holder.revoked_until().is_some()
         {
             slot.holder.stop(now);
+            self.touched.insert(key.to_string());
             self.settle(now);
         }
     }
@@ -588,6 +624,7 @@ impl Campaign {
         }
         if let Some(slot) = self.slots.get_mut(key) {
             slot.holder.handle_change(now, event);
+            self.touched.insert(key.to_string());
             self.settle(now);
         }
     }
@@ -597,10 +634,10 @@ impl Campaign {
     pub fn handle_timeout(&mut self, now: Instant) {
         let expired: Vec<EffectId> = self
             .out
-            .routes
+            .deadlines
             .iter()
-            .filter(|(_, r)| r.deadline <= now)
-            .map(|(id, _)| *id)
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, id)| *id)
             .collect();
         for id in expired {
             self.deliver(now, id, RequestOutcome::TimedOut);
@@ -610,8 +647,20 @@ impl Campaign {
         self.pump(now);
         // A health step-down due now comes before a renewal due now: none goes out.
         self.gate_health(now);
-        for slot in self.slots.values_mut() {
-            slot.holder.handle_timeout(now);
+        // The holders due, and those fed just now (their deadline may have moved
+        // before it was indexed again); a holder not due does nothing.
+        let due: BTreeSet<String> = self
+            .timers
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, key)| key.clone())
+            .chain(self.touched.iter().cloned())
+            .collect();
+        for key in due {
+            if let Some(slot) = self.slots.get_mut(&key) {
+                slot.holder.handle_timeout(now);
+                self.touched.insert(key);
+            }
         }
         self.settle(now);
     }
@@ -641,8 +690,8 @@ impl Campaign {
 
     /// When to call [`Campaign::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let holders = self.slots.values().filter_map(|s| s.holder.poll_timeout());
-        let requests = self.out.routes.values().map(|r| r.deadline);
+        let holders = self.timers.first().map(|(at, _)| *at);
+        let requests = self.out.deadlines.first().map(|(at, _)| *at);
         let cooldowns = self.cooldown.values().copied();
         // An unhealthy group holding keys steps down at its deadline.
         let health = self.groups.iter().filter_map(|(id, g)| {
@@ -658,7 +707,12 @@ impl Campaign {
                 })
                 .then_some(at)
         });
-        holders.chain(requests).chain(cooldowns).chain(health).min()
+        holders
+            .into_iter()
+            .chain(requests)
+            .chain(cooldowns)
+            .chain(health)
+            .min()
     }
 
     /// Whether no group is left.
@@ -703,7 +757,7 @@ impl Campaign {
     }
 
     fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        let Some(route) = self.out.routes.remove(&id) else {
+        let Some(route) = self.out.take(id) else {
             return;
         };
         if route.gated
@@ -715,6 +769,7 @@ impl Campaign {
             && slot.serial == route.serial
         {
             slot.holder.handle_outcome(now, route.inner, outcome);
+            self.touched.insert(route.key);
         }
     }
 
@@ -732,21 +787,48 @@ impl Campaign {
             }
         }
         self.finish_groups(now);
+        self.index_timers();
+    }
+
+    /// Indexes the deadlines of the holders drained in this settle again.
+    fn index_timers(&mut self) {
+        for key in std::mem::take(&mut self.drained) {
+            if let Some(at) = self.timer_of.remove(&key) {
+                self.timers.remove(&(at, key.clone()));
+            }
+            if let Some(at) = self.slots.get(&key).and_then(|s| s.holder.poll_timeout()) {
+                self.timers.insert((at, key.clone()));
+                self.timer_of.insert(key, at);
+            }
+        }
+        #[cfg(debug_assertions)]
+        for (key, slot) in &self.slots {
+            debug_assert!(
+                !slot.holder.has_output(),
+                "{key}: a holder fed without being marked touched"
+            );
+            debug_assert_eq!(
+                self.timer_of.get(key).copied(),
+                slot.holder.poll_timeout(),
+                "{key}: a deadline not indexed"
+            );
+        }
     }
 
     /// Drops the slots whose holder is done; a key shed for balance waits a
     /// campaign interval from its release before it is asked for again.
     fn remove_finished(&mut self, now: Instant) {
         let finished: Vec<String> = self
-            .slots
+            .drained
             .iter()
-            .filter(|(_, s)| s.holder.is_done())
-            .map(|(k, _)| k.clone())
+            .filter(|k| self.slots.get(*k).is_some_and(|s| s.holder.is_done()))
+            .cloned()
             .collect();
         for key in finished {
             let Some(slot) = self.slots.remove(&key) else {
                 continue;
             };
+            self.vacancies = true;
             if slot.shed {
                 let wait = slot.holder.config().campaign_every;
                 self.cooldown.insert(key, now + wait);
@@ -779,11 +861,25 @@ impl Campaign {
                     } else {
                         slot.holder.revoke_unhealthy(now);
                     }
+                    self.touched.insert(key);
                     changed = true;
                 }
             }
         }
         changed
+    }
+
+    /// How many keys of `group` are held now or being confirmed: [`Self::holding`]'s
+    /// length, without building it.
+    fn held_count(&self, group: GroupId, now: Instant) -> usize {
+        self.slots
+            .values()
+            .filter(|s| {
+                s.group == group
+                    && (s.holder.status() == HolderStatus::Confirming
+                        || s.holder.tenure(now).is_some())
+            })
+            .count()
     }
 
     /// Keys of `group` held now or being confirmed, oldest tenure first.
@@ -809,23 +905,29 @@ impl Campaign {
     /// Returns whether it changed anything.
     fn rebalance(&mut self, now: Instant) -> bool {
         let mut changed = false;
+        let cooling = self.cooldown.len();
         self.cooldown.retain(|_, until| now < *until);
+        self.vacancies |= self.cooldown.len() != cooling;
         let running: Vec<GroupId> = self
             .groups
             .iter()
             .filter(|(_, g)| !g.stopping)
             .map(|(id, _)| *id)
             .collect();
+        let vacancies = std::mem::take(&mut self.vacancies);
         for id in running {
-            let holding = self.holding(id, now);
-            let shed = self.to_shed(id, holding.len(), now);
+            let shed = self.to_shed(id, now);
             // The newest tenures go first: the oldest have served longest unmoved.
-            let surplus: Vec<String> = holding
-                .into_iter()
-                .rev()
-                .take(shed)
-                .map(|(_, key)| key)
-                .collect();
+            let surplus: Vec<String> = match shed {
+                0 => Vec::new(),
+                _ => self
+                    .holding(id, now)
+                    .into_iter()
+                    .rev()
+                    .take(shed)
+                    .map(|(_, key)| key)
+                    .collect(),
+            };
             let mut balanced = false;
             if let (Some(g), false) = (self.groups.get_mut(&id), surplus.is_empty())
                 && let Some(b) = g.balance.as_mut()
@@ -837,8 +939,12 @@ impl Campaign {
                 if let Some(slot) = self.slots.get_mut(&key) {
                     slot.holder.revoke(now);
                     slot.shed = balanced;
+                    self.touched.insert(key);
                     changed = true;
                 }
+            }
+            if !vacancies {
+                continue;
             }
             let group = &self.groups[&id];
             for config in &group.keys {
@@ -861,6 +967,7 @@ impl Campaign {
                     },
                 );
                 self.next_serial += 1;
+                self.touched.insert(config.key.clone());
                 changed = true;
             }
         }
@@ -897,15 +1004,20 @@ impl Campaign {
     /// its cap; for a balanced group also one when it is above the floor while a
     /// member holds less than the floor; at most half the surplus (at least one)
     /// per renew interval. Keys being revoked count as given up already.
-    fn to_shed(&self, group: GroupId, held: usize, now: Instant) -> usize {
+    fn to_shed(&self, group: GroupId, now: Instant) -> usize {
         let g = &self.groups[&group];
-        let cap = self.cap(group, now);
         let Some(b) = g.balance else {
-            return held.saturating_sub(cap);
+            // A group that may hold all its keys holds none too many.
+            if g.keys.len() <= g.max_held {
+                return 0;
+            }
+            return self.held_count(group, now).saturating_sub(g.max_held);
         };
         if now < b.shed_at {
             return 0;
         }
+        let held = self.held_count(group, now);
+        let cap = self.cap(group, now);
         let members = self.members(b.presence, now);
         let floor = g.keys.len() / members.len();
         let share = |m: &str| {
@@ -931,7 +1043,11 @@ impl Campaign {
     /// Sends what the holders want (campaign acquires into their group's queue) and
     /// passes their events on.
     fn drain(&mut self, now: Instant) {
-        for (key, slot) in self.slots.iter_mut() {
+        for key in std::mem::take(&mut self.touched) {
+            let Some(slot) = self.slots.get_mut(&key) else {
+                continue;
+            };
+            let key = &key;
             let group = self.groups.get_mut(&slot.group);
             let mut group = group;
             while let Some(request) = slot.holder.poll_transmit() {
@@ -956,6 +1072,7 @@ impl Campaign {
                     event,
                 });
             }
+            self.drained.insert(key.clone());
         }
     }
 
@@ -967,11 +1084,13 @@ impl Campaign {
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
             // An unhealthy group campaigns for nothing.
-            let room = match self.groups[&id].health.since {
+            let g = &self.groups[&id];
+            if g.deferred.is_empty() {
+                continue;
+            }
+            let room = match g.health.since {
                 Some(_) => 0,
-                None => self
-                    .cap(id, now)
-                    .saturating_sub(self.holding(id, now).len()),
+                None => self.cap(id, now).saturating_sub(self.held_count(id, now)),
             };
             let Some(group) = self.groups.get_mut(&id) else {
                 continue;
@@ -987,6 +1106,7 @@ impl Campaign {
                     // Stopped, or waited here as long as the holder would wait for an
                     // answer: it was never sent, and the holder hears so.
                     slot.holder.cancel(now, request.id);
+                    self.touched.insert(key);
                     cancelled = true;
                 } else if group.gated_in_flight < room {
                     group.gated_in_flight += 1;

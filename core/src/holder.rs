@@ -526,6 +526,12 @@ impl Holder {
         self.phase == Phase::Done && self.requests.is_empty()
     }
 
+    /// Whether a request or an event waits to be polled.
+    #[cfg(debug_assertions)]
+    pub(crate) fn has_output(&self) -> bool {
+        !self.requests.is_empty() || !self.events.is_empty()
+    }
+
     /// The next request to send, if any: a call to the lease service.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.requests.pop_front()

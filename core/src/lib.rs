@@ -104,6 +104,10 @@ pub mod wire;
 #[doc(hidden)]
 pub mod sim;
 
+#[cfg(any(test, feature = "__test"))]
+#[doc(hidden)]
+pub mod test_support;
+
 pub use call::{Call, CallConfig, Effect};
 pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use async_nats::Client;
 use dagnats_leases_core::{Endpoint, HolderEvent, RequestOutcome};
-use dagnats_leases_tokio::member::{CampaignObserver, Member};
+use dagnats_leases_tokio::member::{CampaignObserver, Member, ObservedRequest};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -291,15 +291,15 @@ impl LibraryRecorder {
 }
 
 impl CampaignObserver for LibraryRecorder {
-    fn request(
-        &self,
-        key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        sent: Instant,
-        outcome: &RequestOutcome,
-        answered: Instant,
-    ) {
+    fn request(&self, request: &ObservedRequest<'_>) {
+        let ObservedRequest {
+            key,
+            endpoint,
+            sent,
+            outcome,
+            answered,
+            ..
+        } = *request;
         let (sent, replied) = (nanos_of(sent), nanos_of(answered));
         let reply: Option<Value> = match outcome {
             RequestOutcome::Reply { payload, .. } => serde_json::from_slice(payload).ok(),

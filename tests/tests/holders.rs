@@ -17,7 +17,7 @@ use dagnats_leases_core::subjects::{HDR_FENCE, HDR_REJECT, changed_subject};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind};
 use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind, change_event};
 use dagnats_leases_tokio::member::{
-    CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Shards,
+    CampaignObserver, Change, Elector, Member, ObservedRequest, Ownership, Semaphore, Shards,
 };
 use futures::StreamExt;
 
@@ -476,16 +476,8 @@ async fn a_semaphore_of_two_permits_among_three_members_admits_two() {
 struct Outcomes(tokio::sync::mpsc::UnboundedSender<(Endpoint, RequestOutcome)>);
 
 impl CampaignObserver for Outcomes {
-    fn request(
-        &self,
-        _key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        _sent: Instant,
-        outcome: &RequestOutcome,
-        _answered: Instant,
-    ) {
-        let _ = self.0.send((endpoint, outcome.clone()));
+    fn request(&self, request: &ObservedRequest<'_>) {
+        let _ = self.0.send((request.endpoint, request.outcome.clone()));
     }
 }
 
@@ -523,16 +515,8 @@ async fn a_request_nobody_answers_ends_at_the_campaigns_deadline_silent_service_
 struct Sent(tokio::sync::mpsc::UnboundedSender<Endpoint>);
 
 impl CampaignObserver for Sent {
-    fn request(
-        &self,
-        _key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        _sent: Instant,
-        _outcome: &RequestOutcome,
-        _answered: Instant,
-    ) {
-        let _ = self.0.send(endpoint);
+    fn request(&self, request: &ObservedRequest<'_>) {
+        let _ = self.0.send(request.endpoint);
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::*;
 use dagnats_leases_tests::{ENV_SERVER, NatsServer, SUPPORTED_VERSION};
+use dagnats_leases_tokio::service::ServiceOptions;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -45,7 +46,7 @@ async fn every_input_bound_is_enforced_and_an_invalid_call_changes_no_lease() {
     let before = fx.owner("bounds").await;
     for endpoint in ["acquire", "renew", "release", "owner", "forward"] {
         let ep = dagnats_leases_core::Endpoint::from_subject(endpoint).unwrap();
-        for body in dagnats_leases_core::sim::invalid_bodies(ep) {
+        for body in dagnats_leases_core::test_support::invalid_bodies(ep) {
             let reply = fx.call_raw(endpoint, body.clone().into_bytes()).await;
             assert_eq!(kind(&reply), "invalid", "{endpoint} {body}: {reply}");
             assert!(reply["error"].as_str().unwrap().len() > 10);
@@ -969,34 +970,13 @@ async fn calls_during_startup_are_unavailable_then_served() {
     handle.shutdown().await;
 }
 
-/// Writes that arrive while one is in flight go as ADR-50 atomic batches on a 2.12+
-/// server (`allow_atomic` set at startup): acquires, renews and releases of many
-/// keys at once each get their own answer and revision, and the stored messages
-/// show the batches they came in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
-    let fx = Fx::start().await;
-    let atomic = has_atomic_batches(&fx.client);
-    let n = 48;
-    let keys: Vec<String> = (0..n).map(|i| format!("batch-{i}")).collect();
-    let acquired = futures::future::join_all(keys.iter().map(|k| {
-        fx.call(
-            "acquire",
-            json!({"key": k, "holder": "h", "ttl_ms": 10_000}),
-        )
-    }))
-    .await;
-    let mut revisions = HashSet::new();
-    for (k, a) in keys.iter().zip(&acquired) {
-        assert_eq!(a["granted"], true, "{k}: {a}");
-        assert!(revisions.insert(a["revision"].as_u64().unwrap()), "{a}");
-    }
-    // Which of them were stored by a batch.
+/// How many of `keys`' last messages were stored by an atomic batch (every one
+/// carries its TTL).
+async fn stored_by_a_batch(client: &async_nats::Client, keys: &[String]) -> usize {
     let b64d = base64::engine::general_purpose::STANDARD;
     let mut batched = 0;
-    for k in &keys {
-        let reply = fx
-            .client
+    for k in keys {
+        let reply = client
             .request(
                 "$JS.API.STREAM.MSG.GET.KV_leases",
                 json!({"last_by_subj": format!("$KV.leases.{k}")})
@@ -1013,6 +993,44 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
             batched += 1;
         }
     }
+    batched
+}
+
+/// Acquires `n` fresh keys `<prefix>-<i>` at once; all granted, each its own revision.
+async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<Value>) {
+    let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    let acquired = futures::future::join_all(keys.iter().map(|k| {
+        fx.call(
+            "acquire",
+            json!({"key": k, "holder": "h", "ttl_ms": 10_000}),
+        )
+    }))
+    .await;
+    let mut revisions = HashSet::new();
+    for (k, a) in keys.iter().zip(&acquired) {
+        assert_eq!(a["granted"], true, "{k}: {a}");
+        assert!(revisions.insert(a["revision"].as_u64().unwrap()), "{a}");
+    }
+    (keys, acquired)
+}
+
+/// Past the coalescer's single window, writes go as ADR-50 atomic batches on a
+/// 2.12+ server (`allow_atomic` set at startup): acquires, renews and releases of
+/// many keys at once each get their own answer and revision, and the stored
+/// messages show the batches they came in. The windows are narrowed (one single
+/// out, batches from two) so that batches form however fast singles come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
+    let options = ServiceOptions {
+        batch_after: 1,
+        min_batch: 2,
+        ..ServiceOptions::default()
+    };
+    let fx = Fx::on_with(NatsServer::start(), options).await;
+    let atomic = has_atomic_batches(&fx.client);
+    let n = 48;
+    let (keys, acquired) = acquire_at_once(&fx, "batch", n).await;
+    let batched = stored_by_a_batch(&fx.client, &keys).await;
     if atomic {
         assert!(batched > 0, "no write of {n} went in a batch");
     } else {
@@ -1046,6 +1064,16 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
         }
     }
     eprintln!("{batched} of {n} acquires stored by a batch");
+}
+
+/// With the default windows, as many writes at once as the single window holds all
+/// go alone: a call at low load never waits behind a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_within_the_single_window_never_go_in_a_batch() {
+    let fx = Fx::start().await;
+    let n = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW;
+    let (keys, _) = acquire_at_once(&fx, "alone", n).await;
+    assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
 }
 
 /// The answers the simulated JetStream gives atomic batches are the real server's:

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use dagnats_leases_core::{Endpoint, RequestOutcome};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tests::load::{self, Reply};
-use dagnats_leases_tokio::member::{CampaignObserver, Member, Ownership};
+use dagnats_leases_tokio::member::{CampaignObserver, Member, ObservedRequest, Ownership};
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 use serde_json::json;
 
@@ -167,19 +167,11 @@ struct RenewCounter {
 }
 
 impl CampaignObserver for RenewCounter {
-    fn request(
-        &self,
-        _key: &str,
-        endpoint: Endpoint,
-        _body: &[u8],
-        sent: Instant,
-        outcome: &RequestOutcome,
-        answered: Instant,
-    ) {
-        if endpoint != Endpoint::Renew {
+    fn request(&self, request: &ObservedRequest<'_>) {
+        if request.endpoint != Endpoint::Renew {
             return;
         }
-        let ok = match outcome {
+        let ok = match request.outcome {
             RequestOutcome::Reply { payload, .. } => {
                 serde_json::from_slice::<serde_json::Value>(payload)
                     .is_ok_and(|v| v.get("kind").is_none())
@@ -188,7 +180,10 @@ impl CampaignObserver for RenewCounter {
         };
         if ok {
             self.renewals.fetch_add(1, Ordering::Relaxed);
-            let took = answered.saturating_duration_since(sent).as_micros() as u32;
+            let took = request
+                .answered
+                .saturating_duration_since(request.sent)
+                .as_micros() as u32;
             self.latencies.lock().unwrap().push(took);
         } else {
             self.retried.fetch_add(1, Ordering::Relaxed);

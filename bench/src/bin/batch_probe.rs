@@ -4,11 +4,13 @@
 //! server (an R1 stream) and on a three-node loopback cluster (an R3 stream), in one
 //! run.
 //!
-//! It starts its own servers (`.nats/bin/nats-server`, as
-//! `scripts/install-nats-server` puts it there; `DAGNATS_NATS_SERVER` overrides),
-//! creates `KV_probe` on each (subjects `$KV.probe.>`, one message per subject,
-//! per-message TTL, delete markers with a 1 s TTL, `allow_atomic`, RePublish of
-//! `$KV.probe.*` to `probe.changed.{{wildcard(1)}}`), then:
+//! It starts its servers as the benchmark does (`servers` of the bench library:
+//! `.nats/bin/nats-server`, as `scripts/install-nats-server` puts it there;
+//! `DAGNATS_NATS_SERVER` overrides), creates the service's stream `KV_leases` on
+//! each with the config the service creates it with (`startup::stream_config_for`
+//! of the core, with `allow_atomic`: one message per subject, per-message TTL,
+//! delete markers with a 1 s TTL, RePublish of `$KV.leases.*` to
+//! `dagnats.lease.changed.{{wildcard(1)}}`), then:
 //!
 //! 1. checks per-message TTL, RePublish, a failed expected-sequence check and the
 //!    batch size limit inside atomic batches (printed as findings);
@@ -27,10 +29,7 @@
 //! `cargo run --release -p dagnats-leases-bench --bin batch_probe [-- --slices 6]`.
 //! Results: README.md, Benchmarks, "Atomic batches (issue 15 probe)".
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,12 +37,12 @@ use async_nats::{Client, HeaderMap};
 use base64::Engine;
 use bytes::Bytes;
 use clap::Parser;
+use dagnats_leases_bench::servers::{ACCOUNTS, Cluster, Nats, Server, Sync};
+use dagnats_leases_core::startup::stream_config_for;
+use dagnats_leases_core::subjects::{CHANGED_SUBJECTS, STREAM, changed_subject, kv_subject};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-const STREAM: &str = "KV_probe";
-const PREFIX: &str = "$KV.probe.";
-const CHANGED: &str = "probe.changed.";
 /// The TTL every measured write carries (a lease's).
 const WRITE_TTL: &str = "15s";
 
@@ -74,256 +73,68 @@ struct Args {
 // ---------------------------------------------------------------------------
 // Servers
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn nats_server_bin() -> PathBuf {
-    let bin = std::env::var_os("DAGNATS_NATS_SERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .expect("checkout")
-                .join(".nats/bin/nats-server")
-        });
-    assert!(
-        bin.is_file(),
-        "{} is missing: run scripts/install-nats-server",
-        bin.display()
-    );
-    bin
-}
-
-/// One nats-server process with JetStream (`sync_interval: always`) in its own
-/// store directory; killed when dropped.
-struct Node {
-    child: Child,
-    port: u16,
-    http: u16,
-    version: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Node {
-    /// `cluster`: this node's cluster port and the other nodes' cluster ports.
-    fn start(name: &str, port: u16, cluster: Option<(u16, Vec<u16>)>) -> Node {
-        let dir = tempfile::Builder::new()
-            .prefix("dagnats-batch-probe-")
-            .tempdir()
-            .expect("temp dir");
-        let http = free_port();
-        let mut conf = format!(
-            "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
-             jetstream {{ store_dir: {:?}, sync_interval: always }}\n",
-            dir.path().join("store").display().to_string()
-        );
-        if let Some((own, others)) = cluster {
-            let routes: Vec<String> = others
-                .iter()
-                .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
-                .collect();
-            conf += &format!(
-                "cluster {{\n  name: probe\n  listen: \"127.0.0.1:{own}\"\n  routes: [{}]\n}}\n",
-                routes.join(", ")
-            );
-        }
-        let conf_path = dir.path().join("nats.conf");
-        std::fs::write(&conf_path, conf).expect("config");
-        let log = std::fs::File::create(dir.path().join("nats.log")).expect("log");
-        let child = Command::new(nats_server_bin())
-            .arg("-c")
-            .arg(&conf_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("run nats-server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let version = loop {
-            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
-                let mut line = String::new();
-                if BufReader::new(stream).read_line(&mut line).is_ok()
-                    && let Some(info) = line.strip_prefix("INFO ")
-                {
-                    let info: Value = serde_json::from_str(info.trim()).expect("INFO is JSON");
-                    break info["version"].as_str().unwrap_or("?").to_string();
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server {name} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Node {
-            child,
-            port,
-            http,
-            version,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// A GET on the monitoring port, the body as JSON.
-    fn monitor(&self, path: &str) -> Option<Value> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        let (_, json) = body.split_once("\r\n\r\n")?;
-        serde_json::from_str(json).ok()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The account the probe writes in: the first of the bench servers' accounts.
+const ACCOUNT: &str = ACCOUNTS[0];
 
 /// Where a stream lives: one server (R1) or three (R3, everything connects to n1,
 /// the stream's leader).
 struct Place {
     name: &'static str,
-    nodes: Vec<Node>,
+    server: Server,
     client: Client,
     /// The stream's Raft group (R3).
     raft_group: Option<String>,
 }
 
-async fn connect(url: &str) -> Client {
-    async_nats::ConnectOptions::new()
-        .request_timeout(Some(Duration::from_secs(30)))
-        .connect(url)
-        .await
-        .expect("connect")
-}
-
 /// A JetStream API request; the reply's JSON.
 async fn api(client: &Client, subject: &str, body: Value) -> Value {
-    api_within(client, subject, body, Duration::from_secs(10)).await
-}
-
-/// [`api`] with its own timeout (a cluster's first stream create can hang until
-/// the meta group has a leader: retry it often rather than wait 30 s once).
-async fn api_within(client: &Client, subject: &str, body: Value, timeout: Duration) -> Value {
     let request = async_nats::Request::new()
         .payload(body.to_string().into())
-        .timeout(Some(timeout));
+        .timeout(Some(Duration::from_secs(10)));
     match client.send_request(subject.to_string(), request).await {
         Ok(m) => serde_json::from_slice(&m.payload).unwrap_or(Value::Null),
         Err(e) => json!({ "error": { "description": e.to_string() } }),
     }
 }
 
-fn stream_config(replicas: usize) -> Value {
-    json!({
-        "name": STREAM,
-        "subjects": ["$KV.probe.>"],
-        "retention": "limits",
-        "max_msgs_per_subject": 1,
-        "storage": "file",
-        "discard": "new",
-        "num_replicas": replicas,
-        "duplicate_window": 120_000_000_000u64,
-        "allow_rollup_hdrs": true,
-        "deny_delete": true,
-        "allow_msg_ttl": true,
-        "subject_delete_marker_ttl": 1_000_000_000u64,
-        "allow_atomic": true,
-        "republish": { "src": "$KV.probe.*", "dest": "probe.changed.{{wildcard(1)}}" },
-    })
-}
-
 impl Place {
     async fn single() -> Place {
-        let node = Node::start("s1", free_port(), None);
-        let client = connect(&node.url()).await;
-        let created = api(
-            &client,
-            &format!("$JS.API.STREAM.CREATE.{STREAM}"),
-            stream_config(1),
-        )
-        .await;
-        assert!(created.get("error").is_none(), "create R1: {created}");
-        Place {
-            name: "R1",
-            nodes: vec![node],
-            client,
-            raft_group: None,
-        }
+        Place::create("R1", Server::Single(Nats::start_sync(Sync::Always)), 1).await
     }
 
     async fn cluster() -> Place {
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-        let nodes: Vec<Node> = (0..3)
-            .map(|i| {
-                let others = (0..3).filter(|&j| j != i).map(|j| ports[j].1).collect();
-                Node::start(
-                    &format!("n{}", i + 1),
-                    ports[i].0,
-                    Some((ports[i].1, others)),
-                )
-            })
-            .collect();
-        let client = connect(&nodes[0].url()).await;
-        // The meta group needs a leader and every peer before an R3 stream can be placed.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let created = api_within(
-                &client,
-                &format!("$JS.API.STREAM.CREATE.{STREAM}"),
-                stream_config(3),
-                Duration::from_secs(2),
-            )
-            .await;
-            if created.get("error").is_none() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "create R3: {created}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        // Put the stream leader on n1, where the client is.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut asked: Option<Instant> = None;
-        let raft_group = loop {
+        // Started once a three-replica stream can be placed.
+        Place::create("R3", Server::Cluster(Cluster::start().await), 3).await
+    }
+
+    /// The service's stream on `server` (its config from the core, with
+    /// `allow_atomic`), its leader on n1, where the client is.
+    async fn create(name: &'static str, server: Server, replicas: usize) -> Place {
+        let client = server.connect(ACCOUNT).await;
+        let created = api(
+            &client,
+            &format!("$JS.API.STREAM.CREATE.{STREAM}"),
+            stream_config_for(replicas, true),
+        )
+        .await;
+        assert!(created.get("error").is_none(), "create {name}: {created}");
+        let mut raft_group = None;
+        if replicas > 1 {
+            Cluster::pin_leader(&client, STREAM).await;
             let info = api(&client, &format!("$JS.API.STREAM.INFO.{STREAM}"), json!({})).await;
-            let leader = info["cluster"]["leader"].as_str().unwrap_or("");
-            if leader == "n1" {
-                break info["cluster"]["raft_group"].as_str().map(str::to_string);
-            }
-            assert!(Instant::now() < deadline, "leader stays on {leader:?}");
-            if !leader.is_empty() && asked.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
-                api(
-                    &client,
-                    &format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}"),
-                    json!({ "placement": { "preferred": "n1" } }),
-                )
-                .await;
-                asked = Some(Instant::now());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            raft_group = info["cluster"]["raft_group"].as_str().map(str::to_string);
+        }
         Place {
-            name: "R3",
-            nodes,
+            name,
+            server,
             client,
             raft_group,
         }
+    }
+
+    /// Its servers, n1 first.
+    fn nodes(&self) -> &[Nats] {
+        self.server.nodes()
     }
 
     async fn purge(&self) {
@@ -349,9 +160,9 @@ impl Place {
     /// The stream group's last appended Raft index on the leader (n1), R3 only.
     fn raft_pindex(&self) -> Option<u64> {
         let group = self.raft_group.as_deref()?;
-        // The group belongs to the stream's account (the global account here);
-        // without `acc` /raftz lists the system account's groups only.
-        let v = self.nodes[0].monitor(&format!("/raftz?acc=%24G&group={group}"))?;
+        // The group belongs to the stream's account; without `acc` /raftz lists the
+        // system account's groups only.
+        let v = self.nodes()[0].monitor(&format!("/raftz?acc={ACCOUNT}&group={group}"))?;
         v.as_object()?
             .values()
             .find_map(|groups| groups.get(group))?
@@ -364,7 +175,7 @@ impl Place {
         let r = api(
             &self.client,
             &format!("$JS.API.STREAM.MSG.GET.{STREAM}"),
-            json!({ "last_by_subj": format!("{PREFIX}{key}") }),
+            json!({ "last_by_subj": kv_subject(key) }),
         )
         .await;
         let m = r.get("message")?;
@@ -406,7 +217,7 @@ async fn atomic_batch(client: &Client, id: &str, msgs: &[BatchMsg]) -> Value {
         let mut h = write_headers(*expected, ttl);
         h.insert("Nats-Batch-Id", id);
         h.insert("Nats-Batch-Sequence", (i + 1).to_string());
-        let subject = format!("{PREFIX}{key}");
+        let subject = kv_subject(key);
         if i + 1 < n {
             client
                 .publish_with_headers(subject, h, payload())
@@ -425,11 +236,7 @@ async fn atomic_batch(client: &Client, id: &str, msgs: &[BatchMsg]) -> Value {
 
 async fn single_write(client: &Client, key: &str, expected: u64, ttl: &str) -> Value {
     match client
-        .request_with_headers(
-            format!("{PREFIX}{key}"),
-            write_headers(expected, ttl),
-            payload(),
-        )
+        .request_with_headers(kv_subject(key), write_headers(expected, ttl), payload())
         .await
     {
         Ok(m) => serde_json::from_slice(&m.payload).unwrap_or(Value::Null),
@@ -581,12 +388,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 // ---------------------------------------------------------------------------
 // Semantic checks
 
-/// Collects republished change events on `probe.changed.<prefix>*` through `client`.
+/// Collects republished change events on `dagnats.lease.changed.<prefix>*` through
+/// `client`.
 async fn watch(client: &Client, prefix: &str) -> async_nats::Subscriber {
-    let sub = client
-        .subscribe(format!("{CHANGED}>"))
-        .await
-        .expect("subscribe");
+    let sub = client.subscribe(CHANGED_SUBJECTS).await.expect("subscribe");
     client.flush().await.expect("flush");
     let _ = prefix;
     sub
@@ -610,7 +415,7 @@ async fn drain(
         };
         match tokio::time::timeout_at(limit, sub.next()).await {
             Ok(Some(m)) => {
-                if m.subject.as_str()[CHANGED.len()..].starts_with(prefix) {
+                if m.subject.starts_with(&changed_subject(prefix)) {
                     got.push((m, Instant::now()));
                 }
             }
@@ -699,8 +504,8 @@ async fn checks(place: &Place) -> Vec<String> {
     place.purge().await;
     let n = 32;
     let mut subs = vec![watch(c, "rp").await];
-    let other = if place.nodes.len() > 1 {
-        Some(connect(&place.nodes[1].url()).await)
+    let other = if place.nodes().len() > 1 {
+        Some(place.nodes()[1].connect(ACCOUNT).await)
     } else {
         None
     };
@@ -713,7 +518,7 @@ async fn checks(place: &Place) -> Vec<String> {
         let mut h = write_headers(0, WRITE_TTL);
         h.insert("Nats-Batch-Id", id.as_str());
         h.insert("Nats-Batch-Sequence", (i + 1).to_string());
-        c.publish_with_headers(format!("{PREFIX}rp{p}-{i}"), h, payload())
+        c.publish_with_headers(kv_subject(&format!("rp{p}-{i}")), h, payload())
             .await
             .expect("publish");
     }
@@ -725,7 +530,7 @@ async fn checks(place: &Place) -> Vec<String> {
     h.insert("Nats-Batch-Sequence", n.to_string());
     h.insert("Nats-Batch-Commit", "1");
     let ack = match c
-        .request_with_headers(format!("{PREFIX}rp{p}-{}", n - 1), h, payload())
+        .request_with_headers(kv_subject(&format!("rp{p}-{}", n - 1)), h, payload())
         .await
     {
         Ok(m) => serde_json::from_slice::<Value>(&m.payload).unwrap_or(Value::Null),
@@ -827,7 +632,7 @@ async fn checks(place: &Place) -> Vec<String> {
         h.insert("Nats-Batch-Sequence", "1");
         // As a request: the server answers an open batch's message with an empty ack.
         match c
-            .request_with_headers(format!("{PREFIX}open{p}-{b}"), h, payload())
+            .request_with_headers(kv_subject(&format!("open{p}-{b}")), h, payload())
             .await
         {
             Ok(m) if m.payload.is_empty() => opened += 1,
@@ -867,7 +672,7 @@ async fn sync_count(
     place.purge().await;
     let dir = tempfile::tempdir().ok()?;
     let mut tracers = Vec::new();
-    for (i, node) in place.nodes.iter().enumerate() {
+    for (i, node) in place.nodes().iter().enumerate() {
         let out = dir.path().join(format!("strace-{i}"));
         let child = Command::new("strace")
             .args([
@@ -879,7 +684,7 @@ async fn sync_count(
             ])
             .arg(&out)
             .arg("-p")
-            .arg(node.child.id().to_string())
+            .arg(node.pid().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -925,7 +730,7 @@ async fn run(args: Args) {
     println!(
         "nats-server {} (R1: one server; R3: three nodes on loopback, stream leader n1), \
          sync_interval: always on every node; {} cores",
-        r1.nodes[0].version,
+        r1.server.version(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let places = [r1, r3];

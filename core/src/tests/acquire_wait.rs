@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
-use super::support::HolderRequest;
 use crate::acquire_wait::{WaitEvent, WaitingAcquire};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::io::RequestOutcome;
+use crate::test_support::HolderRequest;
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Lease, Request, Response};
 
 const TIMEOUT: Duration = Duration::from_secs(2);

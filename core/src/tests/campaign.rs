@@ -5,12 +5,12 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use super::support::HolderRequest;
 use crate::campaign::{Campaign, CampaignEvent, GroupId};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
 use crate::io::RequestOutcome;
+use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind};
 
 const TTL: Duration = Duration::from_secs(15);

@@ -65,8 +65,19 @@ fn stored(o: &RequestOutcome) -> Option<u64> {
     }
 }
 
+/// One single out at once, batches of three or more, one batch out at once: small
+/// numbers, so each rule shows in a few writes.
+fn narrow() -> CoalescerConfig {
+    CoalescerConfig {
+        single_window: 1,
+        min_batch: 3,
+        max_in_flight: 1,
+        ..CoalescerConfig::atomic("p-")
+    }
+}
+
 fn atomic() -> Coalescer {
-    Coalescer::new(CoalescerConfig::atomic("p-"))
+    Coalescer::new(narrow())
 }
 
 #[test]
@@ -95,23 +106,25 @@ fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
 }
 
 #[test]
-fn writes_arriving_while_one_is_in_flight_go_as_one_batch_when_it_returns() {
+fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
     let now = Instant::now();
     let mut c = atomic();
     c.handle_write(now, WriteId(1), write("a", 0));
     let (first, _) = drain(&mut c);
-    for (i, key) in ["b", "c", "d"].iter().enumerate() {
+    for (i, key) in ["b", "c"].iter().enumerate() {
         c.handle_write(now, WriteId(2 + i as u64), write(key, 5));
         assert_eq!(
             drain(&mut c),
             (vec![], vec![]),
-            "they wait for the one in flight"
+            "the single window is full and the queue below min_batch: they wait"
         );
     }
-    c.handle_outcome(now, first[0].id, ack(1));
+    c.handle_write(now, WriteId(4), write("d", 5));
     let (sends, done) = drain(&mut c);
-    assert_eq!(done, vec![(WriteId(1), ack(1))]);
-    assert_eq!(sends.len(), 1);
+    assert!(done.is_empty());
+    assert_eq!(sends.len(), 1, "the third makes a batch, at once");
+    c.handle_outcome(now, first[0].id, ack(1));
+    assert_eq!(drain(&mut c), (vec![], vec![(WriteId(1), ack(1))]));
     let s = &sends[0];
     assert_eq!(s.publish.len(), 2);
     let all: Vec<&NatsRequest> = s.publish.iter().chain([&s.request]).collect();
@@ -157,16 +170,16 @@ fn a_batch_holds_at_most_max_batch_writes() {
     let now = Instant::now();
     let mut c = Coalescer::new(CoalescerConfig {
         max_batch: 4,
-        ..CoalescerConfig::atomic("p-")
+        min_batch: 4,
+        ..narrow()
     });
     c.handle_write(now, WriteId(0), write("k0", 0));
     let (first, _) = drain(&mut c);
     for i in 1..=10u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
-    c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
-    assert_eq!(sends.len(), 1, "one send in flight by default");
+    assert_eq!(sends.len(), 1, "one batch out at once");
     assert_eq!(sends[0].publish.len() + 1, 4);
     c.handle_outcome(now, sends[0].id, batch_ack(5, 4));
     let (sends, done) = drain(&mut c);
@@ -175,8 +188,18 @@ fn a_batch_holds_at_most_max_batch_writes() {
     c.handle_outcome(now, sends[0].id, batch_ack(9, 4));
     let (sends, done) = drain(&mut c);
     assert_eq!(done.len(), 4);
-    assert_eq!(sends[0].publish.len() + 1, 2, "the last two");
-    assert_eq!(c.pending(), (0, 1));
+    assert!(sends.is_empty(), "two left, below min_batch: they wait");
+    assert_eq!(c.pending(), (2, 1));
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(
+        sends.len(),
+        1,
+        "the single came back: the front goes single"
+    );
+    assert!(sends[0].publish.is_empty());
+    assert_eq!(c.writes_of(sends[0].id), vec![WriteId(9)]);
+    assert_eq!(c.pending(), (1, 1));
 }
 
 #[test]
@@ -184,24 +207,28 @@ fn the_bound_is_clamped_to_the_servers_limit() {
     let now = Instant::now();
     let mut c = Coalescer::new(CoalescerConfig {
         max_batch: 5000,
-        ..CoalescerConfig::atomic("p-")
+        min_batch: 5000,
+        ..narrow()
     });
     c.handle_write(now, WriteId(0), write("k", 0));
-    let (first, _) = drain(&mut c);
+    drain(&mut c);
     for i in 1..=1500u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
-    c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1);
     assert_eq!(sends[0].publish.len() + 1, 1000);
 }
 
 #[test]
 fn two_writes_of_one_subject_never_share_a_batch() {
     let now = Instant::now();
-    let mut c = atomic();
+    let mut c = Coalescer::new(CoalescerConfig {
+        min_batch: 5,
+        ..narrow()
+    });
     c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 3));
     c.handle_write(now, WriteId(2), write("a", 3));
     // A read confirmation checks `$KV.leases.b` from another subject.
@@ -213,7 +240,6 @@ fn two_writes_of_one_subject_never_share_a_batch() {
     c.handle_write(now, WriteId(3), confirm);
     c.handle_write(now, WriteId(4), write("b", 4));
     c.handle_write(now, WriteId(5), write("c", 0));
-    c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
     let subjects: Vec<String> = sends[0]
         .publish
@@ -228,6 +254,11 @@ fn two_writes_of_one_subject_never_share_a_batch() {
     c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
     let (sends, done) = drain(&mut c);
     assert_eq!(done.len(), 3);
+    assert!(sends.is_empty(), "a and b left: below min_batch");
+    for (i, key) in ["d", "e", "f"].iter().enumerate() {
+        c.handle_write(now, WriteId(6 + i as u64), write(key, 0));
+    }
+    let (sends, _) = drain(&mut c);
     let subjects: Vec<String> = sends[0]
         .publish
         .iter()
@@ -236,7 +267,7 @@ fn two_writes_of_one_subject_never_share_a_batch() {
         .collect();
     assert_eq!(
         subjects,
-        vec![kv_subject("a"), kv_subject("b")],
+        ["a", "b", "d", "e", "f"].map(kv_subject).to_vec(),
         "the next batch, in order"
     );
 }
@@ -251,7 +282,6 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
         c.handle_write(now, WriteId(1), write("a", 0));
         c.handle_write(now, WriteId(2), write("b", 9));
         c.handle_write(now, WriteId(3), write("c", 0));
-        c.handle_outcome(now, first[0].id, ack(1));
         let (sends, _) = drain(&mut c);
         c.handle_outcome(now, sends[0].id, error(err_code));
         let (retries, done) = drain(&mut c);
@@ -276,6 +306,8 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
             ],
             "err_code {err_code}"
         );
+        c.handle_outcome(now, first[0].id, ack(1));
+        drain(&mut c);
         assert!(c.is_done());
         assert_eq!(c.batch_counts(), (1, 1));
         assert!(c.atomic());
@@ -290,12 +322,14 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
         RequestOutcome::Failed("gone".into()),
     ] {
         let now = Instant::now();
-        let mut c = atomic();
+        let mut c = Coalescer::new(CoalescerConfig {
+            min_batch: 2,
+            ..narrow()
+        });
         c.handle_write(now, WriteId(0), write("x", 0));
-        let (first, _) = drain(&mut c);
+        drain(&mut c);
         c.handle_write(now, WriteId(1), write("a", 0));
         c.handle_write(now, WriteId(2), write("b", 0));
-        c.handle_outcome(now, first[0].id, ack(1));
         let (sends, _) = drain(&mut c);
         c.handle_outcome(now, sends[0].id, outcome.clone());
         let (sends, done) = drain(&mut c);
@@ -310,12 +344,14 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
 #[test]
 fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
     let now = Instant::now();
-    let mut c = atomic();
+    let mut c = Coalescer::new(CoalescerConfig {
+        min_batch: 2,
+        ..narrow()
+    });
     c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
-    c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
     c.handle_outcome(now, sends[0].id, batch_ack(9, 3));
     let (sends, done) = drain(&mut c);
@@ -326,12 +362,14 @@ fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
 #[test]
 fn atomic_disabled_answer_turns_batches_off() {
     let now = Instant::now();
-    let mut c = atomic();
+    let mut c = Coalescer::new(CoalescerConfig {
+        min_batch: 2,
+        ..narrow()
+    });
     c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
-    c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
     c.handle_outcome(now, sends[0].id, error(10174));
     let (retries, _) = drain(&mut c);
@@ -369,24 +407,75 @@ fn without_atomic_support_everything_goes_single_at_once() {
 }
 
 #[test]
-fn a_wider_window_sends_first_writes_at_once() {
+fn a_wider_single_window_sends_more_writes_at_once() {
     let now = Instant::now();
     let mut c = Coalescer::new(CoalescerConfig {
-        max_in_flight: 2,
-        ..CoalescerConfig::atomic("p-")
+        single_window: 2,
+        min_batch: 2,
+        ..narrow()
     });
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
     c.handle_write(now, WriteId(3), write("c", 0));
-    c.handle_write(now, WriteId(4), write("d", 0));
     let (sends, _) = drain(&mut c);
-    assert_eq!(sends.len(), 2, "two singles, the others wait");
-    c.handle_outcome(now, sends[1].id, ack(2));
+    assert_eq!(sends.len(), 2, "two singles, the third waits");
+    c.handle_write(now, WriteId(4), write("d", 0));
     let (sends, done) = drain(&mut c);
-    assert_eq!(done.len(), 1);
+    assert!(done.is_empty());
     assert_eq!(sends.len(), 1);
     assert_eq!(sends[0].publish.len(), 1, "c and d as one batch");
     assert_eq!(sends[0].request.timeout, Duration::from_secs(2));
+}
+
+#[test]
+fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig::atomic("p-"));
+    for i in 0..16u64 {
+        c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
+    }
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 16);
+    assert!(sends.iter().all(|s| s.publish.is_empty()), "no batch at 16");
+    for i in 16..31u64 {
+        c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
+    }
+    assert_eq!(drain(&mut c), (vec![], vec![]), "fifteen wait");
+    c.handle_write(now, WriteId(31), write("k31", 0));
+    let (batch, _) = drain(&mut c);
+    assert_eq!(batch.len(), 1);
+    assert_eq!(
+        batch[0].publish.len() + 1,
+        16,
+        "the sixteenth makes a batch"
+    );
+    c.handle_outcome(now, sends[0].id, ack(1));
+    let (_, done) = drain(&mut c);
+    assert_eq!(done, vec![(WriteId(0), ack(1))]);
+}
+
+#[test]
+fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(CoalescerConfig {
+        min_batch: 2,
+        ..narrow()
+    });
+    c.handle_write(now, WriteId(0), write("x", 0));
+    let (first, _) = drain(&mut c);
+    c.handle_write(now, WriteId(1), write("a", 1));
+    c.handle_write(now, WriteId(2), write("a", 1));
+    assert_eq!(
+        drain(&mut c),
+        (vec![], vec![]),
+        "no batch of two writes of one subject, and no batch of one"
+    );
+    c.handle_outcome(now, first[0].id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1);
+    assert!(sends[0].publish.is_empty());
+    assert_eq!(c.writes_of(sends[0].id), vec![WriteId(1)]);
+    assert_eq!(c.pending(), (1, 1));
 }
 
 #[test]
@@ -535,18 +624,21 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     let (first, _) = drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
-    c.handle_write(now, WriteId(3), write("c", 0));
     assert!(c.handle_cancel(now, WriteId(2)));
     assert!(
         !c.handle_cancel(now, WriteId(0)),
         "already out: it runs its course"
     );
+    c.handle_write(now, WriteId(3), write("c", 0));
+    c.handle_write(now, WriteId(4), write("d", 0));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(
+        c.writes_of(sends[0].id),
+        vec![WriteId(1), WriteId(3), WriteId(4)]
+    );
     c.handle_outcome(now, first[0].id, ack(1));
-    let (sends, done) = drain(&mut c);
-    assert_eq!(done, vec![(WriteId(0), ack(1))]);
-    assert_eq!(c.writes_of(sends[0].id), vec![WriteId(1), WriteId(3)]);
-    c.handle_outcome(now, sends[0].id, batch_ack(3, 2));
+    c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
     let (_, done) = drain(&mut c);
-    assert_eq!(done.len(), 2);
+    assert_eq!(done.len(), 4);
     assert!(c.is_done());
 }

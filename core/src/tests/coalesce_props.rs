@@ -301,10 +301,14 @@ proptest! {
         sim_atomic in prop_oneof![4 => Just(true), 1 => Just(false)],
         max_batch in 1usize..6,
         max_in_flight in 1usize..3,
+        single_window in 1usize..3,
+        min_batch in 2usize..4,
     ) {
         let config = CoalescerConfig {
             max_batch,
             max_in_flight,
+            single_window,
+            min_batch,
             ..CoalescerConfig::atomic("t-")
         };
         if let Err(v) = same_replies(&bytes, &script, replicated, sim_atomic, config) {
@@ -334,7 +338,12 @@ fn the_coalesced_runs_store_batches() {
             &script,
             seed % 2 == 0,
             true,
-            CoalescerConfig::atomic("t-"),
+            CoalescerConfig {
+                single_window: 1,
+                min_batch: 2,
+                max_in_flight: 1,
+                ..CoalescerConfig::atomic("t-")
+            },
         )
         .unwrap();
         sent += s;

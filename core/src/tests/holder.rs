@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::support::HolderRequest;
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, StepDownReason,
 };
 use crate::io::RequestOutcome;
+use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind, ErrorReply};
 
 const TTL: Duration = Duration::from_secs(15);

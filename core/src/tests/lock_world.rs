@@ -13,13 +13,13 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::stand_in::{Rng, StandIn, TTL_MS};
-use super::support::HolderRequest;
 use crate::holder::{Holder, HolderConfig, HolderEvent};
 use crate::io::{EffectId, RequestOutcome};
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent,
 };
+use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
 const KEY: &str = super::stand_in::KEY;

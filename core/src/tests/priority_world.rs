@@ -11,9 +11,9 @@
 use std::time::{Duration, Instant};
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
-use super::support::HolderRequest;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, MAX_PRIORITY};
 use crate::io::{EffectId, RequestOutcome};
+use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
 struct Candidate {

@@ -742,7 +742,7 @@ fn calls_before_the_bucket_is_ready_are_unavailable() {
 #[test]
 fn an_invalid_request_is_rejected_before_any_kv_effect() {
     for endpoint in Endpoint::ALL {
-        for body in crate::sim::invalid_bodies(endpoint) {
+        for body in crate::test_support::invalid_bodies(endpoint) {
             let mut d = Drive::new(endpoint, &body);
             let e = d.error();
             assert_eq!(e.kind, ErrorKind::Invalid, "{endpoint:?} {body}");

@@ -202,27 +202,3 @@ pub(super) fn header<'a>(w: &'a crate::io::NatsRequest, name: &str) -> Option<&'
         .find(|(n, _)| *n == name)
         .map(|(_, v)| v.as_str())
 }
-
-/// A call to the lease service a holder or campaign sent, read back from its
-/// transmit, for tests that check the endpoint and body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HolderRequest {
-    pub(crate) id: EffectId,
-    pub(crate) endpoint: Endpoint,
-    pub(crate) body: Vec<u8>,
-    pub(crate) timeout: Duration,
-}
-
-impl From<crate::io::Transmit> for HolderRequest {
-    fn from(t: crate::io::Transmit) -> Self {
-        let crate::io::TransmitKind::Lease(endpoint) = t.kind else {
-            panic!("not a call to the lease service: {t:?}");
-        };
-        Self {
-            id: t.id,
-            endpoint,
-            body: t.request.payload,
-            timeout: t.request.timeout,
-        }
-    }
-}

@@ -75,7 +75,12 @@ impl Fx {
 
     /// The service on a given server.
     pub async fn on(server: NatsServer) -> Fx {
-        let service = start_service(&server).await;
+        Fx::on_with(server, ServiceOptions::default()).await
+    }
+
+    /// The service with these options on a given server.
+    pub async fn on_with(server: NatsServer, options: ServiceOptions) -> Fx {
+        let service = start_service_with(&server, options).await;
         let client = connect(&server).await;
         Fx {
             server,
