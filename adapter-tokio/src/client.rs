@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::acquire_wait::{WaitEvent, WaitingAcquire};
 use dagnats_leases_core::change::ChangeEvent;
-use dagnats_leases_core::record::changed_subject;
+use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
     OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,
@@ -246,9 +247,17 @@ impl LeaseClient {
         wait: Duration,
         refused: &mut (dyn FnMut(&AcquireReply) + Send),
     ) -> Result<AcquireReply, LeaseError> {
-        let deadline = self.runtime.now() + wait;
+        let request = AcquireRequest {
+            key: key.into(),
+            holder: holder.into(),
+            ttl_ms: millis(ttl),
+        };
+        Request::decode(
+            Endpoint::Acquire,
+            &Request::Acquire(request.clone()).to_json(),
+        )?;
         // Subscribed before the first try, so no event between a refusal and the
-        // wait is missed; without it (no permission, say) the TTL timer alone wakes.
+        // wait is missed; without it (no permission, say) the TTL fallback alone wakes.
         let mut events = match self.nats.subscribe(changed_subject(key)).await {
             Ok(sub) => {
                 let _ = self.nats.flush().await;
@@ -256,30 +265,54 @@ impl LeaseClient {
             }
             Err(_) => None,
         };
+        let now = self.runtime.now();
+        let mut waiting = WaitingAcquire::new(request, self.timeout, wait, now);
+        let mut asking = None;
         loop {
-            let reply = self.acquire(key, holder, ttl).await?;
-            if reply.granted || self.runtime.now() >= deadline {
-                return Ok(reply);
+            while let Some(t) = waiting.poll_transmit() {
+                let send = exec::send_untimed(&self.nats, t.request);
+                asking = Some((t.id, Box::pin(send)));
             }
-            refused(&reply);
-            let lease_ttl = Duration::from_millis(reply.lease.ttl_ms);
-            let mut expiry = self.runtime.now() + lease_ttl;
-            loop {
-                let event = async {
-                    match events.as_mut() {
-                        Some(sub) => sub.next().await,
-                        None => std::future::pending().await,
+            while let Some(event) = waiting.poll_event() {
+                match event {
+                    WaitEvent::Refused(reply) => refused(&reply),
+                    WaitEvent::Done(reply) => return Ok(reply),
+                    WaitEvent::Failed(outcome) => {
+                        return Err(match reply_of(Endpoint::Acquire, outcome) {
+                            Err(e) => e,
+                            Ok(other) => Self::unexpected(Endpoint::Acquire, other),
+                        });
                     }
-                };
-                tokio::select! {
-                    message = event => match message {
-                        Some(m) if change_event(&m).kind.may_free_key() => break,
-                        Some(_) => expiry = self.runtime.now() + lease_ttl,
-                        None => events = None,
-                    },
-                    _ = self.runtime.sleep_until(expiry) => break,
-                    _ = self.runtime.sleep_until(deadline) => return Ok(reply),
                 }
+            }
+            let timer = async {
+                match waiting.poll_timeout() {
+                    Some(at) => self.runtime.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = async {
+                match events.as_mut() {
+                    Some(sub) => sub.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let answer = async {
+                match asking.as_mut() {
+                    Some((id, send)) => (*id, send.await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                (id, outcome) = answer => {
+                    asking = None;
+                    waiting.handle_outcome(self.runtime.now(), id, outcome);
+                }
+                message = event => match message {
+                    Some(m) => waiting.handle_change(self.runtime.now(), &change_event(&m)),
+                    None => events = None,
+                },
+                () = timer => waiting.handle_timeout(self.runtime.now()),
             }
         }
     }

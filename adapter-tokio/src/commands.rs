@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::record::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
+use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
 use dagnats_leases_core::wire::Lease;
 use futures::StreamExt;
 use serde_json::json;

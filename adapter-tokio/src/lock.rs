@@ -35,13 +35,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
-use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::holder::HolderEvent;
 use dagnats_leases_core::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent,
 };
-use dagnats_leases_core::wire::Endpoint;
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -53,9 +51,7 @@ use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
-use crate::member::{
-    CampaignObserver, Change, Elector, Member, ObservedRequest, Ownership, Semaphore, Tenure,
-};
+use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
 
 pub use crate::exit::{EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
@@ -148,8 +144,8 @@ impl Campaigner {
 
 /// What the campaign's observer passes on to the tool's loop.
 enum Observed {
-    /// An answer to a request (the [`Lock`] reads acquires for `--wait`).
-    Answer(Endpoint, RequestOutcome),
+    /// An acquire did not win the key (the [`Lock`] counts them for `--wait`).
+    Refused,
     /// A renewal of `key`: a new deadline.
     Renewed { key: String, deadline: Instant },
 }
@@ -157,19 +153,16 @@ enum Observed {
 struct Observer(mpsc::UnboundedSender<Observed>);
 
 impl CampaignObserver for Observer {
-    fn request(&self, request: &ObservedRequest<'_>) {
-        let _ = self
-            .0
-            .send(Observed::Answer(request.endpoint, request.outcome.clone()));
-    }
-
     fn event(&self, key: &str, event: &HolderEvent, _at: Instant) {
-        if let HolderEvent::Renewed { deadline, .. } = event {
-            let _ = self.0.send(Observed::Renewed {
+        let seen = match event {
+            HolderEvent::Renewed { deadline, .. } => Observed::Renewed {
                 key: key.to_string(),
                 deadline: *deadline,
-            });
-        }
+            },
+            HolderEvent::Refused { .. } => Observed::Refused,
+            _ => return,
+        };
+        let _ = self.0.send(seen);
     }
 }
 
@@ -543,9 +536,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                 }
             }
             Some(seen) = observed.recv() => match seen {
-                Observed::Answer(endpoint, outcome) => {
-                    lock.handle_request(clock::now(), endpoint, &outcome)
-                }
+                Observed::Refused => lock.handle_refused(clock::now()),
                 Observed::Renewed { key, deadline } if key == held_key => {
                     lock.handle_deadline(clock::now(), deadline)
                 }

@@ -50,15 +50,15 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignRequest, GroupId, MAX_PERMITS, presence_key, semaphore_slot,
+    Campaign, CampaignEvent, GroupId, MAX_PERMITS, semaphore_slot,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
-use dagnats_leases_core::record::{HDR_FENCE, changed_subject, inbox_wildcard};
+use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{EffectId, NatsRequest, RequestOutcome};
+use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -128,31 +128,12 @@ pub struct Change {
     pub ownership: Ownership,
 }
 
-/// What a running campaign knows of a key it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenure {
-    /// The revision that began the tenure (the fence of its `Elected`).
-    pub tenure: u64,
-    /// The latest fence.
-    pub fence: u64,
-    /// The local deadline: past it, this process is no longer owner.
-    pub deadline: Instant,
-}
-
-impl From<dagnats_leases_core::holder::Ownership> for Tenure {
-    fn from(o: dagnats_leases_core::holder::Ownership) -> Self {
-        Self {
-            tenure: o.tenure,
-            fence: o.fence,
-            deadline: o.deadline,
-        }
-    }
-}
+/// What a running campaign knows of a key it holds: the core's tenure.
+pub use dagnats_leases_core::holder::Tenure;
 
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
-    keys: Vec<String>,
     finished: Vec<oneshot::Sender<()>>,
     /// When the group's campaign began, or its last step-down (not a stop): the
     /// start of [`telemetry::CAMPAIGN_TO_ELECTED`].
@@ -172,8 +153,6 @@ struct InboxFeed {
 struct State {
     campaign: Campaign,
     outlets: BTreeMap<GroupId, Outlet>,
-    /// Keys whose change events the driver should subscribe to.
-    subscribe: Vec<String>,
     inboxes: Vec<InboxFeed>,
     driver_started: bool,
     /// The keys this member owns, for the [`telemetry::LEADER`] gauge.
@@ -261,7 +240,7 @@ impl Member {
         observer: Observer,
         priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
-        let campaign = Campaign::new(&holder)?;
+        let campaign = Campaign::new(&holder, runtime.now())?;
         let shared = Arc::new(Shared {
             nats,
             holder,
@@ -271,7 +250,6 @@ impl Member {
             state: Mutex::new(State {
                 campaign,
                 outlets: BTreeMap::new(),
-                subscribe: Vec::new(),
                 inboxes: Vec::new(),
                 driver_started: false,
                 owned: BTreeSet::new(),
@@ -403,11 +381,9 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
-        let presence = (0..keys.len()).map(|i| presence_key(set, i));
-        let watched = presence.chain(keys.iter().map(|k| k.to_string())).collect();
         telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
-            group: self.begin(watched, |c, now| c.add_balanced_group(now, set, configs))?,
+            group: self.begin(|c, now| c.add_balanced_group(now, set, configs))?,
         })
     }
 
@@ -428,20 +404,18 @@ impl Member {
         telemetry::campaigning_for(slots.iter().map(String::as_str));
         Ok(Semaphore {
             name: name.to_string(),
-            group: self.begin(slots, |c, now| c.add_semaphore(now, config, permits))?,
+            group: self.begin(|c, now| c.add_semaphore(now, config, permits))?,
         })
     }
 
     fn start(&self, configs: Vec<HolderConfig>, max_held: usize) -> Result<Group, LeaseError> {
-        let keys = configs.iter().map(|c| c.key.clone()).collect();
-        self.begin(keys, |c, now| c.add_group(now, configs, max_held))
+        self.begin(|c, now| c.add_group(now, configs, max_held))
     }
 
-    /// Adds a group to the machine (`add`) and subscribes to the change events of
-    /// `keys`.
+    /// Adds a group to the machine (`add`); the machine says which change events
+    /// to watch for it.
     fn begin(
         &self,
-        keys: Vec<String>,
         add: impl FnOnce(&mut Campaign, Instant) -> Result<GroupId, ErrorReply>,
     ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
@@ -449,12 +423,10 @@ impl Member {
         let now = self.shared.runtime.now();
         let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
-        state.subscribe.extend(keys.iter().cloned());
         state.outlets.insert(
             id,
             Outlet {
                 changes: changes_tx,
-                keys,
                 finished: Vec::new(),
                 campaigning_since: now,
             },
@@ -529,20 +501,12 @@ impl Group {
 
     fn tenure(&self, key: &str) -> Option<Tenure> {
         let state = self.shared.lock();
-        state
-            .campaign
-            .ownership(key, self.shared.runtime.now())
-            .map(Tenure::from)
+        state.campaign.tenure(key, self.shared.runtime.now())
     }
 
     fn held(&self) -> BTreeMap<String, Tenure> {
         let state = self.shared.lock();
-        state
-            .campaign
-            .held(self.id, self.shared.runtime.now())
-            .into_iter()
-            .map(|(k, o)| (k, o.into()))
-            .collect()
+        state.campaign.held(self.id, self.shared.runtime.now())
     }
 
     fn done(&self, key: &str) {
@@ -886,11 +850,18 @@ async fn drive(shared: Arc<Shared>) {
     // Keys whose last renew had an unknown outcome: a renew sent now is a retry.
     let mut renew_unknown: BTreeSet<String> = BTreeSet::new();
     loop {
-        let (requests, events, wake, subscribe, new_inboxes, done) = {
+        let (requests, events, wake, new_inboxes, done) = {
             let mut state = shared.lock();
             in_flight.retain(|id, _| state.campaign.waits_for(*id));
-            let requests: Vec<CampaignRequest> =
-                std::iter::from_fn(|| state.campaign.poll_request()).collect();
+            // Each with the key whose holder sends it (none for a request the
+            // campaign no longer waits for: it is not sent).
+            let campaign = &mut state.campaign;
+            let requests: Vec<(String, Transmit)> = std::iter::from_fn(|| {
+                let t = campaign.poll_transmit()?;
+                Some(campaign.key_of(t.id).map(|k| (k.to_string(), t)))
+            })
+            .flatten()
+            .collect();
             let events: Vec<CampaignEvent> =
                 std::iter::from_fn(|| state.campaign.poll_event()).collect();
             let done = !state.member_alive && state.campaign.is_done();
@@ -898,32 +869,39 @@ async fn drive(shared: Arc<Shared>) {
                 requests,
                 events,
                 state.campaign.poll_timeout(),
-                std::mem::take(&mut state.subscribe),
                 std::mem::take(&mut state.inboxes),
                 done,
             )
         };
-        for request in requests {
-            if request.request.endpoint == Endpoint::Renew && renew_unknown.contains(&request.key) {
+        for (key, transmit) in requests {
+            if transmit.kind == TransmitKind::Lease(Endpoint::Renew) && renew_unknown.contains(&key)
+            {
                 telemetry::renew_retry();
             }
             let (give_up, given_up) = oneshot::channel();
-            in_flight.insert(request.request.id, give_up);
-            pending.push(send(&shared, request, given_up));
+            in_flight.insert(transmit.id, give_up);
+            pending.push(send(&shared, key, transmit, given_up));
         }
-        for key in subscribe {
-            // A failed subscribe only loses the early wake-up, never correctness.
-            if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
-                let (stop, stopped) = oneshot::channel();
-                subscribed.insert(key.clone(), stop);
-                changes.push(Box::pin(
-                    sub.map(move |m| (key.clone(), m)).take_until(stopped),
-                ));
+        let mut others = Vec::new();
+        for event in events {
+            match event {
+                CampaignEvent::Watch { key } => {
+                    // A failed subscribe only loses the early wake-up, never correctness.
+                    if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
+                        let (stop, stopped) = oneshot::channel();
+                        subscribed.insert(key.clone(), stop);
+                        changes.push(Box::pin(
+                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
+                        ));
+                    }
+                }
+                CampaignEvent::Unwatch { key } => {
+                    subscribed.remove(&key);
+                }
+                other => others.push(other),
             }
         }
-        for key in dispatch(&shared, events) {
-            subscribed.remove(&key);
-        }
+        dispatch(&shared, others);
         for feed in new_inboxes {
             let n = inboxes.len();
             inboxes.push((feed.accepted, feed.rejected));
@@ -969,12 +947,10 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Passes the machine's events on; returns the keys no running group campaigns for
-/// any more (their change events are no longer wanted).
-fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
-    let mut finished_keys = Vec::new();
+/// Passes the machine's holder events and group ends on.
+fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     if events.is_empty() {
-        return finished_keys;
+        return;
     }
     let now = shared.runtime.now();
     if let Some(o) = &shared.observer {
@@ -992,7 +968,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
                 let ownership = match event {
                     HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
                     HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
-                    HolderEvent::Renewed { .. } => None,
+                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
                     HolderEvent::Failed { kind, message } => {
                         tracing::error!(key, %kind, message, "the lease service refused this holder");
                         None
@@ -1004,17 +980,15 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) -> Vec<String> {
             }
             CampaignEvent::Finished { group } => {
                 if let Some(outlet) = state.outlets.remove(&group) {
-                    finished_keys.extend(outlet.keys);
                     for f in outlet.finished {
                         let _ = f.send(());
                     }
                 }
             }
+            // The driver subscribes and unsubscribes itself.
+            CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
         }
     }
-    // A key may be campaigned for again already, by a group started meanwhile.
-    finished_keys.retain(|k| !state.outlets.values().any(|o| o.keys.contains(k)));
-    finished_keys
 }
 
 /// Records a holder event in the metrics ([`telemetry`]).
@@ -1039,7 +1013,7 @@ fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &Ho
                 outlet.campaigning_since = now;
             }
         }
-        HolderEvent::Renewed { .. } | HolderEvent::Failed { .. } => {}
+        HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } | HolderEvent::Failed { .. } => {}
     }
 }
 
@@ -1048,26 +1022,23 @@ fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &Ho
 /// ends `TimedOut` (for the observer; the machine has moved on).
 fn send(
     shared: &Arc<Shared>,
-    out: CampaignRequest,
+    key: String,
+    transmit: Transmit,
     given_up: oneshot::Receiver<()>,
 ) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
     let observer = shared.observer.clone();
     let runtime = shared.runtime.clone();
     async move {
-        let CampaignRequest { key, request } = out;
-        let endpoint = request.endpoint;
-        let body = observer.as_ref().map(|_| request.body.clone());
+        let Transmit {
+            id, kind, request, ..
+        } = transmit;
+        let TransmitKind::Lease(endpoint) = kind else {
+            unreachable!("a campaign sends only lease calls");
+        };
+        let body = observer.as_ref().map(|_| request.payload.clone());
         let sent = runtime.now();
-        let sending = exec::send_untimed(
-            &nats,
-            NatsRequest {
-                subject: endpoint.subject(),
-                headers: Vec::new(),
-                payload: request.body,
-                timeout: request.timeout,
-            },
-        );
+        let sending = exec::send_untimed(&nats, request);
         let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
             futures::future::Either::Left((outcome, _)) => outcome,
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,
@@ -1086,7 +1057,7 @@ fn send(
             });
         }
         Answer {
-            id: request.id,
+            id,
             outcome,
             key,
             endpoint,

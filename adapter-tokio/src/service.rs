@@ -3,17 +3,19 @@
 //! serving future that spawns nothing and keeps time on a [`Runtime`].
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
 use dagnats_leases_core::admit::{Admission, Admit};
-use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT, Effect, EffectId, Mode};
-use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, Output, WriteId};
-use dagnats_leases_core::record::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
-use dagnats_leases_core::startup::{self, BucketOptions, REPLICAS_RECHECK, Startup, StartupEffect};
+use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use dagnats_leases_core::io::{EffectId, Mode, Transmit};
+use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
+use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
+use dagnats_leases_core::subjects::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::{AbortHandle, Either};
@@ -274,8 +276,17 @@ pub async fn prepare(
     );
     let (stop, stopped) = watch::channel(false);
     let writer = Writer::new(&client, atomic, &options);
+    // The replicas are asked again now and then: read confirmation follows them.
+    let check = (mode == Mode::Ready).then(|| {
+        ReplicasCheck::new(
+            options.replicas_recheck,
+            options.kv_timeout,
+            replicas,
+            runtime.now(),
+        )
+    });
     let serve = serve(
-        runtime, client, service, requests, config, options, stopped, writer,
+        runtime, client, service, requests, config, options, stopped, writer, check,
     );
     Ok(Prepared {
         mode,
@@ -301,17 +312,18 @@ async fn ensure_bucket(
     };
     let mut startup = Startup::new(bucket, version, options.kv_timeout, runtime.now());
     loop {
-        while let Some(effect) = startup.poll_effect() {
-            match effect {
-                StartupEffect::Log(line) => tracing::warn!("{line}"),
-                StartupEffect::Done(mode) => {
+        while let Some(event) = startup.poll_event() {
+            match event {
+                StartupEvent::Log(line) => tracing::warn!("{line}"),
+                StartupEvent::Done(mode) => {
                     return (mode, startup.replicas(), startup.atomic());
                 }
-                StartupEffect::Request(id, request) => {
-                    let outcome = exec::send(runtime, client, request).await;
-                    startup.handle_outcome(runtime.now(), id, outcome);
-                }
             }
+        }
+        if let Some(t) = startup.poll_transmit() {
+            let outcome = exec::send(runtime, client, t.request).await;
+            startup.handle_outcome(runtime.now(), t.id, outcome);
+            continue;
         }
         if let Some(at) = startup.poll_timeout() {
             runtime.sleep_until(at).await;
@@ -330,12 +342,16 @@ async fn serve(
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
     mut writer: Writer,
+    mut check: Option<ReplicasCheck>,
 ) {
     let writes = options.coalesce_writes.then(|| writer.sink.clone());
     let shutdown_timeout = options.shutdown_timeout;
-    // The replicas are asked again now and then: read confirmation follows them.
-    let mut recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
-    let mut asking = None;
+    let mut check_at = check.as_ref().and_then(ReplicasCheck::poll_timeout);
+    let mut recheck = sleep_until(&*runtime, check_at);
+    let mut asking: Option<(
+        EffectId,
+        futures::future::BoxFuture<'static, RequestOutcome>,
+    )> = None;
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
     let (cut, cut_off) = watch::channel(false);
@@ -386,24 +402,36 @@ async fn serve(
                 }
             }
             () = writer.step(&runtime, &client) => {}
-            () = &mut recheck, if asking.is_none() && config.mode == Mode::Ready => {
-                recheck = runtime.sleep_until(runtime.now() + options.replicas_recheck);
-                let client = client.clone();
-                let runtime = runtime.clone();
-                let request = startup::stream_info_request(config.kv_timeout);
-                asking = Some(Box::pin(async move { exec::send(&*runtime, &client, request).await }));
+            () = &mut recheck => {
+                if let Some(c) = &mut check {
+                    c.handle_timeout(runtime.now());
+                }
             }
-            outcome = async { asking.as_mut().expect("guarded").await }, if asking.is_some() => {
-                asking = None;
-                if let Some(replicas) = startup::replicas_from_reply(&outcome) {
-                    let now = options.call_config(config, replicas);
-                    if now.confirm_reads != config.confirm_reads {
-                        tracing::info!(replicas, confirm_reads = now.confirm_reads, "the leases stream's replicas changed");
-                        config = now;
-                    }
+            outcome = async { asking.as_mut().expect("guarded").1.as_mut().await }, if asking.is_some() => {
+                let (id, _) = asking.take().expect("guarded");
+                if let Some(c) = &mut check {
+                    c.handle_outcome(runtime.now(), id, outcome);
                 }
             }
             _ = stopped.changed() => break,
+        }
+        let Some(c) = &mut check else { continue };
+        while let Some(t) = c.poll_transmit() {
+            let (client, runtime) = (client.clone(), runtime.clone());
+            let send = async move { exec::send(&*runtime, &client, t.request).await };
+            asking = Some((t.id, Box::pin(send)));
+        }
+        while let Some(ReplicasEvent::ConfirmReads { replicas, on }) = c.poll_event() {
+            tracing::info!(
+                replicas,
+                confirm_reads = on,
+                "the leases stream's replicas changed"
+            );
+            config = options.call_config(config, replicas);
+        }
+        if c.poll_timeout() != check_at {
+            check_at = c.poll_timeout();
+            recheck = sleep_until(&*runtime, check_at);
         }
     }
     // Unsubscribe every endpoint (each does so on its next poll), then keep reading
@@ -510,6 +538,14 @@ async fn refuse(endpoint: Endpoint, request: async_nats::service::Request, respo
     }
 }
 
+/// Sleeps until `at`, or for ever without one.
+fn sleep_until(runtime: &dyn Runtime, at: Option<Instant>) -> runtime::Sleep {
+    match at {
+        Some(at) => runtime.sleep_until(at),
+        None => Box::pin(std::future::pending()),
+    }
+}
+
 /// Runs one call to its reply and returns the reply body.
 pub async fn run_call(
     runtime: &dyn Runtime,
@@ -565,7 +601,10 @@ async fn drive_call(
         body,
     );
     loop {
-        let Some(effect) = call.poll_effect() else {
+        if let Some(response) = call.poll_event() {
+            return response;
+        }
+        let Some(transmit) = call.poll_transmit() else {
             // Waiting with nothing to do can only be a forward's deadline.
             match call.poll_timeout() {
                 Some(at) => {
@@ -583,15 +622,9 @@ async fn drive_call(
                 }
             }
         };
-        let op = JsOp::of(&effect);
-        let coalesced =
-            writes.filter(|_| matches!(effect, Effect::KvWrite(_) | Effect::ConfirmRead(_)));
-        let (id, request) = match effect {
-            Effect::Reply(response) => return response,
-            other => other
-                .into_nats_request()
-                .expect("every other effect is a request"),
-        };
+        let op = JsOp::of(transmit.kind);
+        let coalesced = writes.filter(|_| transmit.kind.is_stream_write());
+        let Transmit { id, request, .. } = transmit;
         let deadline = call.poll_timeout();
         let expired = async {
             match deadline {
@@ -695,34 +728,30 @@ impl Writer {
                 self.coalescer.handle_outcome(runtime.now(), id, outcome);
             }
         }
-        while let Some(output) = self.coalescer.poll_output() {
-            match output {
-                Output::Done { write, outcome } => {
-                    if let Some(tx) = self.waiting.remove(&write) {
-                        // The call may have given up: nobody to tell then.
-                        let _ = tx.send(outcome);
-                    }
-                }
-                Output::Send(send) => {
-                    let client = client.clone();
-                    let runtime = runtime.clone();
-                    self.sends.push(Box::pin(async move {
-                        for m in send.publish {
-                            let mut headers = async_nats::HeaderMap::new();
-                            for (name, value) in &m.headers {
-                                headers.insert(*name, value.as_str());
-                            }
-                            // A message lost here leaves a gap: the commit is
-                            // answered `incomplete` and the writes go single.
-                            let _ = client
-                                .publish_with_headers(m.subject, headers, m.payload.into())
-                                .await;
-                        }
-                        let outcome = exec::send(&*runtime, &client, send.request).await;
-                        (send.id, outcome)
-                    }));
-                }
+        while let Some(CoalescerEvent::Done { write, outcome }) = self.coalescer.poll_event() {
+            if let Some(tx) = self.waiting.remove(&write) {
+                // The call may have given up: nobody to tell then.
+                let _ = tx.send(outcome);
             }
+        }
+        while let Some(send) = self.coalescer.poll_transmit() {
+            let client = client.clone();
+            let runtime = runtime.clone();
+            self.sends.push(Box::pin(async move {
+                for m in send.publish {
+                    let mut headers = async_nats::HeaderMap::new();
+                    for (name, value) in &m.headers {
+                        headers.insert(*name, value.as_str());
+                    }
+                    // A message lost here leaves a gap: the commit is
+                    // answered `incomplete` and the writes go single.
+                    let _ = client
+                        .publish_with_headers(m.subject, headers, m.payload.into())
+                        .await;
+                }
+                let outcome = exec::send(&*runtime, &client, send.request).await;
+                (send.id, outcome)
+            }));
         }
     }
 }

@@ -31,8 +31,8 @@
 use std::time::Duration;
 
 use dagnats_leases_core::RequestOutcome;
-use dagnats_leases_core::call::{Effect, Mode};
 use dagnats_leases_core::holder::StepDownReason;
+use dagnats_leases_core::io::{Mode, TransmitKind};
 use dagnats_leases_core::js::{self, JsFailure, PublishResult};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -167,17 +167,17 @@ pub(crate) enum JsOp {
 }
 
 impl JsOp {
-    /// The op of an effect about to be carried out (counting a confirmation as
-    /// sent); `None` for a request to an owner's inbox or a reply.
-    pub(crate) fn of(effect: &Effect) -> Option<Self> {
-        match effect {
-            Effect::KvRead(_) => Some(Self::Read),
-            Effect::KvWrite(_) => Some(Self::Write),
-            Effect::ConfirmRead(_) => {
+    /// The op of a request about to be sent (counting a confirmation as sent);
+    /// `None` for a request to an owner's inbox.
+    pub(crate) fn of(kind: TransmitKind) -> Option<Self> {
+        match kind {
+            TransmitKind::Read => Some(Self::Read),
+            TransmitKind::Write => Some(Self::Write),
+            TransmitKind::Confirm => {
                 counter!(READ_CONFIRMATIONS).increment(1);
                 Some(Self::Confirm)
             }
-            Effect::InboxRequest(_) | Effect::Reply(_) => None,
+            TransmitKind::Inbox | TransmitKind::Lease(_) | TransmitKind::Api => None,
         }
     }
 
@@ -325,18 +325,12 @@ mod tests {
     #[test]
     fn confirmations_count_their_retries_and_failures() {
         let text = recorded(|| {
-            let effect = Effect::ConfirmRead(dagnats_leases_core::call::ConfirmRead {
-                id: dagnats_leases_core::EffectId(1),
-                key: "k".into(),
-                revision: 3,
-                timeout: Duration::from_secs(1),
-            });
             for outcome in [
                 RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
                 ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
                 ack_error(503, 10008),
             ] {
-                JsOp::of(&effect).unwrap().outcome(&outcome);
+                JsOp::of(TransmitKind::Confirm).unwrap().outcome(&outcome);
             }
         });
         assert!(text.contains(&format!("{READ_CONFIRMATIONS} 3")), "{text}");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
-use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT};
+use dagnats_leases_core::subjects::{HDR_FENCE, HDR_REJECT};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::clock;
 use dagnats_leases_tokio::member::{Member, Ownership};

@@ -12,9 +12,10 @@ use std::time::Duration;
 use async_nats::{Client, HeaderMap, Message};
 use base64::Engine as _;
 use bytes::Bytes;
-use dagnats_leases_core::record::{
+use dagnats_leases_core::record::format_time;
+use dagnats_leases_core::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL,
-    QUEUE_GROUP, STREAM, format_time, inbox_subject, kv_subject,
+    QUEUE_GROUP, STREAM, inbox_subject, kv_subject,
 };
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;

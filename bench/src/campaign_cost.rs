@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_core::campaign::Campaign;
 use dagnats_leases_core::holder::HolderConfig;
-use dagnats_leases_core::js::RequestOutcome;
+use dagnats_leases_core::io::{RequestOutcome, TransmitKind};
 use dagnats_leases_core::record::format_time;
 use dagnats_leases_core::wire::{AcquireReply, Endpoint, Lease, ReleaseReply, Request, Response};
 use serde::Serialize;
@@ -100,7 +100,7 @@ fn measure(keys: usize) -> (u64, u64, Duration) {
         epoch: time::OffsetDateTime::now_utc(),
         start,
     };
-    let mut campaign = Campaign::new("cost").expect("holder id");
+    let mut campaign = Campaign::new("cost", start).expect("holder id");
     let configs = (0..keys)
         .map(|i| HolderConfig::new(format!("shard-{i}"), "cost", TTL))
         .collect();
@@ -112,14 +112,16 @@ fn measure(keys: usize) -> (u64, u64, Duration) {
     while now < end_of_ramp + WINDOW {
         // Every request is answered at once, in order: the outcomes are inputs.
         let mut answered = 0;
-        while let Some(out) = timed(&mut busy, || campaign.poll_request()) {
-            let request = out.request;
-            let reply = stand_in.answer(now, request.endpoint, &request.body);
-            if request.endpoint == Endpoint::Renew && measuring_from.is_some() {
+        while let Some(t) = timed(&mut busy, || campaign.poll_transmit()) {
+            let TransmitKind::Lease(endpoint) = t.kind else {
+                unreachable!("a campaign sends only lease calls");
+            };
+            let reply = stand_in.answer(now, endpoint, &t.request.payload);
+            if endpoint == Endpoint::Renew && measuring_from.is_some() {
                 renewals += 1;
             }
             timed(&mut busy, || {
-                campaign.handle_outcome(now, request.id, RequestOutcome::reply(reply))
+                campaign.handle_outcome(now, t.id, RequestOutcome::reply(reply))
             });
             answered += 1;
         }

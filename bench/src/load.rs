@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, jetstream};
 use bytes::Bytes;
-use dagnats_leases_core::record::{
-    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_LEASE_EVENT, HDR_TTL, LeaseRecord, format_time,
-    inbox_wildcard, kv_subject,
+use dagnats_leases_core::record::{LeaseRecord, format_time};
+use dagnats_leases_core::subjects::{
+    HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_LEASE_EVENT, HDR_TTL, inbox_wildcard, kv_subject,
 };
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -226,7 +226,7 @@ pub async fn put_leases(js: &jetstream::Context, keys: &[String], holder: &str) 
 pub async fn owner_writes(client: &Client) -> bool {
     let js = jetstream::new(client.clone());
     let last = || async {
-        js.get_stream(dagnats_leases_core::record::STREAM)
+        js.get_stream(dagnats_leases_core::subjects::STREAM)
             .await
             .expect("the leases stream")
             .cached_info()

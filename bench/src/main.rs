@@ -370,10 +370,11 @@ async fn run(args: RunArgs) {
             procs::create_bucket(imp, &url, place.replicas(), &out, &client).await;
             if place == Place::R3 {
                 let was =
-                    servers::Cluster::pin_leader(&client, dagnats_leases_core::record::STREAM)
+                    servers::Cluster::pin_leader(&client, dagnats_leases_core::subjects::STREAM)
                         .await;
                 let replicas =
-                    servers::Cluster::replicas(&client, dagnats_leases_core::record::STREAM).await;
+                    servers::Cluster::replicas(&client, dagnats_leases_core::subjects::STREAM)
+                        .await;
                 assert_eq!(
                     replicas,
                     servers::CLUSTER_NODES,
@@ -453,7 +454,8 @@ async fn run(args: RunArgs) {
             running.push(procs::start(*imp, label, &url, place.replicas(), &out, client).await);
             if *place == Place::R3 {
                 let was =
-                    servers::Cluster::pin_leader(client, dagnats_leases_core::record::STREAM).await;
+                    servers::Cluster::pin_leader(client, dagnats_leases_core::subjects::STREAM)
+                        .await;
                 if was != servers::Cluster::name_of(0) {
                     println!("round {round}: {label}'s stream leader was on {was}, moved back");
                 }

@@ -39,7 +39,7 @@
 //!   reports a group's health; a group is healthy until it says otherwise.
 //!   - While unhealthy, the group sends no campaign acquire: those queued wait (and
 //!     are cancelled at their holder's timeout, never sent), those made ready but
-//!     not yet taken by [`Campaign::poll_request`] are taken back and cancelled.
+//!     not yet taken by [`Campaign::poll_transmit`] are taken back and cancelled.
 //!     Keys it holds stay held and renewed: a blip shorter than `unhealthy_for`
 //!     changes nothing else.
 //!   - Unhealthy since T, at T + `unhealthy_for` (the group's TTL by default,
@@ -69,26 +69,25 @@
 //!   tenure.
 //!
 //! Drive it like every machine of this crate: after each input, drain
-//! [`Campaign::poll_request`] and [`Campaign::poll_event`]; sleep until
+//! [`Campaign::poll_transmit`] and [`Campaign::poll_event`]; sleep until
 //! [`Campaign::poll_timeout`].
 //!
 //! ```no_run
 //! use std::time::{Duration, Instant};
 //! use dagnats_leases_core::campaign::{Campaign, CampaignEvent};
 //! use dagnats_leases_core::holder::HolderConfig;
-//! use dagnats_leases_core::js::RequestOutcome;
+//! use dagnats_leases_core::io::RequestOutcome;
 //!
-//! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
+//! # fn send(_: &dagnats_leases_core::io::NatsRequest) -> RequestOutcome { unimplemented!() }
 //! # fn sleep_until(_: Instant) {}
-//! let mut campaign = Campaign::new("notify-7f3a").expect("a valid holder ID");
+//! let mut campaign = Campaign::new("notify-7f3a", Instant::now()).expect("a valid holder ID");
 //! let ttl = Duration::from_secs(15);
 //! let config = HolderConfig::new("notify-leader", "notify-7f3a", ttl);
 //! let leader = campaign.add_group(Instant::now(), vec![config], 1).expect("valid");
 //! loop {
-//!     while let Some(out) = campaign.poll_request() {
-//!         let r = out.request;
-//!         let outcome = send(&r.body, &r.endpoint.subject(), r.timeout);
-//!         campaign.handle_outcome(Instant::now(), r.id, outcome);
+//!     while let Some(transmit) = campaign.poll_transmit() {
+//!         let outcome = send(&transmit.request);
+//!         campaign.handle_outcome(Instant::now(), transmit.id, outcome);
 //!     }
 //!     while let Some(event) = campaign.poll_event() {
 //!         if let CampaignEvent::Holder { key, event, .. } = event {
@@ -109,29 +108,13 @@ use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
 #[cfg(doc)]
 use crate::holder::StepDownReason;
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership};
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, Tenure};
+use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 /// One group of keys campaigned for together: an elector, or a shard set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroupId(pub u64);
-
-/// A request to send to the lease service, for the holder of `key`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CampaignRequest {
-    /// The key whose holder sends it.
-    pub key: String,
-    /// The request; feed its outcome back with its `id`.
-    pub request: HolderRequest,
-}
-
-impl CampaignRequest {
-    /// The NATS request to send.
-    pub fn nats_request(&self) -> NatsRequest {
-        self.request.nats_request()
-    }
-}
 
 /// What a [`Campaign`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +127,17 @@ pub enum CampaignEvent {
         key: String,
         /// What happened.
         event: HolderEvent,
+    },
+    /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
+    /// members of a balanced set by it). They wake a campaign when the key may be free.
+    Watch {
+        /// The key.
+        key: String,
+    },
+    /// Unsubscribe from `key`'s change events: no group campaigns for it any more.
+    Unwatch {
+        /// The key.
+        key: String,
     },
     /// The group is finished: stopped and released, or every key refused for good.
     /// Its keys may be campaigned for again.
@@ -165,7 +159,7 @@ struct Group {
     /// Campaign acquires waiting for room under `max_held`.
     /// Each with the instant its holder gave it up for lost: a request still queued
     /// then is cancelled (it was never sent) and asked for again.
-    deferred: VecDeque<(String, HolderRequest, Instant)>,
+    deferred: VecDeque<(String, Transmit, Instant)>,
     /// Campaign acquires sent and not yet answered.
     gated_in_flight: usize,
     health: Health,
@@ -263,7 +257,7 @@ struct Outbox {
     routes: BTreeMap<EffectId, Route>,
     /// The routes' deadlines, in order.
     deadlines: BTreeSet<(Instant, EffectId)>,
-    requests: VecDeque<CampaignRequest>,
+    requests: VecDeque<Transmit>,
     next_request: u64,
 }
 
@@ -276,7 +270,7 @@ impl Outbox {
     }
 
     /// Sends a holder's request under an id of the campaign's own.
-    fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: HolderRequest) {
+    fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: Transmit) {
         let id = EffectId(self.next_request);
         self.next_request += 1;
         self.routes.insert(
@@ -287,20 +281,19 @@ impl Outbox {
                 inner: request.id,
                 group: slot.group,
                 gated,
-                deadline: now + request.timeout,
+                deadline: now + request.request.timeout,
             },
         );
-        self.deadlines.insert((now + request.timeout, id));
-        self.requests.push_back(CampaignRequest {
-            key: key.to_string(),
-            request: HolderRequest { id, ..request },
-        });
+        self.deadlines.insert((now + request.request.timeout, id));
+        self.requests.push_back(Transmit { id, ..request });
     }
 }
 
 impl Campaign {
-    /// The campaigns of holder ID `holder` (`[A-Za-z0-9_-]{1,128}`), none yet.
-    pub fn new(holder: &str) -> Result<Self, ErrorReply> {
+    /// The campaigns of holder ID `holder` (`[A-Za-z0-9_-]{1,128}`), none yet, at
+    /// `now` (taken like every machine's constructor; a campaign starts with no
+    /// deadline).
+    pub fn new(holder: &str, _now: Instant) -> Result<Self, ErrorReply> {
         wire::check_name("holder", holder)?;
         Ok(Self {
             holder: holder.to_string(),
@@ -445,6 +438,8 @@ impl Campaign {
         };
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
+            let key = config.key.clone();
+            self.events.push_back(CampaignEvent::Watch { key });
         }
         self.vacancies = true;
         self.groups.insert(
@@ -519,7 +514,7 @@ impl Campaign {
             if healthy {
                 if g.health.since.take().is_some() {
                     for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == id) {
-                        slot.holder.handle_changed(now);
+                        slot.holder.ask_now(now);
                         self.touched.insert(key.clone());
                     }
                 }
@@ -561,17 +556,17 @@ impl Campaign {
     /// sent, they are cancelled.
     fn recall(&mut self, now: Instant, group: GroupId) {
         let routes = &self.out.routes;
-        let (recalled, kept): (VecDeque<CampaignRequest>, VecDeque<CampaignRequest>) =
+        let (recalled, kept): (VecDeque<Transmit>, VecDeque<Transmit>) =
             std::mem::take(&mut self.out.requests)
                 .into_iter()
                 .partition(|r| {
                     routes
-                        .get(&r.request.id)
+                        .get(&r.id)
                         .is_some_and(|route| route.gated && route.group == group)
                 });
         self.out.requests = kept;
         for request in recalled {
-            let Some(route) = self.out.take(request.request.id) else {
+            let Some(route) = self.out.take(request.id) else {
                 continue;
             };
             if let Some(g) = self.groups.get_mut(&group) {
@@ -631,7 +626,7 @@ impl Campaign {
             return;
         }
         if let Some(slot) = self.slots.get_mut(key) {
-            slot.holder.handle_changed(now);
+            slot.holder.handle_change(now, event);
             self.touched.insert(key.to_string());
             self.settle(now);
         }
@@ -680,9 +675,15 @@ impl Campaign {
         self.out.routes.contains_key(&id)
     }
 
-    /// The next request to send, if any.
-    pub fn poll_request(&mut self) -> Option<CampaignRequest> {
+    /// The next request to send, if any: a call to the lease service for the
+    /// holder of one key ([`Campaign::key_of`]).
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.requests.pop_front()
+    }
+
+    /// The key whose holder sent request `id`, while the campaign waits for it.
+    pub fn key_of(&self, id: EffectId) -> Option<&str> {
+        self.out.routes.get(&id).map(|r| r.key.as_str())
     }
 
     /// The next event, if any.
@@ -723,8 +724,8 @@ impl Campaign {
     }
 
     /// The tenure this holder ID is in for `key` at `now`, if any.
-    pub fn ownership(&self, key: &str, now: Instant) -> Option<Ownership> {
-        self.slots.get(key)?.holder.ownership(now)
+    pub fn tenure(&self, key: &str, now: Instant) -> Option<Tenure> {
+        self.slots.get(key)?.holder.tenure(now)
     }
 
     /// Where the holder of `key` is in its life, if some group campaigns for it.
@@ -733,11 +734,11 @@ impl Campaign {
     }
 
     /// The keys of `group` owned at `now`, with their tenures.
-    pub fn held(&self, group: GroupId, now: Instant) -> BTreeMap<String, Ownership> {
+    pub fn held(&self, group: GroupId, now: Instant) -> BTreeMap<String, Tenure> {
         self.slots
             .iter()
             .filter(|(_, s)| s.group == group)
-            .filter_map(|(k, s)| Some((k.clone(), s.holder.ownership(now)?)))
+            .filter_map(|(k, s)| Some((k.clone(), s.holder.tenure(now)?)))
             .collect()
     }
 
@@ -752,7 +753,7 @@ impl Campaign {
     ) -> Result<Accepted, RejectReason> {
         let accepted = self.guard.check(now, subject, fence)?;
         // The guard follows the events; the holder's own deadline is the last word.
-        if self.ownership(&accepted.key, now).is_none() {
+        if self.tenure(&accepted.key, now).is_none() {
             return Err(RejectReason::NotOwner);
         }
         Ok(accepted)
@@ -879,7 +880,7 @@ impl Campaign {
             .filter(|s| {
                 s.group == group
                     && (s.holder.status() == HolderStatus::Confirming
-                        || s.holder.ownership(now).is_some())
+                        || s.holder.tenure(now).is_some())
             })
             .count()
     }
@@ -890,7 +891,7 @@ impl Campaign {
             .slots
             .iter()
             .filter(|(_, s)| s.group == group)
-            .filter_map(|(k, s)| match s.holder.ownership(now) {
+            .filter_map(|(k, s)| match s.holder.tenure(now) {
                 Some(own) => Some((own.tenure, k.clone())),
                 None if s.holder.status() == HolderStatus::Confirming => {
                     Some((u64::MAX, k.clone()))
@@ -1052,12 +1053,12 @@ impl Campaign {
             let key = &key;
             let group = self.groups.get_mut(&slot.group);
             let mut group = group;
-            while let Some(request) = slot.holder.poll_request() {
-                let campaign = request.endpoint == Endpoint::Acquire
+            while let Some(request) = slot.holder.poll_transmit() {
+                let campaign = request.kind == TransmitKind::Lease(Endpoint::Acquire)
                     && slot.holder.status() == HolderStatus::Campaigning;
                 match group.as_deref_mut() {
                     Some(g) if campaign => {
-                        let expires = now + request.timeout;
+                        let expires = now + request.request.timeout;
                         g.deferred.push_back((key.clone(), request, expires));
                     }
                     _ => self.out.send(now, key, slot, false, request),
@@ -1159,8 +1160,10 @@ impl Campaign {
             }
             for id in finished {
                 if let Some(group) = self.groups.remove(&id) {
-                    for config in &group.keys {
+                    for config in group.keys {
                         self.claimed.remove(&config.key);
+                        let key = config.key;
+                        self.events.push_back(CampaignEvent::Unwatch { key });
                     }
                 }
                 self.events.push_back(CampaignEvent::Finished { group: id });

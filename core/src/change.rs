@@ -2,9 +2,9 @@
 //! happened to a key, read from the republished message's headers and body. One
 //! reading for every consumer (the holder library's wake-ups, the CLI's `watch`).
 
-use crate::record::{
-    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE, LeaseEvent,
-};
+use crate::record::LeaseEvent;
+
+use crate::subjects::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_SEQUENCE};
 
 /// What a change event says happened to the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,7 +85,7 @@ impl ChangeEvent {
     /// The key a change-event subject names (`dagnats.lease.changed.<key>`).
     pub fn key_of(subject: &str) -> Option<&str> {
         subject
-            .strip_prefix(crate::record::changed_subject("").as_str())
+            .strip_prefix(crate::subjects::changed_subject("").as_str())
             .filter(|k| !k.is_empty() && !k.contains('.'))
     }
 }

@@ -16,7 +16,7 @@
 //! commit gets a PubAck, with `seq` the last message's sequence and `count` the
 //! batch size; message `i` of `n` is stored at `seq - n + i`. The earlier messages
 //! are sent without a reply subject (the server answers them only if one is set),
-//! so a [`Send`] is `publish` (fire and forget, in order) then `request`. Any
+//! so a batch's [`Transmit`] is `publish` (fire and forget, in order) then `request`. Any
 //! failure of the batch (a wrong expected sequence: 10071, or 10164 for a subject
 //! already in the batch or in flight; an incomplete batch: 10176; too many open
 //! batches: 10210; atomic publish disabled: 10174) comes back on the commit's reply
@@ -50,8 +50,8 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
-use crate::record::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::subjects::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
 
 /// ADR-50's batch id header.
 pub const HDR_BATCH_ID: &str = "Nats-Batch-Id";
@@ -133,23 +133,9 @@ impl CoalescerConfig {
     }
 }
 
-/// One send: publish each of `publish` in order (no reply wanted), then send
-/// `request` and feed its outcome back with `id`.
+/// What the coalescer reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Send {
-    /// Feed the outcome of `request` back with this id.
-    pub id: EffectId,
-    /// The batch's messages before the commit; empty for a single write.
-    pub publish: Vec<NatsRequest>,
-    /// The single write, or the batch's commit message.
-    pub request: NatsRequest,
-}
-
-/// What the coalescer wants done.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Output {
-    /// Send this.
-    Send(Send),
+pub enum CoalescerEvent {
     /// This write is finished: feed `outcome` to the call that asked for it, as
     /// the outcome of its own request.
     Done {
@@ -198,7 +184,8 @@ pub struct Coalescer {
     batches: usize,
     next_effect: u64,
     next_batch: u64,
-    out: VecDeque<Output>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<CoalescerEvent>,
     batches_sent: u64,
     batches_failed: u64,
 }
@@ -223,7 +210,8 @@ impl Coalescer {
             batches: 0,
             next_effect: 0,
             next_batch: 0,
-            out: VecDeque::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
             batches_sent: 0,
             batches_failed: 0,
         }
@@ -254,7 +242,7 @@ impl Coalescer {
         self.queue.len() != before
     }
 
-    /// The outcome of a [`Send`]'s `request`.
+    /// The outcome of a transmit's `request`.
     pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.remove(&id) else {
             return;
@@ -273,9 +261,15 @@ impl Coalescer {
         self.dispatch();
     }
 
-    /// The next thing to do; drain after every input.
-    pub fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+    /// The next send: a single write, or a batch (its messages before the commit
+    /// in `publish`, the commit as `request`). Drain after every input.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next write finished. Drain after every input.
+    pub fn poll_event(&mut self) -> Option<CoalescerEvent> {
+        self.events.pop_front()
     }
 
     /// Never: the coalescer keeps no deadline (each call keeps its own).
@@ -288,7 +282,10 @@ impl Coalescer {
 
     /// Nothing queued, nothing in flight, nothing to poll.
     pub fn is_done(&self) -> bool {
-        self.queue.is_empty() && self.in_flight.is_empty() && self.out.is_empty()
+        self.queue.is_empty()
+            && self.in_flight.is_empty()
+            && self.transmits.is_empty()
+            && self.events.is_empty()
     }
 
     /// The writes a send in flight carries, in order (empty once answered).
@@ -311,7 +308,8 @@ impl Coalescer {
     }
 
     fn done(&mut self, write: WriteId, outcome: RequestOutcome) {
-        self.out.push_back(Output::Done { write, outcome });
+        self.events
+            .push_back(CoalescerEvent::Done { write, outcome });
     }
 
     fn dispatch(&mut self) {
@@ -380,11 +378,8 @@ impl Coalescer {
             self.singles += 1;
             self.in_flight.insert(id, Flight::Single(w));
         }
-        self.out.push_back(Output::Send(Send {
-            id,
-            publish: Vec::new(),
-            request,
-        }));
+        self.transmits
+            .push_back(Transmit::new(id, TransmitKind::Write, request));
     }
 
     fn send_batch(&mut self, batch: Vec<Write>) {
@@ -415,11 +410,12 @@ impl Coalescer {
         let request = messages.pop().expect("a batch is not empty");
         self.batches += 1;
         self.in_flight.insert(id, Flight::Batch(batch));
-        self.out.push_back(Output::Send(Send {
+        self.transmits.push_back(Transmit {
             id,
+            kind: TransmitKind::Write,
             publish: messages,
             request,
-        }));
+        });
     }
 
     fn batch_outcome(&mut self, writes: Vec<Write>, outcome: RequestOutcome) {

@@ -1,16 +1,18 @@
-//! The effects a call asks for and their NATS encoding: a leader read, a KV write,
-//! a read confirmation, a request to an owner's inbox, or the reply. Each maps to
-//! one NATS request ([`Effect::into_nats_request`]).
+//! The requests a call asks for and their NATS encoding: a leader read, a KV write,
+//! a read confirmation, a request to an owner's inbox. Each maps to one
+//! [`Transmit`] ([`Effect::into_transmit`]).
 
 use std::time::Duration;
 
-use crate::js::{self, EffectId, NatsRequest};
-use crate::record::{
+use crate::js::{self};
+
+use crate::io::{EffectId, NatsRequest, Transmit, TransmitKind};
+use crate::record::{LeaseEvent, ttl_header};
+use crate::subjects::{
     CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, LeaseEvent, confirm_subject,
-    inbox_subject, kv_subject, ttl_header,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, confirm_subject, inbox_subject,
+    kv_subject,
 };
-use crate::wire::Response;
 
 /// A leader read of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +109,8 @@ pub struct InboxRequest {
     pub timeout: Duration,
 }
 
-/// Something a call wants done.
+/// A request a call wants sent, as the call decided it (its [`Transmit`] is what an
+/// adapter sends; this typed form is what the call's table tests read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// Read a key through the stream leader.
@@ -118,42 +121,38 @@ pub enum Effect {
     ConfirmRead(ConfirmRead),
     /// Request an owner's inbox.
     InboxRequest(InboxRequest),
-    /// Send this reply to the caller; the call is over.
-    Reply(Response),
 }
 
 impl Effect {
-    /// How long the call waits for this effect's outcome; `None` for a reply.
-    pub fn timeout(&self) -> Option<Duration> {
+    /// How long the call waits for this effect's outcome.
+    pub fn timeout(&self) -> Duration {
         match self {
-            Self::KvRead(r) => Some(r.timeout),
-            Self::KvWrite(w) => Some(w.timeout),
-            Self::ConfirmRead(c) => Some(c.timeout),
-            Self::InboxRequest(i) => Some(i.timeout),
-            Self::Reply(_) => None,
+            Self::KvRead(r) => r.timeout,
+            Self::KvWrite(w) => w.timeout,
+            Self::ConfirmRead(c) => c.timeout,
+            Self::InboxRequest(i) => i.timeout,
         }
     }
 
-    /// The NATS request that carries out this effect, with its id; `None` for a reply.
-    pub fn nats_request(&self) -> Option<(EffectId, NatsRequest)> {
-        match self {
-            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
-            Self::KvWrite(w) => Some((w.id, w.nats_request())),
-            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
-            Self::InboxRequest(i) => Some((i.id, i.nats_request())),
-            Self::Reply(_) => None,
-        }
+    /// The NATS request that carries out this effect, with its id.
+    pub fn nats_request(&self) -> (EffectId, NatsRequest) {
+        let t = self.clone().into_transmit();
+        (t.id, t.request)
     }
 
-    /// Like [`Effect::nats_request`], but takes the effect, so the payload moves
-    /// into the request instead of being copied.
-    pub fn into_nats_request(self) -> Option<(EffectId, NatsRequest)> {
+    /// The effect as an adapter sends it; the payload moves, not copied.
+    pub fn into_transmit(self) -> Transmit {
         match self {
-            Self::KvRead(r) => Some((r.id, js::read_request(&r.key, r.timeout))),
-            Self::KvWrite(w) => Some((w.id, w.into_nats_request())),
-            Self::ConfirmRead(c) => Some((c.id, c.nats_request())),
-            Self::InboxRequest(i) => Some((i.id, i.into_nats_request())),
-            Self::Reply(_) => None,
+            Self::KvRead(r) => Transmit::new(
+                r.id,
+                TransmitKind::Read,
+                js::read_request(&r.key, r.timeout),
+            ),
+            Self::KvWrite(w) => Transmit::new(w.id, TransmitKind::Write, w.into_nats_request()),
+            Self::ConfirmRead(c) => Transmit::new(c.id, TransmitKind::Confirm, c.nats_request()),
+            Self::InboxRequest(i) => {
+                Transmit::new(i.id, TransmitKind::Inbox, i.into_nats_request())
+            }
         }
     }
 }

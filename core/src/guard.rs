@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::holder::HolderEvent;
-use crate::record::{HDR_REJECT, INBOX_PREFIX, REJECT_STALE};
+use crate::subjects::{HDR_REJECT, INBOX_PREFIX, REJECT_STALE};
 
 /// Why a forwarded request was rejected (the reply is an empty body with
 /// `Dagnats-Lease-Reject: stale` in every case).
@@ -122,6 +122,7 @@ impl InboxGuard {
                 }
             }
             HolderEvent::SteppedDown { .. } | HolderEvent::Failed { .. } => self.end(key),
+            HolderEvent::Refused { .. } => {}
         }
     }
 

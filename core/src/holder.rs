@@ -40,21 +40,21 @@
 //!
 //! Like every machine in this crate it does no IO and reads no clock: feed it
 //! [`Holder::handle_outcome`] and [`Holder::handle_timeout`], then drain
-//! [`Holder::poll_request`] and [`Holder::poll_event`].
+//! [`Holder::poll_transmit`] and [`Holder::poll_event`].
 //!
 //! ```no_run
 //! use std::time::{Duration, Instant};
 //! use dagnats_leases_core::holder::{Holder, HolderConfig, HolderEvent};
-//! use dagnats_leases_core::js::RequestOutcome;
+//! use dagnats_leases_core::io::RequestOutcome;
 //!
-//! # fn send(_: &[u8], _: &str, _: Duration) -> RequestOutcome { unimplemented!() }
+//! # fn send(_: &dagnats_leases_core::io::NatsRequest) -> RequestOutcome { unimplemented!() }
 //! # fn sleep_until(_: Instant) {}
 //! let config = HolderConfig::new("notify-leader", "notify-7f3a", Duration::from_secs(15));
 //! let mut holder = Holder::new(config, Instant::now()).expect("valid config");
 //! loop {
-//!     while let Some(request) = holder.poll_request() {
-//!         let outcome = send(&request.body, &request.endpoint.subject(), request.timeout);
-//!         holder.handle_outcome(Instant::now(), request.id, outcome);
+//!     while let Some(transmit) = holder.poll_transmit() {
+//!         let outcome = send(&transmit.request);
+//!         holder.handle_outcome(Instant::now(), transmit.id, outcome);
 //!     }
 //!     while let Some(event) = holder.poll_event() {
 //!         match event {
@@ -77,7 +77,8 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::js::{EffectId, NatsRequest, RequestOutcome};
+use crate::change::ChangeEvent;
+use crate::io::{EffectId, RequestOutcome, Transmit, lease_call};
 use crate::wire::{
     self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, OwnerRequest, ReleaseRequest,
     RenewRequest, Request, Response,
@@ -147,7 +148,7 @@ pub struct HolderConfig {
     /// How often to renew: ttl/3 by default.
     pub renew_every: Duration,
     /// How long to wait before asking again when another holder has the key (ttl/3 by
-    /// default; a change event for the key asks at once, see [`Holder::handle_changed`]).
+    /// default; a change event for the key asks at once, see [`Holder::handle_change`]).
     pub campaign_every: Duration,
     /// How long to wait after a failed request before trying again.
     pub retry_every: Duration,
@@ -250,32 +251,6 @@ impl HolderConfig {
     }
 }
 
-/// A request the adapter sends to the lease service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HolderRequest {
-    /// Feed the outcome back with this id.
-    pub id: EffectId,
-    /// The subject is `endpoint.subject()`.
-    pub endpoint: Endpoint,
-    /// The JSON body.
-    pub body: Vec<u8>,
-    /// Give up waiting after this long and feed back [`RequestOutcome::TimedOut`].
-    pub timeout: Duration,
-}
-
-impl HolderRequest {
-    /// The NATS request to send: the body to `endpoint.subject()`, bounded by
-    /// `timeout` (the holder times it out itself too, in [`Holder::handle_timeout`]).
-    pub fn nats_request(&self) -> NatsRequest {
-        NatsRequest {
-            subject: self.endpoint.subject(),
-            headers: Vec::new(),
-            payload: self.body.clone(),
-            timeout: self.timeout,
-        }
-    }
-}
-
 /// Why a holder stopped acting as owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -351,6 +326,13 @@ pub enum HolderEvent {
         /// Why.
         reason: StepDownReason,
     },
+    /// An acquire while campaigning did not win the key: `holder` has it, or
+    /// (`None`) no usable answer came. The holder asks again later; `lock --wait`
+    /// gives up on it once its wait has passed.
+    Refused {
+        /// The holder the service named, if it answered.
+        holder: Option<String>,
+    },
     /// The service refused for good; the holder is done.
     Failed {
         /// The error kind the service replied with.
@@ -367,7 +349,7 @@ pub enum HolderStatus {
     Campaigning,
     /// Granted, proving the lease fresh with a renew before acting as owner.
     Confirming,
-    /// Owner until the local deadline (check [`Holder::ownership`] for the instant).
+    /// Owner until the local deadline (check [`Holder::tenure`] for the instant).
     Owner,
     /// Stepped down for good; releasing (once a revocation's hold is over).
     Stopping,
@@ -377,7 +359,7 @@ pub enum HolderStatus {
 
 /// The tenure a holder is in, while its deadline has not passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ownership {
+pub struct Tenure {
     /// The fence that began the tenure (the confirming renew's revision).
     pub tenure: u64,
     /// The latest fence (the revision of the last acquire or renew).
@@ -426,7 +408,7 @@ enum Phase {
     Confirming { revision: u64 },
     /// Owner until `ownership.deadline`; renew (or recover with an acquire) at `next_at`.
     Owner {
-        ownership: Ownership,
+        ownership: Tenure,
         next_at: Instant,
         recovering: bool,
     },
@@ -485,7 +467,7 @@ pub struct Holder {
     /// preferred candidate (one that holds back less) asks first.
     held_back_until: Option<Instant>,
     next_id: u64,
-    requests: VecDeque<HolderRequest>,
+    requests: VecDeque<Transmit>,
     events: VecDeque<HolderEvent>,
 }
 
@@ -521,7 +503,7 @@ impl Holder {
 
     /// The tenure this holder is in at `now`, or `None`: also `None` once the local
     /// deadline has passed, even before [`Holder::handle_timeout`] is called.
-    pub fn ownership(&self, now: Instant) -> Option<Ownership> {
+    pub fn tenure(&self, now: Instant) -> Option<Tenure> {
         match self.phase {
             Phase::Owner { ownership, .. } if now < ownership.deadline => Some(ownership),
             _ => None,
@@ -550,8 +532,8 @@ impl Holder {
         !self.requests.is_empty() || !self.events.is_empty()
     }
 
-    /// The next request to send, if any.
-    pub fn poll_request(&mut self) -> Option<HolderRequest> {
+    /// The next request to send, if any: a call to the lease service.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.requests.pop_front()
     }
 
@@ -605,11 +587,19 @@ impl Holder {
         self.in_flight.is_some_and(|f| f.id == id)
     }
 
-    /// A change event for the key arrived: when not owner, ask again now rather than
-    /// at the next campaign tick (a released or expired key is free at once).
-    /// A candidate that holds back ([`HolderConfig::hold_back`]) asks only once that
-    /// has passed, at its campaign ticks too.
-    pub fn handle_changed(&mut self, now: Instant) {
+    /// A change event for the key arrived: when it may have freed the key and this
+    /// holder is not owner, ask again now rather than at the next campaign tick (a
+    /// released or expired key is free at once). A candidate that holds back
+    /// ([`HolderConfig::hold_back`]) asks only once that has passed, at its campaign
+    /// ticks too.
+    pub fn handle_change(&mut self, now: Instant, event: &ChangeEvent) {
+        if event.kind.may_free_key() {
+            self.ask_now(now);
+        }
+    }
+
+    /// Asks again now, as after a change event that may have freed the key.
+    pub(crate) fn ask_now(&mut self, now: Instant) {
         let quiet = self.quiet_until;
         let ask_at = now + self.config.hold_back;
         if !self.config.hold_back.is_zero() {
@@ -725,11 +715,30 @@ impl Holder {
     }
 
     /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
-    /// waits for are ignored.
+    /// waits for are ignored. A campaign's acquire that leaves the holder campaigning
+    /// is reported [`HolderEvent::Refused`].
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.filter(|f| f.id == id) else {
             return;
         };
+        let campaign =
+            flight.purpose == Purpose::Acquire && matches!(self.phase, Phase::Campaigning { .. });
+        let holder = match &outcome {
+            RequestOutcome::Reply { payload, .. } if campaign => {
+                match Response::decode(Endpoint::Acquire, payload) {
+                    Ok(Response::Acquired(r)) if !r.granted => Some(r.lease.holder),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        self.on_outcome(now, flight, outcome);
+        if campaign && matches!(self.phase, Phase::Campaigning { .. }) {
+            self.events.push_back(HolderEvent::Refused { holder });
+        }
+    }
+
+    fn on_outcome(&mut self, now: Instant, flight: InFlight, outcome: RequestOutcome) {
         self.in_flight = None;
         if matches!(self.phase, Phase::Owner { ownership, .. } if now >= ownership.deadline) {
             // The tenure ended at the deadline, whatever this says: a renewal that
@@ -910,7 +919,7 @@ impl Holder {
         let next_at = flight.sent_at + self.config.renew_every;
         match self.phase {
             Phase::Owner { ownership, .. } => {
-                let ownership = Ownership {
+                let ownership = Tenure {
                     fence: revision,
                     deadline,
                     ..ownership
@@ -931,7 +940,7 @@ impl Holder {
                 // grant may return an earlier tenure's last write under this holder
                 // ID, whose fence that tenure already handed out.
                 self.phase = Phase::Owner {
-                    ownership: Ownership {
+                    ownership: Tenure {
                         tenure: revision,
                         fence: revision,
                         deadline,
@@ -973,7 +982,7 @@ impl Holder {
                 // after the one the current deadline stands on, so it lasts at least as
                 // long: keep the later of the two.
                 let deadline = deadline.max(ownership.deadline);
-                let ownership = Ownership {
+                let ownership = Tenure {
                     fence: revision.max(ownership.fence),
                     deadline,
                     ..ownership
@@ -1207,12 +1216,12 @@ impl Holder {
             sent_at: now,
             fence,
         });
-        self.requests.push_back(HolderRequest {
+        self.requests.push_back(lease_call(
             id,
-            endpoint: request.endpoint(),
-            body: request.to_json(),
-            timeout: self.config.request_timeout,
-        });
+            request.endpoint(),
+            request.to_json(),
+            self.config.request_timeout,
+        ));
     }
 }
 

@@ -11,7 +11,9 @@ use base64::Engine as _;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
-use crate::record::{HDR_KV_OPERATION, HDR_MARKER_REASON, LeaseRecord, STREAM, kv_subject};
+use crate::io::{NatsRequest, RequestOutcome};
+use crate::record::LeaseRecord;
+use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON, STREAM, kv_subject};
 use crate::wire::ErrorKind;
 
 /// JetStream's error code for a failed expected-last-sequence check.
@@ -27,53 +29,6 @@ pub const ERR_NO_MESSAGE_FOUND: u64 = 10037;
 pub const ERR_STREAM_NOT_FOUND: u64 = 10059;
 /// JetStream's error code for a stream name in use with another config.
 pub const ERR_STREAM_NAME_IN_USE: u64 = 10058;
-
-/// Names one request a machine asks an adapter to send (every machine of this crate
-/// uses it: a call, startup, a holder, a campaign); the outcome comes back with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EffectId(pub u64);
-
-/// One NATS request with headers, as an adapter sends it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatsRequest {
-    /// Where to send it.
-    pub subject: String,
-    /// Headers, in order.
-    pub headers: Vec<(&'static str, String)>,
-    /// The body.
-    pub payload: Vec<u8>,
-    /// How long to wait for the reply.
-    pub timeout: Duration,
-}
-
-/// What came of a [`NatsRequest`], as the adapter observed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestOutcome {
-    /// A reply arrived.
-    Reply {
-        /// The reply's headers.
-        headers: Vec<(String, String)>,
-        /// The reply's body.
-        payload: Vec<u8>,
-    },
-    /// Nobody subscribes to the subject (for a JetStream publish: no stream, or no
-    /// leader during an election).
-    NoResponders,
-    /// No reply within the request's timeout.
-    TimedOut,
-    /// The request could not be sent or the connection failed.
-    Failed(String),
-}
-
-impl RequestOutcome {
-    /// A reply without headers.
-    pub fn reply(payload: impl Into<Vec<u8>>) -> Self {
-        Self::Reply {
-            headers: Vec::new(),
-            payload: payload.into(),
-        }
-    }
-}
 
 /// A JetStream failure, already sorted into the error kind a caller sees.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,68 +6,84 @@
 //! pure, synchronous state machines: wire types and strict validation ([`wire`]),
 //! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
 //! one machine per call ([`call`]), the write coalescer that gathers the
-//! calls' writes into atomic batches ([`coalesce`]) and bucket startup ([`startup`]); and the holder
-//! side: a campaigning, renewing [`holder::Holder`], every campaign of one process
-//! ([`campaign::Campaign`]: groups, caps, the inbox), change events ([`change`]),
-//! and the owner-side and downstream checks of [`guard`].
+//! calls' writes into atomic batches ([`coalesce`]), bucket startup ([`startup`])
+//! and the replicas re-check that turns read confirmation on and off
+//! ([`replicas`]); and the holder side: a campaigning, renewing
+//! [`holder::Holder`], every campaign of one process ([`campaign::Campaign`]:
+//! groups, caps, the inbox, which change events to watch), the client's waiting
+//! acquire ([`acquire_wait`]), change events ([`change`]), the owner-side and
+//! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]). The
+//! I/O types every machine shares are in [`io`].
 //!
 //! # Determinism
 //!
 //! Nothing here does IO, reads a clock, spawns, sleeps or locks. Time comes in as
 //! arguments (`now: Instant` for deadlines, `wall: OffsetDateTime` for the
 //! timestamps replies carry) and the result of every effect comes back as an input
-//! tagged with its [`call::EffectId`]. The same inputs always give the same effects.
+//! tagged with its [`io::EffectId`]. The same inputs always give the same effects.
 //!
 //! # One vocabulary
 //!
-//! Every machine ([`call::Call`], [`startup::Startup`], [`holder::Holder`],
-//! [`campaign::Campaign`]) is driven the same way:
+//! Every machine ([`call::Call`], [`startup::Startup`],
+//! [`replicas::ReplicasCheck`], [`coalesce::Coalescer`], [`holder::Holder`],
+//! [`campaign::Campaign`], [`acquire_wait::WaitingAcquire`],
+//! [`supervise::Supervisor`], [`supervise::Lock`]) is driven the same way, in the
+//! types of [`io`] (the two of `lock`'s supervision send nothing, so they have no
+//! `poll_transmit`):
 //!
 //! - inputs are `handle_*(now, …)`; the result of a request comes back as
-//!   `handle_outcome(now, id, outcome)`, tagged with the request's [`js::EffectId`];
-//! - outputs are drained with `poll_*` after every input, each request ready to
-//!   send as one [`js::NatsRequest`] (`nats_request()`);
+//!   `handle_outcome(now, id, outcome)`, tagged with the [`io::EffectId`] it was
+//!   sent with;
+//! - `poll_transmit()` gives the next [`io::Transmit`] to send (one NATS request,
+//!   with its id, and its [`io::TransmitKind`] for routing and metrics);
+//! - `poll_event()` gives the next thing that happened (a call's reply, a holder's
+//!   election, startup's log lines and its end);
 //! - `poll_timeout()` is the one instant to wake at; `handle_timeout(now)` acts on
 //!   it. A machine keeps its own request deadlines: a request unanswered within
-//!   its timeout becomes [`js::RequestOutcome::TimedOut`] there, so an adapter
+//!   its timeout becomes [`io::RequestOutcome::TimedOut`] there, so an adapter
 //!   needs no timer per request;
 //! - `is_done()` means finished, with nothing left to poll.
 //!
 //! # Driving a call
 //!
-//! After every input, drain the effects until none is left (the drain invariant):
+//! After every input, drain the outputs until none is left (the drain invariant);
+//! with nothing to send and nothing happened, sleep until `poll_timeout()`:
 //!
-//! ```no_run
+//! ```
 //! use std::time::Instant;
-//! use dagnats_leases_core::call::{Call, CallConfig, Effect};
-//! use dagnats_leases_core::js::RequestOutcome;
-//! use dagnats_leases_core::wire::Endpoint;
+//! use dagnats_leases_core::call::{Call, CallConfig};
+//! use dagnats_leases_core::io::{NatsRequest, RequestOutcome};
+//! use dagnats_leases_core::wire::{Endpoint, Response};
 //!
-//! # fn send(_: &dagnats_leases_core::js::NatsRequest) -> RequestOutcome { unimplemented!() }
-//! # fn respond(_: Vec<u8>) {}
-//! let body = br#"{"key":"notify-leader","holder":"notify-7f3a","ttl_ms":15000}"#;
-//! let mut call = Call::new(
-//!     CallConfig::ready(1024 * 1024),
-//!     Instant::now(),
-//!     time::OffsetDateTime::now_utc(),
-//!     Endpoint::Acquire,
-//!     body,
-//! );
-//! while let Some(effect) = call.poll_effect() {
-//!     match effect {
-//!         Effect::Reply(response) => respond(response.to_json()),
-//!         other => {
-//!             let (id, request) = other.nats_request().expect("not a reply");
-//!             let outcome = send(&request); // one NATS request, in the adapter
-//!             call.handle_outcome(Instant::now(), id, outcome);
-//!         }
-//!     }
+//! /// The adapter's one NATS request (here JetStream stores the create at revision 1).
+//! fn send(_: &NatsRequest) -> RequestOutcome {
+//!     RequestOutcome::reply(r#"{"stream":"KV_leases","seq":1}"#)
 //! }
+//!
+//! let body = br#"{"key":"notify-leader","holder":"notify-7f3a","ttl_ms":15000}"#;
+//! let mut now = Instant::now();
+//! let wall = time::OffsetDateTime::now_utc();
+//! let mut call = Call::new(CallConfig::ready(1024 * 1024), now, wall, Endpoint::Acquire, body);
+//! let reply = loop {
+//!     while let Some(transmit) = call.poll_transmit() {
+//!         let outcome = send(&transmit.request); // an adapter races this against the timer
+//!         call.handle_outcome(now, transmit.id, outcome);
+//!     }
+//!     if let Some(reply) = call.poll_event() {
+//!         break reply;
+//!     }
+//!     // Waiting: sleep until the one timer, then fire it.
+//!     now = call.poll_timeout().expect("a waiting call has a deadline");
+//!     call.handle_timeout(now);
+//! };
+//! assert!(call.is_done());
+//! assert!(matches!(reply, Response::Acquired(a) if a.granted));
 //! ```
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
+pub mod acquire_wait;
 pub mod admit;
 pub mod call;
 pub mod campaign;
@@ -76,8 +92,10 @@ pub mod coalesce;
 pub mod effect;
 pub mod guard;
 pub mod holder;
+pub mod io;
 pub mod js;
 pub mod record;
+pub mod replicas;
 pub mod startup;
 pub mod subjects;
 pub mod supervise;
@@ -91,12 +109,12 @@ pub mod sim;
 #[doc(hidden)]
 pub mod test_support;
 
-pub use call::{Call, CallConfig, Effect, EffectId, Mode};
+pub use call::{Call, CallConfig, Effect};
 pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};
 pub use guard::{FenceGuard, InboxGuard};
-pub use holder::{Holder, HolderConfig, HolderEvent};
-pub use js::{NatsRequest, RequestOutcome};
+pub use holder::{Holder, HolderConfig, HolderEvent, Tenure};
+pub use io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 pub use wire::{Endpoint, ErrorKind, Request, Response};
 
 #[cfg(test)]

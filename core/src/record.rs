@@ -1,13 +1,9 @@
 //! The record kept in the `leases` bucket and the RFC 3339 timestamps the replies
-//! carry. The names of subjects and headers are in [`crate::subjects`] (re-exported
-//! here).
+//! carry. The names of subjects and headers are in [`crate::subjects`].
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-
-// The names moved to `subjects`; kept here so `record::BUCKET` and the rest still work.
-pub use crate::subjects::*;
 
 /// What a write to the bucket did, as the `Dagnats-Lease-Event` header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

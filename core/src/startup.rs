@@ -2,15 +2,14 @@
 //! `unsupported` mode, judged from the server version and the stream config the
 //! server returns, never from an error alone.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::call::{EffectId, Mode};
-use crate::js::{
-    self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure, NatsRequest, RequestOutcome,
-};
-use crate::record::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
+use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
+use crate::subjects::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
 use crate::wire::ErrorKind;
 
 /// The first nats-server version with per-message TTL.
@@ -120,11 +119,9 @@ pub fn parse_version(version: &str) -> Option<(u64, u64)> {
     Some((major, minor))
 }
 
-/// Something startup wants done or known.
+/// What startup reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartupEffect {
-    /// Send this JetStream API request and feed back its outcome with the id.
-    Request(EffectId, NatsRequest),
+pub enum StartupEvent {
     /// Worth a log line: a difference found in an existing stream's config, or a retry.
     Log(String),
     /// Startup is over: serve in this mode.
@@ -140,7 +137,8 @@ enum Step {
     Done,
 }
 
-/// Ensures the bucket. Drain [`Startup::poll_effect`] after every input.
+/// Ensures the bucket. Drain [`Startup::poll_transmit`] and [`Startup::poll_event`]
+/// after every input.
 #[derive(Debug)]
 pub struct Startup {
     options: BucketOptions,
@@ -159,7 +157,8 @@ pub struct Startup {
     atomic_wanted: bool,
     /// Whether the stream's config, as the server returned it, allows them.
     atomic: bool,
-    effects: std::collections::VecDeque<StartupEffect>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<StartupEvent>,
 }
 
 impl Startup {
@@ -185,16 +184,17 @@ impl Startup {
             atomic_wanted: parse_version(server_version)
                 .is_some_and(|v| v >= ATOMIC_SERVER_VERSION),
             atomic: false,
-            effects: Default::default(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
         };
         match parse_version(server_version) {
             Some(v) if v >= MIN_SERVER_VERSION => s.ask_info(),
             _ => {
-                s.effects.push_back(StartupEffect::Log(format!(
+                s.log(format!(
                     "nats-server {server_version} is older than {}.{}: no per-message TTL, so no \
                      leases bucket; every lease call replies `unsupported`",
                     MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
-                )));
+                ));
                 s.finish(Mode::Unsupported);
             }
         }
@@ -221,9 +221,19 @@ impl Startup {
         self.mode
     }
 
-    /// The next effect, if any.
-    pub fn poll_effect(&mut self) -> Option<StartupEffect> {
-        self.effects.pop_front()
+    /// The next request to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next log line, or the end with the mode to serve in.
+    pub fn poll_event(&mut self) -> Option<StartupEvent> {
+        self.events.pop_front()
+    }
+
+    /// Whether startup is over and its end was polled.
+    pub fn is_done(&self) -> bool {
+        self.step == Step::Done && self.transmits.is_empty() && self.events.is_empty()
     }
 
     /// When to call [`Startup::handle_timeout`]: the deadline of the request waited
@@ -298,20 +308,18 @@ impl Startup {
         let id = self.id();
         self.step = step;
         self.waiting = Some((id, self.now + self.timeout));
-        self.effects.push_back(StartupEffect::Request(
-            id,
-            js::api_request(subject, &body, self.timeout),
-        ));
+        let request = js::api_request(subject, &body, self.timeout);
+        self.transmits
+            .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
     fn ask_info(&mut self) {
         let id = self.id();
         self.step = Step::Info;
         self.waiting = Some((id, self.now + self.timeout));
-        self.effects.push_back(StartupEffect::Request(
-            id,
-            stream_info_request(self.timeout),
-        ));
+        let request = stream_info_request(self.timeout);
+        self.transmits
+            .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
     fn create(&mut self) {
@@ -421,12 +429,12 @@ impl Startup {
     }
 
     fn log(&mut self, line: String) {
-        self.effects.push_back(StartupEffect::Log(line));
+        self.events.push_back(StartupEvent::Log(line));
     }
 
     fn finish(&mut self, mode: Mode) {
         self.step = Step::Done;
         self.mode = mode;
-        self.effects.push_back(StartupEffect::Done(mode));
+        self.events.push_back(StartupEvent::Done(mode));
     }
 }

@@ -37,9 +37,6 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::js::RequestOutcome;
-use crate::wire::{Endpoint, Response};
-
 /// A signal for every process of the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GroupSignal {
@@ -533,27 +530,19 @@ impl Lock {
         }
     }
 
-    /// The outcome of one of the campaign's requests: `--wait` gives up once it has
-    /// passed and the last acquire was refused.
-    pub fn handle_request(&mut self, now: Instant, endpoint: Endpoint, outcome: &RequestOutcome) {
-        if endpoint != Endpoint::Acquire {
-            return;
-        }
-        let granted = match outcome {
-            RequestOutcome::Reply { payload, .. } => matches!(
-                Response::decode(Endpoint::Acquire, payload),
-                Ok(Response::Acquired(r)) if r.granted
-            ),
-            _ => false,
-        };
+    /// The holder's acquire did not win the key ([`HolderEvent::Refused`]): `--wait`
+    /// gives up once it has passed and an acquire was refused since the start.
+    ///
+    /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
+    pub fn handle_refused(&mut self, now: Instant) {
         if let LockPhase::Campaigning {
             refused,
             waited_out,
             ..
         } = &mut self.phase
         {
-            *refused = !granted;
-            if *waited_out && !granted {
+            *refused = true;
+            if *waited_out {
                 self.exit(LockExit::NotHeld, true);
                 return;
             }

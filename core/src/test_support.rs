@@ -1,6 +1,7 @@
 //! Fixtures shared by the core's tests and the integration suite (`tests/`). Not
 //! public API (`__test` feature).
 
+use crate::io::EffectId;
 use crate::wire::Endpoint;
 
 /// The invalid bodies every endpoint must reject.
@@ -67,4 +68,32 @@ pub fn invalid_bodies(endpoint: Endpoint) -> Vec<String> {
     };
     v.extend(extra.iter().map(|s| s.to_string()));
     v
+}
+
+/// A call to the lease service a holder or campaign sent, read back from its
+/// transmit, for tests that check the endpoint and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderRequest {
+    /// Feed the outcome back with this id.
+    pub id: EffectId,
+    /// The endpoint called.
+    pub endpoint: Endpoint,
+    /// The JSON body.
+    pub body: Vec<u8>,
+    /// How long the caller waits for the answer.
+    pub timeout: std::time::Duration,
+}
+
+impl From<crate::io::Transmit> for HolderRequest {
+    fn from(t: crate::io::Transmit) -> Self {
+        let crate::io::TransmitKind::Lease(endpoint) = t.kind else {
+            panic!("not a call to the lease service: {t:?}");
+        };
+        Self {
+            id: t.id,
+            endpoint,
+            body: t.request.payload,
+            timeout: t.request.timeout,
+        }
+    }
 }

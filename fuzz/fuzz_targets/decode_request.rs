@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use dagnats_leases_core::call::{Call, CallConfig, Effect};
+use dagnats_leases_core::call::{Call, CallConfig};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, Request};
 use libfuzzer_sys::fuzz_target;
 
@@ -33,14 +33,14 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => assert_eq!(e.kind, ErrorKind::Invalid),
     }
     let mut call = Call::new(CallConfig::ready(1 << 20), Instant::now(), time::OffsetDateTime::UNIX_EPOCH, endpoint, body);
-    let first = call.poll_effect().expect("a call always has a first effect");
+    let first = call.poll_transmit();
     if decoded.is_err() {
-        match first {
-            Effect::Reply(r) => assert_eq!(r.error_kind(), Some(ErrorKind::Invalid)),
-            other => panic!("an invalid body reached {other:?}"),
-        }
-        assert!(call.poll_effect().is_none() && call.is_done());
+        assert!(first.is_none(), "an invalid body reached {first:?}");
+        let reply = call.poll_event().expect("an invalid body is answered");
+        assert_eq!(reply.error_kind(), Some(ErrorKind::Invalid));
+        assert!(call.is_done());
     } else {
-        assert!(!matches!(first, Effect::Reply(_)), "a valid request replied without reading");
+        assert!(first.is_some(), "a valid request replied without reading");
+        assert!(call.poll_event().is_none(), "a reply beside a request");
     }
 });

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_core::guard::InboxGuard;
 use dagnats_leases_core::holder::{Holder, HolderConfig};
-use dagnats_leases_core::js::RequestOutcome;
+use dagnats_leases_core::io::{RequestOutcome};
 use dagnats_leases_core::wire::{Endpoint, Response};
 use libfuzzer_sys::fuzz_target;
 
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now = t0;
     // A request is answered in a later step, after time has passed: a deadline taken
     // from the reply instead of the send would show.
-    let mut outstanding = holder.poll_request();
+    let mut outstanding = holder.poll_transmit();
     let mut last_send = t0;
     for step in data.split(|b| *b == 0xff) {
         let Some((&op, rest)) = step.split_first() else {
@@ -43,14 +43,14 @@ fuzz_target!(|data: &[u8]| {
             }
             None => holder.handle_timeout(now),
         }
-        if let Some(r) = holder.poll_request() {
+        if let Some(r) = holder.poll_transmit() {
             last_send = now;
             outstanding = Some(r);
         }
         while let Some(event) = holder.poll_event() {
             guard.observe("k", &event);
         }
-        if let Some(own) = holder.ownership(now) {
+        if let Some(own) = holder.tenure(now) {
             assert!(own.deadline <= last_send + TTL, "a deadline past any send + ttl");
             assert!(own.deadline > now);
         }

@@ -1,7 +1,9 @@
 //! Whatever JetStream (or anything on its subjects) answers, reading it never panics.
 #![no_main]
 
-use dagnats_leases_core::js::{self, RequestOutcome};
+use dagnats_leases_core::js::{self};
+
+use dagnats_leases_core::io::{RequestOutcome};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -13,7 +13,7 @@ use common::Fx;
 use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::change::{ChangeEvent, ChangeKind};
 use dagnats_leases_core::holder::{HolderConfig, StepDownReason};
-use dagnats_leases_core::record::{HDR_FENCE, HDR_REJECT, changed_subject};
+use dagnats_leases_core::subjects::{HDR_FENCE, HDR_REJECT, changed_subject};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind};
 use dagnats_leases_tokio::client::{LeaseClient, LeaseErrorKind, change_event};
 use dagnats_leases_tokio::member::{

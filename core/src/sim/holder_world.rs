@@ -24,14 +24,15 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
-use crate::call::{Call, CallConfig, Effect, EffectId};
+use crate::call::{Call, CallConfig};
+
 use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
-use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, Ownership, StepDownReason,
-};
-use crate::js::{NatsRequest, RequestOutcome};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, StepDownReason, Tenure};
+use crate::io::EffectId;
+use crate::io::{NatsRequest, RequestOutcome};
 use crate::sim::{MsgKind, SimJetStream};
+use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
 /// A small deterministic generator (xorshift64*), so a seed replays a world exactly.
@@ -318,7 +319,7 @@ impl Machine {
             }
             Nodes::Members { .. } => {
                 let mut machine = Self::Member {
-                    campaign: Campaign::new(name).expect("a valid holder ID"),
+                    campaign: Campaign::new(name, now).expect("a valid holder ID"),
                     group: None,
                 };
                 machine.join(nodes, configs, now);
@@ -368,8 +369,15 @@ impl Machine {
     /// The next request and its key.
     fn poll_request(&mut self) -> Option<(String, HolderRequest)> {
         match self {
-            Self::Holder(h) => h.poll_request().map(|r| (KEY.to_string(), r)),
-            Self::Member { campaign, .. } => campaign.poll_request().map(|r| (r.key, r.request)),
+            Self::Holder(h) => h.poll_transmit().map(|t| (KEY.to_string(), t.into())),
+            Self::Member { campaign, .. } => {
+                let t = campaign.poll_transmit()?;
+                // Read from the body: a request may be timed out before it is polled.
+                let body: serde_json::Value =
+                    serde_json::from_slice(&t.request.payload).expect("a JSON body");
+                let key = body["key"].as_str().expect("a key").to_string();
+                Some((key, t.into()))
+            }
         }
     }
 
@@ -402,6 +410,7 @@ impl Machine {
             Self::Member { campaign, group } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
+                    CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
                     CampaignEvent::Finished { group: g } => {
                         if *group == Some(g) {
                             *group = None;
@@ -434,16 +443,16 @@ impl Machine {
     }
 
     /// Every key this node believes it owns at `now`.
-    fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Ownership)> {
+    fn believed(&self, configs: &[HolderConfig], now: Instant) -> Vec<(String, Tenure)> {
         match self {
             Self::Holder(h) => h
-                .ownership(now)
+                .tenure(now)
                 .map(|o| (configs[0].key.clone(), o))
                 .into_iter()
                 .collect(),
             Self::Member { campaign, .. } => configs
                 .iter()
-                .filter_map(|c| Some((c.key.clone(), campaign.ownership(&c.key, now)?)))
+                .filter_map(|c| Some((c.key.clone(), campaign.tenure(&c.key, now)?)))
                 .collect(),
         }
     }
@@ -491,7 +500,7 @@ impl HolderWorld {
                 let machine = match p.nodes {
                     Nodes::Members { join_spread_ms, .. } if join_spread_ms > 0 && i > 0 => {
                         Machine::Member {
-                            campaign: Campaign::new(&name).expect("a valid holder ID"),
+                            campaign: Campaign::new(&name, base).expect("a valid holder ID"),
                             group: None,
                         }
                     }
@@ -732,6 +741,7 @@ impl HolderWorld {
                 HolderEvent::Failed { kind, message } => {
                     panic!("holder h{h} failed: {kind}: {message}")
                 }
+                HolderEvent::Refused { .. } => {}
             }
         }
         if !done.is_empty() {
@@ -846,11 +856,14 @@ impl HolderWorld {
             let Some(sc) = self.calls[c].as_mut() else {
                 return;
             };
-            let Some(effect) = sc.call.poll_effect() else {
-                return;
-            };
-            match effect {
-                Effect::Reply(response) => {
+            if let Some(t) = sc.call.poll_transmit() {
+                let at = self.t + self.latency();
+                self.schedule(at, Ev::Step(c, t.id, t.request));
+                continue;
+            }
+            match sc.call.poll_event() {
+                None => return,
+                Some(response) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;
                     if matches!(&response, Response::Error(e) if e.kind == ErrorKind::Internal) {
@@ -862,11 +875,6 @@ impl HolderWorld {
                         self.schedule(at, Ev::Outcome(h, generation, id, outcome));
                     }
                     return;
-                }
-                other => {
-                    let (id, request) = other.nats_request().expect("a JetStream request");
-                    let at = self.t + self.latency();
-                    self.schedule(at, Ev::Step(c, id, request));
                 }
             }
         }
@@ -1141,7 +1149,7 @@ impl HolderWorld {
     }
 
     /// `name` believes it owns `key` in tenure `own`: the server must agree.
-    fn check_owner(&self, name: &str, key: &str, own: Ownership) -> Result<(), String> {
+    fn check_owner(&self, name: &str, key: &str, own: Tenure) -> Result<(), String> {
         // The lease by its TTL: expired but not yet marked does not count.
         let Some((record, revision)) = self.js.leased(key) else {
             return Err(format!(

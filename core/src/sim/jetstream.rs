@@ -10,10 +10,11 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
-use crate::js::{NatsRequest, RequestOutcome};
-use crate::record::{
+use crate::io::{NatsRequest, RequestOutcome};
+use crate::record::{LeaseEvent, LeaseRecord};
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_TTL, LeaseEvent, LeaseRecord, STREAM,
+    HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_TTL, STREAM,
 };
 
 /// The kind of a stored message.

@@ -9,9 +9,11 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{Op, OwnerBehaviour, SimJetStream};
-use crate::call::{Call, CallConfig, Effect, EffectId};
-use crate::js::{self, KeyState, RequestOutcome};
-use crate::record::{HDR_REJECT, REJECT_STALE};
+use crate::call::{Call, CallConfig, Effect};
+use crate::io::EffectId;
+use crate::io::RequestOutcome;
+use crate::js::{self, KeyState};
+use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::test_support::invalid_bodies;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -65,6 +67,8 @@ pub enum CallKind {
 pub trait CallMachine: std::fmt::Debug {
     /// See [`Call::poll_effect`].
     fn poll_effect(&mut self) -> Option<Effect>;
+    /// See [`Call::poll_event`].
+    fn poll_event(&mut self) -> Option<Response>;
     /// See [`Call::handle_outcome`].
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome);
     /// See [`Call::poll_timeout`].
@@ -76,6 +80,9 @@ pub trait CallMachine: std::fmt::Debug {
 impl CallMachine for Call {
     fn poll_effect(&mut self) -> Option<Effect> {
         Self::poll_effect(self)
+    }
+    fn poll_event(&mut self) -> Option<Response> {
+        Self::poll_event(self)
     }
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         Self::handle_outcome(self, now, id, outcome)
@@ -393,7 +400,7 @@ impl World {
         let cut = self.cut_leader.as_mut().filter(|_| via_cut);
         let (id, outcome): (EffectId, RequestOutcome) = match &effect {
             Effect::KvRead(_) => {
-                let (id, req) = effect.nats_request().expect("a request");
+                let (id, req) = effect.nats_request();
                 let outcome = match cut {
                     Some(stale) => stale.handle(&req),
                     None => self.sim.handle(&req),
@@ -409,12 +416,12 @@ impl World {
                 )
             }
             Effect::KvWrite(_) | Effect::ConfirmRead(_) if cut.is_some() => {
-                let (id, req) = effect.nats_request().expect("a request");
+                let (id, req) = effect.nats_request();
                 let stale = cut.expect("checked");
                 (id, stale.handle(&req))
             }
             Effect::ConfirmRead(_) => {
-                let (id, req) = effect.nats_request().expect("a request");
+                let (id, req) = effect.nats_request();
                 let outcome = self.sim.handle(&req);
                 (
                     id,
@@ -427,7 +434,7 @@ impl World {
             }
             Effect::KvWrite(w) => {
                 self.check_write(i, w)?;
-                let (id, req) = effect.nats_request().expect("a request");
+                let (id, req) = effect.nats_request();
                 let outcome = self.sim.handle(&req);
                 if let Ok(js::PublishResult::Stored(rev)) = js::parse_pub_ack(&outcome) {
                     self.calls[i].written.push(rev);
@@ -472,7 +479,6 @@ impl World {
                 };
                 (r.id, outcome)
             }
-            Effect::Reply(_) => unreachable!("replies are taken in drain"),
         };
         let timed_out =
             matches!(effect, Effect::InboxRequest(_)) && outcome == RequestOutcome::TimedOut;
@@ -493,7 +499,6 @@ impl World {
             Effect::InboxRequest(r) => {
                 a.last_inbox = Some((r.holder.clone(), r.fence, Some(owner)));
             }
-            Effect::Reply(_) => {}
         }
         self.calls[i].call.handle_outcome(now, id, outcome);
         self.drain(i)?;
@@ -513,36 +518,32 @@ impl World {
             if self.calls[i].reply.is_some() {
                 return Err(format!("effect after the reply: {effect:?}"));
             }
-            match effect {
-                Effect::Reply(r) => {
-                    self.calls[i].pending = None;
-                    self.check_reply(i, &r)?;
-                    self.calls[i].reply = Some(r);
-                }
-                other => {
-                    if matches!(
-                        other,
-                        Effect::KvRead(_) | Effect::KvWrite(_) | Effect::ConfirmRead(_)
-                    ) {
-                        self.calls[i].kv_effects += 1;
-                    }
-                    if let Effect::InboxRequest(r) = &other {
-                        self.calls[i].last_inbox = Some((r.holder.clone(), r.fence, None));
-                        // Sent right after the read (and its confirmation) that chose
-                        // this owner: it must be the owner now.
-                        let live = self.sim.live(&r.key).map(|(rec, rev)| (rec.holder, rev));
-                        if live != Some((r.holder.clone(), r.fence)) {
-                            return Err(format!(
-                                "forward to {}@{} while the stream holds {live:?}: a stale read",
-                                r.holder, r.fence
-                            ));
-                        }
-                    }
-                    if self.calls[i].pending.replace(other).is_some() {
-                        return Err("two effects in flight for one call".to_string());
-                    }
+            if matches!(
+                effect,
+                Effect::KvRead(_) | Effect::KvWrite(_) | Effect::ConfirmRead(_)
+            ) {
+                self.calls[i].kv_effects += 1;
+            }
+            if let Effect::InboxRequest(r) = &effect {
+                self.calls[i].last_inbox = Some((r.holder.clone(), r.fence, None));
+                // Sent right after the read (and its confirmation) that chose
+                // this owner: it must be the owner now.
+                let live = self.sim.live(&r.key).map(|(rec, rev)| (rec.holder, rev));
+                if live != Some((r.holder.clone(), r.fence)) {
+                    return Err(format!(
+                        "forward to {}@{} while the stream holds {live:?}: a stale read",
+                        r.holder, r.fence
+                    ));
                 }
             }
+            if self.calls[i].pending.replace(effect).is_some() {
+                return Err("two effects in flight for one call".to_string());
+            }
+        }
+        if let Some(r) = self.calls[i].call.poll_event() {
+            self.calls[i].pending = None;
+            self.check_reply(i, &r)?;
+            self.calls[i].reply = Some(r);
         }
         if self.calls[i].pending.is_none() && self.calls[i].reply.is_none() {
             return Err(format!("call {:?} is stuck", self.calls[i].kind));

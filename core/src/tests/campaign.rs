@@ -5,11 +5,12 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use crate::campaign::{Campaign, CampaignEvent, CampaignRequest, GroupId};
+use crate::campaign::{Campaign, CampaignEvent, GroupId};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
+use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind};
 
 const TTL: Duration = Duration::from_secs(15);
@@ -20,6 +21,38 @@ fn configs(keys: &[&str]) -> Vec<HolderConfig> {
         .collect()
 }
 
+/// A request the campaign sent, with the key whose holder sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CampaignRequest {
+    key: String,
+    request: HolderRequest,
+}
+
+/// Watches and refusals, which the tests of other rules leave out.
+fn is_watch(e: &CampaignEvent) -> bool {
+    matches!(
+        e,
+        CampaignEvent::Watch { .. }
+            | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::Holder {
+                event: HolderEvent::Refused { .. },
+                ..
+            }
+    )
+}
+
+fn watch(key: &str) -> CampaignEvent {
+    CampaignEvent::Watch {
+        key: key.to_string(),
+    }
+}
+
+fn unwatch(key: &str) -> CampaignEvent {
+    CampaignEvent::Unwatch {
+        key: key.to_string(),
+    }
+}
+
 struct Run {
     campaign: Campaign,
     t0: Instant,
@@ -28,7 +61,7 @@ struct Run {
 impl Run {
     fn new() -> Self {
         Self {
-            campaign: Campaign::new("h1").unwrap(),
+            campaign: Campaign::new("h1", Instant::now()).unwrap(),
             t0: Instant::now(),
         }
     }
@@ -45,7 +78,15 @@ impl Run {
     }
 
     fn requests(&mut self) -> Vec<CampaignRequest> {
-        std::iter::from_fn(|| self.campaign.poll_request()).collect()
+        std::iter::from_fn(|| {
+            let t = self.campaign.poll_transmit()?;
+            let key = self.campaign.key_of(t.id).expect("waited for").to_string();
+            Some(CampaignRequest {
+                key,
+                request: t.into(),
+            })
+        })
+        .collect()
     }
 
     fn request(&mut self) -> CampaignRequest {
@@ -77,7 +118,15 @@ impl Run {
         assert_eq!(self.requests(), []);
     }
 
+    /// The events but watches and refusals (see [`Run::all_events`]).
     fn events(&mut self) -> Vec<CampaignEvent> {
+        std::iter::from_fn(|| self.campaign.poll_event())
+            .filter(|e| !is_watch(e))
+            .collect()
+    }
+
+    /// Every event, watches included.
+    fn all_events(&mut self) -> Vec<CampaignEvent> {
         std::iter::from_fn(|| self.campaign.poll_event()).collect()
     }
 
@@ -130,6 +179,59 @@ fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
     run.group(&["leader"], 1);
 }
 
+/// The campaign says which keys' change events to watch: a group's keys while it
+/// runs, and no longer once it has finished; a key campaigned for again is
+/// watched again.
+#[test]
+fn a_group_watches_its_keys_until_it_finishes() {
+    let mut run = Run::new();
+    let group = run.group(&["a", "b"], 1);
+    assert_eq!(run.all_events(), [watch("a"), watch("b")]);
+    let acquire = run.request();
+    run.campaign.stop_group(run.at(1), group);
+    assert_eq!(
+        run.all_events(),
+        [],
+        "still waiting for the acquire's answer"
+    );
+    run.answer(2, &acquire, refused(4));
+    assert_eq!(
+        run.all_events(),
+        [
+            unwatch("a"),
+            unwatch("b"),
+            CampaignEvent::Finished { group }
+        ]
+    );
+    run.group(&["b"], 1);
+    assert_eq!(run.all_events(), [watch("b")]);
+}
+
+/// A balanced set watches its presence keys too; a semaphore, its slots.
+#[test]
+fn balanced_sets_and_semaphores_watch_every_key_they_count_by() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    run.campaign
+        .add_balanced_group(now, "set", configs(&["s0", "s1"]))
+        .unwrap();
+    let mut watched: Vec<CampaignEvent> = run.all_events();
+    watched.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(
+        watched,
+        [
+            watch("s0"),
+            watch("s1"),
+            watch("set-member-0"),
+            watch("set-member-1")
+        ]
+    );
+    run.campaign
+        .add_semaphore(now, HolderConfig::new("jobs", "h1", TTL), 2)
+        .unwrap();
+    assert_eq!(run.all_events(), [watch("jobs-0"), watch("jobs-1")]);
+}
+
 #[test]
 fn a_config_of_another_holder_id_or_an_empty_group_is_refused() {
     let mut run = Run::new();
@@ -137,7 +239,7 @@ fn a_config_of_another_holder_id_or_an_empty_group_is_refused() {
     let other = vec![HolderConfig::new("k", "h2", TTL)];
     assert!(run.campaign.add_group(now, other, 1).is_err());
     assert!(run.campaign.add_group(now, Vec::new(), 1).is_err());
-    assert!(Campaign::new("bad holder").is_err());
+    assert!(Campaign::new("bad holder", Instant::now()).is_err());
 }
 
 #[test]
@@ -301,7 +403,7 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine() {
     );
     let retry = run.requests();
     assert!(retry.iter().all(|r| r.request.id != first.request.id));
-    assert!(run.campaign.ownership("leader", deadline).is_none());
+    assert!(run.campaign.tenure("leader", deadline).is_none());
     assert_eq!(run.events(), []);
 }
 
@@ -391,7 +493,7 @@ fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
     let second = run.request();
     assert_eq!(second.key, "jobs-1");
     run.elect(20, &second, 9);
-    assert!(run.campaign.ownership("jobs-1", run.at(30)).is_some());
+    assert!(run.campaign.tenure("jobs-1", run.at(30)).is_some());
     // One slot held: no acquire for the others, at their ticks or on a release.
     run.no_acquire_at_its_tick_or_on_a_release_of(5_100, "jobs-0");
 }
@@ -441,7 +543,7 @@ fn balanced_run_with_a_new_member(ms: u64) -> (Run, GroupId, Instant) {
         };
         run.elect(0, r, revision);
     }
-    let deadline = run.campaign.ownership("s3", now).unwrap().deadline;
+    let deadline = run.campaign.tenure("s3", now).unwrap().deadline;
     run.events();
     let joined = ChangeEvent {
         kind: ChangeKind::Acquired,
@@ -477,7 +579,7 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
             },
         }]
     );
-    assert!(run.campaign.ownership("s3", run.at(200)).is_none());
+    assert!(run.campaign.tenure("s3", run.at(200)).is_none());
     assert!(!run.campaign.held(group, run.at(200)).contains_key("s3"));
     let subject = "dagnats.lease.inbox.h1.s3";
     assert_eq!(
@@ -490,7 +592,7 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
     // `done` for a key not being revoked changes nothing.
     run.campaign.done(run.at(300), "s0");
     assert_eq!(run.requests(), []);
-    assert!(run.campaign.ownership("s0", run.at(300)).is_some());
+    assert!(run.campaign.tenure("s0", run.at(300)).is_some());
     // The application is done with s3: released at once, with its fence.
     run.campaign.done(run.at(400), "s3");
     let sent = run.requests();
@@ -544,7 +646,7 @@ fn a_renew_in_flight_at_the_revocation_hands_out_no_new_deadline() {
     // at the old deadline.
     run.answer(4_200, renew, renewed(30));
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("s3", run.at(4_200)).is_none());
+    assert!(run.campaign.tenure("s3", run.at(4_200)).is_none());
     run.campaign
         .handle_timeout(deadline - Duration::from_millis(1));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
@@ -667,7 +769,7 @@ fn an_unhealthy_group_sends_no_campaign_acquire_and_asks_at_once_when_healthy_ag
     run.campaign.handle_health(run.at(24_100), group, true);
     assert_eq!(run.requests(), []);
     run.elect(24_100, &ask, 3);
-    assert!(run.campaign.ownership("leader", run.at(24_200)).is_some());
+    assert!(run.campaign.tenure("leader", run.at(24_200)).is_some());
 }
 
 #[test]
@@ -676,11 +778,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     let group = run.group(&["leader"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    let deadline = run
-        .campaign
-        .ownership("leader", run.at(0))
-        .unwrap()
-        .deadline;
+    let deadline = run.campaign.tenure("leader", run.at(0)).unwrap().deadline;
     run.events();
     run.campaign
         .set_unhealthy_for(run.at(0), group, Duration::from_secs(3));
@@ -689,7 +787,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     assert_eq!(run.campaign.poll_timeout(), Some(run.at(4_000)));
     run.campaign.handle_timeout(run.at(3_999));
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("leader", run.at(3_999)).is_some());
+    assert!(run.campaign.tenure("leader", run.at(3_999)).is_some());
     // Unhealthy for 3 s: steps down at once, like a revocation, naming the last
     // deadline handed out; nothing released yet.
     run.campaign.handle_timeout(run.at(4_000));
@@ -701,7 +799,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
             event: unhealthy(deadline),
         }]
     );
-    assert!(run.campaign.ownership("leader", run.at(4_000)).is_none());
+    assert!(run.campaign.tenure("leader", run.at(4_000)).is_none());
     assert_eq!(run.requests(), []);
     // The application is done with it: released now, with its fence.
     run.campaign.done(run.at(4_100), "leader");
@@ -724,11 +822,7 @@ fn a_leader_unhealthy_and_not_done_with_is_released_at_its_last_deadline() {
     let group = run.group(&["leader"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    let deadline = run
-        .campaign
-        .ownership("leader", run.at(0))
-        .unwrap()
-        .deadline;
+    let deadline = run.campaign.tenure("leader", run.at(0)).unwrap().deadline;
     run.campaign
         .set_unhealthy_for(run.at(0), group, Duration::from_secs(1));
     run.campaign.handle_health(run.at(100), group, false);
@@ -771,7 +865,7 @@ fn a_blip_shorter_than_unhealthy_for_changes_nothing_and_the_wait_starts_over() 
     run.answer(5_010, &renew, renewed(4));
     let deadline = run
         .campaign
-        .ownership("leader", run.at(5_010))
+        .tenure("leader", run.at(5_010))
         .unwrap()
         .deadline;
     run.events();
@@ -811,7 +905,7 @@ fn a_grant_arriving_past_the_unhealthy_deadline_elects_nobody_and_is_released() 
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
     assert_eq!(body(&sent[0].request)["revision"], 4);
     assert_eq!(run.events(), []);
-    assert!(run.campaign.ownership("leader", run.at(1_010)).is_none());
+    assert!(run.campaign.tenure("leader", run.at(1_010)).is_none());
 }
 
 #[test]
@@ -902,7 +996,7 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
             ..
         }]
     ));
-    assert_eq!(run.campaign.ownership("leader", run.at(1_000)), None);
+    assert_eq!(run.campaign.tenure("leader", run.at(1_000)), None);
     let release = run.request();
     assert_eq!(release.request.endpoint, Endpoint::Release);
     assert_eq!(body(&release.request)["revision"], 7);
@@ -929,4 +1023,110 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
         (again.request.endpoint, again.key.as_str()),
         (Endpoint::Acquire, "leader")
     );
+}
+
+/// Random groups started, stopped and answered: the keys watched are always those
+/// of the groups not yet finished, each watched once, every request is for a
+/// watched key, and nothing is watched once every group has finished.
+fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
+    const POOL: [&str; 4] = ["a", "b", "c", "d"];
+    let mut run = Run::new();
+    let mut watched = std::collections::BTreeSet::new();
+    let mut groups: Vec<GroupId> = Vec::new();
+    let mut out: Vec<CampaignRequest> = Vec::new();
+    let mut ms = 0;
+    for &(op, x, y) in ops {
+        ms += u64::from(y) * 20;
+        let now = run.at(ms);
+        match op % 4 {
+            0 => {
+                let keys: Vec<&str> = POOL
+                    .iter()
+                    .copied()
+                    .filter(|_| x % 2 == 1)
+                    .take(2)
+                    .collect();
+                let keys = if keys.is_empty() {
+                    vec![POOL[usize::from(x) % 4]]
+                } else {
+                    keys
+                };
+                if let Ok(g) = run.campaign.add_group(now, configs(&keys), 1) {
+                    groups.push(g);
+                }
+            }
+            1 if !groups.is_empty() => {
+                let g = groups.remove(usize::from(x) % groups.len());
+                run.campaign.stop_group(now, g);
+            }
+            2 if !out.is_empty() => {
+                let r = out.remove(usize::from(x) % out.len());
+                let outcome = match y % 3 {
+                    0 => granted(u64::from(x) + 1),
+                    1 => refused(u64::from(x) + 1),
+                    _ => RequestOutcome::NoResponders,
+                };
+                run.campaign.handle_outcome(now, r.request.id, outcome);
+            }
+            _ => run.campaign.handle_timeout(now),
+        }
+        // A group's keys are watched from its start to its end.
+        for e in run.all_events() {
+            match e {
+                CampaignEvent::Watch { key } if !watched.insert(key.clone()) => {
+                    return Err(format!("{ms} ms: {key} watched twice"));
+                }
+                CampaignEvent::Unwatch { key } if !watched.remove(&key) => {
+                    return Err(format!("{ms} ms: {key} unwatched unwatched"));
+                }
+                _ => {}
+            }
+        }
+        for r in run.requests() {
+            if !watched.contains(&r.key) {
+                return Err(format!("{ms} ms: a request for unwatched {}", r.key));
+            }
+            out.push(r);
+        }
+        out.retain(|r| run.campaign.waits_for(r.request.id));
+    }
+    for g in groups {
+        run.campaign.stop_group(run.at(ms), g);
+    }
+    // Answer everything still out as refused, until every group is finished.
+    for step in 1..50 {
+        let now = run.at(ms + step * 1_000);
+        for r in std::mem::take(&mut out) {
+            run.campaign
+                .handle_outcome(now, r.request.id, RequestOutcome::NoResponders);
+        }
+        run.campaign.handle_timeout(now);
+        out.extend(run.requests());
+        for e in run.all_events() {
+            match e {
+                CampaignEvent::Watch { key } => {
+                    watched.insert(key);
+                }
+                CampaignEvent::Unwatch { key } => {
+                    watched.remove(&key);
+                }
+                _ => {}
+            }
+        }
+    }
+    if run.campaign.is_done() && !watched.is_empty() {
+        return Err(format!("every group finished, still watched: {watched:?}"));
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #[test]
+    fn the_keys_watched_are_the_running_groups_keys(
+        ops in proptest::collection::vec((0u8..4, proptest::prelude::any::<u8>(), 0u8..50), 0..80),
+    ) {
+        if let Err(v) = watch_world(&ops) {
+            proptest::prop_assert!(false, "{}", v);
+        }
+    }
 }

@@ -3,11 +3,12 @@
 use std::time::{Duration, Instant};
 
 use crate::coalesce::{
-    Coalescer, CoalescerConfig, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, Output, Send,
+    Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE,
     WriteId,
 };
-use crate::js::{EffectId, NatsRequest, PublishResult, RequestOutcome, parse_pub_ack};
-use crate::record::{
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::js::{PublishResult, parse_pub_ack};
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
 };
 use crate::subjects::{confirm_subject, kv_subject};
@@ -28,14 +29,15 @@ fn header<'a>(r: &'a NatsRequest, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn drain(c: &mut Coalescer) -> (Vec<Send>, Vec<(WriteId, RequestOutcome)>) {
+fn drain(c: &mut Coalescer) -> (Vec<Transmit>, Vec<(WriteId, RequestOutcome)>) {
     let mut sends = Vec::new();
     let mut done = Vec::new();
-    while let Some(o) = c.poll_output() {
-        match o {
-            Output::Send(s) => sends.push(s),
-            Output::Done { write, outcome } => done.push((write, outcome)),
-        }
+    while let Some(t) = c.poll_transmit() {
+        assert_eq!(t.kind, TransmitKind::Write);
+        sends.push(t);
+    }
+    while let Some(CoalescerEvent::Done { write, outcome }) = c.poll_event() {
+        done.push((write, outcome));
     }
     (sends, done)
 }
@@ -401,7 +403,7 @@ fn without_atomic_support_everything_goes_single_at_once() {
     assert!(c.is_done());
     // An outcome for an id it never sent is ignored.
     c.handle_outcome(now, EffectId(999), ack(1));
-    assert!(c.poll_output().is_none());
+    assert!(c.poll_transmit().is_none() && c.poll_event().is_none());
 }
 
 #[test]

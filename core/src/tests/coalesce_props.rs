@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::call::{Call, CallConfig, Effect, EffectId};
-use crate::coalesce::{Coalescer, CoalescerConfig, Output, Send, WriteId};
-use crate::js::NatsRequest;
+use crate::call::{Call, CallConfig};
+
+use crate::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use crate::io::{EffectId, NatsRequest, Transmit};
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
 
@@ -98,17 +99,13 @@ impl Driver {
     /// Call `i`'s next effects: its reply, or requests (with their index `k`).
     fn drain(&mut self, i: usize) -> Vec<(u32, EffectId, NatsRequest, bool)> {
         let mut out = Vec::new();
-        while let Some(effect) = self.calls[i].poll_effect() {
-            let is_write = matches!(effect, Effect::KvWrite(_) | Effect::ConfirmRead(_));
-            match effect {
-                Effect::Reply(r) => self.replies[i] = Some(r),
-                other => {
-                    let (id, req) = other.into_nats_request().expect("a request");
-                    let k = self.issued[i];
-                    self.issued[i] += 1;
-                    out.push((k, id, req, is_write));
-                }
-            }
+        while let Some(t) = self.calls[i].poll_transmit() {
+            let k = self.issued[i];
+            self.issued[i] += 1;
+            out.push((k, t.id, t.request, t.kind.is_stream_write()));
+        }
+        if let Some(r) = self.calls[i].poll_event() {
+            self.replies[i] = Some(r);
         }
         out
     }
@@ -126,7 +123,7 @@ fn coalesced(
     let mut co = Coalescer::new(config);
     let mut trace = Vec::new();
     let mut reads: Vec<(usize, u32, EffectId, NatsRequest)> = Vec::new();
-    let mut sends: Vec<Send> = Vec::new();
+    let mut sends: Vec<Transmit> = Vec::new();
     let mut writes: BTreeMap<WriteId, (usize, u32, EffectId)> = BTreeMap::new();
     let mut next_write = 0u64;
     let mut ready: Vec<usize> = (0..calls.len()).collect();
@@ -149,17 +146,16 @@ fn coalesced(
                     }
                 }
             }
-            while let Some(o) = co.poll_output() {
+            while let Some(t) = co.poll_transmit() {
                 moved = true;
-                match o {
-                    Output::Send(s) => sends.push(s),
-                    Output::Done { write, outcome } => {
-                        let (i, _, id) = writes.remove(&write).expect("a write it was given");
-                        let now = d.now();
-                        d.calls[i].handle_outcome(now, id, outcome);
-                        ready.push(i);
-                    }
-                }
+                sends.push(t);
+            }
+            while let Some(CoalescerEvent::Done { write, outcome }) = co.poll_event() {
+                moved = true;
+                let (i, _, id) = writes.remove(&write).expect("a write it was given");
+                let now = d.now();
+                d.calls[i].handle_outcome(now, id, outcome);
+                ready.push(i);
             }
             if !moved {
                 break;

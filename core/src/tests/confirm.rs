@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::support::*;
 use crate::call::{CallConfig, Effect, MAX_READ_CONFIRMS};
-use crate::js::RequestOutcome;
-use crate::record::{
+use crate::io::RequestOutcome;
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, HDR_TTL,
 };
 use crate::wire::{Endpoint, ErrorKind, Response};

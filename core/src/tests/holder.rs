@@ -5,15 +5,25 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderRequest, HolderStatus, MAX_EXPIRY_MARKER_LAG,
-    StepDownReason,
+    Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, StepDownReason,
 };
-use crate::js::RequestOutcome;
+use crate::io::RequestOutcome;
+use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind, ErrorReply};
 
 const TTL: Duration = Duration::from_secs(15);
+
+/// A change event that may have freed the key.
+pub(super) fn freed() -> ChangeEvent {
+    ChangeEvent {
+        kind: ChangeKind::Released,
+        revision: 0,
+        holder: None,
+    }
+}
 
 fn config() -> HolderConfig {
     HolderConfig::new("leader", "h1", TTL)
@@ -73,19 +83,28 @@ impl Run {
 
     fn request(&mut self) -> HolderRequest {
         self.holder
-            .poll_request()
+            .poll_transmit()
             .expect("the holder wants to send")
+            .into()
     }
 
     fn no_request(&mut self) {
-        assert_eq!(self.holder.poll_request(), None);
+        assert_eq!(self.holder.poll_transmit(), None);
     }
 
     fn answer(&mut self, ms: u64, r: &HolderRequest, outcome: RequestOutcome) {
         self.holder.handle_outcome(self.at(ms), r.id, outcome);
     }
 
+    /// The events but refusals (see [`Run::all_events`]).
     fn events(&mut self) -> Vec<HolderEvent> {
+        self.all_events()
+            .into_iter()
+            .filter(|e| !matches!(e, HolderEvent::Refused { .. }))
+            .collect()
+    }
+
+    fn all_events(&mut self) -> Vec<HolderEvent> {
         std::iter::from_fn(|| self.holder.poll_event()).collect()
     }
 
@@ -151,10 +170,10 @@ fn the_deadline_counts_from_the_confirming_renews_send_not_its_reply() {
     assert_eq!(run.events(), [HolderEvent::Elected { fence: 8, deadline }]);
     assert!(
         run.holder
-            .ownership(deadline - Duration::from_millis(1))
+            .tenure(deadline - Duration::from_millis(1))
             .is_some()
     );
-    assert_eq!(run.holder.ownership(deadline), None);
+    assert_eq!(run.holder.tenure(deadline), None);
 }
 
 #[test]
@@ -204,14 +223,14 @@ fn lost_steps_down_at_once_and_campaigns_again() {
             reason: StepDownReason::Lost
         }]
     );
-    assert_eq!(run.holder.ownership(run.at(5001)), None);
+    assert_eq!(run.holder.tenure(run.at(5001)), None);
     // It campaigns again once the old lease's expiry marker must have come (a
     // renewal written as the lease ran out is `lost` too, and that marker would wipe
     // whatever the key holds before it): not before, not even on a change event.
     run.no_request();
     let quiet_end = run.at(5001) + MAX_EXPIRY_MARKER_LAG;
     assert_eq!(run.holder.poll_timeout(), Some(quiet_end));
-    run.holder.handle_changed(run.at(5500));
+    run.holder.handle_change(run.at(5500), &freed());
     run.no_request();
     run.holder.handle_timeout(quiet_end);
     assert_eq!(run.request().endpoint, Endpoint::Acquire);
@@ -268,7 +287,7 @@ fn no_renewal_before_the_deadline_steps_down_even_with_a_renew_in_flight() {
     // the next thing to act on.
     assert_eq!(run.holder.poll_timeout(), Some(deadline));
     assert!(
-        run.holder.ownership(deadline).is_none(),
+        run.holder.tenure(deadline).is_none(),
         "believes past its deadline"
     );
     run.holder.handle_timeout(deadline);
@@ -281,7 +300,7 @@ fn no_renewal_before_the_deadline_steps_down_even_with_a_renew_in_flight() {
     // A late success of that renew no longer counts.
     run.answer(15_000, &renew, renewed(9));
     assert_eq!(run.events(), []);
-    assert_eq!(run.holder.ownership(run.at(15_000)), None);
+    assert_eq!(run.holder.tenure(run.at(15_000)), None);
 }
 
 /// A renew whose success arrives after the deadline, before the holder's timer
@@ -301,10 +320,7 @@ fn a_renewal_answered_after_the_deadline_does_not_revive_the_tenure() {
             reason: StepDownReason::DeadlineMissed
         }]
     );
-    assert_eq!(
-        run.holder.ownership(deadline + Duration::from_millis(1)),
-        None
-    );
+    assert_eq!(run.holder.tenure(deadline + Duration::from_millis(1)), None);
 }
 
 /// The renew confirming a grant is held to the deadline it would give (its send
@@ -336,7 +352,7 @@ fn a_confirming_renew_answered_at_or_after_its_deadline_elects_nobody() {
         }
         assert_eq!(events, [], "elected by a reply at {reply_ms} ms");
         assert_eq!(run.holder.status(), HolderStatus::Campaigning);
-        assert_eq!(run.holder.ownership(run.at(reply_ms)), None);
+        assert_eq!(run.holder.tenure(run.at(reply_ms)), None);
         // Fence 7 was learned at 0: its lease ends by the TTL and the drift margin,
         // its marker a lag after that.
         let quiet_end = run.at(0) + TTL + (TTL - span()) + MAX_EXPIRY_MARKER_LAG;
@@ -388,7 +404,7 @@ fn retries_a_failed_renew_until_the_deadline() {
     let r = run.request();
     assert_eq!(body(&r)["revision"], 7);
     run.answer(6020, &r, RequestOutcome::NoResponders);
-    assert!(run.holder.ownership(run.at(6020)).is_some());
+    assert!(run.holder.tenure(run.at(6020)).is_some());
     assert_eq!(run.events(), []);
 }
 
@@ -435,7 +451,7 @@ fn a_grant_elects_nobody_until_a_renew_proves_the_lease() {
     let r = run.request();
     run.answer(10, &r, granted(3));
     assert_eq!(run.events(), [], "elected on a grant of unknown age");
-    assert_eq!(run.holder.ownership(run.at(10)), None);
+    assert_eq!(run.holder.tenure(run.at(10)), None);
     let confirm = run.request();
     assert_eq!(
         (confirm.endpoint, body(&confirm)["revision"].as_u64()),
@@ -444,7 +460,7 @@ fn a_grant_elects_nobody_until_a_renew_proves_the_lease() {
     // The older write was at its end: the service says lost, nobody was elected.
     run.answer(20, &confirm, error("lost"));
     assert_eq!(run.events(), []);
-    assert_eq!(run.holder.ownership(run.at(20)), None);
+    assert_eq!(run.holder.tenure(run.at(20)), None);
     // That renew may have been written as the lease ran out, and the old lease's
     // expiry marker would wipe it and anything won before the marker (an acquire
     // right away is granted that very write): it asks again once the marker must
@@ -475,7 +491,7 @@ fn a_tenure_starts_at_the_confirming_renews_revision_above_the_grants() {
     let deadline = run.at(0) + span();
     let events = run.events();
     assert_eq!(events, [HolderEvent::Elected { fence: 8, deadline }]);
-    let own = run.holder.ownership(run.at(10)).expect("owner");
+    let own = run.holder.tenure(run.at(10)).expect("owner");
     assert_eq!((own.tenure, own.fence), (8, 8));
     // The new tenure writes with its fence; the earlier tenure's late write with 7
     // must be refused.
@@ -564,7 +580,7 @@ fn a_grant_older_than_a_revision_already_seen_is_a_stale_read() {
     let r = run.request();
     run.answer(5002, &r, granted(17));
     assert_eq!(run.events(), [], "elected on a stale read");
-    assert_eq!(run.holder.ownership(run.at(5002)), None);
+    assert_eq!(run.holder.tenure(run.at(5002)), None);
     run.holder.handle_timeout(run.at(6002));
     let r = run.request();
     assert_eq!(r.endpoint, Endpoint::Acquire);
@@ -633,7 +649,7 @@ fn a_grant_too_old_to_believe_is_confirmed_by_a_renew_that_starts_the_tenure() {
             deadline
         }]
     );
-    assert_eq!(run.holder.ownership(run.at(21_040)).unwrap().tenure, 12);
+    assert_eq!(run.holder.tenure(run.at(21_040)).unwrap().tenure, 12);
 }
 
 #[test]
@@ -646,7 +662,7 @@ fn an_idempotent_grant_past_the_old_deadline_is_not_an_election() {
     let r = run.request();
     run.answer(16_000, &r, granted(7));
     assert_eq!(run.events(), [], "elected on a lease it may not believe in");
-    assert_eq!(run.holder.ownership(run.at(16_000)), None);
+    assert_eq!(run.holder.tenure(run.at(16_000)), None);
 }
 
 #[test]
@@ -657,8 +673,62 @@ fn another_holder_means_campaigning_again_later_or_on_a_change_event() {
     assert_eq!(run.events(), []);
     assert_eq!(run.holder.poll_timeout(), Some(run.at(5010)));
     run.no_request();
-    run.holder.handle_changed(run.at(100));
+    run.holder.handle_change(run.at(100), &freed());
     assert_eq!(run.request().endpoint, Endpoint::Acquire);
+}
+
+/// A campaign's acquire that leaves the holder campaigning is reported, naming the
+/// holder the service named; a grant, or a renew's answer, is not.
+#[test]
+fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(10, &r, refused(4));
+    let by = |h: &str| HolderEvent::Refused {
+        holder: Some(h.to_string()),
+    };
+    assert_eq!(run.all_events(), [by("h2")]);
+    run.holder.handle_timeout(run.at(5010));
+    let r = run.request();
+    run.answer(5020, &r, RequestOutcome::TimedOut);
+    assert_eq!(run.all_events(), [HolderEvent::Refused { holder: None }]);
+    let mut run = Run::new(config());
+    let r = run.request();
+    run.answer(10, &r, granted(4));
+    assert_eq!(run.all_events(), [], "confirming, not refused");
+    let mut run = Run::elected(config(), 7, 1);
+    run.all_events();
+    run.holder.handle_timeout(run.at(5000));
+    let renew = run.request();
+    run.answer(5010, &renew, renewed(8));
+    assert!(
+        !run.all_events()
+            .iter()
+            .any(|e| matches!(e, HolderEvent::Refused { .. }))
+    );
+}
+
+/// Only an event that may have freed the key wakes a candidate: an acquire or a
+/// renewal by the owner leaves it to its next campaign tick.
+#[test]
+fn a_change_event_that_cannot_free_the_key_does_not_wake_the_holder() {
+    for (kind, wakes) in [
+        (ChangeKind::Acquired, false),
+        (ChangeKind::Renewed, false),
+        (ChangeKind::Released, true),
+        (ChangeKind::Expired, true),
+    ] {
+        let mut run = Run::new(config());
+        let r = run.request();
+        run.answer(10, &r, refused(4));
+        let event = ChangeEvent {
+            kind,
+            revision: 5,
+            holder: Some("h2".to_string()),
+        };
+        run.holder.handle_change(run.at(100), &event);
+        assert_eq!(run.holder.poll_transmit().is_some(), wakes, "{kind:?}");
+    }
 }
 
 #[test]
@@ -671,7 +741,7 @@ fn stop_steps_down_first_then_releases_with_the_current_fence() {
             reason: StepDownReason::Stopped
         }]
     );
-    assert_eq!(run.holder.ownership(run.at(10)), None);
+    assert_eq!(run.holder.tenure(run.at(10)), None);
     let r = run.request();
     assert_eq!(r.endpoint, Endpoint::Release);
     assert_eq!(
@@ -696,7 +766,7 @@ fn revoke_steps_down_at_once_and_keeps_the_lease_until_the_deadline_handed_out()
             reason: StepDownReason::Revoked { deadline }
         }]
     );
-    assert_eq!(run.holder.ownership(run.at(10)), None);
+    assert_eq!(run.holder.tenure(run.at(10)), None);
     assert_eq!(run.holder.revoked_until(), Some(deadline));
     // No renew at its tick, no release before the deadline; the timer is the deadline.
     run.no_request();
@@ -1024,7 +1094,7 @@ fn a_lower_candidate_holds_back_after_a_change_and_a_preferred_one_does_not() {
     assert_eq!(probe.endpoint, Endpoint::Owner, "a tick reads first");
     lower.answer(10, &probe, held_by_h2.clone());
     lower.no_request();
-    lower.holder.handle_changed(lower.at(4_950));
+    lower.holder.handle_change(lower.at(4_950), &freed());
     lower.no_request();
     // The campaign tick (campaign_every after the probe, at 5010) falls inside it.
     lower.holder.handle_timeout(lower.at(5_010));
@@ -1056,7 +1126,9 @@ fn a_lower_candidate_holds_back_after_a_change_and_a_preferred_one_does_not() {
     let r = preferred.request();
     assert_eq!(r.endpoint, Endpoint::Acquire, "no hold-back, no probe");
     preferred.answer(10, &r, refused(3));
-    preferred.holder.handle_changed(preferred.at(4_950));
+    preferred
+        .holder
+        .handle_change(preferred.at(4_950), &freed());
     assert_eq!(preferred.request().endpoint, Endpoint::Acquire);
 }
 

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent};
-use crate::js::{EffectId, RequestOutcome};
+use crate::io::{EffectId, RequestOutcome};
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent,
 };
+use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
 const KEY: &str = super::stand_in::KEY;
@@ -356,6 +357,7 @@ impl World {
                 HolderEvent::Elected { deadline, .. } => tool.lock.handle_elected(now, deadline),
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
+                HolderEvent::Refused { .. } => tool.lock.handle_refused(now),
                 HolderEvent::Failed { kind, message } => {
                     return Err(format!("{} failed: {kind}: {message}", tool.name));
                 }
@@ -419,7 +421,7 @@ impl World {
                 }
             }
         }
-        while let Some(request) = tool.holder.poll_request() {
+        while let Some(request) = tool.holder.poll_transmit().map(HolderRequest::from) {
             let lost = rng.chance(5);
             let at = t + rng.latency();
             if !lost {

@@ -1,5 +1,6 @@
 //! The core's tests: table tests, one per rule, and property tests over the simulator.
 
+mod acquire_wait;
 mod admit;
 mod campaign;
 mod coalesce;
@@ -10,6 +11,7 @@ mod holder_world;
 mod lock_world;
 mod priority_world;
 mod properties;
+mod replicas;
 mod rules;
 mod stand_in;
 mod startup;

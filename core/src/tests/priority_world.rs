@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, MAX_PRIORITY};
-use crate::js::{EffectId, RequestOutcome};
+use crate::io::{EffectId, RequestOutcome};
+use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
 struct Candidate {
@@ -206,7 +207,7 @@ impl World {
             holder.handle_outcome(now, id, outcome);
         }
         if changed {
-            holder.handle_changed(now);
+            holder.handle_change(now, &super::holder::freed());
         }
         if holder.poll_timeout().is_some_and(|at| now >= at) {
             holder.handle_timeout(now);
@@ -224,7 +225,7 @@ impl World {
         if holder.status() == HolderStatus::Campaigning && c.waiting_since.is_none() {
             c.waiting_since = Some(t);
         }
-        while let Some(request) = holder.poll_request() {
+        while let Some(request) = holder.poll_transmit().map(HolderRequest::from) {
             let at = t + 1 + self.rng.below(30);
             self.requests
                 .push((at, i, request.id, request.endpoint, request.body));

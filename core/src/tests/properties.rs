@@ -233,7 +233,7 @@ fn acquire_always_unavailable(
     );
     let config = match acquire {
         true => crate::call::CallConfig {
-            mode: crate::call::Mode::Starting,
+            mode: crate::io::Mode::Starting,
             ..config
         },
         false => config,

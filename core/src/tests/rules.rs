@@ -5,11 +5,13 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use super::support::*;
-use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Mode, Operation};
-use crate::js::RequestOutcome;
-use crate::record::{
+use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Operation};
+use crate::io::Mode;
+use crate::io::RequestOutcome;
+use crate::record::{LeaseEvent, LeaseRecord, format_time};
+use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT,
-    HDR_TTL, LeaseEvent, LeaseRecord, format_time,
+    HDR_TTL,
 };
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -139,14 +141,14 @@ fn acquire_retries_the_create_a_bounded_number_of_times() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
     let mut writes = 0;
     for _ in 0..20 {
-        match d.effect() {
-            Effect::KvWrite(w) => {
+        match d.call.poll_effect() {
+            Some(Effect::KvWrite(w)) => {
                 writes += 1;
                 d.feed(w.id, wrong_last_sequence());
             }
-            Effect::KvRead(r) => d.feed(r.id, marker(writes)),
-            Effect::Reply(r) => {
-                assert_eq!(r.error_kind(), Some(ErrorKind::Unavailable));
+            Some(Effect::KvRead(r)) => d.feed(r.id, marker(writes)),
+            None => {
+                assert_eq!(d.reply().error_kind(), Some(ErrorKind::Unavailable));
                 break;
             }
             other => panic!("{other:?}"),
@@ -335,7 +337,7 @@ const CALLS_THAT_READ_FIRST: [(Endpoint, &str); 4] = [
 fn every_read_goes_through_the_stream_leader() {
     for (endpoint, body) in CALLS_THAT_READ_FIRST {
         let mut d = Drive::new(endpoint, body);
-        let (_, req) = Effect::KvRead(d.read()).nats_request().unwrap();
+        let (_, req) = Effect::KvRead(d.read()).nats_request();
         assert_eq!(
             req.subject, "$JS.API.STREAM.MSG.GET.KV_leases",
             "not a direct get"
@@ -399,7 +401,7 @@ fn an_outcome_for_another_effect_is_ignored() {
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
     d.call
-        .handle_outcome(d.now, crate::call::EffectId(r.id.0 + 9), no_message());
+        .handle_outcome(d.now, crate::io::EffectId(r.id.0 + 9), no_message());
     assert!(d.call.poll_effect().is_none() && !d.call.is_done());
     d.feed(r.id, no_message());
     assert!(matches!(d.reply(), Response::Free(_)));
@@ -514,14 +516,14 @@ fn forward_makes_at_most_three_attempts() {
     let mut d = Drive::new(Endpoint::Forward, FORWARD);
     let mut attempts = 0u64;
     for _ in 0..20 {
-        match d.effect() {
-            Effect::KvRead(r) => d.feed(r.id, held(40 + attempts, "own", 15000, 0)),
-            Effect::InboxRequest(i) => {
+        match d.call.poll_effect() {
+            Some(Effect::KvRead(r)) => d.feed(r.id, held(40 + attempts, "own", 15000, 0)),
+            Some(Effect::InboxRequest(i)) => {
                 attempts += 1;
                 d.feed(i.id, RequestOutcome::NoResponders);
             }
-            Effect::Reply(r) => {
-                assert_eq!(r.error_kind(), Some(ErrorKind::OwnerUnavailable));
+            None => {
+                assert_eq!(d.reply().error_kind(), Some(ErrorKind::OwnerUnavailable));
                 break;
             }
             other => panic!("{other:?}"),
@@ -860,12 +862,15 @@ fn a_renewal_well_inside_the_lease_is_renewed_without_a_read_back() {
 fn a_renew_reads_back_from_the_second_half_of_the_lease_on_and_the_stored_time_decides() {
     for (ack_after_ms, reads_back) in [(4_000, false), (6_499, false), (6_500, true)] {
         let mut d = renew_acked(single(), wall(), 0, ack_after_ms);
-        match d.effect() {
-            Effect::KvRead(_) => assert!(reads_back, "read back at {ack_after_ms}"),
-            Effect::Reply(Response::Lease(l)) => {
-                assert!(!reads_back, "no read-back at {ack_after_ms}");
-                assert_eq!(l.revision, 41);
-            }
+        match d.call.poll_effect() {
+            Some(Effect::KvRead(_)) => assert!(reads_back, "read back at {ack_after_ms}"),
+            None => match d.reply() {
+                Response::Lease(l) => {
+                    assert!(!reads_back, "no read-back at {ack_after_ms}");
+                    assert_eq!(l.revision, 41);
+                }
+                other => panic!("{other:?}"),
+            },
             other => panic!("{other:?}"),
         }
     }

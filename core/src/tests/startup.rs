@@ -4,32 +4,44 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::call::{EffectId, Mode};
-use crate::js::{NatsRequest, RequestOutcome};
+use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, TransmitKind};
 use crate::sim::api_error;
 use crate::startup::{
-    BucketOptions, STARTUP_RETRY, Startup, StartupEffect, stream_config, stream_config_for,
+    BucketOptions, STARTUP_RETRY, Startup, StartupEvent, stream_config, stream_config_for,
 };
 
 const T: Duration = Duration::from_secs(5);
 
 fn next_request(s: &mut Startup) -> (EffectId, NatsRequest) {
-    loop {
-        match s.poll_effect().expect("startup wants something") {
-            StartupEffect::Request(id, r) => return (id, r),
-            StartupEffect::Log(_) => continue,
-            StartupEffect::Done(m) => panic!("done early: {m:?}"),
+    logged_request(s).1
+}
+
+/// The log lines before the next request, and the request.
+fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
+    let mut logs = Vec::new();
+    while let Some(e) = s.poll_event() {
+        match e {
+            StartupEvent::Log(l) => logs.push(l),
+            StartupEvent::Done(m) => panic!("done early: {m:?}"),
         }
     }
+    let t = s.poll_transmit().expect("startup wants something");
+    assert_eq!(t.kind, TransmitKind::Api);
+    (logs, (t.id, t.request))
 }
 
 fn done(s: &mut Startup) -> (Mode, Vec<String>) {
+    if let Some(t) = s.poll_transmit() {
+        panic!("unexpected request {}", t.request.subject);
+    }
     let mut logs = Vec::new();
     loop {
-        match s.poll_effect().expect("startup should be done") {
-            StartupEffect::Log(l) => logs.push(l),
-            StartupEffect::Done(m) => return (m, logs),
-            StartupEffect::Request(_, r) => panic!("unexpected request {}", r.subject),
+        match s.poll_event().expect("startup should be done") {
+            StartupEvent::Log(l) => logs.push(l),
+            StartupEvent::Done(m) => {
+                assert!(s.is_done());
+                return (m, logs);
+            }
         }
     }
 }
@@ -102,14 +114,7 @@ fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logg
     old["allow_msg_ttl"] = json!(false);
     old["custom"] = json!("kept");
     s.handle_outcome(Instant::now(), id, info(old));
-    let mut logs = Vec::new();
-    let (id, r) = loop {
-        match s.poll_effect().unwrap() {
-            StartupEffect::Log(l) => logs.push(l),
-            StartupEffect::Request(id, r) => break (id, r),
-            StartupEffect::Done(_) => panic!(),
-        }
-    };
+    let (logs, (id, r)) = logged_request(&mut s);
     assert!(logs.iter().any(|l| l.contains("allow_msg_ttl")), "{logs:?}");
     assert_eq!(r.subject, "$JS.API.STREAM.UPDATE.KV_leases");
     let sent: Value = serde_json::from_slice(&r.payload).unwrap();
@@ -134,8 +139,9 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
     let (id, _) = next_request(&mut s);
     let t0 = Instant::now();
     s.handle_outcome(t0, id, RequestOutcome::NoResponders);
-    while let Some(e) = s.poll_effect() {
-        assert!(matches!(e, StartupEffect::Log(_)), "{e:?}");
+    assert!(s.poll_transmit().is_none());
+    while let Some(e) = s.poll_event() {
+        assert!(matches!(e, StartupEvent::Log(_)), "{e:?}");
     }
     assert_eq!(s.poll_timeout(), Some(t0 + STARTUP_RETRY));
     s.handle_timeout(t0 + STARTUP_RETRY);
@@ -178,14 +184,7 @@ fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
     let mut old = stream_config(3);
     old["republish"] = json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"});
     s.handle_outcome(Instant::now(), id, info(old));
-    let mut logs = Vec::new();
-    let (id, r) = loop {
-        match s.poll_effect().unwrap() {
-            StartupEffect::Log(l) => logs.push(l),
-            StartupEffect::Request(id, r) => break (id, r),
-            StartupEffect::Done(_) => panic!("an old republish source must be migrated"),
-        }
-    };
+    let (logs, (id, r)) = logged_request(&mut s);
     assert!(
         logs.iter()
             .any(|l| l.contains("republish") && l.contains("$KV.leases.>")),
@@ -242,7 +241,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
             body,
         );
         match call.poll_effect() {
-            Some(Effect::Reply(r)) => r.error_kind(),
+            None => call.poll_event().expect("a reply").error_kind(),
             Some(Effect::KvWrite(_)) => None,
             other => panic!("{other:?}"),
         }
@@ -277,18 +276,19 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine_and_is_asked_ag
     assert_eq!(s.poll_timeout(), Some(t0 + T), "the request's own deadline");
     // Before the deadline nothing happens.
     s.handle_timeout(t0 + T - Duration::from_millis(1));
-    assert!(s.poll_effect().is_none());
+    assert!(s.poll_transmit().is_none() && s.poll_event().is_none());
     // At it, the request is TimedOut: startup says so and waits to retry.
     s.handle_timeout(t0 + T);
-    let log = match s.poll_effect() {
-        Some(StartupEffect::Log(l)) => l,
+    assert!(s.poll_transmit().is_none());
+    let log = match s.poll_event() {
+        Some(StartupEvent::Log(l)) => l,
         other => panic!("expected a log line, got {other:?}"),
     };
     assert!(log.contains("not ready"), "{log}");
     assert_eq!(s.poll_timeout(), Some(t0 + T + STARTUP_RETRY));
     // A late answer to the timed-out request is ignored.
     s.handle_outcome(t0 + T, id, info(stream_config_for(1, true)));
-    assert!(s.poll_effect().is_none());
+    assert!(s.poll_transmit().is_none() && s.poll_event().is_none());
     s.handle_timeout(t0 + T + STARTUP_RETRY);
     let (_, again) = next_request(&mut s);
     assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");

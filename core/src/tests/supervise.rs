@@ -2,12 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::js::RequestOutcome;
 use crate::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
     SupervisorEvent, may_start,
 };
-use crate::wire::Endpoint;
 
 const GRACE: Duration = Duration::from_secs(2);
 
@@ -233,18 +231,6 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
     }
 }
 
-fn refused() -> RequestOutcome {
-    RequestOutcome::reply(
-        br#"{"granted":false,"held":true,"key":"job","holder":"other","revision":3,"acquired_at":"2026-01-01T00:00:00Z","expires_at":"2026-01-01T00:00:15Z","ttl_ms":15000}"#.to_vec(),
-    )
-}
-
-fn granted() -> RequestOutcome {
-    RequestOutcome::reply(
-        br#"{"granted":true,"held":true,"key":"job","holder":"me","revision":3,"acquired_at":"2026-01-01T00:00:00Z","expires_at":"2026-01-01T00:00:15Z","ttl_ms":15000}"#.to_vec(),
-    )
-}
-
 fn elected_and_started(t: Instant) -> Lock {
     let mut lock = Lock::new(t, GRACE, None);
     lock.handle_elected(t, ms(t, 10_000));
@@ -262,7 +248,7 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     let t = Instant::now();
     let mut lock = Lock::new(t, GRACE, Some(Duration::from_millis(500)));
     assert_eq!(lock.poll_timeout(), Some(ms(t, 500)));
-    lock.handle_request(ms(t, 10), Endpoint::Acquire, &refused());
+    lock.handle_refused(ms(t, 10));
     assert_eq!(drain_lock(&mut lock), []);
     lock.handle_timeout(ms(t, 500));
     let exit = LockEvent::Exit {
@@ -270,23 +256,21 @@ fn lock_waits_out_wait_only_after_a_refusal() {
         release: true,
     };
     assert_eq!(drain_lock(&mut lock), [exit]);
-    // The wait passes with no answer yet: the next acquire not granted ends it (a
-    // refusal, or no answer at all), a renew's answer does not.
-    for outcome in [refused(), RequestOutcome::TimedOut] {
-        let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
-        lock.handle_timeout(t);
-        assert_eq!(drain_lock(&mut lock), []);
-        lock.handle_request(ms(t, 9), Endpoint::Renew, &refused());
-        assert_eq!(drain_lock(&mut lock), [], "only acquires count");
-        lock.handle_request(ms(t, 10), Endpoint::Acquire, &outcome);
-        assert_eq!(drain_lock(&mut lock), [exit]);
-        assert!(lock.is_done());
-    }
-    // A grant past the wait does not end it.
+    // The wait passes with no answer yet: the next refusal ends it; an election
+    // does not.
     let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
     lock.handle_timeout(t);
-    lock.handle_request(ms(t, 10), Endpoint::Acquire, &granted());
     assert_eq!(drain_lock(&mut lock), []);
+    lock.handle_refused(ms(t, 10));
+    assert_eq!(drain_lock(&mut lock), [exit]);
+    assert!(lock.is_done());
+    let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
+    lock.handle_timeout(t);
+    lock.handle_elected(ms(t, 10), ms(t, 15_000));
+    assert!(matches!(
+        drain_lock(&mut lock)[..],
+        [LockEvent::StartGuard { .. }]
+    ));
 }
 
 #[test]

@@ -4,10 +4,13 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::call::{Call, CallConfig, ConfirmRead, Effect, EffectId, InboxRequest, KvRead, KvWrite};
-use crate::js::RequestOutcome;
-use crate::record::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, LeaseRecord};
+use crate::call::{Call, CallConfig, ConfirmRead, Effect, InboxRequest, KvRead, KvWrite};
+
+use crate::io::EffectId;
+use crate::io::RequestOutcome;
+use crate::record::LeaseRecord;
 use crate::sim::{self, MsgKind, SimMsg};
+use crate::subjects::{HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON};
 use crate::wire::{Endpoint, ErrorReply, Response};
 
 pub(super) const MAX_PAYLOAD: usize = 1024 * 1024;
@@ -92,14 +95,11 @@ impl Drive {
     }
 
     pub(super) fn reply(&mut self) -> Response {
-        let r = match self.effect() {
-            Effect::Reply(r) => r,
-            other => panic!("expected the reply, got {other:?}"),
-        };
-        assert!(
-            self.call.poll_effect().is_none(),
-            "nothing may follow the reply"
-        );
+        if let Some(other) = self.call.poll_effect() {
+            panic!("expected the reply, got {other:?}");
+        }
+        let r = self.call.poll_event().expect("the call has replied");
+        assert!(self.call.poll_event().is_none(), "one reply");
         assert!(self.call.is_done());
         r
     }
@@ -196,7 +196,7 @@ pub(super) fn corrupt(seq: u64) -> RequestOutcome {
     msg(seq, MsgKind::Value, vec![], b"{not a record".to_vec(), 0)
 }
 
-pub(super) fn header<'a>(w: &'a crate::js::NatsRequest, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(w: &'a crate::io::NatsRequest, name: &str) -> Option<&'a str> {
     w.headers
         .iter()
         .find(|(n, _)| *n == name)

@@ -1,0 +1,109 @@
+//! The checks renew and release share: the holder and fence of the request
+//! against the key as read, the expiry guard, and the bound on their writes.
+
+use std::time::{Duration, Instant};
+
+use super::Call;
+use crate::effect::KvWrite;
+use crate::js::KeyState;
+use crate::record::LeaseRecord;
+use crate::wire::{ErrorKind, ErrorReply};
+
+/// How many times renew and release re-read after a write lost a race.
+pub const MAX_FENCED_WRITES: u32 = 2;
+/// The most a lease may have left for renew and release to refuse it as `lost`.
+///
+/// An expiry is not atomic on nats-server: the expiring revision is checked on a
+/// timer, then a `MaxAge` marker with `Nats-Rollup: sub` is proposed, which removes
+/// whatever the key holds when it applies. A renew that lands after the old
+/// revision's end, before the marker, is acknowledged and then wiped (seen in the
+/// partition scenario: renewed at revision 1877, marker 1878 a moment later). So a
+/// lease this close to its end is treated as gone (see [`expiry_guard`]): before
+/// the write by the service's clock, after it by the renewal's own store time.
+pub const MAX_EXPIRY_GUARD: Duration = Duration::from_secs(1);
+
+/// The guard for a lease of `ttl_ms`: a quarter of it, at most [`MAX_EXPIRY_GUARD`],
+/// so that a holder renewing every third of its TTL clears it even after one
+/// failed renewal.
+pub fn expiry_guard(ttl_ms: u64) -> Duration {
+    MAX_EXPIRY_GUARD.min(Duration::from_millis(ttl_ms / 4))
+}
+
+impl Call {
+    pub(super) fn fenced_write(&mut self, write: KvWrite) {
+        if self.writes >= MAX_FENCED_WRITES {
+            let key = write.key.clone();
+            return self.fail(ErrorReply::new(
+                ErrorKind::Unavailable,
+                format!("key `{key}` kept changing during the call: retry"),
+            ));
+        }
+        self.write(write);
+    }
+
+    /// The holder and fence checks of renew and release, and the expiry guard.
+    ///
+    /// The guard compares the service's clock with the server's end (the read's
+    /// store time + TTL): no reply carries the server's time now, and the store
+    /// time read is only a lower bound on it, a TTL or more before the end. So it is
+    /// a first check, not the last word: a service clock running ahead refuses
+    /// early (a `lost` that costs a re-acquire, never a wrong renewal); one lagging
+    /// lets through a write that may land late, which renew then catches on the
+    /// server's clock by reading the renewal back ([`super::read_back_window`]). A release
+    /// needs no check after: a tombstone frees the key, wiped or not.
+    pub(super) fn check_fence(
+        &self,
+        now: Instant,
+        key: &str,
+        holder: &str,
+        revision: u64,
+        state: &KeyState,
+    ) -> Result<LeaseRecord, ErrorReply> {
+        match state {
+            KeyState::Absent | KeyState::Free { .. } => Err(ErrorReply::new(
+                ErrorKind::Lost,
+                format!(
+                    "`{holder}` does not hold `{key}`: nobody does (it expired or was released)"
+                ),
+            )),
+            KeyState::Held { record, .. } if record.holder != holder => Err(ErrorReply::new(
+                ErrorKind::Lost,
+                format!("`{holder}` does not hold `{key}`: `{}` does", record.holder),
+            )),
+            KeyState::Held {
+                revision: current,
+                record,
+                written_at,
+            } => {
+                let wall = self.started_wall + now.saturating_duration_since(self.started_at);
+                let ends = *written_at + Duration::from_millis(record.ttl_ms);
+                let guard = expiry_guard(record.ttl_ms);
+                if *current == revision && wall + guard >= ends {
+                    let left = (ends - wall).max(time::Duration::ZERO);
+                    Err(ErrorReply::new(
+                        ErrorKind::Lost,
+                        format!(
+                            "the lease of `{key}` is at its end ({} ms left of {} ms, under \
+                             the {} ms a write needs to land before the server expires it): \
+                             acquire again",
+                            left.whole_milliseconds(),
+                            record.ttl_ms,
+                            guard.as_millis()
+                        ),
+                    ))
+                } else if *current == revision {
+                    Ok(record.clone())
+                } else {
+                    Err(ErrorReply::new(
+                        ErrorKind::FenceMismatch,
+                        format!(
+                            "field `revision` is {revision}, but the current fence of `{key}` is \
+                             {current}: acquire again to learn it"
+                        ),
+                    ))
+                }
+            }
+            KeyState::Corrupt { .. } => Err(ErrorReply::new(ErrorKind::Internal, "corrupt record")),
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! One state machine per call: a decoded request goes in, requests come out, each
+//! request's outcome comes back as an input, and the call ends with one reply.
+//!
+//! This module is the engine every endpoint shares (ids, deadlines, reads and their
+//! confirmation, the reply); each endpoint's decision is a module of its own.
+
+mod acquire;
+mod fence;
+mod forward;
+mod owner;
+mod release;
+mod renew;
+
+pub use acquire::MAX_ACQUIRE_WRITES;
+pub use fence::{MAX_EXPIRY_GUARD, MAX_FENCED_WRITES, expiry_guard};
+pub use forward::MAX_FORWARD_ATTEMPTS;
+pub use renew::read_back_window;
+
+use forward::{ForwardJob, is_owner_reply};
+use renew::Renewal;
+
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
+use crate::js::{self, JsFailure, KeyState, PublishResult};
+use crate::record::{LeaseRecord, format_time};
+use crate::wire::{
+    AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,
+};
+
+/// How many times a call confirms a read before it gives up with `unavailable`.
+pub const MAX_READ_CONFIRMS: u32 = 3;
+/// The default bound on one JetStream request.
+pub const DEFAULT_KV_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What every call needs to know about the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallConfig {
+    /// Whether leases can be served.
+    pub mode: Mode,
+    /// The server's `max_payload`, which bounds a forward's reply.
+    pub max_payload: usize,
+    /// Bound on each JetStream request.
+    pub kv_timeout: Duration,
+    /// Confirm every read a call answers from with a conditional write, so that a
+    /// deposed stream leader's stale state never reaches a caller. On when the
+    /// bucket has more than one replica; with one there is no other leader.
+    pub confirm_reads: bool,
+}
+
+impl CallConfig {
+    /// A ready service with the server's `max_payload`, on a single-replica bucket.
+    pub fn ready(max_payload: usize) -> Self {
+        Self {
+            mode: Mode::Ready,
+            max_payload,
+            kv_timeout: DEFAULT_KV_TIMEOUT,
+            confirm_reads: false,
+        }
+    }
+
+    /// The same, with read confirmation as a bucket of `replicas` needs it.
+    pub fn for_replicas(self, replicas: usize) -> Self {
+        Self {
+            confirm_reads: replicas > 1,
+            ..self
+        }
+    }
+}
+
+pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
+
+#[derive(Debug)]
+enum Waiting {
+    Nothing,
+    Read(EffectId),
+    /// A confirmation of this read is in flight.
+    Confirm(EffectId, KeyState),
+    Write(EffectId),
+    Inbox(EffectId),
+}
+
+#[derive(Debug)]
+enum Job {
+    Acquire(AcquireRequest),
+    /// The request, and once it writes: the record its write carries and the lease
+    /// it renews.
+    Renew(RenewRequest, Option<Renewal>),
+    Release {
+        key: String,
+        holder: String,
+        revision: u64,
+    },
+    Owner {
+        key: String,
+    },
+    Forward(ForwardJob),
+    Done,
+}
+
+/// One call, from decoded request to reply.
+///
+/// Drive it by draining [`Call::poll_transmit`] after every input until it returns
+/// `None`, sending each request and feeding its outcome to [`Call::handle_outcome`];
+/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes. The call's one
+/// event is its reply ([`Call::poll_event`]); then it [`is_done`](Call::is_done).
+#[derive(Debug)]
+pub struct Call {
+    job: Job,
+    config: CallConfig,
+    started_wall: OffsetDateTime,
+    started_at: Instant,
+    next_id: u64,
+    waiting: Waiting,
+    /// When the effect waited for times out (the call keeps its own deadlines).
+    waiting_until: Option<Instant>,
+    /// The time of the input being handled.
+    now: Instant,
+    writes: u32,
+    confirms: u32,
+    effects: std::collections::VecDeque<Effect>,
+    /// The reply, until polled.
+    reply: Option<Response>,
+}
+
+impl Call {
+    /// Starts a call from a raw request body.
+    ///
+    /// `wall` is the wall-clock time now (for `acquired_at` and `expires_at`); `now`
+    /// is the monotonic time that bounds forward's `timeout_ms`.
+    pub fn new(
+        config: CallConfig,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Self {
+        let mut call = Self {
+            job: Job::Done,
+            config,
+            started_wall: wall,
+            started_at: now,
+            next_id: 0,
+            waiting: Waiting::Nothing,
+            waiting_until: None,
+            now,
+            writes: 0,
+            confirms: 0,
+            effects: Default::default(),
+            reply: None,
+        };
+        match config.mode {
+            Mode::Unsupported => {
+                call.fail(ErrorReply::new(
+                    ErrorKind::Unsupported,
+                    "leases need nats-server 2.11 or newer (per-message TTL); this server \
+                     cannot expire keys, so there is no leases bucket",
+                ));
+                return call;
+            }
+            Mode::Starting => {
+                call.fail(ErrorReply::new(
+                    ErrorKind::Unavailable,
+                    "the lease service is still starting: retry shortly",
+                ));
+                return call;
+            }
+            Mode::Ready => {}
+        }
+        match Request::decode(endpoint, body) {
+            Err(e) => call.fail(e),
+            Ok(request) => call.start(now, request),
+        }
+        call
+    }
+
+    fn start(&mut self, now: Instant, request: Request) {
+        match request {
+            Request::Acquire(r) => {
+                let key = r.key.clone();
+                self.job = Job::Acquire(r);
+                self.write_create(key, 0);
+            }
+            Request::Renew(r) => {
+                let key = r.key.clone();
+                self.job = Job::Renew(r, None);
+                self.read(key);
+            }
+            Request::Release(r) => {
+                let key = r.key.clone();
+                self.job = Job::Release {
+                    key: r.key,
+                    holder: r.holder,
+                    revision: r.revision,
+                };
+                self.read(key);
+            }
+            Request::Owner(r) => {
+                let key = r.key.clone();
+                self.job = Job::Owner { key: r.key };
+                self.read(key);
+            }
+            Request::Forward(r) => {
+                let key = r.key.clone();
+                let deadline = now + Duration::from_millis(r.timeout_ms);
+                self.job = Job::Forward(ForwardJob {
+                    request: r,
+                    deadline,
+                    attempts: 0,
+                    last_tried: None,
+                    retry: None,
+                });
+                self.read_before(key, now, deadline);
+            }
+        }
+    }
+
+    /// The next request to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.effects.pop_front().map(Effect::into_transmit)
+    }
+
+    /// The reply, once the call has one: its one event.
+    pub fn poll_event(&mut self) -> Option<Response> {
+        self.reply.take()
+    }
+
+    /// The next request as the call decided it, for table tests that read its fields.
+    #[cfg(any(test, feature = "__test"))]
+    #[doc(hidden)]
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When [`Call::handle_timeout`] must be called, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let forward = match &self.job {
+            Job::Forward(f) => Some(f.deadline),
+            _ => None,
+        };
+        let effect = match self.waiting {
+            Waiting::Nothing => None,
+            _ => self.waiting_until,
+        };
+        forward.into_iter().chain(effect).min()
+    }
+
+    /// Whether the call has replied and its reply was polled: nothing more to do.
+    pub fn is_done(&self) -> bool {
+        self.replied() && self.effects.is_empty() && self.reply.is_none()
+    }
+
+    fn replied(&self) -> bool {
+        matches!(self.job, Job::Done)
+    }
+
+    /// The time has come: a forward past its deadline ends with `owner_timeout`;
+    /// an effect unanswered within its timeout has timed out
+    /// ([`RequestOutcome::TimedOut`]).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        if self.forward_past_deadline(now) {
+            return self.fail_deadline();
+        }
+        let id = match self.waiting {
+            Waiting::Read(id) | Waiting::Write(id) | Waiting::Inbox(id) => id,
+            Waiting::Confirm(id, _) => id,
+            Waiting::Nothing => return,
+        };
+        if self.waiting_until.is_some_and(|at| now >= at) {
+            self.handle_outcome(now, id, RequestOutcome::TimedOut);
+        }
+    }
+
+    /// The service is stopping and will not wait for this call any longer: a call
+    /// that has not replied yet ends `internal` ("the service is stopping"), naming
+    /// the owner a forward last tried, or `owner_timeout` if a forward's deadline has
+    /// passed by `now` anyway. The outcome of the effect in flight is never learnt:
+    /// a write may still land (as after any `internal` or `unavailable` reply, the
+    /// caller's retry finds out). A no-op on a call that has replied.
+    pub fn abort(&mut self, now: Instant) {
+        self.now = now;
+        if self.replied() {
+            return;
+        }
+        if self.forward_past_deadline(now) {
+            return self.fail_deadline();
+        }
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(
+                ErrorKind::Internal,
+                "the service is stopping: the call was cut off before it finished; \
+                 its outcome is unknown, retry",
+            ),
+            last,
+        ));
+    }
+
+    /// Whether this is a forward whose `timeout_ms` has run out at `now`.
+    fn forward_past_deadline(&self, now: Instant) -> bool {
+        matches!(&self.job, Job::Forward(f) if now >= f.deadline)
+    }
+
+    /// Ends a forward whose deadline passed with `owner_timeout`, naming the owner
+    /// last tried.
+    fn fail_deadline(&mut self) {
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(
+                ErrorKind::OwnerTimeout,
+                "the forward ran out of timeout_ms before the owner replied",
+            ),
+            last,
+        ));
+    }
+
+    /// Feeds back what came of effect `id`. Outcomes for effects the call no longer
+    /// waits for (after a timeout, say) are ignored.
+    ///
+    /// A forward decides its deadline from `now`, not from when the adapter's timer
+    /// fires: a (re-)read or its confirmation that comes back at or after the
+    /// deadline ends the call `owner_timeout`, whatever it found, as does an owner's
+    /// "no responders" or reject then (there is no time left to try again). Only an
+    /// owner's own reply is taken as it is.
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        self.now = now;
+        let late = self.forward_past_deadline(now)
+            && match &self.waiting {
+                Waiting::Read(w) | Waiting::Confirm(w, _) => *w == id,
+                Waiting::Inbox(w) => *w == id && !is_owner_reply(&outcome),
+                Waiting::Nothing | Waiting::Write(_) => false,
+            };
+        if late {
+            return self.fail_deadline();
+        }
+        let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
+        match waiting {
+            Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
+                Ok(state) => self.on_read(now, state),
+                Err(f) => self.fail_js(f),
+            },
+            Waiting::Confirm(w, state) if w == id => match js::parse_pub_ack(&outcome) {
+                Ok(PublishResult::Stored(_)) => self.decide(now, state),
+                // The key moved on since the read (or a write to it is in flight).
+                Ok(PublishResult::WrongLastSequence) => self.reread(now),
+                Err(f) => self.fail_js(f),
+            },
+            Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
+                Ok(PublishResult::Stored(rev)) => self.on_written(now, rev),
+                Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
+                Err(f) => self.fail_js(f),
+            },
+            Waiting::Inbox(w) if w == id => self.on_inbox(now, outcome),
+            other => self.waiting = other,
+        }
+    }
+
+    fn id(&mut self) -> EffectId {
+        self.next_id += 1;
+        EffectId(self.next_id)
+    }
+
+    /// Reads the key again, within a forward's deadline.
+    fn reread(&mut self, now: Instant) {
+        let key = self.key().to_string();
+        match &self.job {
+            Job::Forward(f) => {
+                let deadline = f.deadline;
+                self.read_before(key, now, deadline);
+            }
+            _ => self.read(key),
+        }
+    }
+
+    /// The time left for one JetStream request: a forward's deadline bounds it too.
+    fn kv_timeout(&self, now: Instant) -> Duration {
+        match &self.job {
+            Job::Forward(f) => self
+                .config
+                .kv_timeout
+                .min(f.deadline.saturating_duration_since(now)),
+            _ => self.config.kv_timeout,
+        }
+    }
+
+    /// Asks for `effect` and waits for its outcome until its timeout has passed.
+    fn issue(&mut self, waiting: Waiting, effect: Effect) {
+        self.waiting = waiting;
+        self.waiting_until = Some(self.now + effect.timeout());
+        self.effects.push_back(effect);
+    }
+
+    fn read(&mut self, key: String) {
+        let id = self.id();
+        let timeout = self.config.kv_timeout;
+        self.issue(
+            Waiting::Read(id),
+            Effect::KvRead(KvRead { id, key, timeout }),
+        );
+    }
+
+    /// A read bounded by a forward's deadline.
+    fn read_before(&mut self, key: String, now: Instant, deadline: Instant) {
+        let id = self.id();
+        let timeout = self
+            .config
+            .kv_timeout
+            .min(deadline.saturating_duration_since(now));
+        self.issue(
+            Waiting::Read(id),
+            Effect::KvRead(KvRead { id, key, timeout }),
+        );
+    }
+
+    fn write(&mut self, mut write: KvWrite) {
+        let id = self.id();
+        write.id = id;
+        self.writes += 1;
+        self.issue(Waiting::Write(id), Effect::KvWrite(write));
+    }
+
+    fn reply(&mut self, response: Response) {
+        self.job = Job::Done;
+        self.waiting = Waiting::Nothing;
+        self.waiting_until = None;
+        self.effects.clear();
+        self.reply = Some(response);
+    }
+
+    fn fail(&mut self, error: ErrorReply) {
+        self.reply(Response::Error(error));
+    }
+
+    fn fail_js(&mut self, mut failure: JsFailure) {
+        if let Job::Renew(
+            r,
+            Some(Renewal {
+                written: Some(revision),
+                ..
+            }),
+        ) = &self.job
+        {
+            // The write landed; when, by the server's clock, is unknown.
+            failure.detail = format!(
+                "the renewal of `{}` was written at revision {revision}, but reading it back \
+                 to check it landed before the lease's end failed ({}): its outcome is \
+                 unknown, retry",
+                r.key, failure.detail
+            );
+        }
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(
+            ErrorReply::new(failure.kind, failure.detail),
+            last,
+        ));
+    }
+
+    fn lease_from_record(
+        &self,
+        key: &str,
+        revision: u64,
+        record: &LeaseRecord,
+        since: OffsetDateTime,
+    ) -> Lease {
+        Lease {
+            held: true,
+            key: key.to_string(),
+            holder: record.holder.clone(),
+            revision,
+            acquired_at: record.acquired_at.clone(),
+            expires_at: format_time(since + Duration::from_millis(record.ttl_ms)),
+            ttl_ms: record.ttl_ms,
+        }
+    }
+
+    /// A read came back. Where the call would answer from it (rather than go on to
+    /// a conditional write, which confirms itself), a bucket with replicas first
+    /// confirms it.
+    fn on_read(&mut self, now: Instant, state: KeyState) {
+        if self.config.confirm_reads && !self.writes_after(now, &state) {
+            return self.confirm(now, state);
+        }
+        self.decide(now, state);
+    }
+
+    /// Whether the call's next step after this read is a conditional write.
+    fn writes_after(&self, now: Instant, state: &KeyState) -> bool {
+        match &self.job {
+            Job::Acquire(_) => matches!(state, KeyState::Absent | KeyState::Free { .. }),
+            // A renewal's read-back decides from the read: confirm it.
+            Job::Renew(
+                _,
+                Some(Renewal {
+                    written: Some(_), ..
+                }),
+            ) => false,
+            Job::Renew(r, _) => self
+                .check_fence(now, &r.key, &r.holder, r.revision, state)
+                .is_ok(),
+            Job::Release {
+                key,
+                holder,
+                revision,
+            } => self.check_fence(now, key, holder, *revision, state).is_ok(),
+            Job::Owner { .. } | Job::Forward(_) | Job::Done => false,
+        }
+    }
+
+    fn confirm(&mut self, now: Instant, state: KeyState) {
+        let key = self.key().to_string();
+        if self.confirms >= MAX_READ_CONFIRMS {
+            let last = match &self.job {
+                Job::Forward(f) => f.last_tried.clone(),
+                _ => None,
+            };
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the read of `{key}` could not be confirmed by the stream leader \
+                         ({MAX_READ_CONFIRMS} attempts; the key kept changing): retry"
+                    ),
+                ),
+                last,
+            ));
+        }
+        self.confirms += 1;
+        let id = self.id();
+        let confirm = ConfirmRead {
+            id,
+            key,
+            revision: state.revision(),
+            timeout: self.kv_timeout(now),
+        };
+        self.issue(Waiting::Confirm(id, state), Effect::ConfirmRead(confirm));
+    }
+
+    /// Acts on a read that is current: confirmed, or about to be by a write.
+    fn decide(&mut self, now: Instant, state: KeyState) {
+        if let KeyState::Corrupt { revision, reason } = &state {
+            let key = self.key().to_string();
+            let last = match &self.job {
+                Job::Forward(f) => f.last_tried.clone(),
+                _ => None,
+            };
+            return self.fail(with_owner(
+                ErrorReply::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "the lease record of `{key}` at revision {revision} is corrupt: {reason}"
+                    ),
+                ),
+                last,
+            ));
+        }
+        if let Job::Renew(
+            _,
+            Some(Renewal {
+                written: Some(revision),
+                ..
+            }),
+        ) = self.job
+        {
+            return self.on_read_back(revision, state);
+        }
+        match std::mem::replace(&mut self.job, Job::Done) {
+            Job::Acquire(r) => self.decide_acquire(r, state),
+            Job::Renew(r, _) => self.decide_renew(now, r, state),
+            Job::Release {
+                key,
+                holder,
+                revision,
+            } => self.decide_release(now, key, holder, revision, state),
+            Job::Owner { key } => self.decide_owner(key, state),
+            Job::Forward(f) => self.forward_after_read(now, f, state),
+            Job::Done => {}
+        }
+    }
+
+    fn key(&self) -> &str {
+        match &self.job {
+            Job::Acquire(r) => &r.key,
+            Job::Renew(r, _) => &r.key,
+            Job::Release { key, .. } | Job::Owner { key } => key,
+            Job::Forward(f) => &f.request.key,
+            Job::Done => "",
+        }
+    }
+
+    /// A write was stored at `revision`. A renew acknowledged late in the lease it
+    /// renews reads the key back first ([`Call::renew_written`]).
+    fn on_written(&mut self, now: Instant, revision: u64) {
+        if !self.renew_written(now, revision) {
+            self.on_written_in_time(revision);
+        }
+    }
+
+    /// Replies to a write stored at `revision` (a renewal: before its lease's end).
+    fn on_written_in_time(&mut self, revision: u64) {
+        match std::mem::replace(&mut self.job, Job::Done) {
+            Job::Acquire(r) => self.acquired(r, revision),
+            Job::Renew(r, Some(Renewal { record, .. })) => self.renewed(r, record, revision),
+            Job::Release { key, holder, .. } => self.released(key, holder, revision),
+            other => self.job = other,
+        }
+    }
+
+    fn on_conflict(&mut self) {
+        let key = self.key().to_string();
+        self.read(key);
+    }
+}
+
+fn with_owner(mut e: ErrorReply, owner: Option<(String, u64)>) -> ErrorReply {
+    if let Some((holder, revision)) = owner {
+        e.holder = Some(holder);
+        e.revision = Some(revision);
+    }
+    e
+}

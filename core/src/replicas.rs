@@ -1,0 +1,117 @@
+//! The service's replicas re-check: every [`crate::startup::REPLICAS_RECHECK`] it asks the leases
+//! stream's config again, and says when read confirmation must turn on or off (on
+//! while the stream has more than one replica: with one there is no other leader
+//! whose stale state a read could return).
+//!
+//! A request unanswered within its timeout, or answered without the replicas (an
+//! error, JetStream unavailable), keeps what was known; the next check comes a
+//! period after the last one was sent, so at most one is in flight.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::startup::{replicas_from_reply, stream_info_request};
+
+/// What the re-check reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicasEvent {
+    /// The stream's replicas changed across one: confirm reads from now on, or stop.
+    ConfirmReads {
+        /// The stream's replicas as the server returned them.
+        replicas: usize,
+        /// Whether calls confirm their reads now.
+        on: bool,
+    },
+}
+
+/// Asks the stream's replicas now and then. See the [module docs](self).
+#[derive(Debug)]
+pub struct ReplicasCheck {
+    every: Duration,
+    timeout: Duration,
+    next_at: Instant,
+    /// The check in flight, and when it is given up.
+    waiting: Option<(EffectId, Instant)>,
+    next_id: u64,
+    confirm_reads: bool,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<ReplicasEvent>,
+}
+
+impl ReplicasCheck {
+    /// Checks every `every` from `now`, each request bounded by `timeout`, starting
+    /// from the `replicas` startup found.
+    pub fn new(every: Duration, timeout: Duration, replicas: usize, now: Instant) -> Self {
+        Self {
+            every,
+            timeout,
+            next_at: now + every,
+            waiting: None,
+            next_id: 0,
+            confirm_reads: replicas > 1,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Whether calls confirm their reads, as far as the last answer said.
+    pub fn confirm_reads(&self) -> bool {
+        self.confirm_reads
+    }
+
+    /// A check in flight past its timeout is given up; a check due is sent.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some((id, due)) = self.waiting
+            && now >= due
+        {
+            self.handle_outcome(now, id, RequestOutcome::TimedOut);
+        }
+        if self.waiting.is_none() && now >= self.next_at {
+            self.next_id += 1;
+            let id = EffectId(self.next_id);
+            self.waiting = Some((id, now + self.timeout));
+            self.next_at = now + self.every;
+            let request = stream_info_request(self.timeout);
+            self.transmits
+                .push_back(Transmit::new(id, TransmitKind::Api, request));
+        }
+    }
+
+    /// The answer to a check: an event when the replicas cross one.
+    pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
+        if self.waiting.map(|(w, _)| w) != Some(id) {
+            return;
+        }
+        self.waiting = None;
+        let Some(replicas) = replicas_from_reply(&outcome) else {
+            return;
+        };
+        let on = replicas > 1;
+        if on != self.confirm_reads {
+            self.confirm_reads = on;
+            self.events
+                .push_back(ReplicasEvent::ConfirmReads { replicas, on });
+        }
+    }
+
+    /// The next stream-info request to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next change of read confirmation.
+    pub fn poll_event(&mut self) -> Option<ReplicasEvent> {
+        self.events.pop_front()
+    }
+
+    /// The check in flight's deadline, or the next check.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        Some(self.waiting.map_or(self.next_at, |(_, due)| due))
+    }
+
+    /// Never: the re-check runs as long as the service serves.
+    pub fn is_done(&self) -> bool {
+        false
+    }
+}
