@@ -275,7 +275,7 @@ pub async fn prepare(
         "serving api.leases.* in queue group {QUEUE_GROUP}"
     );
     let (stop, stopped) = watch::channel(false);
-    let writer = Writer::new(&client, atomic, &options);
+    let writer = Writer::new(&client, atomic, &options, runtime.now());
     // The replicas are asked again now and then: read confirmation follows them.
     let check = (mode == Mode::Ready).then(|| {
         ReplicasCheck::new(
@@ -374,9 +374,9 @@ async fn serve(
         ));
     };
     let mut admission = Admission::new(
-        runtime.now(),
         options.max_calls_in_flight,
         options.max_calls_waiting,
+        runtime.now(),
     );
     let admit = |admission: &mut Admission<_>, calls: &mut FuturesUnordered<_>, config| {
         while let Some(event) = admission.poll_event() {
@@ -683,7 +683,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(client: &Client, atomic: bool, options: &ServiceOptions) -> Self {
+    fn new(client: &Client, atomic: bool, options: &ServiceOptions, now: Instant) -> Self {
         let config = if atomic {
             // Unique per process: the server keys open batches by id.
             let inbox = client.new_inbox();
@@ -698,7 +698,7 @@ impl Writer {
         };
         let (sink, incoming) = mpsc::unbounded_channel();
         Self {
-            coalescer: Coalescer::new(config),
+            coalescer: Coalescer::new(config, now),
             sink,
             incoming,
             waiting: HashMap::new(),

@@ -47,7 +47,7 @@ pub struct Admission<T> {
 impl<T> Admission<T> {
     /// At most `max_in_flight` calls at once (at least 1) and `max_waiting`
     /// requests waiting.
-    pub fn new(_now: Instant, max_in_flight: usize, max_waiting: usize) -> Self {
+    pub fn new(max_in_flight: usize, max_waiting: usize, _now: Instant) -> Self {
         Self {
             max_in_flight: max_in_flight.max(1),
             max_waiting,

@@ -192,7 +192,7 @@ pub struct Coalescer {
 
 impl Coalescer {
     /// A coalescer with nothing in flight.
-    pub fn new(mut config: CoalescerConfig) -> Self {
+    pub fn new(mut config: CoalescerConfig, _now: Instant) -> Self {
         config.max_batch = config.max_batch.clamp(1, SERVER_MAX_BATCH);
         config.max_in_flight = config.max_in_flight.clamp(1, SERVER_MAX_OPEN_BATCHES);
         config.single_window = config.single_window.max(1);

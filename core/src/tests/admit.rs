@@ -33,7 +33,7 @@ fn refused(events: &[Admit<u32>]) -> Vec<u32> {
 #[test]
 fn below_the_bound_every_request_starts_at_once() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 3, 4);
+    let mut a = Admission::new(3, 4, now);
     for (i, e) in [Endpoint::Acquire, Endpoint::Owner, Endpoint::Renew]
         .into_iter()
         .enumerate()
@@ -48,7 +48,7 @@ fn below_the_bound_every_request_starts_at_once() {
 #[test]
 fn past_the_bound_requests_wait_and_start_in_order_as_calls_end() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 1, 4);
+    let mut a = Admission::new(1, 4, now);
     a.handle_request(now, Endpoint::Forward, 0);
     a.handle_request(now, Endpoint::Forward, 1);
     a.handle_request(now, Endpoint::Renew, 2);
@@ -66,7 +66,7 @@ fn past_the_bound_requests_wait_and_start_in_order_as_calls_end() {
 #[test]
 fn a_full_queue_refuses_at_once_with_unavailable() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 1, 2);
+    let mut a = Admission::new(1, 2, now);
     a.handle_request(now, Endpoint::Renew, 0);
     a.handle_request(now, Endpoint::Renew, 1);
     a.handle_request(now, Endpoint::Release, 2);
@@ -80,7 +80,7 @@ fn a_full_queue_refuses_at_once_with_unavailable() {
 #[test]
 fn half_the_queue_is_kept_for_renew_and_release() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 1, 4);
+    let mut a = Admission::new(1, 4, now);
     a.handle_request(now, Endpoint::Acquire, 0);
     // Acquire, owner and forward may fill half the queue.
     a.handle_request(now, Endpoint::Acquire, 1);
@@ -103,7 +103,7 @@ fn half_the_queue_is_kept_for_renew_and_release() {
 #[test]
 fn stopping_starts_every_waiting_request() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 1, 4);
+    let mut a = Admission::new(1, 4, now);
     for i in 0..3 {
         a.handle_request(now, Endpoint::Renew, i);
     }
@@ -117,7 +117,7 @@ fn stopping_starts_every_waiting_request() {
 #[test]
 fn a_bound_of_zero_still_runs_one_call() {
     let now = Instant::now();
-    let mut a = Admission::new(now, 0, 0);
+    let mut a = Admission::new(0, 0, now);
     a.handle_request(now, Endpoint::Owner, 0);
     a.handle_request(now, Endpoint::Owner, 1);
     let events = drain(&mut a);

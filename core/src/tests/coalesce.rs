@@ -77,7 +77,7 @@ fn narrow() -> CoalescerConfig {
 }
 
 fn atomic() -> Coalescer {
-    Coalescer::new(narrow())
+    Coalescer::new(narrow(), Instant::now())
 }
 
 #[test]
@@ -168,11 +168,14 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
 #[test]
 fn a_batch_holds_at_most_max_batch_writes() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        max_batch: 4,
-        min_batch: 4,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            max_batch: 4,
+            min_batch: 4,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("k0", 0));
     let (first, _) = drain(&mut c);
     for i in 1..=10u64 {
@@ -205,11 +208,14 @@ fn a_batch_holds_at_most_max_batch_writes() {
 #[test]
 fn the_bound_is_clamped_to_the_servers_limit() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        max_batch: 5000,
-        min_batch: 5000,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            max_batch: 5000,
+            min_batch: 5000,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("k", 0));
     drain(&mut c);
     for i in 1..=1500u64 {
@@ -223,10 +229,13 @@ fn the_bound_is_clamped_to_the_servers_limit() {
 #[test]
 fn two_writes_of_one_subject_never_share_a_batch() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        min_batch: 5,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            min_batch: 5,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("x", 0));
     drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 3));
@@ -322,10 +331,13 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
         RequestOutcome::Failed("gone".into()),
     ] {
         let now = Instant::now();
-        let mut c = Coalescer::new(CoalescerConfig {
-            min_batch: 2,
-            ..narrow()
-        });
+        let mut c = Coalescer::new(
+            CoalescerConfig {
+                min_batch: 2,
+                ..narrow()
+            },
+            Instant::now(),
+        );
         c.handle_write(now, WriteId(0), write("x", 0));
         drain(&mut c);
         c.handle_write(now, WriteId(1), write("a", 0));
@@ -344,10 +356,13 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
 #[test]
 fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        min_batch: 2,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            min_batch: 2,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("x", 0));
     drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 0));
@@ -362,10 +377,13 @@ fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
 #[test]
 fn atomic_disabled_answer_turns_batches_off() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        min_batch: 2,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            min_batch: 2,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("x", 0));
     drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 0));
@@ -383,7 +401,7 @@ fn atomic_disabled_answer_turns_batches_off() {
 #[test]
 fn without_atomic_support_everything_goes_single_at_once() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig::single());
+    let mut c = Coalescer::new(CoalescerConfig::single(), Instant::now());
     for i in 0..5u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
@@ -409,11 +427,14 @@ fn without_atomic_support_everything_goes_single_at_once() {
 #[test]
 fn a_wider_single_window_sends_more_writes_at_once() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        single_window: 2,
-        min_batch: 2,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            single_window: 2,
+            min_batch: 2,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
     c.handle_write(now, WriteId(3), write("c", 0));
@@ -430,7 +451,7 @@ fn a_wider_single_window_sends_more_writes_at_once() {
 #[test]
 fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig::atomic("p-"));
+    let mut c = Coalescer::new(CoalescerConfig::atomic("p-"), Instant::now());
     for i in 0..16u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
@@ -457,10 +478,13 @@ fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
 #[test]
 fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig {
-        min_batch: 2,
-        ..narrow()
-    });
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            min_batch: 2,
+            ..narrow()
+        },
+        Instant::now(),
+    );
     c.handle_write(now, WriteId(0), write("x", 0));
     let (first, _) = drain(&mut c);
     c.handle_write(now, WriteId(1), write("a", 1));

@@ -120,7 +120,7 @@ fn coalesced(
     config: CoalescerConfig,
 ) -> (Vec<Option<Response>>, SimJetStream, Vec<Step>, (u64, u64)) {
     let mut d = Driver::new(calls, replicated, sim_atomic);
-    let mut co = Coalescer::new(config);
+    let mut co = Coalescer::new(config, Instant::now());
     let mut trace = Vec::new();
     let mut reads: Vec<(usize, u32, EffectId, NatsRequest)> = Vec::new();
     let mut sends: Vec<Transmit> = Vec::new();
