@@ -19,6 +19,7 @@
 //! The machine holds the waiting requests themselves (any `T`: the adapter's
 //! request handle), so the adapter only starts, answers and counts calls ending.
 
+use crate::io::Transmit;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -104,6 +105,12 @@ impl<T> Admission<T> {
     /// What to do next; drain after every input.
     pub fn poll_event(&mut self) -> Option<Admit<T>> {
         self.out.pop_front()
+    }
+
+    /// Never: this machine sends nothing (here for the crate's vocabulary: every
+    /// machine drains the same four outputs).
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        None
     }
 
     /// Never: admission keeps no deadline.

@@ -12,8 +12,9 @@
 //! [`holder::Holder`], every campaign of one process ([`campaign::Campaign`]:
 //! groups, caps, the inbox, which change events to watch), the client's waiting
 //! acquire ([`acquire_wait`]), change events ([`change`]), the owner-side and
-//! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]). The
-//! I/O types every machine shares are in [`io`].
+//! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]); and
+//! the service's admission of requests under load ([`admit`]). The I/O types every
+//! machine shares are in [`io`].
 //!
 //! # Determinism
 //!
@@ -27,9 +28,9 @@
 //! Every machine ([`call::Call`], [`startup::Startup`],
 //! [`replicas::ReplicasCheck`], [`coalesce::Coalescer`], [`holder::Holder`],
 //! [`campaign::Campaign`], [`acquire_wait::WaitingAcquire`],
-//! [`supervise::Supervisor`], [`supervise::Lock`]) is driven the same way, in the
-//! types of [`io`] (the two of `lock`'s supervision send nothing, so they have no
-//! `poll_transmit`):
+//! [`supervise::Supervisor`], [`supervise::Lock`], [`admit::Admission`]) is driven
+//! the same way, in the types of [`io`] (`lock`'s supervision and admission send
+//! nothing: their `poll_transmit` is always `None`):
 //!
 //! - inputs are `handle_*(now, …)`; the result of a request comes back as
 //!   `handle_outcome(now, id, outcome)`, tagged with the [`io::EffectId`] it was

@@ -34,6 +34,7 @@
 //! counts time suspended (`CLOCK_BOOTTIME` on Linux), so a suspend longer than the
 //! lease's remaining time stops the command at once on resume.
 
+use crate::io::Transmit;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -228,6 +229,12 @@ impl Supervisor {
             }) if now >= at => self.kill(),
             _ => {}
         }
+    }
+
+    /// Never: this machine sends nothing (here for the crate's vocabulary: every
+    /// machine drains the same four outputs).
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        None
     }
 
     /// When to call [`Supervisor::handle_timeout`] next.
@@ -684,6 +691,12 @@ impl Lock {
             }
             _ => {}
         }
+    }
+
+    /// Never: this machine sends nothing (here for the crate's vocabulary: every
+    /// machine drains the same four outputs).
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        None
     }
 
     /// When to call [`Lock::handle_timeout`] next.
