@@ -76,6 +76,23 @@ fn narrow() -> CoalescerConfig {
     }
 }
 
+/// `narrow()` with batches from `min_batch` writes.
+fn with_min_batch(min_batch: usize) -> Coalescer {
+    Coalescer::new(
+        CoalescerConfig {
+            min_batch,
+            ..narrow()
+        },
+        Instant::now(),
+    )
+}
+
+/// Sends write 0 (key `x`) alone: the single window is full from then on.
+fn fill_the_single_window(c: &mut Coalescer, now: Instant) -> Transmit {
+    c.handle_write(now, WriteId(0), write("x", 0));
+    drain(c).0.remove(0)
+}
+
 fn atomic() -> Coalescer {
     Coalescer::new(narrow(), Instant::now())
 }
@@ -229,15 +246,8 @@ fn the_bound_is_clamped_to_the_servers_limit() {
 #[test]
 fn two_writes_of_one_subject_never_share_a_batch() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            min_batch: 5,
-            ..narrow()
-        },
-        Instant::now(),
-    );
-    c.handle_write(now, WriteId(0), write("x", 0));
-    drain(&mut c);
+    let mut c = with_min_batch(5);
+    fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 3));
     c.handle_write(now, WriteId(2), write("a", 3));
     // A read confirmation checks `$KV.leases.b` from another subject.
@@ -286,8 +296,7 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
     for err_code in [10071, 10164, 10176, 10210] {
         let now = Instant::now();
         let mut c = atomic();
-        c.handle_write(now, WriteId(0), write("x", 0));
-        let (first, _) = drain(&mut c);
+        let first = fill_the_single_window(&mut c, now);
         c.handle_write(now, WriteId(1), write("a", 0));
         c.handle_write(now, WriteId(2), write("b", 9));
         c.handle_write(now, WriteId(3), write("c", 0));
@@ -315,7 +324,7 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
             ],
             "err_code {err_code}"
         );
-        c.handle_outcome(now, first[0].id, ack(1));
+        c.handle_outcome(now, first.id, ack(1));
         drain(&mut c);
         assert!(c.is_done());
         assert_eq!(c.batch_counts(), (1, 1));
@@ -331,15 +340,8 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
         RequestOutcome::Failed("gone".into()),
     ] {
         let now = Instant::now();
-        let mut c = Coalescer::new(
-            CoalescerConfig {
-                min_batch: 2,
-                ..narrow()
-            },
-            Instant::now(),
-        );
-        c.handle_write(now, WriteId(0), write("x", 0));
-        drain(&mut c);
+        let mut c = with_min_batch(2);
+        fill_the_single_window(&mut c, now);
         c.handle_write(now, WriteId(1), write("a", 0));
         c.handle_write(now, WriteId(2), write("b", 0));
         let (sends, _) = drain(&mut c);
@@ -356,15 +358,8 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
 #[test]
 fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            min_batch: 2,
-            ..narrow()
-        },
-        Instant::now(),
-    );
-    c.handle_write(now, WriteId(0), write("x", 0));
-    drain(&mut c);
+    let mut c = with_min_batch(2);
+    fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
     let (sends, _) = drain(&mut c);
@@ -377,15 +372,8 @@ fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
 #[test]
 fn atomic_disabled_answer_turns_batches_off() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            min_batch: 2,
-            ..narrow()
-        },
-        Instant::now(),
-    );
-    c.handle_write(now, WriteId(0), write("x", 0));
-    drain(&mut c);
+    let mut c = with_min_batch(2);
+    fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
     let (sends, _) = drain(&mut c);
@@ -478,15 +466,8 @@ fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
 #[test]
 fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            min_batch: 2,
-            ..narrow()
-        },
-        Instant::now(),
-    );
-    c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    let mut c = with_min_batch(2);
+    let first = fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 1));
     c.handle_write(now, WriteId(2), write("a", 1));
     assert_eq!(
@@ -494,7 +475,7 @@ fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
         (vec![], vec![]),
         "no batch of two writes of one subject, and no batch of one"
     );
-    c.handle_outcome(now, first[0].id, ack(1));
+    c.handle_outcome(now, first.id, ack(1));
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1);
     assert!(sends[0].publish.is_empty());
@@ -506,8 +487,7 @@ fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
 fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
     let now = Instant::now();
     let mut c = atomic();
-    c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    let first = fill_the_single_window(&mut c, now);
     for (i, checked) in ["a", "b"].iter().enumerate() {
         let mut confirm = write("a", 4);
         confirm.subject = confirm_subject("a");
@@ -517,7 +497,7 @@ fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
         ));
         c.handle_write(now, WriteId(1 + i as u64), confirm);
     }
-    c.handle_outcome(now, first[0].id, ack(1));
+    c.handle_outcome(now, first.id, ack(1));
     let (sends, _) = drain(&mut c);
     assert!(sends[0].publish.is_empty(), "one, then the other");
     assert_eq!(c.pending(), (1, 1));
@@ -644,8 +624,7 @@ fn sim_a_1000_message_batch_commits() {
 fn a_write_given_up_before_it_goes_out_is_dropped() {
     let now = Instant::now();
     let mut c = atomic();
-    c.handle_write(now, WriteId(0), write("x", 0));
-    let (first, _) = drain(&mut c);
+    let first = fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
     assert!(c.handle_cancel(now, WriteId(2)));
@@ -660,7 +639,7 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
         c.writes_of(sends[0].id),
         vec![WriteId(1), WriteId(3), WriteId(4)]
     );
-    c.handle_outcome(now, first[0].id, ack(1));
+    c.handle_outcome(now, first.id, ack(1));
     c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
     let (_, done) = drain(&mut c);
     assert_eq!(done.len(), 4);
