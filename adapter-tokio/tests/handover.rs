@@ -143,9 +143,11 @@ async fn hand_over_passes_the_key_to_the_waiting_member_and_stays_a_candidate() 
     let ttl = Duration::from_secs(3);
     let (a, mut a_refused) = watched_member(&server, "h-a").await;
     let (b, mut b_refused) = watched_member(&server, "h-b").await;
-    let mut electors = [a.elect(KEY, ttl).unwrap(), b.elect(KEY, ttl).unwrap()];
+    // a first, b once a leads: started together, either could win the key.
+    let mut first = a.elect(KEY, ttl).unwrap();
+    elected(&mut first).await;
+    let mut electors = [first, b.elect(KEY, ttl).unwrap()];
     let refusals = [&mut a_refused, &mut b_refused];
-    elected(&mut electors[0]).await;
     refused(refusals[1]).await;
     let mut gaps = Vec::new();
     let mut leader = 0;
