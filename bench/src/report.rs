@@ -135,6 +135,24 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// For each (this, over) measured, every operation's pair, keyed by `this`.
+    fn per_server(
+        results: &Results,
+        pairs: &[(&str, &str)],
+    ) -> BTreeMap<String, BTreeMap<String, Pair>> {
+        let mut out: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
+        for (this, over) in pairs {
+            for op in Op::ALL {
+                if let Some(p) = Pair::of(results, op, this, over) {
+                    out.entry(this.to_string())
+                        .or_default()
+                        .insert(op.name().to_string(), p);
+                }
+            }
+        }
+        out
+    }
+
     /// `this` over `over` for `op`, if both were measured.
     fn of(results: &Results, op: Op, this: &str, over: &str) -> Option<Pair> {
         let a = results.get(&(op, this.to_string()))?;
@@ -313,31 +331,15 @@ impl Report {
                 Pair::of(results, op, R3_PAIR.0, R3_PAIR.1).map(|p| (op.name().to_string(), p))
             })
             .collect();
-        let mut coalesce: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
-        for (this, over) in [
-            ("tokio-fsync", "tokio-single-fsync"),
-            ("tokio-r3", "tokio-single-r3"),
-        ] {
-            for op in Op::ALL {
-                if let Some(p) = Pair::of(results, op, this, over) {
-                    coalesce
-                        .entry(this.to_string())
-                        .or_default()
-                        .insert(op.name().to_string(), p);
-                }
-            }
-        }
-        let mut smol_vs_tokio: BTreeMap<String, BTreeMap<String, Pair>> = BTreeMap::new();
-        for (smol, tokio) in [("smol", "tokio"), ("smol-fsync", "tokio-fsync")] {
-            for op in Op::ALL {
-                if let Some(p) = Pair::of(results, op, smol, tokio) {
-                    smol_vs_tokio
-                        .entry(smol.to_string())
-                        .or_default()
-                        .insert(op.name().to_string(), p);
-                }
-            }
-        }
+        let coalesce = Pair::per_server(
+            results,
+            &[
+                ("tokio-fsync", "tokio-single-fsync"),
+                ("tokio-r3", "tokio-single-r3"),
+            ],
+        );
+        let smol_vs_tokio =
+            Pair::per_server(results, &[("smol", "tokio"), ("smol-fsync", "tokio-fsync")]);
         let r1_vs_prev = prev.map(|prev| {
             let this = prev.replacen("tokio-prev", "tokio", 1);
             VsPrev {
@@ -441,27 +443,7 @@ impl Report {
                 }
             }
         }
-        for pairs in self.smol_vs_tokio.values() {
-            let Some(first) = pairs.values().next() else {
-                continue;
-            };
-            print_pairs(
-                &format!(
-                    "{} / {}, same server, same run: medians over rounds (each round); goal p50@1 <= {:.2}",
-                    first.this, first.over, SMOL_GOAL
-                ),
-                "goal",
-                pairs,
-                |p| {
-                    if p.p50_c1 <= SMOL_GOAL {
-                        "met"
-                    } else {
-                        "missed"
-                    }
-                    .to_string()
-                },
-            );
-        }
+        print_against_goal(&self.smol_vs_tokio, "same server, same run", SMOL_GOAL);
         if !self.r3_confirm.is_empty() {
             print_pairs(
                 &format!(
@@ -473,30 +455,11 @@ impl Report {
                 |p| rounds(&p.ops_per_s_c64_rounds),
             );
         }
-        for pairs in self.coalesce.values() {
-            let Some(first) = pairs.values().next() else {
-                continue;
-            };
-            print_pairs(
-                &format!(
-                    "the write coalescer: {} / {} (every write alone), medians over rounds (each round); goal p50@1 <= {COALESCE_GOAL}",
-                    first.this, first.over
-                ),
-                "ops@256 goal",
-                pairs,
-                |p| {
-                    let wide = p
-                        .ops_per_s_c256
-                        .map_or("-".to_string(), |r| format!("{r:.3}"));
-                    let goal = if p.p50_c1 <= COALESCE_GOAL {
-                        "met"
-                    } else {
-                        "missed"
-                    };
-                    format!("{wide:>7} {goal}")
-                },
-            );
-        }
+        print_against_goal(
+            &self.coalesce,
+            "the write coalescer, every write alone",
+            COALESCE_GOAL,
+        );
         if let Some(prev) = &self.r1_vs_prev {
             println!();
             let pair = prev.operations.values().next();
@@ -704,6 +667,30 @@ fn rounds(v: &[f64]) -> String {
 
 /// A table of one implementation over another, an operation a row, with a last
 /// column of `last`.
+/// Each server's pairs, with whether p50@1 meets `goal` (and ops@256 where run).
+fn print_against_goal(servers: &BTreeMap<String, BTreeMap<String, Pair>>, what: &str, goal: f64) {
+    for pairs in servers.values() {
+        let Some(first) = pairs.values().next() else {
+            continue;
+        };
+        print_pairs(
+            &format!(
+                "{} / {} ({what}): medians over rounds (each round); goal p50@1 <= {goal:.2}",
+                first.this, first.over
+            ),
+            "ops@256 goal",
+            pairs,
+            |p| {
+                let wide = p
+                    .ops_per_s_c256
+                    .map_or("-".to_string(), |r| format!("{r:.3}"));
+                let met = if p.p50_c1 <= goal { "met" } else { "missed" };
+                format!("{wide:>7} {met}")
+            },
+        );
+    }
+}
+
 fn print_pairs(
     title: &str,
     last_header: &str,

@@ -288,17 +288,10 @@ impl Call {
         if self.forward_past_deadline(now) {
             return self.fail_deadline();
         }
-        let last = match &self.job {
-            Job::Forward(f) => f.last_tried.clone(),
-            _ => None,
-        };
-        self.fail(with_owner(
-            ErrorReply::new(
-                ErrorKind::Internal,
-                "the service is stopping: the call was cut off before it finished; \
-                 its outcome is unknown, retry",
-            ),
-            last,
+        self.fail_naming_owner(ErrorReply::new(
+            ErrorKind::Internal,
+            "the service is stopping: the call was cut off before it finished; \
+             its outcome is unknown, retry",
         ));
     }
 
@@ -310,16 +303,9 @@ impl Call {
     /// Ends a forward whose deadline passed with `owner_timeout`, naming the owner
     /// last tried.
     fn fail_deadline(&mut self) {
-        let last = match &self.job {
-            Job::Forward(f) => f.last_tried.clone(),
-            _ => None,
-        };
-        self.fail(with_owner(
-            ErrorReply::new(
-                ErrorKind::OwnerTimeout,
-                "the forward ran out of timeout_ms before the owner replied",
-            ),
-            last,
+        self.fail_naming_owner(ErrorReply::new(
+            ErrorKind::OwnerTimeout,
+            "the forward ran out of timeout_ms before the owner replied",
         ));
     }
 
@@ -440,6 +426,15 @@ impl Call {
         self.reply(Response::Error(error));
     }
 
+    /// Fails with `error`, naming the owner a forward tried last (if any).
+    fn fail_naming_owner(&mut self, error: ErrorReply) {
+        let last = match &self.job {
+            Job::Forward(f) => f.last_tried.clone(),
+            _ => None,
+        };
+        self.fail(with_owner(error, last));
+    }
+
     fn fail_js(&mut self, mut failure: JsFailure) {
         if let Job::Renew(
             r,
@@ -457,14 +452,7 @@ impl Call {
                 r.key, failure.detail
             );
         }
-        let last = match &self.job {
-            Job::Forward(f) => f.last_tried.clone(),
-            _ => None,
-        };
-        self.fail(with_owner(
-            ErrorReply::new(failure.kind, failure.detail),
-            last,
-        ));
+        self.fail_naming_owner(ErrorReply::new(failure.kind, failure.detail));
     }
 
     fn lease_from_record(
@@ -521,19 +509,12 @@ impl Call {
     fn confirm(&mut self, now: Instant, state: KeyState) {
         let key = self.key().to_string();
         if self.confirms >= MAX_READ_CONFIRMS {
-            let last = match &self.job {
-                Job::Forward(f) => f.last_tried.clone(),
-                _ => None,
-            };
-            return self.fail(with_owner(
-                ErrorReply::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "the read of `{key}` could not be confirmed by the stream leader \
-                         ({MAX_READ_CONFIRMS} attempts; the key kept changing): retry"
-                    ),
+            return self.fail_naming_owner(ErrorReply::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the read of `{key}` could not be confirmed by the stream leader \
+                     ({MAX_READ_CONFIRMS} attempts; the key kept changing): retry"
                 ),
-                last,
             ));
         }
         self.confirms += 1;
@@ -551,18 +532,9 @@ impl Call {
     fn decide(&mut self, now: Instant, state: KeyState) {
         if let KeyState::Corrupt { revision, reason } = &state {
             let key = self.key().to_string();
-            let last = match &self.job {
-                Job::Forward(f) => f.last_tried.clone(),
-                _ => None,
-            };
-            return self.fail(with_owner(
-                ErrorReply::new(
-                    ErrorKind::Internal,
-                    format!(
-                        "the lease record of `{key}` at revision {revision} is corrupt: {reason}"
-                    ),
-                ),
-                last,
+            return self.fail_naming_owner(ErrorReply::new(
+                ErrorKind::Internal,
+                format!("the lease record of `{key}` at revision {revision} is corrupt: {reason}"),
             ));
         }
         if let Job::Renew(
