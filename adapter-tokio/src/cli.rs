@@ -32,9 +32,9 @@ pub struct ServeArgs {
     /// release); past that a request is answered `unavailable` at once.
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
-    /// Gather the calls' writes into atomic batches under load (nats-server 2.12+;
-    /// `false` sends every write alone).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    /// Gather the calls' writes into atomic batches under load (nats-server 2.12+);
+    /// off by default, every write alone (measured no faster; see docs/benchmarks.md).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub coalesce_writes: bool,
     /// Single writes in flight before writes start to gather into batches.
     #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]

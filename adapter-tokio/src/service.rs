@@ -57,7 +57,9 @@ pub struct ServiceOptions {
     /// Whether the calls' writes go through one write coalescer
     /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
     /// flight they gather into atomic batches when the stream allows it
-    /// (nats-server 2.12+).
+    /// (nats-server 2.12+). Off by default: `scripts/bench` measured no gain in
+    /// throughput on one server and a loss on a three-node cluster (see
+    /// docs/benchmarks.md).
     pub coalesce_writes: bool,
     /// Single writes in flight before writes gather into batches.
     pub batch_after: usize,
@@ -94,7 +96,7 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: true,
+            coalesce_writes: false,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             #[cfg(feature = "__test")]

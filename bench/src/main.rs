@@ -330,11 +330,11 @@ async fn run(args: RunArgs) {
     match sync {
         SyncMode::Always => plan.push((
             Place::Fsync,
-            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
+            [&Impl::ALL[..], &[Impl::TokioBatched]].concat(),
         )),
         SyncMode::Both => plan.push((
             Place::Fsync,
-            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioBatched],
         )),
         SyncMode::Default => {}
     }
@@ -344,7 +344,7 @@ async fn run(args: RunArgs) {
     if args.r3 {
         plan.push((
             Place::R3,
-            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioSingle],
+            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioBatched],
         ));
     }
     let mut servers = Vec::new();

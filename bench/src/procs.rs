@@ -25,9 +25,9 @@ pub enum Impl {
     /// `dagnats-leases serve --unconfirmed-reads-for-tests`: no read confirmation
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
-    /// `dagnats-leases serve --coalesce-writes false`: every write alone, the
-    /// write coalescer's baseline.
-    TokioSingle,
+    /// `dagnats-leases serve --coalesce-writes true`: the write coalescer on,
+    /// against `tokio`'s every write alone.
+    TokioBatched,
 }
 
 impl Impl {
@@ -41,7 +41,7 @@ impl Impl {
         Impl::Smol,
         Impl::TokioPrev,
         Impl::TokioUnconfirmed,
-        Impl::TokioSingle,
+        Impl::TokioBatched,
     ];
 
     /// The name in tables and the report, and the account it runs in.
@@ -52,7 +52,7 @@ impl Impl {
             Impl::Smol => "smol",
             Impl::TokioPrev => "tokio-prev",
             Impl::TokioUnconfirmed => "tokio-unconfirmed",
-            Impl::TokioSingle => "tokio-single",
+            Impl::TokioBatched => "tokio-batched",
         }
     }
 }
@@ -144,7 +144,7 @@ pub async fn start_with(
     let dir = bin_dir();
     let (bin, first): (PathBuf, &str) = match imp {
         Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
-        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioSingle => {
+        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioBatched => {
             (dir.join("dagnats-leases"), "serve")
         }
         Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
@@ -172,8 +172,8 @@ pub async fn start_with(
     if imp == Impl::TokioUnconfirmed {
         args.push("--unconfirmed-reads-for-tests".to_string());
     }
-    if imp == Impl::TokioSingle {
-        args.extend(["--coalesce-writes", "false"].map(String::from));
+    if imp == Impl::TokioBatched {
+        args.extend(["--coalesce-writes", "true"].map(String::from));
     }
     args.extend(options.extra_args.iter().cloned());
     assert!(

@@ -91,9 +91,9 @@ pub struct Report {
     /// operation.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub r3_confirm: BTreeMap<String, Pair>,
-    /// The write coalescer: `tokio` over `tokio-single` (`--coalesce-writes
-    /// false`) on each `sync_interval: always` server (`-fsync`, `-r3`): server,
-    /// then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
+    /// The write coalescer: `tokio-batched` (`--coalesce-writes true`) over
+    /// `tokio` (every write alone, the default) on each `sync_interval: always`
+    /// server (`-fsync`, `-r3`): server, then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
     /// one call in flight; reported, not asserted).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub coalesce: BTreeMap<String, BTreeMap<String, Pair>>,
@@ -334,8 +334,8 @@ impl Report {
         let coalesce = Pair::per_server(
             results,
             &[
-                ("tokio-fsync", "tokio-single-fsync"),
-                ("tokio-r3", "tokio-single-r3"),
+                ("tokio-batched-fsync", "tokio-fsync"),
+                ("tokio-batched-r3", "tokio-r3"),
             ],
         );
         let smol_vs_tokio =

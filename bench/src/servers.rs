@@ -17,7 +17,7 @@ pub const ACCOUNTS: [&str; 6] = [
     "smol",
     "tokio-prev",
     "tokio-unconfirmed",
-    "tokio-single",
+    "tokio-batched",
 ];
 /// Every account user's password.
 pub const PASSWORD: &str = "bench";

@@ -1022,6 +1022,7 @@ async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     let options = ServiceOptions {
+        coalesce_writes: true,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1066,11 +1067,23 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     eprintln!("{batched} of {n} acquires stored by a batch");
 }
 
-/// With the default windows, as many writes at once as the single window holds all
-/// go alone: a call at low load never waits behind a batch.
+/// By default the coalescer is off: many writes at once each go alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_every_write_goes_alone() {
+    let fx = Fx::start().await;
+    let (keys, _) = acquire_at_once(&fx, "default", 48).await;
+    assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
+}
+
+/// With the coalescer on and its default windows, as many writes at once as the
+/// single window holds all go alone: a call at low load never waits behind a batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_within_the_single_window_never_go_in_a_batch() {
-    let fx = Fx::start().await;
+    let options = ServiceOptions {
+        coalesce_writes: true,
+        ..ServiceOptions::default()
+    };
+    let fx = Fx::on_with(NatsServer::start(), options).await;
     let n = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW;
     let (keys, _) = acquire_at_once(&fx, "alone", n).await;
     assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
