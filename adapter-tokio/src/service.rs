@@ -18,7 +18,7 @@ use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, Sta
 use dagnats_leases_core::subjects::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
-use futures::future::{AbortHandle, Either};
+use futures::future::AbortHandle;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt};
 use time::OffsetDateTime;
@@ -359,20 +359,16 @@ async fn serve(
     let (cut, cut_off) = watch::channel(false);
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
-    // Each yields whether it was a call (not a refusal), for admission's count.
     let mut calls = FuturesUnordered::new();
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
-        calls.push(Either::Left(
-            answer(
-                runtime.clone(),
-                client.clone(),
-                config,
-                endpoint,
-                request,
-                cut_off.clone(),
-                writes.clone(),
-            )
-            .map(|()| true),
+        calls.push(answer(
+            runtime.clone(),
+            client.clone(),
+            config,
+            endpoint,
+            request,
+            cut_off.clone(),
+            writes.clone(),
         ));
     };
     let mut admission = Admission::new(
@@ -380,28 +376,33 @@ async fn serve(
         options.max_calls_waiting,
         runtime.now(),
     );
+    // Starts what admission starts; returns what it refuses, to be answered one at
+    // a time (a refusal held in memory per request would undo the bound).
     let admit = |admission: &mut Admission<_>, calls: &mut FuturesUnordered<_>, config| {
+        let mut refused = Vec::new();
         while let Some(event) = admission.poll_event() {
             match event {
                 Admit::Start(endpoint, request) => take(calls, endpoint, request, config),
-                Admit::Refuse(endpoint, request, response) => calls.push(Either::Right(
-                    refuse(endpoint, request, response).map(|()| false),
-                )),
+                Admit::Refuse(endpoint, request, response) => {
+                    refused.push((endpoint, request, response))
+                }
             }
         }
+        refused
     };
     loop {
         tokio::select! {
             next = requests.next() => {
                 let Some((endpoint, request)) = next else { break };
                 admission.handle_request(runtime.now(), endpoint, request);
-                admit(&mut admission, &mut calls, config);
-            }
-            Some(was_call) = calls.next(), if !calls.is_empty() => {
-                if was_call {
-                    admission.handle_finished(runtime.now());
-                    admit(&mut admission, &mut calls, config);
+                for (endpoint, request, response) in admit(&mut admission, &mut calls, config) {
+                    refuse(endpoint, request, response).await;
                 }
+            }
+            Some(()) = calls.next(), if !calls.is_empty() => {
+                admission.handle_finished(runtime.now());
+                let refused = admit(&mut admission, &mut calls, config);
+                debug_assert!(refused.is_empty(), "a call ending refuses nothing");
             }
             () = writer.step(&runtime, &client) => {}
             () = &mut recheck => {
@@ -441,7 +442,8 @@ async fn serve(
     // each stream ends once those are read. Every one of them is answered.
     let _ = service.stop().await;
     admission.handle_stop(runtime.now());
-    admit(&mut admission, &mut calls, config);
+    let refused = admit(&mut admission, &mut calls, config);
+    debug_assert!(refused.is_empty(), "stopping refuses nothing");
     let in_flight = calls.len();
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
@@ -458,7 +460,7 @@ async fn serve(
                 }
                 None => open = false,
             },
-            Some(_) = calls.next(), if !calls.is_empty() => {}
+            Some(()) = calls.next(), if !calls.is_empty() => {}
             () = writer.step(&runtime, &client) => {}
             _ = &mut bound => break,
         }
