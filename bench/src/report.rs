@@ -230,17 +230,19 @@ fn key(c: usize) -> String {
 }
 
 /// Order of implementations in the table and the plot.
-const ORDER: [&str; 12] = [
+const ORDER: [&str; 14] = [
     "baseline",
     "tokio",
     "tokio-prev",
     "smol",
     "baseline-fsync",
     "tokio-fsync",
+    "tokio-batched-fsync",
     "tokio-prev-fsync",
     "smol-fsync",
     "tokio-r3",
     "tokio-unconfirmed-r3",
+    "tokio-batched-r3",
     "etcd",
     "etcd-r3",
 ];
@@ -716,5 +718,78 @@ fn print_pairs(
             rounds(&p.p50_c1_rounds),
             last(p)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every implementation a `--sync always --r3` run measures, each with figures
+    /// that tell them apart: throughput `ops`, p50 `1000 / ops` ms.
+    fn results(imps: &[(&str, f64)]) -> Results {
+        let mut results = Results::new();
+        for op in Op::ALL {
+            for (imp, ops) in imps {
+                let stats = Stats {
+                    p50_us: 1e6 / ops,
+                    p99_us: 2e6 / ops,
+                    ops_per_s: *ops,
+                };
+                let per_c = [1, 16, 64, crate::R3_WIDE]
+                    .into_iter()
+                    .map(|c| (c, vec![stats]))
+                    .collect();
+                results.insert((op, imp.to_string()), per_c);
+            }
+        }
+        results
+    }
+
+    fn setup() -> Setup {
+        Setup {
+            cores: 2,
+            nats_server: "2.15.1".into(),
+            nats_sync: BTreeMap::new(),
+            etcd: Some("3.4.23".into()),
+            rounds: 1,
+            calls_c1: 10,
+            calls_tp: 10,
+            prev_rev: None,
+            r3: None,
+        }
+    }
+
+    #[test]
+    fn an_r3_run_gives_the_cluster_rows_against_etcd_r3_and_the_coalescer_pairs() {
+        let results = results(&[
+            ("baseline-fsync", 1000.0),
+            ("tokio-fsync", 1200.0),
+            ("tokio-batched-fsync", 600.0),
+            ("etcd", 800.0),
+            ("tokio-r3", 3000.0),
+            ("tokio-unconfirmed-r3", 4000.0),
+            ("tokio-batched-r3", 1500.0),
+            ("etcd-r3", 1000.0),
+        ]);
+        let report = Report::new(&results, None, setup(), None);
+        let acquire = &report.vs_etcd["acquire"];
+        let r3 = &acquire["tokio-r3"];
+        assert_eq!(r3.against, "etcd-r3");
+        assert_eq!(r3.ops_per_s_c64_over_etcd, 3.0);
+        assert_eq!(r3.ops_per_s_c256_over_etcd, Some(3.0));
+        assert_eq!(acquire["tokio-fsync"].against, "etcd");
+        assert_eq!(acquire["tokio-fsync"].ops_per_s_c16_over_etcd, 1.5);
+        let fsync = &report.coalesce["tokio-batched-fsync"]["renew"];
+        assert_eq!(
+            (fsync.this.as_str(), fsync.over.as_str()),
+            ("tokio-batched-fsync", "tokio-fsync")
+        );
+        assert_eq!(fsync.ops_per_s_c64, 0.5);
+        assert_eq!(fsync.p50_c1, 2.0);
+        let r3 = &report.coalesce["tokio-batched-r3"]["owner"];
+        assert_eq!(r3.ops_per_s_c256, Some(0.5));
+        assert_eq!(report.r3_confirm["owner"].ops_per_s_c64, 0.75);
+        assert!(report.operations["acquire"].contains_key("tokio-batched-r3"));
     }
 }
