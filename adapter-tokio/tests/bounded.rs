@@ -68,6 +68,17 @@ async fn calls_past_the_bound_wait_until_one_ends() {
     }
 }
 
+/// The next message, failing the test (rather than hanging it) if none comes
+/// within 10 s.
+async fn within(
+    next: impl std::future::Future<Output = Option<async_nats::Message>>,
+) -> async_nats::Message {
+    tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("a message within 10 s")
+        .expect("the subscription is open")
+}
+
 /// Publishes `request` to its endpoint with `inbox` as the reply subject: requests
 /// sent one after another on one connection arrive in that order.
 async fn send(client: &async_nats::Client, inbox: &str, request: &Request) {
@@ -111,7 +122,7 @@ async fn past_the_waiting_room_a_request_is_refused_at_once_and_renewals_keep_ha
     };
     // The one call in flight: a forward the owner holds open.
     send(&client, &format!("{replies}.a"), &forward(0)).await;
-    let held = inbox.next().await.unwrap();
+    let held = within(inbox.next()).await;
     // In order: a forward waits (half the room is for calls that take or read), a
     // second forward finds that half full and is refused, a renew takes the other
     // half, a second renew finds the room full and is refused.
@@ -128,7 +139,7 @@ async fn past_the_waiting_room_a_request_is_refused_at_once_and_renewals_keep_ha
     client.flush().await.unwrap();
     let mut refused = Vec::new();
     for _ in 0..2 {
-        let m = answers.next().await.unwrap();
+        let m = within(answers.next()).await;
         let which = m.subject.rsplit('.').next().unwrap().to_string();
         let reply = Response::decode(Endpoint::Forward, &m.payload).unwrap();
         assert!(
@@ -148,14 +159,14 @@ async fn past_the_waiting_room_a_request_is_refused_at_once_and_renewals_keep_ha
         .publish(held.reply.clone().unwrap(), "done".into())
         .await
         .unwrap();
-    let waiting = inbox.next().await.unwrap();
+    let waiting = within(inbox.next()).await;
     client
         .publish(waiting.reply.clone().unwrap(), "done".into())
         .await
         .unwrap();
     let mut rest = Vec::new();
     for _ in 0..3 {
-        let m = answers.next().await.unwrap();
+        let m = within(answers.next()).await;
         rest.push((m.subject.rsplit('.').next().unwrap().to_string(), m.payload));
     }
     rest.sort_by(|a, b| a.0.cmp(&b.0));

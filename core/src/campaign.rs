@@ -204,6 +204,8 @@ struct Slot {
     /// Revoked for balance, or handed over: not campaigned for again until a
     /// campaign interval after its release.
     shed: bool,
+    /// The deadline this slot is filed under in `Campaign::timers`.
+    timer: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -247,8 +249,6 @@ pub struct Campaign {
     /// Every holder's next deadline, in order: a timeout feeds only the holders due,
     /// and `poll_timeout` reads the first (a member may hold thousands of keys).
     timers: BTreeSet<(Instant, String)>,
-    /// Each key's entry in `timers`.
-    timer_of: BTreeMap<String, Instant>,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
@@ -311,7 +311,6 @@ impl Campaign {
             touched: BTreeSet::new(),
             drained: BTreeSet::new(),
             timers: BTreeSet::new(),
-            timer_of: BTreeMap::new(),
         })
     }
 
@@ -796,13 +795,21 @@ impl Campaign {
     /// Indexes the deadlines of the holders drained in this settle again.
     fn index_timers(&mut self) {
         for key in std::mem::take(&mut self.drained) {
-            if let Some(at) = self.timer_of.remove(&key) {
+            // A slot gone took its entry with it (`remove_finished`).
+            let Some(slot) = self.slots.get_mut(&key) else {
+                continue;
+            };
+            let next = slot.holder.poll_timeout();
+            if next == slot.timer {
+                continue;
+            }
+            if let Some(at) = slot.timer {
                 self.timers.remove(&(at, key.clone()));
             }
-            if let Some(at) = self.slots.get(&key).and_then(|s| s.holder.poll_timeout()) {
-                self.timers.insert((at, key.clone()));
-                self.timer_of.insert(key, at);
+            if let Some(at) = next {
+                self.timers.insert((at, key));
             }
+            slot.timer = next;
         }
         #[cfg(debug_assertions)]
         for (key, slot) in &self.slots {
@@ -811,11 +818,22 @@ impl Campaign {
                 "{key}: a holder fed without being marked touched"
             );
             debug_assert_eq!(
-                self.timer_of.get(key).copied(),
+                slot.timer,
                 slot.holder.poll_timeout(),
                 "{key}: a deadline not indexed"
             );
+            debug_assert!(
+                slot.timer
+                    .is_none_or(|at| self.timers.contains(&(at, key.clone()))),
+                "{key}: its deadline is not in the index"
+            );
         }
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            self.timers.len(),
+            self.slots.values().filter(|s| s.timer.is_some()).count(),
+            "an index entry of a slot gone"
+        );
     }
 
     /// Drops the slots whose holder is done; a key shed for balance waits a
@@ -831,6 +849,9 @@ impl Campaign {
             let Some(slot) = self.slots.remove(&key) else {
                 continue;
             };
+            if let Some(at) = slot.timer {
+                self.timers.remove(&(at, key.clone()));
+            }
             self.vacancies = true;
             if slot.shed {
                 let wait = slot.holder.config().campaign_every;
@@ -967,6 +988,7 @@ impl Campaign {
                         serial: self.next_serial,
                         holder,
                         shed: false,
+                        timer: None,
                     },
                 );
                 self.next_serial += 1;

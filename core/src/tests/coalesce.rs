@@ -78,8 +78,14 @@ fn narrow() -> CoalescerConfig {
 
 /// `narrow()` with batches from `min_batch` writes.
 fn with_min_batch(min_batch: usize) -> Coalescer {
+    with_batch_bounds(narrow().max_batch, min_batch)
+}
+
+/// `narrow()` with batches of `min_batch` to `max_batch` writes.
+fn with_batch_bounds(max_batch: usize, min_batch: usize) -> Coalescer {
     Coalescer::new(
         CoalescerConfig {
+            max_batch,
             min_batch,
             ..narrow()
         },
@@ -185,14 +191,7 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
 #[test]
 fn a_batch_holds_at_most_max_batch_writes() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            max_batch: 4,
-            min_batch: 4,
-            ..narrow()
-        },
-        Instant::now(),
-    );
+    let mut c = with_batch_bounds(4, 4);
     c.handle_write(now, WriteId(0), write("k0", 0));
     let (first, _) = drain(&mut c);
     for i in 1..=10u64 {
@@ -225,14 +224,7 @@ fn a_batch_holds_at_most_max_batch_writes() {
 #[test]
 fn the_bound_is_clamped_to_the_servers_limit() {
     let now = Instant::now();
-    let mut c = Coalescer::new(
-        CoalescerConfig {
-            max_batch: 5000,
-            min_batch: 5000,
-            ..narrow()
-        },
-        Instant::now(),
-    );
+    let mut c = with_batch_bounds(5000, 5000);
     c.handle_write(now, WriteId(0), write("k", 0));
     drain(&mut c);
     for i in 1..=1500u64 {
@@ -389,7 +381,7 @@ fn atomic_disabled_answer_turns_batches_off() {
 #[test]
 fn without_atomic_support_everything_goes_single_at_once() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig::single(), Instant::now());
+    let mut c = Coalescer::new(CoalescerConfig::single(), now);
     for i in 0..5u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
@@ -421,7 +413,7 @@ fn a_wider_single_window_sends_more_writes_at_once() {
             min_batch: 2,
             ..narrow()
         },
-        Instant::now(),
+        now,
     );
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
@@ -439,7 +431,7 @@ fn a_wider_single_window_sends_more_writes_at_once() {
 #[test]
 fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
     let now = Instant::now();
-    let mut c = Coalescer::new(CoalescerConfig::atomic("p-"), Instant::now());
+    let mut c = Coalescer::new(CoalescerConfig::atomic("p-"), now);
     for i in 0..16u64 {
         c.handle_write(now, WriteId(i), write(&format!("k{i}"), 0));
     }
