@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
+use dagnats_leases_core::reply_scope::ReplyScope;
+
 use crate::connect::ConnectOptions;
-use crate::service::ServiceOptions;
+use crate::service::{Clients, ServiceOptions};
 use crate::telemetry;
 
 /// The options of `serve`.
@@ -15,6 +17,16 @@ pub struct ServeArgs {
     /// How to reach NATS.
     #[command(flatten)]
     pub connect: ConnectOptions,
+    /// A second NATS user for the service's JetStream and forward requests: the
+    /// user above then only reads requests and publishes replies, and may be
+    /// allowed to publish to reply inboxes only (docs/security.md).
+    #[command(flatten)]
+    pub backend: BackendAuth,
+    /// A reply subject prefix to answer besides `_INBOX.` and `_R_.` (repeatable;
+    /// whole tokens ending in `.`, e.g. `_INBOX_billing.`). A request whose reply
+    /// is no reply inbox is dropped unanswered.
+    #[arg(long = "reply-prefix", value_name = "PREFIX")]
+    pub reply_prefixes: Vec<String>,
     /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
     #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
     pub replicas: Option<usize>,
@@ -53,10 +65,66 @@ pub struct ServeArgs {
     pub unconfirmed_reads_for_tests: bool,
 }
 
+/// How the service's second connection authenticates (TLS and the URL are the
+/// first one's). None given: one connection does everything.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BackendAuth {
+    /// Credentials file of the backend user.
+    #[arg(long, env = "DAGNATS_BACKEND_CREDS")]
+    pub backend_creds: Option<std::path::PathBuf>,
+    /// Backend user name (with --backend-password).
+    #[arg(long, env = "DAGNATS_BACKEND_USER")]
+    pub backend_user: Option<String>,
+    /// Backend user's password.
+    #[arg(long, env = "DAGNATS_BACKEND_PASSWORD")]
+    pub backend_password: Option<String>,
+    /// Backend user's nkey seed.
+    #[arg(long, env = "DAGNATS_BACKEND_NKEY")]
+    pub backend_nkey: Option<String>,
+}
+
+impl BackendAuth {
+    /// `connect` with this authentication instead of its own, or `None` when none
+    /// is given.
+    fn options(&self, connect: &ConnectOptions) -> Option<ConnectOptions> {
+        if self.backend_creds.is_none()
+            && self.backend_user.is_none()
+            && self.backend_password.is_none()
+            && self.backend_nkey.is_none()
+        {
+            return None;
+        }
+        Some(ConnectOptions {
+            creds: self.backend_creds.clone(),
+            user: self.backend_user.clone(),
+            password: self.backend_password.clone(),
+            token: None,
+            nkey: self.backend_nkey.clone(),
+            name: format!("{}-backend", connect.name),
+            ..connect.clone()
+        })
+    }
+}
+
 impl ServeArgs {
-    /// The service options these arguments give.
-    pub fn service_options(&self) -> ServiceOptions {
-        ServiceOptions {
+    /// Connects the service's connections: one, or a serving and a backend one
+    /// when `--backend-*` is given.
+    pub async fn connect(&self) -> Result<Clients, crate::Error> {
+        let serving = self.connect.connect().await?;
+        match self.backend.options(&self.connect) {
+            None => Ok(Clients::from(serving)),
+            Some(backend) => Ok(Clients {
+                serving,
+                backend: backend.connect().await?,
+            }),
+        }
+    }
+
+    /// The service options these arguments give, or why they cannot be had.
+    pub fn service_options(&self) -> Result<ServiceOptions, crate::Error> {
+        let reply_scope = ReplyScope::with_prefixes(&self.reply_prefixes)
+            .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+        Ok(ServiceOptions {
             replicas: self.replicas,
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
@@ -67,8 +135,9 @@ impl ServeArgs {
             min_batch: self.min_batch,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
+            reply_scope,
             ..ServiceOptions::default()
-        }
+        })
     }
 }
 

@@ -35,6 +35,7 @@ pub mod connect;
 pub mod exec;
 #[cfg(feature = "cli")]
 pub mod exit;
+mod intake;
 #[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;

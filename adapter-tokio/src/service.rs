@@ -1,21 +1,27 @@
 //! The lease service: ensures the bucket, registers the `dagnats-api` micro
 //! service, and runs each request's call machine, all of them polled by one
 //! serving future that spawns nothing and keeps time on a [`Runtime`].
+//!
+//! Every reply goes to the request's reply subject only when that is a reply
+//! inbox ([`dagnats_leases_core::reply_scope`]); the micro protocol's `$SRV`
+//! verbs are answered here too, behind the same rule
+//! ([`dagnats_leases_core::micro`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
-use async_nats::service::ServiceExt;
 use std::collections::HashMap;
 
 use dagnats_leases_core::admit::{Admission, Admit};
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
+use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
+use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
-use dagnats_leases_core::subjects::{API_PREFIX, QUEUE_GROUP, SERVICE_NAME};
+use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
@@ -25,6 +31,7 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exec;
+use crate::intake::{self, Admitted, Gate, Incoming, Source};
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry::{self, JsOp};
 use crate::{Error, ErrorKind as ServiceErrorKind};
@@ -66,6 +73,10 @@ pub struct ServiceOptions {
     /// The smallest batch the coalescer sends; fewer gathered writes wait for a
     /// single write to come back and go single.
     pub min_batch: usize,
+    /// The reply subjects the service answers: `_INBOX.`, `_R_.` and the
+    /// operator's own prefixes. A request with any other reply is dropped
+    /// unanswered and no call runs for it.
+    pub reply_scope: ReplyScope,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -99,6 +110,7 @@ impl Default for ServiceOptions {
             coalesce_writes: false,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
+            reply_scope: ReplyScope::default(),
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -139,20 +151,46 @@ impl Drop for ServiceHandle {
     }
 }
 
+/// The service's connections: `serving` reads the requests and publishes the
+/// replies, `backend` makes every other request (JetStream, the owners' inboxes).
+///
+/// One client serves as both (`From<Client>`). The documented deployment gives
+/// them two NATS users: the serving user may publish only to reply inboxes, so
+/// even a broken reply check could not write the bucket (docs/security.md).
+#[derive(Debug, Clone)]
+pub struct Clients {
+    /// Subscribes to the lease API and `$SRV`, and publishes replies.
+    pub serving: Client,
+    /// Talks to JetStream and to the owners' inboxes.
+    pub backend: Client,
+}
+
+impl From<Client> for Clients {
+    fn from(client: Client) -> Self {
+        Self {
+            serving: client.clone(),
+            backend: client,
+        }
+    }
+}
+
 /// Ensures the bucket (waiting while JetStream is not ready, and answering every
 /// call `unavailable` meanwhile), then serves on tokio.
-pub async fn start(client: Client, options: ServiceOptions) -> Result<ServiceHandle, Error> {
-    start_on(TokioRuntime::shared(), client, options).await
+pub async fn start(
+    clients: impl Into<Clients>,
+    options: ServiceOptions,
+) -> Result<ServiceHandle, Error> {
+    start_on(TokioRuntime::shared(), clients, options).await
 }
 
 /// [`start`] on `runtime`: the serving future is spawned there and keeps time with
 /// its timer.
 pub async fn start_on(
     runtime: Arc<dyn Runtime>,
-    client: Client,
+    clients: impl Into<Clients>,
     options: ServiceOptions,
 ) -> Result<ServiceHandle, Error> {
-    let prepared = prepare(runtime.clone(), client, options).await?;
+    let prepared = prepare(runtime.clone(), clients, options).await?;
     let (serve, abort) = futures::future::abortable(prepared.serve);
     let (finished, done) = oneshot::channel();
     runtime.spawn(Box::pin(async move {
@@ -195,14 +233,16 @@ impl std::fmt::Debug for Prepared {
 /// ([`Mode::Starting`]), so callers retry instead of seeing no responders. This
 /// future answers those itself, until it returns with the mode startup settled on.
 ///
-/// async-nats' micro service spawns a task of its own (`$SRV.PING`, `INFO`,
-/// `STATS`) with `tokio::spawn` here: poll this future in a tokio context (on smol,
-/// under `async_compat::Compat`). The serving future needs none.
+/// The micro protocol's verbs (`$SRV.PING`, `INFO`, `STATS`) are answered by the
+/// same loop, behind the same reply rule. async-nats needs a tokio context: on
+/// smol, poll this future and the serving one under `async_compat::Compat`.
 pub async fn prepare(
     runtime: Arc<dyn Runtime>,
-    client: Client,
+    clients: impl Into<Clients>,
     options: ServiceOptions,
 ) -> Result<Prepared, Error> {
+    let Clients { serving, backend } = clients.into();
+    let client = backend;
     let info = client.server_info();
     if info.version.is_empty() {
         // Judging support from an empty INFO would wrongly settle on `unsupported`.
@@ -213,34 +253,17 @@ pub async fn prepare(
         ));
     }
     telemetry::set_mode(Mode::Starting);
-    let service = client
-        .service_builder()
-        .description("dagnats leases: leader election and shard ownership over NATS")
-        .queue_group(QUEUE_GROUP)
-        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
-        .await
-        .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    let group = service.group(API_PREFIX);
-    let mut endpoints = Vec::new();
-    for endpoint in Endpoint::ALL {
-        let e = group
-            .endpoint_builder()
-            .name(endpoint.name())
-            .add(endpoint.name())
-            .await
-            .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-        endpoints.push((endpoint, e));
-    }
+    // The instance id: unique per process, as the micro protocol asks.
+    let inbox = serving.new_inbox();
+    let id = inbox.rsplit('.').next().unwrap_or_default().to_string();
+    let mut micro = MicroService::new(id, env!("CARGO_PKG_VERSION"), OffsetDateTime::now_utc());
+    let mut requests = intake::subscribe(&serving, &micro).await?;
     // The server has the subscriptions once it answers a PING sent after them.
-    client
+    serving
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    let mut requests: Requests = futures::stream::select_all(
-        endpoints
-            .into_iter()
-            .map(|(endpoint, stream)| stream.map(move |r| (endpoint, r)).boxed()),
-    );
+    let mut gate = Gate::new(options.reply_scope.clone());
     let starting = CallConfig {
         mode: Mode::Starting,
         max_payload: info.max_payload,
@@ -253,12 +276,24 @@ pub async fn prepare(
         loop {
             tokio::select! {
                 settled = &mut ensure => break settled,
-                Some((endpoint, request)) = requests.next() => {
-                    // No effects in `Starting` mode: the reply is at hand.
-                    let body = run_call(&*runtime, &client, starting, endpoint, &request.message.payload).await;
-                    if let Err(e) = request.respond(Ok(body.into())).await {
-                        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
-                    }
+                Some((source, message)) = requests.next() => {
+                    let Some(request) = gate.admit(runtime.now(), source, message) else { continue };
+                    let body = match source {
+                        // No effects in `Starting` mode: the reply is at hand.
+                        Source::Api(endpoint) => {
+                            let started = runtime.now();
+                            let response = drive_call(&*runtime, &client, starting, endpoint, &request.payload, std::future::pending(), None).await;
+                            let took = runtime.now() - started;
+                            telemetry::call_answered(endpoint, &response, took);
+                            micro.handle_answered(endpoint, &response, took);
+                            response.to_json()
+                        }
+                        Source::Srv => match micro.verb_of(&request.subject) {
+                            Some(verb) => micro.reply(verb),
+                            None => continue,
+                        },
+                    };
+                    intake::reply(&serving, request.reply, body).await;
                 }
             }
         }
@@ -288,7 +323,19 @@ pub async fn prepare(
         )
     });
     let serve = serve(
-        runtime, client, service, requests, config, options, stopped, writer, check,
+        runtime,
+        Intake {
+            serving,
+            requests,
+            gate,
+            micro,
+        },
+        client,
+        config,
+        options,
+        stopped,
+        writer,
+        check,
     );
     Ok(Prepared {
         mode,
@@ -297,10 +344,13 @@ pub async fn prepare(
     })
 }
 
-/// Every endpoint's requests, tagged with the endpoint.
-type Requests = futures::stream::SelectAll<
-    futures::stream::BoxStream<'static, (Endpoint, async_nats::service::Request)>,
->;
+/// What the serve loop reads requests from and answers them through.
+struct Intake {
+    serving: Client,
+    requests: Incoming,
+    gate: Gate,
+    micro: MicroService,
+}
 
 /// The mode to serve in, the stream's replicas, and whether it takes atomic batches.
 async fn ensure_bucket(
@@ -337,15 +387,20 @@ async fn ensure_bucket(
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     runtime: Arc<dyn Runtime>,
+    intake: Intake,
     client: Client,
-    service: async_nats::service::Service,
-    mut requests: Requests,
     mut config: CallConfig,
     options: ServiceOptions,
     mut stopped: watch::Receiver<bool>,
     mut writer: Writer,
     mut check: Option<ReplicasCheck>,
 ) {
+    let Intake {
+        serving,
+        mut requests,
+        mut gate,
+        mut micro,
+    } = intake;
     let writes = options.coalesce_writes.then(|| writer.sink.clone());
     let shutdown_timeout = options.shutdown_timeout;
     let mut check_at = check.as_ref().and_then(ReplicasCheck::poll_timeout);
@@ -364,6 +419,7 @@ async fn serve(
         calls.push(answer(
             runtime.clone(),
             client.clone(),
+            serving.clone(),
             config,
             endpoint,
             request,
@@ -393,13 +449,20 @@ async fn serve(
     loop {
         tokio::select! {
             next = requests.next() => {
-                let Some((endpoint, request)) = next else { break };
-                admission.handle_request(runtime.now(), endpoint, request);
-                for (endpoint, request, response) in admit(&mut admission, &mut calls, config) {
-                    refuse(endpoint, request, response).await;
+                let Some((source, message)) = next else { break };
+                let Some(request) = gate.admit(runtime.now(), source, message) else { continue };
+                match source {
+                    Source::Api(endpoint) => {
+                        admission.handle_request(runtime.now(), endpoint, request);
+                        for (endpoint, request, response) in admit(&mut admission, &mut calls, config) {
+                            refuse(&serving, &mut micro, endpoint, request, response).await;
+                        }
+                    }
+                    Source::Srv => answer_verb(&serving, &micro, request).await,
                 }
             }
-            Some(()) = calls.next(), if !calls.is_empty() => {
+            Some(answered) = calls.next(), if !calls.is_empty() => {
+                micro.handle_answered(answered.endpoint, &answered.response, answered.took);
                 admission.handle_finished(runtime.now());
                 let refused = admit(&mut admission, &mut calls, config);
                 debug_assert!(refused.is_empty(), "a call ending refuses nothing");
@@ -437,10 +500,16 @@ async fn serve(
             recheck = sleep_until(&*runtime, check_at);
         }
     }
-    // Unsubscribe every endpoint (each does so on its next poll), then keep reading
-    // them: the requests already delivered to this client are in their buffers, and
-    // each stream ends once those are read. Every one of them is answered.
-    let _ = service.stop().await;
+    // Unsubscribe everything, then keep reading: the requests already delivered to
+    // this client are in the subscriptions' buffers, and each stream ends once
+    // those are read. Every one of them is answered. The unsubscribes are queued to
+    // the connection and bounded: a server that is gone must not hold the stop.
+    let _ = runtime::until(
+        &*runtime,
+        runtime.now() + REPLY_BOUND,
+        intake::drain(&mut requests),
+    )
+    .await;
     admission.handle_stop(runtime.now());
     let refused = admit(&mut admission, &mut calls, config);
     debug_assert!(refused.is_empty(), "stopping refuses nothing");
@@ -454,13 +523,21 @@ async fn serve(
     while open || !calls.is_empty() {
         tokio::select! {
             next = requests.next(), if open => match next {
-                Some((endpoint, request)) => {
-                    late += 1;
-                    take(&mut calls, endpoint, request, config);
+                Some((source, message)) => {
+                    let Some(request) = gate.admit(runtime.now(), source, message) else { continue };
+                    match source {
+                        Source::Api(endpoint) => {
+                            late += 1;
+                            take(&mut calls, endpoint, request, config);
+                        }
+                        Source::Srv => answer_verb(&serving, &micro, request).await,
+                    }
                 }
                 None => open = false,
             },
-            Some(()) = calls.next(), if !calls.is_empty() => {}
+            Some(answered) = calls.next(), if !calls.is_empty() => {
+                micro.handle_answered(answered.endpoint, &answered.response, answered.took);
+            }
             () = writer.step(&runtime, &client) => {}
             _ = &mut bound => break,
         }
@@ -472,8 +549,13 @@ async fn serve(
     // request still buffered (its call is cut off at once).
     let _ = cut.send(true);
     if open {
-        while let Some(Some((endpoint, request))) = requests.next().now_or_never() {
-            take(&mut calls, endpoint, request, config);
+        while let Some(Some((source, message))) = requests.next().now_or_never() {
+            let Some(request) = gate.admit(runtime.now(), source, message) else {
+                continue;
+            };
+            if let Source::Api(endpoint) = source {
+                take(&mut calls, endpoint, request, config);
+            }
         }
     }
     if !calls.is_empty() {
@@ -494,22 +576,31 @@ async fn serve(
     }
     drop(calls);
     drop(requests);
-    let _ = client.flush().await;
+    let _ = runtime::until(&*runtime, runtime.now() + REPLY_BOUND, serving.flush()).await;
 }
 
 /// How long a stopping service gives the replies of cut-off calls to go out.
 const REPLY_BOUND: Duration = Duration::from_secs(1);
 
+/// A call answered: what the micro protocol's stats count.
+struct Answered {
+    endpoint: Endpoint,
+    response: Response,
+    took: Duration,
+}
+
 /// Runs one request's call and sends its reply.
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     runtime: Arc<dyn Runtime>,
     client: Client,
+    serving: Client,
     config: CallConfig,
     endpoint: Endpoint,
-    request: async_nats::service::Request,
+    request: Admitted,
     mut cut_off: watch::Receiver<bool>,
     writes: Option<WriteSink>,
-) {
+) -> Answered {
     let cut = async move {
         if cut_off.wait_for(|cut| *cut).await.is_err() {
             // The service is gone without cutting anything off: nothing to wait for.
@@ -522,23 +613,38 @@ async fn answer(
         &client,
         config,
         endpoint,
-        &request.message.payload,
+        &request.payload,
         cut,
         writes.as_ref(),
     )
     .await;
-    telemetry::call_answered(endpoint, &response, runtime.now() - started);
-    let body = response.to_json();
-    if let Err(e) = request.respond(Ok(body.into())).await {
-        tracing::warn!(endpoint = endpoint.name(), "reply not sent: {e}");
+    let took = runtime.now() - started;
+    telemetry::call_answered(endpoint, &response, took);
+    intake::reply(&serving, request.reply, response.to_json()).await;
+    Answered {
+        endpoint,
+        response,
+        took,
     }
 }
 
 /// Answers a request admission refused, at once.
-async fn refuse(endpoint: Endpoint, request: async_nats::service::Request, response: Response) {
+async fn refuse(
+    serving: &Client,
+    micro: &mut MicroService,
+    endpoint: Endpoint,
+    request: Admitted,
+    response: Response,
+) {
     telemetry::refused(endpoint);
-    if let Err(e) = request.respond(Ok(response.to_json().into())).await {
-        tracing::warn!("refusal not sent: {e}");
+    micro.handle_answered(endpoint, &response, Duration::ZERO);
+    intake::reply(serving, request.reply, response.to_json()).await;
+}
+
+/// Answers a `$SRV` verb meant for this instance; ignores any other subject.
+async fn answer_verb(serving: &Client, micro: &MicroService, request: Admitted) {
+    if let Some(verb) = micro.verb_of(&request.subject) {
+        intake::reply(serving, request.reply, micro.reply(verb)).await;
     }
 }
 

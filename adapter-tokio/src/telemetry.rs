@@ -34,6 +34,7 @@ use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::io::{Mode, TransmitKind};
 use dagnats_leases_core::js::{self, JsFailure, PublishResult};
+use dagnats_leases_core::reply_scope::ReplyRefusal;
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
@@ -44,6 +45,11 @@ pub const CALLS: &str = "dagnats_leases_calls_total";
 /// Counter, label `endpoint`: requests answered `unavailable` at once because the
 /// service was at its bound of calls running and waiting ([`dagnats_leases_core::admit`]).
 pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
+/// Counter, labels `subject` (`api`: one of the five endpoints, `srv`: the micro
+/// service's `$SRV` verbs) and `reason` (`missing`, `not_an_inbox`, `malformed`):
+/// requests dropped unanswered because their reply subject is not a reply inbox
+/// ([`dagnats_leases_core::reply_scope`]). No call runs for them.
+pub const REPLIES_REFUSED: &str = "dagnats_leases_replies_refused_total";
 /// Histogram, label `endpoint`: seconds from a call's start to its reply.
 pub const CALL_DURATION: &str = "dagnats_leases_call_duration_seconds";
 /// Counter: read confirmations sent (on a replicated bucket, every read that
@@ -89,6 +95,10 @@ pub fn describe() {
     describe_counter!(
         REFUSED,
         "Requests answered unavailable at once: the service was at its bound."
+    );
+    describe_counter!(
+        REPLIES_REFUSED,
+        "Requests dropped unanswered: their reply subject is not a reply inbox."
     );
     describe_histogram!(
         CALL_DURATION,
@@ -144,6 +154,11 @@ pub(crate) fn call_answered(endpoint: Endpoint, response: &Response, took: Durat
 /// A request for `endpoint` was refused at the service's bound.
 pub(crate) fn refused(endpoint: Endpoint) {
     counter!(REFUSED, "endpoint" => endpoint.name()).increment(1);
+}
+
+/// A request on `subject` (`api` or `srv`) was dropped: its reply was refused.
+pub(crate) fn reply_refused(subject: &'static str, reason: ReplyRefusal) {
+    counter!(REPLIES_REFUSED, "subject" => subject, "reason" => reason.as_str()).increment(1);
 }
 
 /// The service is in `mode` now.

@@ -57,14 +57,21 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         tracing::info!("serving metrics on http://{addr}/metrics");
     }
-    let client = match args.connect.connect().await {
+    let options = match args.service_options() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(cli::EXIT_START_FAILED);
+        }
+    };
+    let client = match args.connect().await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
             return ExitCode::from(cli::EXIT_NO_SERVER);
         }
     };
-    let prepared = match prepare(SmolRuntime::shared(), client, args.service_options()).await {
+    let prepared = match prepare(SmolRuntime::shared(), client, options).await {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("cannot start: {e}");

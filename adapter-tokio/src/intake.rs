@@ -1,0 +1,154 @@
+//! What the service reads and where its replies go: the five endpoints (queue
+//! group `dagnats-leases`) and the micro protocol's `$SRV` verbs as one stream of
+//! messages, each let through only when its reply subject is a reply inbox
+//! ([`ReplyScope`]). Replies are plain publishes to that subject, so no reply
+//! leaves the service but through [`Gate::admit`].
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use async_nats::{Client, Message, Subject, Subscriber};
+use bytes::Bytes;
+use dagnats_leases_core::micro::MicroService;
+use dagnats_leases_core::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyScope};
+use dagnats_leases_core::subjects::QUEUE_GROUP;
+use dagnats_leases_core::wire::Endpoint;
+use futures::Stream;
+use futures::stream::SelectAll;
+
+use crate::telemetry;
+use crate::{Error, ErrorKind};
+
+/// Which subscription a message came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// One of the five lease endpoints.
+    Api(Endpoint),
+    /// A `$SRV` verb of the micro protocol.
+    Srv,
+}
+
+impl Source {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Api(_) => "api",
+            Self::Srv => "srv",
+        }
+    }
+}
+
+/// One subscription, its messages tagged with where they came in.
+#[derive(Debug)]
+pub(crate) struct Tagged {
+    source: Source,
+    subscriber: Subscriber,
+}
+
+impl Stream for Tagged {
+    type Item = (Source, Message);
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let source = self.source;
+        Pin::new(&mut self.subscriber)
+            .poll_next(cx)
+            .map(|m| m.map(|m| (source, m)))
+    }
+}
+
+/// Every subscription of the service, read as one stream.
+pub(crate) type Incoming = SelectAll<Tagged>;
+
+/// Subscribes to the five endpoints in the queue group and to the micro verbs of
+/// `micro` (every instance answers those).
+pub(crate) async fn subscribe(client: &Client, micro: &MicroService) -> Result<Incoming, Error> {
+    let mut incoming = SelectAll::new();
+    for endpoint in Endpoint::ALL {
+        let subscriber = client
+            .queue_subscribe(endpoint.subject(), QUEUE_GROUP.to_string())
+            .await
+            .map_err(|e| Error::new(ErrorKind::Nats, e))?;
+        incoming.push(Tagged {
+            source: Source::Api(endpoint),
+            subscriber,
+        });
+    }
+    for subject in micro.subjects() {
+        let subscriber = client
+            .subscribe(subject)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Nats, e))?;
+        incoming.push(Tagged {
+            source: Source::Srv,
+            subscriber,
+        });
+    }
+    Ok(incoming)
+}
+
+/// Unsubscribes every subscription; each stream ends once the messages already
+/// delivered to this client are read.
+pub(crate) async fn drain(incoming: &mut Incoming) {
+    for tagged in incoming.iter_mut() {
+        let _ = tagged.subscriber.drain().await;
+    }
+}
+
+/// A request let through: its reply subject is a reply inbox.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    /// Where the answer goes.
+    pub(crate) reply: Subject,
+    /// The request body.
+    pub(crate) payload: Bytes,
+    /// The subject it came in on (for a `$SRV` verb).
+    pub(crate) subject: Subject,
+}
+
+/// The reply rule and its rate-limited log.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    scope: ReplyScope,
+    log: RefusalLog,
+}
+
+impl Gate {
+    pub(crate) fn new(scope: ReplyScope) -> Self {
+        Self {
+            scope,
+            log: RefusalLog::new(REFUSAL_LOG_EVERY),
+        }
+    }
+
+    /// The message as a request to answer, or `None` (counted, and logged at
+    /// most once per interval) when its reply subject may not be answered.
+    pub(crate) fn admit(&mut self, now: Instant, source: Source, m: Message) -> Option<Admitted> {
+        match self.scope.check(m.reply.as_deref()) {
+            Ok(()) => Some(Admitted {
+                reply: m.reply.expect("checked: a reply subject"),
+                payload: m.payload,
+                subject: m.subject,
+            }),
+            Err(reason) => {
+                telemetry::reply_refused(source.label(), reason);
+                if let Some(n) = self.log.handle_refused(now) {
+                    tracing::warn!(
+                        subject = %m.subject,
+                        reply = ?m.reply.as_deref().map(|r| r.escape_debug().to_string()),
+                        reason = reason.as_str(),
+                        "dropped {n} request(s) unanswered: a reply goes only to a reply inbox ({})",
+                        self.scope.prefixes().join(", ")
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Publishes a reply to an admitted request.
+pub(crate) async fn reply(client: &Client, to: Subject, body: Vec<u8>) {
+    if let Err(e) = client.publish(to, body.into()).await {
+        tracing::warn!("reply not sent: {e}");
+    }
+}
