@@ -18,6 +18,10 @@ pub const SUPPORTED_VERSION: &str = "2.15.1";
 pub const LEGACY_VERSION: &str = "2.9.10";
 /// Environment variable naming the binary [`NatsServer::start`] runs.
 pub const ENV_SERVER: &str = "DAGNATS_NATS_SERVER";
+/// The oldest supported release line, the first with per-message TTL.
+pub const OLDEST_VERSION: &str = "2.11.11";
+/// Environment variable naming the binary [`Binary::Oldest`] runs.
+pub const ENV_SERVER_OLDEST: &str = "DAGNATS_NATS_SERVER_OLDEST";
 /// Environment variable naming the binary [`NatsServer::start_legacy`] runs.
 pub const ENV_SERVER_LEGACY: &str = "DAGNATS_NATS_SERVER_LEGACY";
 /// Where Debian's package installs nats-server.
@@ -38,6 +42,9 @@ pub enum Binary {
     /// v2.15.1 from `.nats/bin/nats-server`, or `$DAGNATS_NATS_SERVER`.
     #[default]
     Supported,
+    /// v2.11.11, the oldest supported, from `.nats/bin-2.11/nats-server`, or
+    /// `$DAGNATS_NATS_SERVER_OLDEST`.
+    Oldest,
     /// Debian's v2.9.10 from `/usr/sbin/nats-server`, or `$DAGNATS_NATS_SERVER_LEGACY`.
     Legacy,
     /// This exact path.
@@ -59,6 +66,14 @@ impl Binary {
                 (
                     root.join(".nats/bin/nats-server"),
                     "the checkout's .nats/bin".to_owned(),
+                )
+            }),
+            Binary::Oldest => from_env(ENV_SERVER_OLDEST).unwrap_or_else(|| {
+                let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+                let root = manifest.parent().unwrap_or(manifest);
+                (
+                    root.join(".nats/bin-2.11/nats-server"),
+                    "the checkout's .nats/bin-2.11".to_owned(),
                 )
             }),
             Binary::Legacy => from_env(ENV_SERVER_LEGACY).unwrap_or_else(|| {
