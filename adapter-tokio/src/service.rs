@@ -22,6 +22,7 @@ use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
+use dagnats_leases_core::sweep::{SweepEvent, TombstoneSweep};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
@@ -409,6 +410,13 @@ async fn serve(
         EffectId,
         futures::future::BoxFuture<'static, RequestOutcome>,
     )> = None;
+    // Each release's tombstone is purged after its reply
+    // ([`dagnats_leases_core::sweep`]): one purge out at a time.
+    let mut sweep = TombstoneSweep::new(options.kv_timeout, runtime.now());
+    let mut purging: Option<(
+        EffectId,
+        futures::future::BoxFuture<'static, RequestOutcome>,
+    )> = None;
     // Thrown when shutdown stops waiting: every call still running then ends
     // `internal` through the core (`Call::abort`), and is answered.
     let (cut, cut_off) = watch::channel(false);
@@ -463,9 +471,16 @@ async fn serve(
             }
             Some(answered) = calls.next(), if !calls.is_empty() => {
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
+                if let Response::Released(r) = answered.response {
+                    sweep.handle_released(runtime.now(), r.key, r.revision);
+                }
                 admission.handle_finished(runtime.now());
                 let refused = admit(&mut admission, &mut calls, config);
                 debug_assert!(refused.is_empty(), "a call ending refuses nothing");
+            }
+            outcome = async { purging.as_mut().expect("guarded").1.as_mut().await }, if purging.is_some() => {
+                let (id, _) = purging.take().expect("guarded");
+                sweep.handle_outcome(runtime.now(), id, outcome);
             }
             () = writer.step(&runtime, &client) => {}
             () = &mut recheck => {
@@ -480,6 +495,22 @@ async fn serve(
                 }
             }
             _ = stopped.changed() => break,
+        }
+        if let Some(t) = sweep.poll_transmit() {
+            let (client, runtime) = (client.clone(), runtime.clone());
+            let send = async move { exec::send(&*runtime, &client, t.request).await };
+            purging = Some((t.id, Box::pin(send)));
+        }
+        while let Some(event) = sweep.poll_event() {
+            match event {
+                SweepEvent::Purged { .. } => {}
+                SweepEvent::Failed { key, reason } => {
+                    tracing::debug!(key, "the released key's tombstone stays: {reason}")
+                }
+                SweepEvent::Dropped { key } => {
+                    tracing::debug!(key, "too many tombstones to purge: this one stays")
+                }
+            }
         }
         let Some(c) = &mut check else { continue };
         while let Some(t) = c.poll_transmit() {

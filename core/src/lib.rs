@@ -102,6 +102,7 @@ pub mod reply_scope;
 pub mod startup;
 pub mod subjects;
 pub mod supervise;
+pub mod sweep;
 pub mod wire;
 
 #[cfg(any(test, feature = "__test"))]

@@ -1184,3 +1184,113 @@ fn has_atomic_batches(client: &async_nats::Client) -> bool {
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (2, 12)
 }
+
+/// The stream's message count and last sequence.
+async fn stream_state(client: &async_nats::Client) -> (u64, u64) {
+    let info = client
+        .request("$JS.API.STREAM.INFO.KV_leases", "{}".into())
+        .await
+        .unwrap();
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    (
+        info["state"]["messages"].as_u64().unwrap(),
+        info["state"]["last_seq"].as_u64().unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churning_key_names_leaves_no_tombstones_and_fences_stay_monotonic_across_a_restart() {
+    let mut fx = Fx::start().await;
+    let mut changes = fx
+        .client
+        .subscribe("dagnats.lease.changed.>")
+        .await
+        .unwrap();
+    fx.client.flush().await.unwrap();
+    let n = 50;
+    let mut last = 0;
+    for i in 0..n {
+        let key = format!("churn{i}");
+        let a = fx.acquire(&key, "h1", 60_000).await;
+        let r = fx
+            .call(
+                "release",
+                json!({"key": key, "holder": "h1", "revision": a["revision"]}),
+            )
+            .await;
+        assert_eq!(r["released"], true, "{r}");
+        last = r["revision"].as_u64().unwrap();
+    }
+    // Every release's tombstone is purged after its reply: the stream empties,
+    // its last sequence stays. Waited on as the server reports it (bounded).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (messages, last_seq) = stream_state(&fx.client).await;
+        assert_eq!(last_seq, last, "the stream's last sequence moved");
+        if messages == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{messages} messages left after {n} acquire+release pairs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One change event per change: an acquire and a release per key, no more.
+    for _ in 0..2 * n {
+        next_within(&mut changes, 5).await;
+    }
+    fx.client.flush().await.unwrap();
+    let extra = tokio::time::timeout(Duration::from_millis(300), changes.next()).await;
+    assert!(
+        extra.is_err(),
+        "an extra change event: a purge was republished"
+    );
+    // A key released and purged, acquired again: a higher fence, also after the
+    // server restarted with an empty stream.
+    let again = fx.acquire("churn0", "h2", 60_000).await;
+    assert!(again["revision"].as_u64().unwrap() > last, "{again}");
+    let after_restart_floor = again["revision"].as_u64().unwrap();
+    let r = fx
+        .call(
+            "release",
+            json!({"key": "churn0", "holder": "h2", "revision": again["revision"]}),
+        )
+        .await;
+    let released_at = r["revision"].as_u64().unwrap();
+    assert!(released_at > after_restart_floor, "{r}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stream_state(&fx.client).await.0 != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tombstone stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fx.server.restart();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let fresh = loop {
+        let body = json!({"key": "churn0", "holder": "h3", "ttl_ms": 60000});
+        if let Ok(Ok(msg)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            fx.client
+                .request("api.leases.acquire", body.to_string().into()),
+        )
+        .await
+        {
+            let v: Value = serde_json::from_slice(&msg.payload).unwrap();
+            if v["granted"] == true {
+                break v;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no grant after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        fresh["revision"].as_u64().unwrap() > released_at,
+        "a fence reused after the restart: {fresh}"
+    );
+}

@@ -19,4 +19,5 @@ mod stand_in;
 mod startup;
 mod supervise;
 mod support;
+mod sweep;
 mod wire;
