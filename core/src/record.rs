@@ -39,8 +39,11 @@ impl LeaseEvent {
 }
 
 /// The value stored at `$KV.leases.<key>`.
+///
+/// Fields this release does not know are kept, not refused, and written back on
+/// renew: in a rolling upgrade an older instance must neither read a newer
+/// instance's record as corrupt nor drop what it added (a binding, say).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseRecord {
     /// Who holds the lease.
     pub holder: String,
@@ -48,6 +51,9 @@ pub struct LeaseRecord {
     pub acquired_at: String,
     /// The TTL of the write that stored this record.
     pub ttl_ms: u64,
+    /// Fields a newer release wrote, kept as they are.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
 impl LeaseRecord {

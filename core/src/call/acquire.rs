@@ -28,6 +28,7 @@ impl Call {
             holder: r.holder.clone(),
             acquired_at: format_time(self.started_wall),
             ttl_ms: r.ttl_ms,
+            unknown: Default::default(),
         };
         let ttl = r.ttl_ms;
         self.write(KvWrite {

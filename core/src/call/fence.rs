@@ -68,7 +68,8 @@ impl Call {
             )),
             KeyState::Held { record, .. } if record.holder != holder => Err(ErrorReply::new(
                 ErrorKind::Lost,
-                format!("`{holder}` does not hold `{key}`: `{}` does", record.holder),
+                // Another holder is not named: the caller may be anyone.
+                format!("`{holder}` does not hold `{key}`: another holder does"),
             )),
             KeyState::Held {
                 revision: current,
@@ -97,8 +98,8 @@ impl Call {
                     Err(ErrorReply::new(
                         ErrorKind::FenceMismatch,
                         format!(
-                            "field `revision` is {revision}, but the current fence of `{key}` is \
-                             {current}: acquire again to learn it"
+                            "field `revision` is {revision}, which is not the current fence of \
+                             `{key}`: acquire again to learn it"
                         ),
                     ))
                 }

@@ -47,10 +47,10 @@ impl Call {
             Err(e) => self.fail(e),
             Ok(record) => {
                 let ttl_ms = r.ttl_ms.unwrap_or(record.ttl_ms);
+                // Everything but the TTL as read, fields of a newer release included.
                 let renewed = LeaseRecord {
-                    holder: record.holder.clone(),
-                    acquired_at: record.acquired_at.clone(),
                     ttl_ms,
+                    ..record.clone()
                 };
                 let key = r.key.clone();
                 let expected = state.revision();

@@ -9,6 +9,7 @@ use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, 
 use crate::io::Mode;
 use crate::io::RequestOutcome;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
+use crate::sim::MsgKind;
 use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_REJECT,
     HDR_TTL,
@@ -70,7 +71,8 @@ fn every_write_carries_ttl_expected_revision_and_event_headers() {
         LeaseRecord {
             holder: "me".into(),
             acquired_at: format_time(wall()),
-            ttl_ms: 15000
+            ttl_ms: 15000,
+            unknown: Default::default(),
         }
     );
 }
@@ -298,6 +300,35 @@ fn release_by_another_holder_is_lost_and_with_an_old_fence_is_fence_mismatch() {
 }
 
 #[test]
+fn lost_and_fence_mismatch_texts_name_no_other_holder_and_no_fence_the_caller_did_not_send() {
+    for (endpoint, body) in [
+        (Endpoint::Release, RELEASE),
+        (
+            Endpoint::Renew,
+            r#"{"key":"k","holder":"me","revision":40,"ttl_ms":15000}"#,
+        ),
+    ] {
+        let mut d = Drive::new(endpoint, body);
+        let r = d.read();
+        d.feed(r.id, held(40, "stranger-7f3a", 15000, 0));
+        let e = d.error();
+        assert_eq!(e.kind, ErrorKind::Lost);
+        assert!(
+            !e.error.contains("stranger-7f3a"),
+            "{endpoint:?}: {}",
+            e.error
+        );
+        let mut d = Drive::new(endpoint, body);
+        let r = d.read();
+        d.feed(r.id, held(4321, "me", 15000, 0));
+        let e = d.error();
+        assert_eq!(e.kind, ErrorKind::FenceMismatch);
+        assert!(!e.error.contains("4321"), "{endpoint:?}: {}", e.error);
+        assert!(e.error.contains("field `revision` is 40"), "{}", e.error);
+    }
+}
+
+#[test]
 fn owner_is_a_read_with_no_side_effects() {
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
@@ -357,6 +388,40 @@ fn a_corrupt_record_is_internal_and_left_as_it_is() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
     create_conflicts_then_reads(&mut d, corrupt(40));
     assert_eq!(d.error().kind, ErrorKind::Internal);
+}
+
+#[test]
+fn a_record_with_a_newer_releases_field_is_held_and_renew_writes_the_field_back() {
+    let newer = br#"{"holder":"me","acquired_at":"2026-09-21T00:00:00Z","ttl_ms":15000,"binding":{"acc":"TA","user":"a1"}}"#;
+    let stored = || {
+        msg(
+            40,
+            MsgKind::Value,
+            vec![(HDR_LEASE_EVENT, "acquired"), ("Nats-TTL", "15s")],
+            newer.to_vec(),
+            0,
+        )
+    };
+    let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
+    let r = d.read();
+    d.feed(r.id, stored());
+    let Response::Lease(l) = d.reply() else {
+        panic!("not read as a lease")
+    };
+    assert_eq!((l.holder.as_str(), l.revision), ("me", 40));
+    let mut d = Drive::new(
+        Endpoint::Renew,
+        r#"{"key":"k","holder":"me","revision":40,"ttl_ms":20000}"#,
+    );
+    let r = d.read();
+    d.feed(r.id, stored());
+    let w = d.write();
+    let written: serde_json::Value = serde_json::from_slice(&w.value).unwrap();
+    assert_eq!(
+        written["binding"],
+        serde_json::json!({"acc": "TA", "user": "a1"})
+    );
+    assert_eq!(written["ttl_ms"], 20000);
 }
 
 #[test]

@@ -133,7 +133,7 @@ pub(super) fn no_message() -> RequestOutcome {
     sim::api_error(404, 10037, "no message found")
 }
 
-fn msg(
+pub(super) fn msg(
     seq: u64,
     kind: MsgKind,
     headers: Vec<(&str, &str)>,
@@ -162,6 +162,7 @@ pub(super) fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> Request
         holder: holder.into(),
         acquired_at: "2026-09-21T00:00:00Z".into(),
         ttl_ms,
+        unknown: Default::default(),
     };
     msg(
         seq,
