@@ -97,6 +97,7 @@ pub mod io;
 pub mod js;
 pub mod record;
 pub mod replicas;
+pub mod shutdown;
 pub mod startup;
 pub mod subjects;
 pub mod supervise;

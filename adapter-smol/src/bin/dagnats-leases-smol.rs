@@ -10,6 +10,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use dagnats_leases_core::shutdown::Shutdown;
 use dagnats_leases_smol::SmolRuntime;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::service::prepare;
@@ -64,7 +65,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(cli::EXIT_NO_SERVER);
         }
     };
-    let prepared = match prepare(SmolRuntime::shared(), client, args.service_options()).await {
+    let options = args.service_options();
+    let shutdown_timeout = options.shutdown_timeout;
+    let prepared = match prepare(SmolRuntime::shared(), client, options).await {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("cannot start: {e}");
@@ -72,12 +75,22 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let mut serving = std::pin::pin!(prepared.serve);
+    let mut signals = cli::StopSignals::new();
     tokio::select! {
         () = &mut serving => {}
-        () = cli::wait_for_signal() => {
-            tracing::info!("signal received: stopping");
+        first = signals.recv() => {
+            tracing::info!(
+                "{first:?} received: stopping within {:?} (a second signal stops at once)",
+                Shutdown::bound(shutdown_timeout)
+            );
             let _ = prepared.stop.send(true);
-            serving.await;
+            tokio::select! {
+                () = serving => {}
+                second = signals.recv() => {
+                    tracing::warn!("{second:?} received while stopping: stopping now");
+                    std::process::exit(second.exit_code().into());
+                }
+            }
         }
     }
     tracing::info!("stopped");

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
@@ -56,16 +57,29 @@ async fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_NO_SERVER);
         }
     };
-    let handle = match service::start(client, args.service_options()).await {
+    let options = args.service_options();
+    let shutdown_timeout = options.shutdown_timeout;
+    let handle = match service::start(client, options).await {
         Ok(h) => h,
         Err(e) => {
             tracing::error!("cannot start: {e}");
             return ExitCode::from(cli::EXIT_START_FAILED);
         }
     };
-    cli::wait_for_signal().await;
-    tracing::info!("signal received: stopping");
-    handle.shutdown().await;
+    let mut signals = cli::StopSignals::new();
+    let first = signals.recv().await;
+    tracing::info!(
+        "{first:?} received: stopping within {:?} (a second signal stops at once)",
+        Shutdown::bound(shutdown_timeout)
+    );
+    tokio::select! {
+        () = handle.shutdown() => {}
+        second = signals.recv() => {
+            tracing::warn!("{second:?} received while stopping: stopping now");
+            // At once: the runtime's shutdown is not waited for either.
+            std::process::exit(second.exit_code().into());
+        }
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
@@ -84,7 +98,16 @@ async fn operate(op: Op) -> u8 {
         }
     };
     let mut out = std::io::stdout();
+    // `lock` passes its command's code on: never rewritten here.
+    let is_lock = matches!(op, Op::Lock { .. });
     let code = commands::run(client.clone(), op, &mut out).await;
-    let _ = client.flush().await;
+    // A call that failed while the connection was down failed for want of a server.
+    let lost = client.connection_state() != async_nats::connection::State::Connected;
+    // What the command published goes out; a server gone does not hold the exit.
+    let _ = tokio::time::timeout(FLUSH_BOUND, client.flush()).await;
+    if code == commands::EXIT_ERROR && lost && !is_lock {
+        eprintln!("dagnats-leases: the connection to NATS was lost");
+        return commands::EXIT_NO_SERVER;
+    }
     code
 }
