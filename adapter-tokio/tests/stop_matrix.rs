@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dagnats_leases_core::holder::HolderConfig;
-use dagnats_leases_core::shutdown::Shutdown;
+use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
 use dagnats_leases_core::subjects::inbox_subject;
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tests::proxy::Link;
@@ -169,7 +169,12 @@ async fn wait_exit(
         }),
         _ => {
             let _ = child.kill().await;
-            let text = drain.await.unwrap_or_default();
+            // Bounded: what it started may still hold the pipe.
+            let text = tokio::time::timeout(Duration::from_secs(2), drain)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             return (
                 took,
                 None,
@@ -320,7 +325,8 @@ async fn shards_cell(nats: Nats) -> Row {
 
 /// `lock` through the relay, its command running; NATS enters `nats`; SIGTERM to
 /// `lock`, which passes it on: the command ends at once, and `lock` releases
-/// within the holder's stop bound and exits with the command's code (143).
+/// within the holder's stop bound, flushes within [`FLUSH_BOUND`] and exits with
+/// the command's code (143).
 async fn lock_cell(nats: Nats) -> Row {
     let mut world = World::new(true).await;
     let dir = tempfile::tempdir().unwrap();
@@ -341,7 +347,9 @@ async fn lock_cell(nats: Nats) -> Row {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     world.enter(nats);
-    let bound = HolderConfig::new("k", "lock", TTL).stop_bound();
+    // The command ends at once on the SIGTERM passed on; then the release and the
+    // exit's flush.
+    let bound = HolderConfig::new("k", "lock", TTL).stop_bound() + FLUSH_BOUND;
     let pid = child.id().expect("running").to_string();
     let from = Instant::now();
     let killed = std::process::Command::new("kill")
@@ -351,6 +359,13 @@ async fn lock_cell(nats: Nats) -> Row {
     let (took, code, mut failure) = wait_exit(child, from, bound + MARGIN).await;
     if failure.is_none() && code != Some(143) {
         failure = Some(format!("exit {code:?}, not the command's 143"));
+    }
+    if failure.is_some() {
+        // Leave nothing behind a failed cell: the command (its guard then ends).
+        let pid = std::fs::read_to_string(&started).unwrap_or_default();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status();
     }
     Row {
         code,
@@ -374,7 +389,7 @@ async fn owner_cell(nats: Nats) -> Row {
             .granted
     );
     world.enter(nats);
-    let bound = CONNECT_TIMEOUT + DEFAULT_CALL_TIMEOUT + dagnats_leases_core::shutdown::FLUSH_BOUND;
+    let bound = CONNECT_TIMEOUT + DEFAULT_CALL_TIMEOUT + FLUSH_BOUND;
     let from = Instant::now();
     let child = Command::new(BIN)
         .args(["owner", "k", "--nats-url", &world.url()])
