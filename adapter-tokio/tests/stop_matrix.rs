@@ -6,7 +6,8 @@
 //! frozen (SIGSTOP), the route cut (the relay closes its connections and refuses new
 //! ones), and slow (the relay holds every chunk of bytes back by [`SLOW`]). The
 //! kinds: `serve` (the binary, SIGTERM, a call in flight), a library
-//! [`Elector::stop`], a library [`Shards`] stop, `lock` (the binary, SIGTERM, its
+//! [`Elector::stop`], a library [`Shards`] stop, the background release of
+//! [`Elector::hand_over`] and of a dropped member, `lock` (the binary, SIGTERM, its
 //! command running) and an operator command (`owner`, started once NATS is in that
 //! state). The time from the stop to the end is measured and checked against the
 //! bound with [`MARGIN`] on top: the bound is the rule, the test fails only when a
@@ -17,15 +18,19 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dagnats_leases_core::holder::HolderConfig;
 use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
 use dagnats_leases_core::subjects::inbox_subject;
+use dagnats_leases_core::wire::Endpoint;
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tests::proxy::Link;
 use dagnats_leases_tokio::client::{DEFAULT_CALL_TIMEOUT, LeaseClient};
-use dagnats_leases_tokio::member::{Elector, Member, Ownership, Shards};
+use dagnats_leases_tokio::member::{
+    CampaignObserver, Elector, Member, ObservedRequest, Ownership, Shards,
+};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
@@ -60,14 +65,18 @@ enum Kind {
     Serve,
     ElectorStop,
     ShardsStop,
+    HandOver,
+    MemberDrop,
     Lock,
     OwnerCommand,
 }
 
-const KINDS: [Kind; 5] = [
+const KINDS: [Kind; 7] = [
     Kind::Serve,
     Kind::ElectorStop,
     Kind::ShardsStop,
+    Kind::HandOver,
+    Kind::MemberDrop,
     Kind::Lock,
     Kind::OwnerCommand,
 ];
@@ -323,6 +332,54 @@ async fn shards_cell(nats: Nats) -> Row {
     }
 }
 
+/// Passes on when a release request of the campaign is over (answered or given up).
+struct ReleaseSeen(tokio::sync::mpsc::UnboundedSender<Instant>);
+
+impl CampaignObserver for ReleaseSeen {
+    fn request(&self, request: &ObservedRequest<'_>) {
+        if request.endpoint == Endpoint::Release {
+            let _ = self.0.send(Instant::now());
+        }
+    }
+}
+
+/// A member through the relay elected for `k`; NATS enters `nats`; then
+/// [`Elector::hand_over`], or the elector and the member dropped: the release runs
+/// in the background, and is over (seen by an observer) within the holder's stop
+/// bound.
+async fn background_release_cell(kind: Kind, nats: Nats) -> Row {
+    let mut world = World::new(true).await;
+    let client = async_nats::connect(world.url()).await.unwrap();
+    let (seen, mut released) = tokio::sync::mpsc::unbounded_channel();
+    let member = Member::new(client, "background")
+        .unwrap()
+        .with_observer(Arc::new(ReleaseSeen(seen)));
+    let mut elector = member.elect("k", TTL).unwrap();
+    elected(&mut elector).await;
+    world.enter(nats);
+    let bound = HolderConfig::new("k", "background", TTL).stop_bound();
+    let from = Instant::now();
+    let kept = match kind {
+        Kind::HandOver => {
+            elector.hand_over();
+            Some((elector, member))
+        }
+        _ => {
+            drop((elector, member));
+            None
+        }
+    };
+    let over = tokio::time::timeout(bound + MARGIN, released.recv()).await;
+    let took = from.elapsed();
+    drop(kept);
+    Row {
+        failure: over
+            .is_err()
+            .then(|| format!("the release still running {took:?} after {kind:?}")),
+        ..row(kind, nats, took, bound)
+    }
+}
+
 /// `lock` through the relay, its command running; NATS enters `nats`; SIGTERM to
 /// `lock`, which passes it on: the command ends at once, and `lock` releases
 /// within the holder's stop bound, flushes within [`FLUSH_BOUND`] and exits with
@@ -415,6 +472,7 @@ fn cell(kind: Kind, nats: Nats) -> Pin<Box<dyn Future<Output = Row> + Send>> {
         Kind::Serve => Box::pin(serve_cell(nats)),
         Kind::ElectorStop => Box::pin(elector_cell(nats)),
         Kind::ShardsStop => Box::pin(shards_cell(nats)),
+        Kind::HandOver | Kind::MemberDrop => Box::pin(background_release_cell(kind, nats)),
         Kind::Lock => Box::pin(lock_cell(nats)),
         Kind::OwnerCommand => Box::pin(owner_cell(nats)),
     }
