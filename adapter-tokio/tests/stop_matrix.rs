@@ -562,3 +562,43 @@ async fn a_second_signal_stops_serve_at_once() {
         .unwrap();
     assert_eq!(status.code(), Some(143));
 }
+
+/// `serve` against a server without JetStream waits in its start (every call
+/// answered `unavailable`) for ever; SIGTERM then ends it at once, handled (exit
+/// code 143, not a death by the signal), as the stop signals are taken from the
+/// start on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_starting_stops_serve_at_once() {
+    let server = NatsServer::builder().jetstream(false).start();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--nats-url", &server.url()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let leases = LeaseClient::new(client).with_timeout(Duration::from_secs(2));
+    // Starting: the endpoints answer, `unavailable`.
+    let deadline = Instant::now() + READY;
+    loop {
+        match leases.owner("k").await {
+            Err(e) if e.reply().is_some_and(|r| r.kind.as_str() == "unavailable") => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "serve never answered while starting: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(sent.unwrap().success());
+    let status = tokio::time::timeout(READY, child.wait())
+        .await
+        .expect("SIGTERM ends the start")
+        .unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+}

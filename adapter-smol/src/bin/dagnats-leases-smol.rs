@@ -58,24 +58,37 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         tracing::info!("serving metrics on http://{addr}/metrics");
     }
-    let client = match args.connect.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-            return ExitCode::from(cli::EXIT_NO_SERVER);
-        }
-    };
+    // Taken from here on: a signal before the service serves ends the start at
+    // once (as the default action did), and none can fall between two listeners.
+    let mut signals = cli::StopSignals::new();
     let options = args.service_options();
     let shutdown_timeout = options.shutdown_timeout;
-    let prepared = match prepare(SmolRuntime::shared(), client, options).await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
+    let starting = async {
+        let client = match args.connect.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+                return Err(cli::EXIT_NO_SERVER);
+            }
+        };
+        prepare(SmolRuntime::shared(), client, options)
+            .await
+            .map_err(|e| {
+                tracing::error!("cannot start: {e}");
+                cli::EXIT_START_FAILED
+            })
+    };
+    let prepared = tokio::select! {
+        started = starting => match started {
+            Ok(prepared) => prepared,
+            Err(code) => return ExitCode::from(code),
+        },
+        signal = signals.recv() => {
+            tracing::info!("{signal:?} received while starting: stopping now");
+            return ExitCode::from(signal.exit_code());
         }
     };
     let mut serving = std::pin::pin!(prepared.serve);
-    let mut signals = cli::StopSignals::new();
     tokio::select! {
         () = &mut serving => {}
         first = signals.recv() => {

@@ -50,23 +50,34 @@ async fn main() -> ExitCode {
         }
         tracing::info!("serving metrics on http://{addr}/metrics");
     }
-    let client = match args.connect.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-            return ExitCode::from(cli::EXIT_NO_SERVER);
-        }
-    };
+    // Taken from here on: a signal before the service serves ends the start at
+    // once (as the default action did), and none can fall between two listeners.
+    let mut signals = cli::StopSignals::new();
     let options = args.service_options();
     let shutdown_timeout = options.shutdown_timeout;
-    let handle = match service::start(client, options).await {
-        Ok(h) => h,
-        Err(e) => {
+    let starting = async {
+        let client = match args.connect.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+                return Err(cli::EXIT_NO_SERVER);
+            }
+        };
+        service::start(client, options).await.map_err(|e| {
             tracing::error!("cannot start: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
+            cli::EXIT_START_FAILED
+        })
+    };
+    let handle = tokio::select! {
+        started = starting => match started {
+            Ok(handle) => handle,
+            Err(code) => return ExitCode::from(code),
+        },
+        signal = signals.recv() => {
+            tracing::info!("{signal:?} received while starting: stopping now");
+            return ExitCode::from(signal.exit_code());
         }
     };
-    let mut signals = cli::StopSignals::new();
     let first = signals.recv().await;
     tracing::info!(
         "{first:?} received: stopping within {:?} (a second signal stops at once)",
