@@ -2,9 +2,10 @@
 //! bound whatever NATS is doing, on real servers.
 //!
 //! Each cell runs its own nats-server; the process under test reaches it through a
-//! relay the test controls ([`Link`]). The NATS states: the server killed (SIGKILL),
-//! frozen (SIGSTOP), the route cut (the relay closes its connections and refuses new
-//! ones), and slow (the relay holds every chunk of bytes back by [`SLOW`]). The
+//! relay the test controls ([`Link`]). The NATS states: up (the reference), the
+//! server killed (SIGKILL), frozen (SIGSTOP), the route cut (the relay closes its
+//! connections and refuses new ones), and slow (the relay holds every chunk of
+//! bytes back by [`SLOW`]). The
 //! kinds: `serve` (the binary, SIGTERM, a call in flight), a library
 //! [`Elector::stop`], a library [`Shards`] stop, the background release of
 //! [`Elector::hand_over`] and of a dropped member, `lock` (the binary, SIGTERM, its
@@ -52,13 +53,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Nats {
+    Up,
     Killed,
     Frozen,
     Cut,
     Slow,
 }
 
-const STATES: [Nats; 4] = [Nats::Killed, Nats::Frozen, Nats::Cut, Nats::Slow];
+const STATES: [Nats; 5] = [Nats::Up, Nats::Killed, Nats::Frozen, Nats::Cut, Nats::Slow];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -134,6 +136,7 @@ impl World {
 
     fn enter(&mut self, nats: Nats) {
         match nats {
+            Nats::Up => {}
             Nats::Killed => self.server.kill(),
             Nats::Frozen => self.server.pause(),
             Nats::Cut => self.link.cut(),
@@ -433,7 +436,7 @@ async fn lock_cell(nats: Nats) -> Row {
 
 /// `owner k` through the relay, started once NATS is in `nats`: it ends within
 /// the connection timeout, the call timeout and the flush bound, exit 2 (no NATS
-/// server) when NATS is gone, 0 when it is only slow.
+/// server) when NATS is gone, 0 when it is up or only slow.
 async fn owner_cell(nats: Nats) -> Row {
     let mut world = World::new(true).await;
     world.wait_serving().await;
@@ -456,7 +459,11 @@ async fn owner_cell(nats: Nats) -> Row {
         .spawn()
         .expect("the binary starts");
     let (took, code, mut failure) = wait_exit(child, from, bound + MARGIN).await;
-    let expected = if nats == Nats::Slow { 0 } else { 2 };
+    let expected = if matches!(nats, Nats::Up | Nats::Slow) {
+        0
+    } else {
+        2
+    };
     if failure.is_none() && code != Some(expected) {
         failure = Some(format!("exit {code:?}, not {expected}"));
     }
