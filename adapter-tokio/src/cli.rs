@@ -198,11 +198,60 @@ pub fn init_logging() {
 
 /// Resolves on SIGINT or SIGTERM (needs tokio's reactor: a runtime or `async_compat`).
 pub async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    StopSignals::new().recv().await;
+}
+
+/// A signal that stops `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C).
+    Int,
+    /// SIGTERM.
+    Term,
+}
+
+impl StopSignal {
+    /// The exit code of a process this signal stopped at once: 128 + its number,
+    /// as a shell reports a process the signal killed.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::Int => 130,
+            Self::Term => 143,
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, handled from creation on: the first starts the stop, a
+/// second (of either) stops at once. One set for the process's life, so that no
+/// signal falls between two listeners.
+#[derive(Debug)]
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Handles both signals from now on (needs tokio's reactor).
+    pub fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Self {
+            term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+        }
+    }
+
+    /// The next signal.
+    pub async fn recv(&mut self) -> StopSignal {
+        tokio::select! {
+            _ = self.int.recv() => StopSignal::Int,
+            _ = self.term.recv() => StopSignal::Term,
+        }
+    }
+}
+
+impl Default for StopSignals {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

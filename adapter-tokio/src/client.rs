@@ -28,6 +28,7 @@ use async_nats::Client;
 use base64::Engine as _;
 use dagnats_leases_core::acquire_wait::{WaitEvent, WaitingAcquire};
 use dagnats_leases_core::change::ChangeEvent;
+use dagnats_leases_core::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
@@ -37,7 +38,7 @@ use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
 
 use crate::exec;
-use crate::runtime::{Runtime, TokioRuntime};
+use crate::runtime::{self, Runtime, TokioRuntime};
 
 /// How long a call waits for the service by default.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -258,12 +259,17 @@ impl LeaseClient {
         )?;
         // Subscribed before the first try, so no event between a refusal and the
         // wait is missed; without it (no permission, say) the TTL fallback alone wakes.
-        let mut events = match self.nats.subscribe(changed_subject(key)).await {
-            Ok(sub) => {
-                let _ = self.nats.flush().await;
+        // Each bounded: a client stuck reconnecting to a server that is gone would
+        // hold them for ever, and the wait's own bound would never begin.
+        let handoff = self.runtime.now() + HANDOFF_BOUND;
+        let subscribe = self.nats.subscribe(changed_subject(key));
+        let mut events = match runtime::until(&*self.runtime, handoff, subscribe).await {
+            Some(Ok(sub)) => {
+                let flushed = self.runtime.now() + FLUSH_BOUND;
+                let _ = runtime::until(&*self.runtime, flushed, self.nats.flush()).await;
                 Some(sub)
             }
-            Err(_) => None,
+            _ => None,
         };
         let now = self.runtime.now();
         let mut waiting = WaitingAcquire::new(request, self.timeout, wait, now);

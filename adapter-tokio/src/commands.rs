@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::shutdown::FLUSH_BOUND;
 use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
 use dagnats_leases_core::wire::Lease;
 use futures::StreamExt;
@@ -317,7 +318,8 @@ async fn watch(
             return EXIT_NO_SERVER;
         }
     };
-    let _ = nats.flush().await;
+    // Bounded: a server gone between the connect and here does not hold the start.
+    let _ = tokio::time::timeout(FLUSH_BOUND, nats.flush()).await;
     // Tell a script the subscription is live (stderr, so stdout stays events only).
     eprintln!("watching {subject}");
     let mut seen = 0;

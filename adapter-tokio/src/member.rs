@@ -56,6 +56,7 @@ use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
+use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
@@ -66,7 +67,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
-use crate::runtime::{Runtime, TokioRuntime};
+use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry;
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
@@ -674,12 +675,17 @@ impl Elector {
     /// releases the lease, and asks for the key again only a campaign interval
     /// (ttl/3) later, so a member waiting for it is elected within milliseconds
     /// (woken by the release). Unlike [`Elector::stop`], the elector goes on as a
-    /// candidate. Nothing happens when this process does not lead.
+    /// candidate. Nothing happens when this process does not lead. Returns at once;
+    /// the release is given up, as a stop's is, within
+    /// [`HolderConfig::stop_bound`] when NATS does not answer.
     pub fn hand_over(&self) {
         self.group.hand_over();
     }
 
-    /// Steps down (if leading), releases the lease, and waits for the release.
+    /// Steps down (if leading), releases the lease, and waits for the release: at
+    /// most [`HolderConfig::stop_bound`] (4 × the request timeout: the TTL by
+    /// default, at most 20 s) whatever NATS is doing, as each request is given up at
+    /// its timeout. Dropping the elector does the same in the background.
     pub async fn stop(mut self) {
         self.group.stop().await;
     }
@@ -737,7 +743,8 @@ impl Semaphore {
         self.group.done(slot);
     }
 
-    /// Steps down from its slot (if holding one), releases it, and waits for that.
+    /// Steps down from its slot (if holding one), releases it, and waits for that:
+    /// at most [`HolderConfig::stop_bound`], as [`Elector::stop`].
     pub async fn stop(mut self) {
         self.group.stop().await;
     }
@@ -817,7 +824,9 @@ impl Shards {
         self.group.health().set_healthy(healthy);
     }
 
-    /// Steps down from every shard, releases them, and waits for the releases.
+    /// Steps down from every shard, releases them, and waits for the releases: at
+    /// most [`HolderConfig::stop_bound`], as [`Elector::stop`] (the releases go out
+    /// together, none queued).
     pub async fn stop(mut self) {
         self.group.stop().await;
     }
@@ -886,8 +895,13 @@ async fn drive(shared: Arc<Shared>) {
         for event in events {
             match event {
                 CampaignEvent::Watch { key } => {
-                    // A failed subscribe only loses the early wake-up, never correctness.
-                    if let Ok(sub) = shared.nats.subscribe(changed_subject(&key)).await {
+                    // A failed subscribe only loses the early wake-up, never correctness;
+                    // bounded, so that a client stuck reconnecting never holds the driver.
+                    let subscribe = shared.nats.subscribe(changed_subject(&key));
+                    let handoff = shared.runtime.now() + HANDOFF_BOUND;
+                    if let Some(Ok(sub)) =
+                        runtime::until(&*shared.runtime, handoff, subscribe).await
+                    {
                         let (stop, stopped) = oneshot::channel();
                         subscribed.insert(key.clone(), stop);
                         changes.push(Box::pin(
@@ -1103,10 +1117,11 @@ async fn receive(
                 let (name, value) = RejectReason::reply_header();
                 let mut headers = HeaderMap::new();
                 headers.insert(name, value);
-                let _ = shared
+                let reject = shared
                     .nats
-                    .publish_with_headers(reply, headers, bytes::Bytes::new())
-                    .await;
+                    .publish_with_headers(reply, headers, bytes::Bytes::new());
+                let handoff = shared.runtime.now() + HANDOFF_BOUND;
+                let _ = runtime::until(&*shared.runtime, handoff, reject).await;
             }
         }
     }

@@ -20,6 +20,7 @@ use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::reply_scope::ReplyScope;
+use dagnats_leases_core::shutdown::{HANDOFF_BOUND, Shutdown, StopEvent, StopPhase};
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::sweep::{SweepEvent, TombstoneSweep};
@@ -537,7 +538,7 @@ async fn serve(
     // the connection and bounded: a server that is gone must not hold the stop.
     let _ = runtime::until(
         &*runtime,
-        runtime.now() + REPLY_BOUND,
+        runtime.now() + HANDOFF_BOUND,
         intake::drain(&mut requests),
     )
     .await;
@@ -548,7 +549,9 @@ async fn serve(
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    let mut bound = runtime.sleep_until(runtime.now() + shutdown_timeout);
+    // Every wait from here on has its bound, decided by the core's stop machine.
+    let mut stop = Shutdown::new(runtime.now(), shutdown_timeout);
+    let mut bound = sleep_until(&*runtime, stop.poll_timeout());
     let mut open = true;
     let mut late = 0usize;
     while open || !calls.is_empty() {
@@ -570,30 +573,53 @@ async fn serve(
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
             }
             () = writer.step(&runtime, &client) => {}
-            _ = &mut bound => break,
+            _ = &mut bound => {
+                stop.handle_timeout(runtime.now());
+                if stop.phase() != StopPhase::Drain {
+                    break;
+                }
+                bound = sleep_until(&*runtime, stop.poll_timeout());
+            }
         }
+    }
+    if stop.phase() == StopPhase::Drain {
+        stop.handle_phase_done(runtime.now());
     }
     if late > 0 {
         tracing::info!("stopping: took {late} requests delivered before the unsubscribe");
     }
     // Past the bound: what still runs is cut off and answered `internal`, as is any
     // request still buffered (its call is cut off at once).
-    let _ = cut.send(true);
-    if open {
-        while let Some(Some((source, message))) = requests.next().now_or_never() {
-            let Some(request) = gate.admit(runtime.now(), source, message) else {
-                continue;
-            };
-            if let Source::Api(endpoint) = source {
-                take(&mut calls, endpoint, request, config);
+    while let Some(event) = stop.poll_event() {
+        match event {
+            StopEvent::GaveUp(_) if open && calls.is_empty() => {
+                tracing::warn!("stopping: the endpoints did not close in time (NATS unreachable?)")
+            }
+            StopEvent::GaveUp(phase) => {
+                tracing::warn!("stopping: gave up waiting in phase {phase:?}")
+            }
+            StopEvent::CutOff => {
+                let _ = cut.send(true);
+                if open {
+                    while let Some(Some((source, message))) = requests.next().now_or_never() {
+                        let Some(request) = gate.admit(runtime.now(), source, message) else {
+                            continue;
+                        };
+                        if let Source::Api(endpoint) = source {
+                            take(&mut calls, endpoint, request, config);
+                        }
+                    }
+                }
+                if !calls.is_empty() {
+                    tracing::warn!(
+                        "stopping: {} calls did not finish in time; they are answered `internal`",
+                        calls.len()
+                    );
+                }
             }
         }
     }
-    if !calls.is_empty() {
-        tracing::warn!(
-            "stopping: {} calls did not finish in time; they are answered `internal`",
-            calls.len()
-        );
+    if stop.phase() == StopPhase::Replies {
         // Each cut-off call replies at once; the bound only guards a stuck publish.
         let replies = async {
             loop {
@@ -603,15 +629,40 @@ async fn serve(
                 }
             }
         };
-        let _ = runtime::until(&*runtime, runtime.now() + REPLY_BOUND, replies).await;
+        let sent = stop_wait(&*runtime, &stop, replies).await;
+        stop_settle(&*runtime, &mut stop, sent.is_some());
     }
     drop(calls);
     drop(requests);
-    let _ = runtime::until(&*runtime, runtime.now() + REPLY_BOUND, serving.flush()).await;
+    // A flush waits until the client's writes are on the socket: for ever while the
+    // client reconnects to a server that is gone, as long as the socket is full.
+    let flushed = stop_wait(&*runtime, &stop, serving.flush()).await;
+    stop_settle(&*runtime, &mut stop, flushed.is_some());
+    while let Some(StopEvent::GaveUp(phase)) = stop.poll_event() {
+        tracing::warn!("stopping: gave up waiting in phase {phase:?}");
+    }
 }
 
-/// How long a stopping service gives the replies of cut-off calls to go out.
-const REPLY_BOUND: Duration = Duration::from_secs(1);
+/// `future`'s output, or `None` at the stop phase's bound.
+async fn stop_wait<F: std::future::Future>(
+    runtime: &dyn Runtime,
+    stop: &Shutdown,
+    future: F,
+) -> Option<F::Output> {
+    let deadline = stop.poll_timeout().unwrap_or_else(|| runtime.now());
+    runtime::until(runtime, deadline, future).await
+}
+
+/// Tells the stop machine how the phase's wait ended: `finished`, or at its bound.
+fn stop_settle(runtime: &dyn Runtime, stop: &mut Shutdown, finished: bool) {
+    let now = runtime.now();
+    if finished {
+        stop.handle_phase_done(now);
+    } else {
+        // The timer fired: at the bound, even if the clock reads a hair before it.
+        stop.handle_timeout(stop.poll_timeout().map_or(now, |at| now.max(at)));
+    }
+}
 
 /// A call answered: what the micro protocol's stats count.
 struct Answered {

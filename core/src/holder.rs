@@ -203,6 +203,15 @@ impl HolderConfig {
         self
     }
 
+    /// The longest [`Holder::stop`] (or [`Holder::hand_over`]) takes to be done
+    /// when no request is ever answered (NATS killed, frozen, unreachable): the
+    /// request in flight at the stop, then at most [`MAX_STOP_REQUESTS`] more, each
+    /// given up at `request_timeout`, none waited between. Elector, shards and
+    /// semaphore stops, and `lock`'s release, end within it.
+    pub fn stop_bound(&self) -> Duration {
+        self.request_timeout.saturating_mul(MAX_STOP_REQUESTS + 1)
+    }
+
     fn ttl_ms(&self) -> u64 {
         u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
     }
@@ -424,7 +433,7 @@ enum Phase {
 }
 
 /// How many requests a stop may send (release, recovery acquire, release again).
-const MAX_STOP_REQUESTS: u32 = 3;
+pub const MAX_STOP_REQUESTS: u32 = 3;
 
 /// Renews whose outcome is unknown: the earliest send, and the highest fence one
 /// carried. Such a renew can still write only while the key's revision is that fence,

@@ -99,6 +99,7 @@ pub mod micro;
 pub mod record;
 pub mod replicas;
 pub mod reply_scope;
+pub mod shutdown;
 pub mod startup;
 pub mod subjects;
 pub mod supervise;

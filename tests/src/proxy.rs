@@ -9,10 +9,15 @@
 //! connections and refuses new ones. Client connections do not go through links: a
 //! node cut off from its peers still serves its own clients, as in a real partition
 //! that splits a node (with its clients) from the rest of the cluster.
+//!
+//! The stop matrix (`adapter-tokio/tests/stop_matrix.rs`) puts client connections
+//! through a link instead: [`Link::cut`] is then a route to the server gone, and
+//! [`Link::set_delay`] a slow one (every chunk of bytes held back before it is
+//! passed on).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +33,8 @@ struct Shared {
     target: Mutex<Option<SocketAddr>>,
     cut: AtomicBool,
     stopped: AtomicBool,
+    /// Microseconds each chunk is held back before it is passed on.
+    delay_us: AtomicU64,
     conns: Mutex<Vec<TcpStream>>,
 }
 
@@ -71,6 +78,13 @@ impl Link {
     /// Relays again.
     pub fn heal(&self) {
         self.shared.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Holds every chunk of bytes back by `delay` (both ways) before passing it on,
+    /// from the next chunk on: a slow route. `Duration::ZERO` passes bytes at once.
+    pub fn set_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.delay_us.store(us, Ordering::SeqCst);
     }
 
     /// Whether the link is cut.
@@ -138,6 +152,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let delay = shared.delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         if shared.cut.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
             break;
         }

@@ -10,6 +10,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use dagnats_leases_core::shutdown::Shutdown;
 use dagnats_leases_smol::SmolRuntime;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::service::prepare;
@@ -57,6 +58,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         tracing::info!("serving metrics on http://{addr}/metrics");
     }
+    // Taken from here on: a signal before the service serves ends the start at
+    // once (as the default action did), and none can fall between two listeners.
+    let mut signals = cli::StopSignals::new();
     let options = match args.service_options() {
         Ok(o) => o,
         Err(e) => {
@@ -64,27 +68,48 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(cli::EXIT_START_FAILED);
         }
     };
-    let client = match args.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-            return ExitCode::from(cli::EXIT_NO_SERVER);
-        }
+    let shutdown_timeout = options.shutdown_timeout;
+    let starting = async {
+        let client = match args.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+                return Err(cli::EXIT_NO_SERVER);
+            }
+        };
+        prepare(SmolRuntime::shared(), client, options)
+            .await
+            .map_err(|e| {
+                tracing::error!("cannot start: {e}");
+                cli::EXIT_START_FAILED
+            })
     };
-    let prepared = match prepare(SmolRuntime::shared(), client, options).await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
+    let prepared = tokio::select! {
+        started = starting => match started {
+            Ok(prepared) => prepared,
+            Err(code) => return ExitCode::from(code),
+        },
+        signal = signals.recv() => {
+            tracing::info!("{signal:?} received while starting: stopping now");
+            return ExitCode::from(signal.exit_code());
         }
     };
     let mut serving = std::pin::pin!(prepared.serve);
     tokio::select! {
         () = &mut serving => {}
-        () = cli::wait_for_signal() => {
-            tracing::info!("signal received: stopping");
+        first = signals.recv() => {
+            tracing::info!(
+                "{first:?} received: stopping within {:?} (a second signal stops at once)",
+                Shutdown::bound(shutdown_timeout)
+            );
             let _ = prepared.stop.send(true);
-            serving.await;
+            tokio::select! {
+                () = serving => {}
+                second = signals.recv() => {
+                    tracing::warn!("{second:?} received while stopping: stopping now");
+                    std::process::exit(second.exit_code().into());
+                }
+            }
         }
     }
     tracing::info!("stopped");

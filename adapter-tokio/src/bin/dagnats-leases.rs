@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
@@ -49,6 +50,9 @@ async fn main() -> ExitCode {
         }
         tracing::info!("serving metrics on http://{addr}/metrics");
     }
+    // Taken from here on: a signal before the service serves ends the start at
+    // once (as the default action did), and none can fall between two listeners.
+    let mut signals = cli::StopSignals::new();
     let options = match args.service_options() {
         Ok(o) => o,
         Err(e) => {
@@ -56,23 +60,43 @@ async fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_START_FAILED);
         }
     };
-    let client = match args.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-            return ExitCode::from(cli::EXIT_NO_SERVER);
-        }
-    };
-    let handle = match service::start(client, options).await {
-        Ok(h) => h,
-        Err(e) => {
+    let shutdown_timeout = options.shutdown_timeout;
+    let starting = async {
+        let client = match args.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+                return Err(cli::EXIT_NO_SERVER);
+            }
+        };
+        service::start(client, options).await.map_err(|e| {
             tracing::error!("cannot start: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
+            cli::EXIT_START_FAILED
+        })
+    };
+    let handle = tokio::select! {
+        started = starting => match started {
+            Ok(handle) => handle,
+            Err(code) => return ExitCode::from(code),
+        },
+        signal = signals.recv() => {
+            tracing::info!("{signal:?} received while starting: stopping now");
+            return ExitCode::from(signal.exit_code());
         }
     };
-    cli::wait_for_signal().await;
-    tracing::info!("signal received: stopping");
-    handle.shutdown().await;
+    let first = signals.recv().await;
+    tracing::info!(
+        "{first:?} received: stopping within {:?} (a second signal stops at once)",
+        Shutdown::bound(shutdown_timeout)
+    );
+    tokio::select! {
+        () = handle.shutdown() => {}
+        second = signals.recv() => {
+            tracing::warn!("{second:?} received while stopping: stopping now");
+            // At once: the runtime's shutdown is not waited for either.
+            std::process::exit(second.exit_code().into());
+        }
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
@@ -91,7 +115,16 @@ async fn operate(op: Op) -> u8 {
         }
     };
     let mut out = std::io::stdout();
+    // `lock` passes its command's code on: never rewritten here.
+    let is_lock = matches!(op, Op::Lock { .. });
     let code = commands::run(client.clone(), op, &mut out).await;
-    let _ = client.flush().await;
+    // A call that failed while the connection was down failed for want of a server.
+    let lost = client.connection_state() != async_nats::connection::State::Connected;
+    // What the command published goes out; a server gone does not hold the exit.
+    let _ = tokio::time::timeout(FLUSH_BOUND, client.flush()).await;
+    if code == commands::EXIT_ERROR && lost && !is_lock {
+        eprintln!("dagnats-leases: the connection to NATS was lost");
+        return commands::EXIT_NO_SERVER;
+    }
     code
 }

@@ -1,5 +1,6 @@
 //! The checks of a `serve` binary, shared by both adapters' tests through `#[path]`:
-//! it serves, SIGTERM stops it cleanly (exit 0), and no server means exit 2.
+//! it serves, SIGTERM stops it cleanly (exit 0) and within its bound even with its
+//! server killed, and no server means exit 2.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -66,4 +67,59 @@ pub fn fails_with_exit_2_without_a_server(binary: &str) {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+}
+
+/// `binary serve --shutdown-timeout-ms 2000` serving, its server killed, then
+/// SIGTERM: it exits 0 within the stop machine's bound (2 s + 2 s; failed only
+/// past 5 s more, a hang), where it once waited for ever on a client that was
+/// reconnecting.
+pub async fn stops_in_bound_with_its_server_killed(binary: &str) {
+    use dagnats_leases_core::shutdown::Shutdown;
+    let shutdown_timeout = Duration::from_secs(2);
+    let mut server = NatsServer::start();
+    let mut child = Command::new(binary)
+        .args(["serve", "--nats-url", &server.url()])
+        .args([
+            "--shutdown-timeout-ms",
+            &shutdown_timeout.as_millis().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the binary starts");
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = client
+            .request("api.leases.owner", r#"{"key":"k"}"#.into())
+            .await;
+        match reply {
+            Ok(m) if !m.payload.windows(13).any(|w| w == b"\"unavailable\"") => break,
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the service never came up"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.kill();
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let limit =
+        std::time::Instant::now() + Shutdown::bound(shutdown_timeout) + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve still running past its stop bound, its server killed");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
 }

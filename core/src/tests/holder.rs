@@ -8,7 +8,8 @@ use serde_json::json;
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
-    Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, StepDownReason,
+    Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, MAX_STOP_REQUESTS,
+    StepDownReason,
 };
 use crate::io::RequestOutcome;
 use crate::test_support::HolderRequest;
@@ -814,6 +815,72 @@ fn stop_with_an_acquire_in_flight_releases_what_it_grants() {
     let r = run.request();
     assert_eq!(r.endpoint, Endpoint::Release);
     assert_eq!(body(&r)["revision"], 5);
+}
+
+/// How a stop goes when nothing is ever answered: each request given up at its
+/// timeout, the holder done within [`HolderConfig::stop_bound`] of the stop, from
+/// every state a stop can find it in.
+#[test]
+fn a_stop_that_hears_nothing_is_done_within_the_stop_bound() {
+    type Setup = fn(&mut Run) -> u64;
+    let table: [(&str, Setup); 6] = [
+        ("owner, idle", |run| {
+            run.holder.handle_timeout(run.at(10));
+            10
+        }),
+        ("owner, a renew in flight", |run| {
+            run.holder.handle_timeout(run.at(5000));
+            let _renew = run.request();
+            5001
+        }),
+        ("revoked, holding until the deadline", |run| {
+            run.holder.revoke(run.at(10));
+            20
+        }),
+        ("owner, the renew's reply lost", |run| {
+            let _recover = run.renew_written_but_reply_lost();
+            9761
+        }),
+        ("campaigning, an acquire in flight", |run| {
+            *run = Run::new(config());
+            let _acquire = run.request();
+            1
+        }),
+        ("campaigning, waiting for the next tick", |run| {
+            *run = Run::new(config());
+            let acquire = run.request();
+            run.answer(1, &acquire, refused(3));
+            2
+        }),
+    ];
+    for (name, setup) in table {
+        let mut run = Run::elected(config(), 7, 1);
+        let stop_ms = setup(&mut run);
+        let stopped = run.at(stop_ms);
+        run.holder.stop(stopped);
+        let mut now = stopped;
+        let mut sent = 0;
+        // Only time passes: whatever is sent is never answered.
+        while !run.holder.is_done() {
+            while run.holder.poll_transmit().is_some() {
+                sent += 1;
+            }
+            let at = run
+                .holder
+                .poll_timeout()
+                .unwrap_or_else(|| panic!("{name}: a stopping holder waits on nothing"));
+            assert!(at >= now, "{name}: a timer in the past");
+            now = at;
+            run.holder.handle_timeout(now);
+        }
+        let took = now - stopped;
+        assert!(
+            took <= config().stop_bound(),
+            "{name}: done {took:?} after the stop, bound {:?}",
+            config().stop_bound()
+        );
+        assert!(sent <= MAX_STOP_REQUESTS, "{name}: {sent} requests sent");
+    }
 }
 
 #[test]
