@@ -1,6 +1,10 @@
 //! Bad-input sweep: malformed and hostile bodies to every endpoint of the running
 //! service get `kind: invalid` with a sentence, change no lease, and the service
-//! keeps serving.
+//! keeps serving. Widened for issue 28: hostile reply subjects get no answer
+//! anywhere and change nothing; hostile request headers never reach a stored write
+//! or a forward; churned key names leave an empty stream; a flood of bogus renews
+//! is refused while another caller's renew latency is measured (a figure for
+//! docs/security.md, not an assertion). Each test prints a `bad input:` line.
 
 mod common;
 
@@ -551,8 +555,14 @@ async fn hostile_reply_subjects_are_not_answered_and_change_nothing() {
     // and is not one of the bucket's republished change events.
     let watcher = connect(&server).await;
     let mut all = watcher.subscribe(">").await.unwrap();
-    client.publish("sweep.ready", "".into()).await.unwrap();
-    until_marker(&mut all, "sweep.ready").await;
+    // In place once a request on the same connection has round-tripped (async-nats'
+    // flush is no round trip): JetStream answers this one, and the request
+    // itself is the first thing the subscription sees.
+    watcher
+        .request("$JS.API.INFO", "".into())
+        .await
+        .expect("JetStream answers");
+    until_marker(&mut all, "$JS.API.INFO").await;
 
     let mut revs = Vec::new();
     for i in 0..3 {
@@ -1073,6 +1083,218 @@ async fn hostile_request_headers_are_never_copied_into_a_write() {
             .map(|(n, _)| n.as_str())
             .collect::<Vec<_>>(),
         own_ttl[0]
+    );
+    svc.shutdown().await;
+}
+
+#[tokio::test]
+async fn churned_key_names_leave_an_empty_stream() {
+    use futures::StreamExt;
+    let server = NatsServer::start();
+    let svc = service::start(connect(&server).await, ServiceOptions::default())
+        .await
+        .expect("service starts");
+    let client = connect(&server).await;
+    // Fresh names of every allowed shape: letters, digits, `_`, `-`, 1 to 128 bytes.
+    let n = 400;
+    let keys: Vec<String> = (0..n)
+        .map(|i| match i % 4 {
+            0 => format!("churn-{i}"),
+            1 => format!("_{i}_"),
+            2 => format!("{i}{}", "k".repeat(128 - i.to_string().len())),
+            _ => format!("C-{i}-x_y"),
+        })
+        .collect();
+    let releases: Vec<u64> = futures::stream::iter(keys.iter().cloned())
+        .map(|key| {
+            let client = client.clone();
+            async move {
+                let a = call_raw(
+                    &client,
+                    "acquire",
+                    json!({"key": key, "holder": "churner", "ttl_ms": 60_000})
+                        .to_string()
+                        .into_bytes(),
+                )
+                .await;
+                assert_eq!(a["granted"], true, "{key}: {a}");
+                let r = call_raw(
+                    &client,
+                    "release",
+                    json!({"key": key, "holder": "churner", "revision": a["revision"]})
+                        .to_string()
+                        .into_bytes(),
+                )
+                .await;
+                assert_eq!(r["released"], true, "{key}: {r}");
+                r["revision"].as_u64().unwrap()
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let last = *releases.iter().max().unwrap();
+    // The sweep purges each release's tombstone after its reply: waited on as the
+    // server reports it, bounded.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (messages, _, last_seq) = loop {
+        let state = stream_state(&client).await;
+        if state.0 == 0 {
+            break state;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} messages left after {n} fresh keys acquired and released",
+            state.0
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        last_seq, last,
+        "the stream's last sequence is the last release"
+    );
+    // A churned name taken again gets a fence above everything before.
+    let again = call_raw(
+        &client,
+        "acquire",
+        json!({"key": keys[0], "holder": "h2", "ttl_ms": 5_000})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert!(again["revision"].as_u64().unwrap() > last, "{again}");
+    println!(
+        "bad input: {n} fresh key names acquired and released (16 at a time) leave \
+         {messages} messages in KV_leases, last sequence {last_seq}; the next grant's \
+         fence is {}",
+        again["revision"]
+    );
+    svc.shutdown().await;
+}
+
+/// The `p`-th percentile of sorted durations, in microseconds.
+fn percentile(sorted: &[std::time::Duration], p: usize) -> u128 {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)].as_micros()
+}
+
+/// Renews of `key` by its holder, one after another until `until` says stop, each
+/// at the revision the last one returned (`revision`, shared with the flood); each
+/// one's latency, sorted.
+async fn timed_renews(
+    client: &Client,
+    key: &str,
+    revision: &std::sync::atomic::AtomicU64,
+    until: impl Fn(usize) -> bool,
+) -> Vec<std::time::Duration> {
+    use std::sync::atomic::Ordering;
+    let mut times = Vec::new();
+    let mut i = 0;
+    while !until(i) {
+        let start = std::time::Instant::now();
+        let r = call_raw(
+            client,
+            "renew",
+            json!({"key": key, "holder": "victim", "revision": revision.load(Ordering::SeqCst)})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+        times.push(start.elapsed());
+        assert_eq!(r["held"], true, "the holder's renew {i}: {r}");
+        revision.store(r["revision"].as_u64().unwrap(), Ordering::SeqCst);
+        i += 1;
+    }
+    times.sort();
+    times
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bogus_renews_is_refused_and_another_callers_renewals_go_on() {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let server = NatsServer::start();
+    let svc = service::start(connect(&server).await, ServiceOptions::default())
+        .await
+        .expect("service starts");
+    let holder = connect(&server).await;
+    let attacker = connect(&server).await;
+    let held = call_raw(
+        &holder,
+        "acquire",
+        json!({"key": "busy", "holder": "victim", "ttl_ms": 60_000})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(held["granted"], true, "{held}");
+    let before = stored(&holder, "busy").await;
+
+    let current = std::sync::Arc::new(AtomicU64::new(held["revision"].as_u64().unwrap()));
+    let quiet = timed_renews(&holder, "busy", &current, |i| i >= 300).await;
+
+    // The flood: a wrong holder at the current revision, and the right holder at a
+    // stale one (revisions only grow), 64 at a time from one connection.
+    let flood = 3000;
+    let stale_below = current.load(Ordering::SeqCst);
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let flooding = {
+        let attacker = attacker.clone();
+        let current = current.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let kinds: Vec<String> = futures::stream::iter(0..flood)
+                .map(|i| {
+                    let attacker = attacker.clone();
+                    let current = current.clone();
+                    async move {
+                        let body = if i % 2 == 0 {
+                            let revision = current.load(Ordering::SeqCst);
+                            json!({"key": "busy", "holder": "thief", "revision": revision})
+                        } else {
+                            let stale = 1 + i % (stale_below - 1);
+                            json!({"key": "busy", "holder": "victim", "revision": stale})
+                        };
+                        let r = call_raw(&attacker, "renew", body.to_string().into_bytes()).await;
+                        assert_ne!(r["held"], true, "a bogus renew held: {r}");
+                        r["kind"].as_str().unwrap_or("no kind").to_string()
+                    }
+                })
+                .buffer_unordered(64)
+                .collect()
+                .await;
+            done.store(true, Ordering::SeqCst);
+            kinds
+        })
+    };
+    let flooded = timed_renews(&holder, "busy", &current, |i| {
+        // While the flood lasts (at least one renew).
+        i > 0 && done.load(Ordering::SeqCst)
+    })
+    .await;
+    let kinds = flooding.await.unwrap();
+    let mut tally = std::collections::BTreeMap::new();
+    for k in &kinds {
+        *tally.entry(k.as_str()).or_insert(0) += 1;
+    }
+    // The lease is the holder's still, at the fence it renews; only its renews wrote.
+    let owner = call_raw(
+        &holder,
+        "owner",
+        json!({"key": "busy"}).to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(owner["holder"], "victim", "{owner}");
+    assert_ne!(stored(&holder, "busy").await, before);
+    println!(
+        "bad input: renew latency of one holder, p50/p99 {}/{} us quiet ({} renews), \
+         {}/{} us during a flood of {flood} bogus renews from another caller ({} renews; \
+         the flood answered {tally:?})",
+        percentile(&quiet, 50),
+        percentile(&quiet, 99),
+        quiet.len(),
+        percentile(&flooded, 50),
+        percentile(&flooded, 99),
+        flooded.len(),
     );
     svc.shutdown().await;
 }
