@@ -10,7 +10,7 @@ mod common;
 
 use async_nats::Client;
 use common::{call_raw, connect};
-use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::{Binary, NatsServer};
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 use serde_json::{Value, json};
 
@@ -536,9 +536,8 @@ fn hostile_reply_subjects() -> Vec<String> {
     out
 }
 
-#[tokio::test]
-async fn hostile_reply_subjects_are_not_answered_and_change_nothing() {
-    let server = NatsServer::start();
+async fn hostile_reply_subjects_are_not_answered_and_change_nothing(binary: Binary) {
+    let server = NatsServer::builder().binary(binary).start();
     let svc = service::start(connect(&server).await, ServiceOptions::default())
         .await
         .expect("service starts");
@@ -709,10 +708,11 @@ async fn hostile_reply_subjects_are_not_answered_and_change_nothing() {
         "only the good acquire wrote: {after_none:?}"
     );
     println!(
-        "bad input: {} hostile reply subjects x 8 requests ({sent} sent, {refused_by_client} \
+        "bad input: nats-server {}: {} hostile reply subjects x 8 requests ({sent} sent, {refused_by_client} \
          with whitespace refused by async-nats, {sent_raw} of those written with validation \
          off, a protocol error at the server), and 5 without a reply: none answered, \
          stream and {} records unchanged; service still serving",
+        server.version(),
         subjects.len(),
         keys.len()
     );
@@ -933,10 +933,9 @@ async fn life(
     }
 }
 
-#[tokio::test]
-async fn hostile_request_headers_are_never_copied_into_a_write() {
+async fn hostile_request_headers_are_never_copied_into_a_write(binary: Binary) {
     use futures::StreamExt;
-    let server = NatsServer::start();
+    let server = NatsServer::builder().binary(binary).start();
     let svc = service::start(connect(&server).await, ServiceOptions::default())
         .await
         .expect("service starts");
@@ -1071,10 +1070,11 @@ async fn hostile_request_headers_are_never_copied_into_a_write() {
         "another key's record changed"
     );
     println!(
-        "bad input: {} hostile headers, one at a time and all at once, on acquire, renew, \
+        "bad input: nats-server {}: {} hostile headers, one at a time and all at once, on acquire, renew, \
          owner, forward and release ({} calls): every stored write and forward carries \
          exactly the service's own headers (acquire {:?}), the requested TTL {}; a reused \
          Nats-Msg-Id deduplicated no acquire",
+        server.version(),
         HOSTILE_HEADERS.len(),
         cases.len() * 5,
         control
@@ -1297,4 +1297,24 @@ async fn a_flood_of_bogus_renews_is_refused_and_another_callers_renewals_go_on()
         flooded.len(),
     );
     svc.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_reply_subjects_are_not_answered_and_change_nothing_on_the_supported_server() {
+    hostile_reply_subjects_are_not_answered_and_change_nothing(Binary::Supported).await;
+}
+
+#[tokio::test]
+async fn hostile_reply_subjects_are_not_answered_and_change_nothing_on_the_oldest_server() {
+    hostile_reply_subjects_are_not_answered_and_change_nothing(Binary::Oldest).await;
+}
+
+#[tokio::test]
+async fn hostile_request_headers_are_never_copied_into_a_write_on_the_supported_server() {
+    hostile_request_headers_are_never_copied_into_a_write(Binary::Supported).await;
+}
+
+#[tokio::test]
+async fn hostile_request_headers_are_never_copied_into_a_write_on_the_oldest_server() {
+    hostile_request_headers_are_never_copied_into_a_write(Binary::Oldest).await;
 }
