@@ -6,6 +6,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use dagnats_leases_core::reply_scope::ReplyScope;
+use dagnats_leases_core::tenant::Tenancy;
 
 use crate::connect::ConnectOptions;
 use crate::service::{Clients, ServiceOptions};
@@ -27,6 +28,11 @@ pub struct ServeArgs {
     /// is no reply inbox is dropped unanswered.
     #[arg(long = "reply-prefix", value_name = "PREFIX")]
     pub reply_prefixes: Vec<String>,
+    /// `single`: one key namespace for every caller. `accounts`: the service runs
+    /// in its own NATS account and each tenant account that imports it has its own
+    /// keys and events; a request must come through an import (docs/security.md).
+    #[arg(long, default_value = "single", value_parser = parse_tenancy)]
+    pub tenancy: Tenancy,
     /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
     #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
     pub replicas: Option<usize>,
@@ -83,6 +89,18 @@ pub struct BackendAuth {
     pub backend_nkey: Option<String>,
 }
 
+/// The reply inbox prefix of the service's backend connection.
+pub const BACKEND_INBOX_PREFIX: &str = "_dagnats_backend";
+
+/// `single` or `accounts`, as `--tenancy` takes it.
+fn parse_tenancy(s: &str) -> Result<Tenancy, String> {
+    match s {
+        "single" => Ok(Tenancy::Single),
+        "accounts" => Ok(Tenancy::Accounts),
+        other => Err(format!("{other:?}: expected single or accounts")),
+    }
+}
+
 impl BackendAuth {
     /// `connect` with this authentication instead of its own, or `None` when none
     /// is given.
@@ -101,6 +119,9 @@ impl BackendAuth {
             token: None,
             nkey: self.backend_nkey.clone(),
             name: format!("{}-backend", connect.name),
+            // Its own inboxes: the serving user, allowed `_INBOX.>`, cannot
+            // publish a forged JetStream answer into them.
+            inbox_prefix: Some(BACKEND_INBOX_PREFIX.to_string()),
             ..connect.clone()
         })
     }
@@ -136,6 +157,7 @@ impl ServeArgs {
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,
+            tenancy: self.tenancy,
             ..ServiceOptions::default()
         })
     }

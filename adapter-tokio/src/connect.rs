@@ -37,6 +37,10 @@ pub struct ConnectOptions {
     /// Connection name shown by the server.
     #[arg(long, default_value = "dagnats-leases")]
     pub name: String,
+    /// The prefix of this connection's reply inboxes (`_INBOX.` when unset); not
+    /// a flag: the service's backend connection takes its own.
+    #[arg(skip)]
+    pub inbox_prefix: Option<String>,
 }
 
 impl ConnectOptions {
@@ -77,6 +81,9 @@ impl ConnectOptions {
                     "--tls-cert and --tls-key go together",
                 ));
             }
+        }
+        if let Some(prefix) = &self.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
         }
         options = options
             .name(self.name.clone())

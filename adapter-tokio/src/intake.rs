@@ -13,6 +13,7 @@ use bytes::Bytes;
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyScope};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
+use dagnats_leases_core::tenant::HDR_REQUEST_INFO;
 use dagnats_leases_core::wire::Endpoint;
 use futures::Stream;
 use futures::stream::SelectAll;
@@ -103,6 +104,9 @@ pub(crate) struct Admitted {
     pub(crate) payload: Bytes,
     /// The subject it came in on (for a `$SRV` verb).
     pub(crate) subject: Subject,
+    /// Every value of the `Nats-Request-Info` header, its exact spelling only (a
+    /// client's `nats-request-info` is another header to the server).
+    pub(crate) request_info: Vec<String>,
 }
 
 /// The reply rule and its rate-limited log.
@@ -125,6 +129,13 @@ impl Gate {
     pub(crate) fn admit(&mut self, now: Instant, source: Source, m: Message) -> Option<Admitted> {
         match self.scope.check(m.reply.as_deref()) {
             Ok(()) => Some(Admitted {
+                request_info: m
+                    .headers
+                    .iter()
+                    .flat_map(|h| h.iter())
+                    .filter(|(name, _)| AsRef::<str>::as_ref(*name) == HDR_REQUEST_INFO)
+                    .flat_map(|(_, values)| values.iter().map(|v| v.as_str().to_string()))
+                    .collect(),
                 reply: m.reply.expect("checked: a reply subject"),
                 payload: m.payload,
                 subject: m.subject,

@@ -24,6 +24,7 @@ use dagnats_leases_core::shutdown::{HANDOFF_BOUND, Shutdown, StopEvent, StopPhas
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::sweep::{SweepEvent, TombstoneSweep};
+use dagnats_leases_core::tenant::{self, Caller, Tenancy};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
@@ -79,6 +80,9 @@ pub struct ServiceOptions {
     /// operator's own prefixes. A request with any other reply is dropped
     /// unanswered and no call runs for it.
     pub reply_scope: ReplyScope,
+    /// One key namespace, or one per tenant account (`serve --tenancy accounts`,
+    /// [`dagnats_leases_core::tenant`]).
+    pub tenancy: Tenancy,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -113,6 +117,7 @@ impl Default for ServiceOptions {
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),
+            tenancy: Tenancy::Single,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -284,7 +289,7 @@ pub async fn prepare(
                         // No effects in `Starting` mode: the reply is at hand.
                         Source::Api(endpoint) => {
                             let started = runtime.now();
-                            let response = drive_call(&*runtime, &client, starting, endpoint, &request.payload, std::future::pending(), None).await;
+                            let response = drive_call(&*runtime, &client, starting, None, endpoint, &request.payload, std::future::pending(), None).await;
                             let took = runtime.now() - started;
                             telemetry::call_answered(endpoint, &response, took);
                             micro.handle_answered(endpoint, &response, took);
@@ -363,6 +368,7 @@ async fn ensure_bucket(
 ) -> (Mode, usize, bool) {
     let bucket = BucketOptions {
         replicas: options.replicas,
+        tenancy: options.tenancy,
     };
     let mut startup = Startup::new(bucket, version, options.kv_timeout, runtime.now());
     loop {
@@ -424,12 +430,14 @@ async fn serve(
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
     let mut calls = FuturesUnordered::new();
+    let tenancy = options.tenancy;
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
         calls.push(answer(
             runtime.clone(),
             client.clone(),
             serving.clone(),
             config,
+            tenancy,
             endpoint,
             request,
             cut_off.clone(),
@@ -473,7 +481,8 @@ async fn serve(
             Some(answered) = calls.next(), if !calls.is_empty() => {
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
                 if let Response::Released(r) = answered.response {
-                    sweep.handle_released(runtime.now(), r.key, r.revision);
+                    let key = tenant::storage_key(answered.scope.as_ref(), &r.key);
+                    sweep.handle_released(runtime.now(), key, r.revision);
                 }
                 admission.handle_finished(runtime.now());
                 let refused = admit(&mut admission, &mut calls, config);
@@ -664,11 +673,12 @@ fn stop_settle(runtime: &dyn Runtime, stop: &mut Shutdown, finished: bool) {
     }
 }
 
-/// A call answered: what the micro protocol's stats count.
+/// A call answered: what the micro protocol's stats count, and whose it was.
 struct Answered {
     endpoint: Endpoint,
     response: Response,
     took: Duration,
+    scope: Option<Caller>,
 }
 
 /// Runs one request's call and sends its reply.
@@ -678,6 +688,7 @@ async fn answer(
     client: Client,
     serving: Client,
     config: CallConfig,
+    tenancy: Tenancy,
     endpoint: Endpoint,
     request: Admitted,
     mut cut_off: watch::Receiver<bool>,
@@ -690,16 +701,24 @@ async fn answer(
         }
     };
     let started = runtime.now();
-    let response = drive_call(
-        &*runtime,
-        &client,
-        config,
-        endpoint,
-        &request.payload,
-        cut,
-        writes.as_ref(),
-    )
-    .await;
+    let infos: Vec<&str> = request.request_info.iter().map(String::as_str).collect();
+    let (response, scope) = match tenant::scope_of(tenancy, &request.reply, &infos) {
+        Err(refused) => (Response::Error(refused), None),
+        Ok(scope) => {
+            let response = drive_call(
+                &*runtime,
+                &client,
+                config,
+                scope.clone(),
+                endpoint,
+                &request.payload,
+                cut,
+                writes.as_ref(),
+            )
+            .await;
+            (response, scope)
+        }
+    };
     let took = runtime.now() - started;
     telemetry::call_answered(endpoint, &response, took);
     intake::reply(&serving, request.reply, response.to_json()).await;
@@ -707,6 +726,7 @@ async fn answer(
         endpoint,
         response,
         took,
+        scope,
     }
 }
 
@@ -768,16 +788,18 @@ pub async fn run_call_until(
     cut: impl std::future::Future<Output = ()>,
 ) -> Vec<u8> {
     let started = runtime.now();
-    let response = drive_call(runtime, client, config, endpoint, body, cut, None).await;
+    let response = drive_call(runtime, client, config, None, endpoint, body, cut, None).await;
     telemetry::call_answered(endpoint, &response, runtime.now() - started);
     response.to_json()
 }
 
 /// Carries out one call's effects until it replies (or `cut` completes).
+#[allow(clippy::too_many_arguments)]
 async fn drive_call(
     runtime: &dyn Runtime,
     client: &Client,
     config: CallConfig,
+    scope: Option<Caller>,
     endpoint: Endpoint,
     body: &[u8],
     cut: impl std::future::Future<Output = ()>,
@@ -785,8 +807,9 @@ async fn drive_call(
 ) -> Response {
     let cut = cut.fuse();
     tokio::pin!(cut);
-    let mut call = Call::new(
+    let mut call = Call::new_scoped(
         config,
+        scope,
         runtime.now(),
         OffsetDateTime::now_utc(),
         endpoint,

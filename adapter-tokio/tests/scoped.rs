@@ -51,7 +51,7 @@ fn serving_user() -> Permissions {
 /// The documented backend user: JetStream, the bucket, the owners' inboxes.
 fn backend_user() -> Permissions {
     Permissions::new()
-        .subscribe(["_INBOX.>", "dagnats.lease.changed.>"])
+        .subscribe(["_dagnats_backend.>", "dagnats.lease.changed.>"])
         .publish(["$JS.API.>", "$KV.leases.>", "dagnats.lease.inbox.>"])
 }
 

@@ -203,6 +203,7 @@ pub async fn put_lease(js: &jetstream::Context, key: &str, holder: &str) -> u64 
         holder: holder.to_string(),
         acquired_at: format_time(time::OffsetDateTime::now_utc()),
         ttl_ms: TTL_MS,
+        bound_to: None,
         unknown: Default::default(),
     };
     js.publish_with_headers(kv_subject(key), headers, record.to_json().into())

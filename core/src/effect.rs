@@ -10,8 +10,8 @@ use crate::io::{EffectId, NatsRequest, Transmit, TransmitKind};
 use crate::record::{LeaseEvent, ttl_header};
 use crate::subjects::{
     CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, confirm_subject, inbox_subject,
-    kv_subject,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, INBOX_PREFIX, confirm_subject,
+    inbox_subject, kv_subject,
 };
 
 /// A leader read of a key.
@@ -138,6 +138,42 @@ impl Effect {
     pub fn nats_request(&self) -> (EffectId, NatsRequest) {
         let t = self.clone().into_transmit();
         (t.id, t.request)
+    }
+
+    /// The effect as an adapter sends it for a tenant `account` (`None`: the one
+    /// shared namespace): the key's subjects become `$KV.leases.<account>.<key>`
+    /// (and its `.read`), an owner's inbox `dagnats.lease.inbox.<account>.<holder>.<key>`
+    /// (the service account's import of the tenant's inboxes).
+    pub fn into_transmit_in(self, account: Option<&str>) -> Transmit {
+        let Some(account) = account else {
+            return self.into_transmit();
+        };
+        let scoped = |key: String| format!("{account}.{key}");
+        match self {
+            Self::KvRead(r) => Self::KvRead(KvRead {
+                key: scoped(r.key),
+                ..r
+            })
+            .into_transmit(),
+            Self::KvWrite(w) => Self::KvWrite(KvWrite {
+                key: scoped(w.key),
+                ..w
+            })
+            .into_transmit(),
+            Self::ConfirmRead(c) => Self::ConfirmRead(ConfirmRead {
+                key: scoped(c.key),
+                ..c
+            })
+            .into_transmit(),
+            Self::InboxRequest(i) => {
+                let mut t = Self::InboxRequest(i).into_transmit();
+                t.request.subject = format!(
+                    "{INBOX_PREFIX}.{account}.{}",
+                    &t.request.subject[INBOX_PREFIX.len() + 1..]
+                );
+                t
+            }
+        }
     }
 
     /// The effect as an adapter sends it; the payload moves, not copied.

@@ -104,6 +104,7 @@ pub mod startup;
 pub mod subjects;
 pub mod supervise;
 pub mod sweep;
+pub mod tenant;
 pub mod wire;
 
 #[cfg(any(test, feature = "__test"))]

@@ -51,6 +51,11 @@ pub struct LeaseRecord {
     pub acquired_at: String,
     /// The TTL of the write that stored this record.
     pub ttl_ms: u64,
+    /// Tenancy: the user of the tenant account that acquired the lease, where the
+    /// account's import shares identity. Renew, release and the repeated acquire
+    /// of another user of the account are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_to: Option<String>,
     /// Fields a newer release wrote, kept as they are.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,

@@ -9,7 +9,11 @@ use serde_json::{Value, json};
 
 use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
-use crate::subjects::{LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS};
+use crate::subjects::{
+    LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS, TENANT_LEASE_SUBJECTS,
+    TENANT_REPUBLISH_DEST,
+};
+use crate::tenant::Tenancy;
 use crate::wire::ErrorKind;
 
 /// The first nats-server version with per-message TTL.
@@ -33,6 +37,9 @@ const MAX_CREATE_RACES: u32 = 3;
 pub struct BucketOptions {
     /// Stream replicas; `None` creates with 1 and leaves an existing stream's alone.
     pub replicas: Option<usize>,
+    /// One namespace, or one per tenant account: the republish follows it. A
+    /// stream has one republish, so a bucket serves one layout at a time.
+    pub tenancy: Tenancy,
 }
 
 /// The stream config the bucket is created with (contract.md, "Server and bucket").
@@ -76,6 +83,19 @@ pub fn stream_config_for(replicas: usize, atomic: bool) -> Value {
 /// stream messages too, and must never become change events.
 fn republish() -> Value {
     json!({ "src": LEASE_SUBJECTS, "dest": REPUBLISH_DEST })
+}
+
+/// The republish of a layout: a tenant's key `$KV.leases.<account>.<key>` goes
+/// out on `dagnats.lease.changed.<account>.<key>`, which the tenant imports as
+/// `dagnats.lease.changed.<key>` (`account_token_position` keeps it to its own).
+pub fn republish_for(tenancy: Tenancy) -> Value {
+    match tenancy {
+        Tenancy::Single => republish(),
+        Tenancy::Accounts => json!({
+            "src": TENANT_LEASE_SUBJECTS,
+            "dest": TENANT_REPUBLISH_DEST,
+        }),
+    }
 }
 
 /// The fields startup makes right on an existing stream, and their wanted values.
@@ -323,7 +343,8 @@ impl Startup {
     }
 
     fn create(&mut self) {
-        let config = stream_config_for(self.options.replicas.unwrap_or(1), self.atomic_wanted);
+        let mut config = stream_config_for(self.options.replicas.unwrap_or(1), self.atomic_wanted);
+        config["republish"] = republish_for(self.options.tenancy);
         self.send(
             Step::Create,
             format!("$JS.API.STREAM.CREATE.{STREAM}"),
@@ -338,6 +359,11 @@ impl Startup {
         let mut wanted = config.clone();
         let mut differs = false;
         let mut fields = managed_fields();
+        for (field, value) in &mut fields {
+            if *field == "republish" {
+                *value = republish_for(self.options.tenancy);
+            }
+        }
         if self.atomic_wanted {
             fields.push(("allow_atomic", json!(true)));
         }

@@ -20,6 +20,10 @@ pub const CHANGED_SUBJECTS: &str = "dagnats.lease.changed.>";
 /// The RePublish destination for [`LEASE_SUBJECTS`]. The server refuses a bare `*`
 /// here (10052, "transform not valid"), so the key token is named as a wildcard.
 pub const REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}";
+/// Tenancy: the lease keys of every tenant, `$KV.leases.<account>.<key>`.
+pub const TENANT_LEASE_SUBJECTS: &str = "$KV.leases.*.*";
+/// Tenancy: where a tenant key's changes go, `dagnats.lease.changed.<account>.<key>`.
+pub const TENANT_REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}";
 /// The last token of a key's read-confirmation subject.
 pub const CONFIRM_TOKEN: &str = "read";
 /// Per-message TTL of a read confirmation: it only has to commit, not to stay.

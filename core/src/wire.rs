@@ -92,6 +92,10 @@ pub enum ErrorKind {
     OwnerTimeout,
     /// Forward: the owner's reply, wrapped, does not fit the server's `max_payload`.
     ReplyTooLarge,
+    /// Tenancy (an extension): the request did not come through a tenant's import,
+    /// the lease is bound to another user of the account, or the tenant is at its
+    /// cap of live leases. Names no other holder and no fence.
+    Forbidden,
 }
 
 impl ErrorKind {
@@ -109,6 +113,7 @@ impl ErrorKind {
             Self::OwnerRejected => "owner_rejected",
             Self::OwnerTimeout => "owner_timeout",
             Self::ReplyTooLarge => "reply_too_large",
+            Self::Forbidden => "forbidden",
         }
     }
 }

@@ -28,6 +28,7 @@ impl Call {
             holder: r.holder.clone(),
             acquired_at: format_time(self.started_wall),
             ttl_ms: r.ttl_ms,
+            bound_to: self.scope.as_ref().and_then(|c| c.user.clone()),
             unknown: Default::default(),
         };
         let ttl = r.ttl_ms;
@@ -58,6 +59,9 @@ impl Call {
                 written_at,
             } => {
                 let granted = record.holder == r.holder;
+                if granted && let Err(e) = self.check_binding(&key, &record) {
+                    return self.fail(e);
+                }
                 let lease = self.lease_from_record(&key, revision, &record, written_at);
                 self.reply(Response::Acquired(AcquireReply { granted, lease }));
             }

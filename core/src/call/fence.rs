@@ -30,6 +30,22 @@ pub fn expiry_guard(ttl_ms: u64) -> Duration {
 }
 
 impl Call {
+    /// Tenancy: a lease bound to a user of the account answers only that user.
+    /// The refusal names neither the holder nor the fence.
+    pub(super) fn check_binding(&self, key: &str, record: &LeaseRecord) -> Result<(), ErrorReply> {
+        let Some(bound) = &record.bound_to else {
+            return Ok(());
+        };
+        let caller = self.scope.as_ref().and_then(|c| c.user.as_deref());
+        if caller == Some(bound.as_str()) {
+            return Ok(());
+        }
+        Err(ErrorReply::new(
+            ErrorKind::Forbidden,
+            format!("the lease of `{key}` is bound to another user of this account"),
+        ))
+    }
+
     pub(super) fn fenced_write(&mut self, write: KvWrite) {
         if self.writes >= MAX_FENCED_WRITES {
             let key = write.key.clone();
@@ -76,6 +92,7 @@ impl Call {
                 record,
                 written_at,
             } => {
+                self.check_binding(key, record)?;
                 let wall = self.started_wall + now.saturating_duration_since(self.started_at);
                 let ends = *written_at + Duration::from_millis(record.ttl_ms);
                 let guard = expiry_guard(record.ttl_ms);

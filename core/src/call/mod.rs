@@ -26,6 +26,7 @@ use time::OffsetDateTime;
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::record::{LeaseRecord, format_time};
+use crate::tenant::Caller;
 use crate::wire::{
     AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,
 };
@@ -123,6 +124,8 @@ pub struct Call {
     effects: std::collections::VecDeque<Effect>,
     /// The reply, until polled.
     reply: Option<Response>,
+    /// Tenancy: who asked, as the server vouched (`None`: one shared namespace).
+    scope: Option<Caller>,
 }
 
 impl Call {
@@ -137,7 +140,22 @@ impl Call {
         endpoint: Endpoint,
         body: &[u8],
     ) -> Self {
+        Self::new_scoped(config, None, now, wall, endpoint, body)
+    }
+
+    /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
+    /// under its account, its holders' inboxes are reached through the account's
+    /// import, and a lease is bound to the user that acquired it.
+    pub fn new_scoped(
+        config: CallConfig,
+        scope: Option<Caller>,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Self {
         let mut call = Self {
+            scope,
             job: Job::Done,
             config,
             started_wall: wall,
@@ -219,7 +237,10 @@ impl Call {
 
     /// The next request to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.effects.pop_front().map(Effect::into_transmit)
+        let account = self.scope.as_ref().map(|c| c.account.as_str());
+        self.effects
+            .pop_front()
+            .map(|effect| effect.into_transmit_in(account))
     }
 
     /// The reply, once the call has one: its one event.

@@ -20,4 +20,5 @@ mod startup;
 mod supervise;
 mod support;
 mod sweep;
+mod tenant;
 mod wire;

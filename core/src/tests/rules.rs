@@ -72,6 +72,7 @@ fn every_write_carries_ttl_expected_revision_and_event_headers() {
             holder: "me".into(),
             acquired_at: format_time(wall()),
             ttl_ms: 15000,
+            bound_to: None,
             unknown: Default::default(),
         }
     );

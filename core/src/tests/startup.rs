@@ -154,7 +154,10 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
 #[test]
 fn a_create_racing_another_instance_reads_the_config_again() {
     let mut s = Startup::new(
-        BucketOptions { replicas: Some(1) },
+        BucketOptions {
+            replicas: Some(1),
+            ..BucketOptions::default()
+        },
         "2.14.0",
         T,
         Instant::now(),
@@ -323,4 +326,41 @@ fn allow_atomic_is_set_from_2_12_and_read_back_from_the_servers_config() {
     s.handle_outcome(Instant::now(), id, info(stream_config(1)));
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert!(!s.atomic());
+}
+
+#[test]
+fn tenancy_creates_the_per_account_republish_and_moves_an_existing_bucket_to_it() {
+    use crate::tenant::Tenancy;
+    let tenants = BucketOptions {
+        tenancy: Tenancy::Accounts,
+        ..BucketOptions::default()
+    };
+    let wanted = json!({
+        "src": "$KV.leases.*.*",
+        "dest": "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}",
+    });
+    // No bucket yet: created with the tenants' republish.
+    let mut s = Startup::new(tenants, "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (_, create) = next_request(&mut s);
+    let body: Value = serde_json::from_slice(&create.payload).unwrap();
+    assert_eq!(body["republish"], wanted);
+    // A bucket of the one-namespace layout: updated to it, and the change logged.
+    let mut s = Startup::new(tenants, "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
+    let (logs, (_, update)) = logged_request(&mut s);
+    assert!(
+        update.subject.ends_with("STREAM.UPDATE.KV_leases"),
+        "{}",
+        update.subject
+    );
+    let body: Value = serde_json::from_slice(&update.payload).unwrap();
+    assert_eq!(body["republish"], wanted);
+    assert!(logs.iter().any(|l| l.contains("republish")), "{logs:?}");
 }

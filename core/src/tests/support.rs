@@ -162,6 +162,7 @@ pub(super) fn held(seq: u64, holder: &str, ttl_ms: u64, time_ms: u64) -> Request
         holder: holder.into(),
         acquired_at: "2026-09-21T00:00:00Z".into(),
         ttl_ms,
+        bound_to: None,
         unknown: Default::default(),
     };
     msg(

@@ -1,0 +1,242 @@
+//! Tenancy through NATS accounts, on a real server configured with the example
+//! deployment (`scripts/tenants.conf`: the service in account LEASES as a serving
+//! and a backend user; tenant TA with users a1 and a2 whose import shares
+//! identity; tenant TB with b1, whose import does not): `dagnats-leases serve
+//! --tenancy accounts` as `scripts/serve --tenants` runs it.
+//!
+//! TA and TB each hold `job`; b1 sees TB's events and none of TA's; a2 cannot
+//! renew, take or release a1's lease while a1 can; a request from the service's
+//! own account is refused whatever `Nats-Request-Info` it forges; the holder
+//! library (an election, a forward to its inbox) and the CLI work unchanged as
+//! tenant clients.
+
+use std::time::Duration;
+
+use async_nats::{Client, HeaderMap};
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tokio::client::{LeaseClient, change_event};
+use dagnats_leases_tokio::member::{Member, Ownership};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+#[path = "support/scrape.rs"]
+mod scrape;
+
+use scrape::Served;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The server with the committed example accounts, and the service as
+/// `scripts/serve --tenants` starts it.
+async fn deployment() -> (NatsServer, Served) {
+    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/tenants.conf");
+    let text = std::fs::read_to_string(conf).expect("scripts/tenants.conf");
+    let server = NatsServer::builder().config(text).start();
+    let served = Served::start(
+        BIN,
+        &server.url(),
+        &[
+            "--tenancy",
+            "accounts",
+            "--user",
+            "serve",
+            "--password",
+            "serve",
+            "--backend-user",
+            "writer",
+            "--backend-password",
+            "writer",
+        ],
+    )
+    .await;
+    (server, served)
+}
+
+async fn connect(server: &NatsServer, user: &str) -> Client {
+    async_nats::ConnectOptions::with_user_and_password(user.into(), user.into())
+        .connect(server.url())
+        .await
+        .unwrap()
+}
+
+async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}"))
+}
+
+async fn call(client: &Client, endpoint: &str, body: Value) -> Value {
+    let reply = within(
+        "reply",
+        client.request(format!("api.leases.{endpoint}"), body.to_string().into()),
+    )
+    .await
+    .unwrap();
+    serde_json::from_slice(&reply.payload).unwrap()
+}
+
+fn acquire(holder: &str) -> Value {
+    json!({"key": "job", "holder": holder, "ttl_ms": 30000})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_hold_the_same_key_apart_and_see_only_their_own_events() {
+    let (server, served) = deployment().await;
+    let (a1, b1) = (connect(&server, "a1").await, connect(&server, "b1").await);
+    let mut b1_events = b1.subscribe("dagnats.lease.changed.>").await.unwrap();
+    let mut a1_events = a1.subscribe("dagnats.lease.changed.job").await.unwrap();
+    // A subscription is in place once a request after it has come back.
+    call(&b1, "owner", json!({"key": "probe"})).await;
+    call(&a1, "owner", json!({"key": "probe"})).await;
+
+    let ta = call(&a1, "acquire", acquire("ta-holder")).await;
+    assert_eq!(ta["granted"], true, "{ta}");
+    let a1_saw = change_event(&within("TA's event", a1_events.next()).await.unwrap());
+    assert_eq!(a1_saw.kind.as_str(), "acquired");
+    let tb = call(&b1, "acquire", acquire("tb-holder")).await;
+    assert_eq!(tb["granted"], true, "TB's job is its own: {tb}");
+    // b1's first event is its own acquire: TA's, written before, never reached it.
+    let first = within("TB's event", b1_events.next()).await.unwrap();
+    assert_eq!(first.subject.as_str(), "dagnats.lease.changed.job");
+    assert_eq!(
+        change_event(&first).revision,
+        tb["revision"].as_u64().unwrap()
+    );
+    let owner_b = call(&b1, "owner", json!({"key": "job"})).await;
+    assert_eq!(owner_b["holder"], "tb-holder");
+    let owner_a = call(&a1, "owner", json!({"key": "job"})).await;
+    assert_eq!(owner_a["holder"], "ta-holder");
+    // TA's release: one more event for a1, none for b1.
+    call(
+        &a1,
+        "release",
+        json!({"key": "job", "holder": "ta-holder", "revision": ta["revision"]}),
+    )
+    .await;
+    let released = change_event(&within("TA's release", a1_events.next()).await.unwrap());
+    assert_eq!(released.kind.as_str(), "released");
+    b1.flush().await.unwrap();
+    call(&b1, "owner", json!({"key": "probe"})).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b1_events.next())
+            .await
+            .is_err(),
+        "b1 saw an event of TA's"
+    );
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_of_the_account_cannot_renew_take_or_release_the_lease_and_its_user_can() {
+    let (server, served) = deployment().await;
+    let (a1, a2) = (connect(&server, "a1").await, connect(&server, "a2").await);
+    let held = call(&a1, "acquire", acquire("shared-name")).await;
+    assert_eq!(held["granted"], true, "{held}");
+    let revision = held["revision"].clone();
+    let fenced = json!({"key": "job", "holder": "shared-name", "revision": revision});
+    for (endpoint, body) in [
+        ("acquire", acquire("shared-name")),
+        ("renew", fenced.clone()),
+        ("release", fenced.clone()),
+    ] {
+        let refused = call(&a2, endpoint, body).await;
+        assert_eq!(refused["kind"], "forbidden", "{endpoint}: {refused}");
+        let text = refused["error"].as_str().unwrap();
+        assert!(
+            !text.contains("shared-name") && !text.contains(&revision.to_string()),
+            "{endpoint} names the holder or the fence: {text}"
+        );
+    }
+    let still = call(&a1, "owner", json!({"key": "job"})).await;
+    assert_eq!(still["revision"], revision, "a2 changed the lease: {still}");
+    let again = call(&a1, "acquire", acquire("shared-name")).await;
+    assert_eq!(
+        (&again["granted"], &again["revision"]),
+        (&json!(true), &revision)
+    );
+    let renewed = call(&a1, "renew", fenced).await;
+    assert_eq!(renewed["held"], true, "{renewed}");
+    let released = call(
+        &a1,
+        "release",
+        json!({"key": "job", "holder": "shared-name", "revision": renewed["revision"]}),
+    )
+    .await;
+    assert_eq!(released["released"], true, "{released}");
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_from_the_services_own_account_is_refused_even_with_a_forged_request_info() {
+    let (server, served) = deployment().await;
+    let leases = connect(&server, "leases").await;
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Request-Info", r#"{"acc":"TA","user":"a1","rtt":1}"#);
+    let reply = within(
+        "reply",
+        leases.request_with_headers(
+            "api.leases.acquire",
+            headers,
+            acquire("forger").to_string().into(),
+        ),
+    )
+    .await
+    .unwrap();
+    let refused: Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(refused["kind"], "forbidden", "{refused}");
+    let a1 = connect(&server, "a1").await;
+    let owner = call(&a1, "owner", json!({"key": "job"})).await;
+    assert_eq!(
+        owner["held"], false,
+        "the forged request took TA's key: {owner}"
+    );
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_library_and_the_cli_work_unchanged_as_tenant_clients() {
+    let (server, served) = deployment().await;
+    let a1 = connect(&server, "a1").await;
+    let member = Member::new(a1.clone(), "lib-holder").unwrap();
+    let mut inbox = member.inbox().await.unwrap();
+    let mut elector = member.elect("leader", Duration::from_secs(6)).unwrap();
+    let fence = match within("election", elector.next()).await {
+        Some(change) => match change.ownership {
+            Ownership::Elected { fence } => fence,
+            other => panic!("{other:?}"),
+        },
+        None => panic!("the elector ended"),
+    };
+    // A forward from another user of TA reaches the holder's inbox through the
+    // service account's import of TA's inboxes, and its answer comes back.
+    let a2 = connect(&server, "a2").await;
+    let forward = tokio::spawn(async move {
+        LeaseClient::new(a2)
+            .forward("leader", b"ping", Duration::from_secs(5))
+            .await
+    });
+    let request = within("a forwarded request", inbox.next()).await.unwrap();
+    assert_eq!(
+        (request.key.as_str(), &request.payload[..]),
+        ("leader", &b"ping"[..])
+    );
+    assert!(request.fence >= fence);
+    request.respond("pong").await.unwrap();
+    let reply = within("the forward's reply", forward)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&reply.payload[..], b"pong");
+    // The CLI as b1: TB has no `leader`.
+    let out = std::process::Command::new(BIN)
+        .args(["owner", "leader", "--nats-url", &server.url()])
+        .args(["--user", "b1", "--password", "b1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    within("the release", elector.stop()).await;
+    let owner = call(&a1, "owner", json!({"key": "leader"})).await;
+    assert_eq!(owner["held"], false, "{owner}");
+    assert_eq!(served.stop().await, Some(0));
+}
