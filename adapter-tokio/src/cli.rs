@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// keys and events; a request must come through an import (docs/security.md).
     #[arg(long, default_value = "single", value_parser = parse_tenancy)]
     pub tenancy: Tenancy,
+    /// With --tenancy accounts: at most this many live leases per tenant account;
+    /// an acquire of a new key past it is answered `forbidden` (default: no cap).
+    #[arg(long, value_name = "N")]
+    pub max_leases_per_tenant: Option<usize>,
     /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
     #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
     pub replicas: Option<usize>,
@@ -158,6 +162,7 @@ impl ServeArgs {
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,
             tenancy: self.tenancy,
+            max_leases_per_tenant: self.max_leases_per_tenant,
             ..ServiceOptions::default()
         })
     }

@@ -13,8 +13,9 @@ use bytes::Bytes;
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyScope};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
-use dagnats_leases_core::tenant::HDR_REQUEST_INFO;
+use dagnats_leases_core::tenant::{self, Caller, HDR_REQUEST_INFO, Tenancy};
 use dagnats_leases_core::wire::Endpoint;
+use dagnats_leases_core::wire::ErrorReply;
 use futures::Stream;
 use futures::stream::SelectAll;
 
@@ -104,22 +105,34 @@ pub(crate) struct Admitted {
     pub(crate) payload: Bytes,
     /// The subject it came in on (for a `$SRV` verb).
     pub(crate) subject: Subject,
-    /// Every value of the `Nats-Request-Info` header, its exact spelling only (a
-    /// client's `nats-request-info` is another header to the server).
-    pub(crate) request_info: Vec<String>,
+    /// Whose request it is, as the server vouches ([`tenant::scope_of`]), or the
+    /// refusal to answer it with.
+    pub(crate) scope: Result<Option<Caller>, ErrorReply>,
+}
+
+impl Admitted {
+    /// The tenant whose queue it waits in.
+    pub(crate) fn tenant(&self) -> Option<String> {
+        match &self.scope {
+            Ok(Some(c)) => Some(c.account.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// The reply rule and its rate-limited log.
 #[derive(Debug)]
 pub(crate) struct Gate {
     scope: ReplyScope,
+    tenancy: Tenancy,
     log: RefusalLog,
 }
 
 impl Gate {
-    pub(crate) fn new(scope: ReplyScope) -> Self {
+    pub(crate) fn new(scope: ReplyScope, tenancy: Tenancy) -> Self {
         Self {
             scope,
+            tenancy,
             log: RefusalLog::new(REFUSAL_LOG_EVERY),
         }
     }
@@ -128,18 +141,25 @@ impl Gate {
     /// most once per interval) when its reply subject may not be answered.
     pub(crate) fn admit(&mut self, now: Instant, source: Source, m: Message) -> Option<Admitted> {
         match self.scope.check(m.reply.as_deref()) {
-            Ok(()) => Some(Admitted {
-                request_info: m
+            Ok(()) => {
+                let reply = m.reply.expect("checked: a reply subject");
+                // Every value, its exact spelling only (a client's
+                // `nats-request-info` is another header to the server).
+                let infos: Vec<&str> = m
                     .headers
                     .iter()
                     .flat_map(|h| h.iter())
                     .filter(|(name, _)| AsRef::<str>::as_ref(*name) == HDR_REQUEST_INFO)
-                    .flat_map(|(_, values)| values.iter().map(|v| v.as_str().to_string()))
-                    .collect(),
-                reply: m.reply.expect("checked: a reply subject"),
-                payload: m.payload,
-                subject: m.subject,
-            }),
+                    .flat_map(|(_, values)| values.iter().map(|v| v.as_str()))
+                    .collect();
+                let scope = tenant::scope_of(self.tenancy, &reply, &infos);
+                Some(Admitted {
+                    reply,
+                    payload: m.payload,
+                    subject: m.subject,
+                    scope,
+                })
+            }
             Err(reason) => {
                 telemetry::reply_refused(source.label(), reason);
                 if let Some(n) = self.log.handle_refused(now) {

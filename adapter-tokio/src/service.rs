@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use dagnats_leases_core::admit::{Admission, Admit};
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::micro::MicroService;
@@ -22,9 +23,9 @@ use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::shutdown::{HANDOFF_BOUND, Shutdown, StopEvent, StopPhase};
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
-use dagnats_leases_core::subjects::QUEUE_GROUP;
+use dagnats_leases_core::subjects::{QUEUE_GROUP, TENANT_CHANGED_SUBJECTS};
 use dagnats_leases_core::sweep::{SweepEvent, TombstoneSweep};
-use dagnats_leases_core::tenant::{self, Caller, Tenancy};
+use dagnats_leases_core::tenant::{self, Caller, Tenancy, TenantLeases};
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::future::AbortHandle;
@@ -83,6 +84,9 @@ pub struct ServiceOptions {
     /// One key namespace, or one per tenant account (`serve --tenancy accounts`,
     /// [`dagnats_leases_core::tenant`]).
     pub tenancy: Tenancy,
+    /// Tenancy: at most this many live leases per tenant account; an acquire of a
+    /// new key past it is answered `forbidden` ([`TenantLeases`]).
+    pub max_leases_per_tenant: Option<usize>,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -118,6 +122,7 @@ impl Default for ServiceOptions {
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),
             tenancy: Tenancy::Single,
+            max_leases_per_tenant: None,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -270,7 +275,7 @@ pub async fn prepare(
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    let mut gate = Gate::new(options.reply_scope.clone());
+    let mut gate = Gate::new(options.reply_scope.clone(), options.tenancy);
     let starting = CallConfig {
         mode: Mode::Starting,
         max_payload: info.max_payload,
@@ -410,6 +415,20 @@ async fn serve(
         mut micro,
     } = intake;
     let writes = options.coalesce_writes.then(|| writer.sink.clone());
+    // Tenancy: every tenant's change events, for its count of live leases.
+    let mut tenant_leases = TenantLeases::new(options.max_leases_per_tenant);
+    let mut changes = match options.tenancy {
+        Tenancy::Accounts => match client.subscribe(TENANT_CHANGED_SUBJECTS).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(
+                    "no per-tenant lease counts: cannot subscribe to change events: {e}"
+                );
+                None
+            }
+        },
+        Tenancy::Single => None,
+    };
     let shutdown_timeout = options.shutdown_timeout;
     let mut check_at = check.as_ref().and_then(ReplicasCheck::poll_timeout);
     let mut recheck = sleep_until(&*runtime, check_at);
@@ -430,14 +449,12 @@ async fn serve(
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
     let mut calls = FuturesUnordered::new();
-    let tenancy = options.tenancy;
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
         calls.push(answer(
             runtime.clone(),
             client.clone(),
             serving.clone(),
             config,
-            tenancy,
             endpoint,
             request,
             cut_off.clone(),
@@ -470,7 +487,13 @@ async fn serve(
                 let Some(request) = gate.admit(runtime.now(), source, message) else { continue };
                 match source {
                     Source::Api(endpoint) => {
-                        admission.handle_request(runtime.now(), endpoint, request);
+                        let mut request = request;
+                        if let Ok(Some(caller)) = &request.scope
+                            && let Err(refused) = tenant_leases.check_request(caller, endpoint, &request.payload)
+                        {
+                            request.scope = Err(refused);
+                        }
+                        admission.handle_request_of(runtime.now(), request.tenant(), endpoint, request);
                         for (endpoint, request, response) in admit(&mut admission, &mut calls, config) {
                             refuse(&serving, &mut micro, endpoint, request, response).await;
                         }
@@ -480,13 +503,29 @@ async fn serve(
             }
             Some(answered) = calls.next(), if !calls.is_empty() => {
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
-                if let Response::Released(r) = answered.response {
-                    let key = tenant::storage_key(answered.scope.as_ref(), &r.key);
-                    sweep.handle_released(runtime.now(), key, r.revision);
+                match (&answered.response, &answered.scope) {
+                    (Response::Released(r), scope) => {
+                        let key = tenant::storage_key(scope.as_ref(), &r.key);
+                        sweep.handle_released(runtime.now(), key, r.revision);
+                        if let Some(caller) = scope {
+                            tenant_leases.handle_released(&caller.account, &r.key);
+                        }
+                    }
+                    (Response::Acquired(r), Some(caller)) if r.granted => {
+                        tenant_leases.handle_granted(&caller.account, &r.lease.key);
+                    }
+                    _ => {}
                 }
                 admission.handle_finished(runtime.now());
                 let refused = admit(&mut admission, &mut calls, config);
                 debug_assert!(refused.is_empty(), "a call ending refuses nothing");
+            }
+            Some(change) = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => {
+                if let Some((account, key)) = TenantLeases::key_of(&change.subject) {
+                    let header = |name: &str| change.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str());
+                    let event = ChangeEvent::from_parts(header, &change.payload);
+                    tenant_leases.handle_change(account, key, event.kind);
+                }
             }
             outcome = async { purging.as_mut().expect("guarded").1.as_mut().await }, if purging.is_some() => {
                 let (id, _) = purging.take().expect("guarded");
@@ -688,7 +727,6 @@ async fn answer(
     client: Client,
     serving: Client,
     config: CallConfig,
-    tenancy: Tenancy,
     endpoint: Endpoint,
     request: Admitted,
     mut cut_off: watch::Receiver<bool>,
@@ -701,8 +739,7 @@ async fn answer(
         }
     };
     let started = runtime.now();
-    let infos: Vec<&str> = request.request_info.iter().map(String::as_str).collect();
-    let (response, scope) = match tenant::scope_of(tenancy, &request.reply, &infos) {
+    let (response, scope) = match request.scope {
         Err(refused) => (Response::Error(refused), None),
         Ok(scope) => {
             let response = drive_call(

@@ -30,26 +30,28 @@ const WAIT: Duration = Duration::from_secs(10);
 /// The server with the committed example accounts, and the service as
 /// `scripts/serve --tenants` starts it.
 async fn deployment() -> (NatsServer, Served) {
+    deployment_with(&[]).await
+}
+
+/// [`deployment`] with more `serve` arguments.
+async fn deployment_with(extra: &[&str]) -> (NatsServer, Served) {
     let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/tenants.conf");
     let text = std::fs::read_to_string(conf).expect("scripts/tenants.conf");
     let server = NatsServer::builder().config(text).start();
-    let served = Served::start(
-        BIN,
-        &server.url(),
-        &[
-            "--tenancy",
-            "accounts",
-            "--user",
-            "serve",
-            "--password",
-            "serve",
-            "--backend-user",
-            "writer",
-            "--backend-password",
-            "writer",
-        ],
-    )
-    .await;
+    let mut args = vec![
+        "--tenancy",
+        "accounts",
+        "--user",
+        "serve",
+        "--password",
+        "serve",
+        "--backend-user",
+        "writer",
+        "--backend-password",
+        "writer",
+    ];
+    args.extend_from_slice(extra);
+    let served = Served::start(BIN, &server.url(), &args).await;
     (server, served)
 }
 
@@ -238,5 +240,134 @@ async fn the_holder_library_and_the_cli_work_unchanged_as_tenant_clients() {
     within("the release", elector.stop()).await;
     let owner = call(&a1, "owner", json!({"key": "leader"})).await;
     assert_eq!(owner["held"], false, "{owner}");
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_cap_a_tenant_is_refused_new_keys_while_another_tenant_is_served() {
+    let (server, served) = deployment_with(&["--max-leases-per-tenant", "2"]).await;
+    let (a1, b1) = (connect(&server, "a1").await, connect(&server, "b1").await);
+    let mut held = Vec::new();
+    for key in ["k1", "k2"] {
+        let r = call(
+            &a1,
+            "acquire",
+            json!({"key": key, "holder": "h", "ttl_ms": 30000}),
+        )
+        .await;
+        assert_eq!(r["granted"], true, "{r}");
+        held.push(r);
+    }
+    let refused = call(
+        &a1,
+        "acquire",
+        json!({"key": "k3", "holder": "h", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(refused["kind"], "forbidden", "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("cap of 2"),
+        "{refused}"
+    );
+    // A key it holds is still answered; TB is served.
+    let again = call(
+        &a1,
+        "acquire",
+        json!({"key": "k1", "holder": "h", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(again["granted"], true, "{again}");
+    for key in ["k1", "k2"] {
+        let r = call(
+            &b1,
+            "acquire",
+            json!({"key": key, "holder": "h", "ttl_ms": 30000}),
+        )
+        .await;
+        assert_eq!(r["granted"], true, "TB is served: {key} {r}");
+    }
+    let r = call(
+        &b1,
+        "acquire",
+        json!({"key": "k3", "holder": "h", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(r["kind"], "forbidden", "TB has a cap of its own: {r}");
+    // A release frees a place.
+    let r = call(
+        &a1,
+        "release",
+        json!({"key": "k2", "holder": "h", "revision": held[1]["revision"]}),
+    )
+    .await;
+    assert_eq!(r["released"], true, "{r}");
+    let k3 = call(
+        &a1,
+        "acquire",
+        json!({"key": "k3", "holder": "h", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(k3["granted"], true, "{k3}");
+    assert_eq!(served.stop().await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_flood_does_not_starve_another_tenants_renewals() {
+    let (server, served) =
+        deployment_with(&["--max-calls-in-flight", "2", "--max-calls-waiting", "8"]).await;
+    let (a1, b1) = (connect(&server, "a1").await, connect(&server, "b1").await);
+    let lease = call(
+        &b1,
+        "acquire",
+        json!({"key": "keep", "holder": "b", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(lease["granted"], true, "{lease}");
+    let mut revision = lease["revision"].clone();
+    // TA floods: renewals published without waiting, far past the room.
+    let inbox = a1.new_inbox();
+    let mut flood_replies = a1.subscribe(format!("{inbox}.*")).await.unwrap();
+    let flood = 2000;
+    let flooding = {
+        let a1 = a1.clone();
+        tokio::spawn(async move {
+            for i in 0..flood {
+                // Renewals of a lease TA does not hold: they wait in the whole
+                // room, not only the half kept from reads and acquires.
+                let body = json!({"key": format!("f{}", i % 50), "holder": "x", "revision": 1})
+                    .to_string();
+                a1.publish_with_reply("api.leases.renew", format!("{inbox}.{i}"), body.into())
+                    .await
+                    .unwrap();
+            }
+            a1.flush().await.unwrap();
+        })
+    };
+    // TB renews all along: never refused.
+    for _ in 0..20 {
+        let r = call(
+            &b1,
+            "renew",
+            json!({"key": "keep", "holder": "b", "revision": revision}),
+        )
+        .await;
+        assert_eq!(r["held"], true, "TB's renewal during TA's flood: {r}");
+        revision = r["revision"].clone();
+    }
+    within("the flood sent", flooding).await.unwrap();
+    // The flood itself was answered (a part of it `unavailable`), none dropped.
+    let mut answered = 0;
+    let mut unavailable = 0;
+    while answered < flood {
+        let m = within("a flood reply", flood_replies.next()).await.unwrap();
+        let v: Value = serde_json::from_slice(&m.payload).unwrap();
+        if v["kind"] == "unavailable" {
+            unavailable += 1;
+        }
+        answered += 1;
+    }
+    println!(
+        "tenancy: TA's flood of {flood} renewals: {unavailable} answered unavailable; TB's 20 renewals all held"
+    );
     assert_eq!(served.stop().await, Some(0));
 }

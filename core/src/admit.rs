@@ -16,11 +16,18 @@
 //!   holder library's campaign doubles its wait; an owner renews again at its retry
 //!   interval).
 //!
+//! With tenants (`serve --tenancy accounts`) each account waits in a queue of its
+//! own and calls start from the queues in turn, so one tenant's flood waits behind
+//! another's renewals no longer than one call each; and when the room is full, a
+//! request of a tenant with fewer waiting takes the place of the last request of
+//! the tenant with the most (which is refused `unavailable`), so a flood cannot
+//! keep another tenant out of the room either.
+//!
 //! The machine holds the waiting requests themselves (any `T`: the adapter's
 //! request handle), so the adapter only starts, answers and counts calls ending.
 
 use crate::io::Transmit;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
@@ -40,7 +47,11 @@ pub struct Admission<T> {
     max_in_flight: usize,
     max_waiting: usize,
     in_flight: usize,
-    waiting: VecDeque<(Endpoint, T)>,
+    /// One queue per tenant (`None`: the one shared namespace).
+    queues: BTreeMap<Option<String>, VecDeque<(Endpoint, T)>>,
+    /// The tenants with a request waiting, in the order they start one.
+    turns: VecDeque<Option<String>>,
+    waiting: usize,
     out: VecDeque<Admit<T>>,
     refused: u64,
 }
@@ -53,14 +64,27 @@ impl<T> Admission<T> {
             max_in_flight: max_in_flight.max(1),
             max_waiting,
             in_flight: 0,
-            waiting: VecDeque::new(),
+            queues: BTreeMap::new(),
+            turns: VecDeque::new(),
+            waiting: 0,
             out: VecDeque::new(),
             refused: 0,
         }
     }
 
     /// A request for `endpoint` arrived.
-    pub fn handle_request(&mut self, _now: Instant, endpoint: Endpoint, request: T) {
+    pub fn handle_request(&mut self, now: Instant, endpoint: Endpoint, request: T) {
+        self.handle_request_of(now, None, endpoint, request);
+    }
+
+    /// A request for `endpoint` of `tenant` arrived (`None`: no tenancy).
+    pub fn handle_request_of(
+        &mut self,
+        _now: Instant,
+        tenant: Option<String>,
+        endpoint: Endpoint,
+        request: T,
+    ) {
         if self.in_flight < self.max_in_flight {
             self.in_flight += 1;
             self.out.push_back(Admit::Start(endpoint, request));
@@ -72,17 +96,42 @@ impl<T> Admission<T> {
         } else {
             self.max_waiting / 2
         };
-        if self.waiting.len() < room {
-            self.waiting.push_back((endpoint, request));
-            return;
+        if self.waiting < room {
+            return self.enqueue(tenant, endpoint, request);
         }
+        let own = self.queues.get(&tenant).map_or(0, VecDeque::len);
+        let longest = self
+            .queues
+            .iter()
+            .filter(|(t, q)| **t != tenant && q.len() > own + 1)
+            .max_by_key(|(_, q)| q.len())
+            .map(|(t, _)| t.clone());
+        if let Some(victim) = longest {
+            let queue = self.queues.get_mut(&victim).expect("found above");
+            let (their_endpoint, theirs) = queue.pop_back().expect("longer than 1");
+            self.waiting -= 1;
+            self.refuse(their_endpoint, theirs);
+            return self.enqueue(tenant, endpoint, request);
+        }
+        self.refuse(endpoint, request);
+    }
+
+    fn enqueue(&mut self, tenant: Option<String>, endpoint: Endpoint, request: T) {
+        let queue = self.queues.entry(tenant.clone()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(tenant);
+        }
+        queue.push_back((endpoint, request));
+        self.waiting += 1;
+    }
+
+    fn refuse(&mut self, endpoint: Endpoint, request: T) {
         self.refused += 1;
         let reply = ErrorReply::new(
             ErrorKind::Unavailable,
             format!(
                 "the service is at its bound ({} calls running, {} waiting): retry with backoff",
-                self.in_flight,
-                self.waiting.len()
+                self.in_flight, self.waiting
             ),
         );
         self.out
@@ -123,19 +172,32 @@ impl<T> Admission<T> {
 
     /// No call running, none waiting, nothing to poll.
     pub fn is_done(&self) -> bool {
-        self.in_flight == 0 && self.waiting.is_empty() && self.out.is_empty()
+        self.in_flight == 0 && self.waiting == 0 && self.out.is_empty()
     }
 
     /// Calls running, requests waiting, and requests refused so far.
     pub fn counts(&self) -> (usize, usize, u64) {
-        (self.in_flight, self.waiting.len(), self.refused)
+        (self.in_flight, self.waiting, self.refused)
     }
 
     fn start_waiting(&mut self) {
         while self.in_flight < self.max_in_flight {
-            let Some((endpoint, request)) = self.waiting.pop_front() else {
+            let Some(tenant) = self.turns.pop_front() else {
                 return;
             };
+            let queue = self
+                .queues
+                .get_mut(&tenant)
+                .expect("a tenant in turn waits");
+            let Some((endpoint, request)) = queue.pop_front() else {
+                continue;
+            };
+            if queue.is_empty() {
+                self.queues.remove(&tenant);
+            } else {
+                self.turns.push_back(tenant);
+            }
+            self.waiting -= 1;
             self.in_flight += 1;
             self.out.push_back(Admit::Start(endpoint, request));
         }

@@ -22,6 +22,8 @@ pub const CHANGED_SUBJECTS: &str = "dagnats.lease.changed.>";
 pub const REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}";
 /// Tenancy: the lease keys of every tenant, `$KV.leases.<account>.<key>`.
 pub const TENANT_LEASE_SUBJECTS: &str = "$KV.leases.*.*";
+/// Tenancy: every tenant key's change events, as the service subscribes to them.
+pub const TENANT_CHANGED_SUBJECTS: &str = "dagnats.lease.changed.*.*";
 /// Tenancy: where a tenant key's changes go, `dagnats.lease.changed.<account>.<key>`.
 pub const TENANT_REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}";
 /// The last token of a key's read-confirmation subject.

@@ -119,3 +119,103 @@ pub fn storage_key(scope: Option<&Caller>, key: &str) -> String {
         None => key.to_string(),
     }
 }
+
+/// The live leases of each tenant, as the change events and the service's own
+/// grants show them, and the cap on them (`serve --max-leases-per-tenant`).
+///
+/// The count is each instance's own view: it follows every tenant's change events
+/// (`dagnats.lease.changed.<account>.<key>`), so after a start it learns the leases
+/// held before within a third of their TTL (their next renewal), and acquires of
+/// new keys racing on several instances can pass the cap by those in flight. An
+/// acquire of a key the tenant already holds (a retry, a renew's sibling) is never
+/// refused.
+#[derive(Debug, Clone, Default)]
+pub struct TenantLeases {
+    cap: Option<usize>,
+    held: std::collections::HashMap<String, std::collections::HashSet<String>>,
+}
+
+impl TenantLeases {
+    /// At most `cap` live leases a tenant (`None`: no cap).
+    pub fn new(cap: Option<usize>) -> Self {
+        Self {
+            cap,
+            held: Default::default(),
+        }
+    }
+
+    /// A change event on `dagnats.lease.changed.<account>.<key>`: held after an
+    /// acquire or renewal, free after anything else.
+    pub fn handle_change(&mut self, account: &str, key: &str, kind: crate::change::ChangeKind) {
+        if kind.may_free_key() {
+            if let Some(keys) = self.held.get_mut(account) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.held.remove(account);
+                }
+            }
+        } else {
+            self.held
+                .entry(account.to_string())
+                .or_default()
+                .insert(key.to_string());
+        }
+    }
+
+    /// The service granted `key` to a tenant's holder.
+    pub fn handle_granted(&mut self, account: &str, key: &str) {
+        self.handle_change(account, key, crate::change::ChangeKind::Acquired);
+    }
+
+    /// The service released `key` for a tenant's holder.
+    pub fn handle_released(&mut self, account: &str, key: &str) {
+        self.handle_change(account, key, crate::change::ChangeKind::Released);
+    }
+
+    /// Live leases of `account` as known.
+    pub fn count(&self, account: &str) -> usize {
+        self.held.get(account).map_or(0, |k| k.len())
+    }
+
+    /// Whether an acquire of `key` by `account` may run, or the refusal.
+    pub fn check_acquire(&self, account: &str, key: &str) -> Result<(), ErrorReply> {
+        let Some(cap) = self.cap else { return Ok(()) };
+        let keys = self.held.get(account);
+        if keys.is_some_and(|k| k.contains(key)) || keys.map_or(0, |k| k.len()) < cap {
+            return Ok(());
+        }
+        Err(forbidden(format!(
+            "account `{account}` holds its cap of {cap} live leases: release one, or ask the \
+             operator for a higher --max-leases-per-tenant"
+        )))
+    }
+
+    /// The tenant and key of a change event's subject, `dagnats.lease.changed.<account>.<key>`.
+    pub fn key_of(subject: &str) -> Option<(&str, &str)> {
+        let rest = subject
+            .strip_prefix(crate::subjects::CHANGED_PREFIX)?
+            .strip_prefix('.')?;
+        let (account, key) = rest.split_once('.')?;
+        (is_token(account) && !key.is_empty() && !key.contains('.')).then_some((account, key))
+    }
+}
+
+impl TenantLeases {
+    /// Whether a request of `caller` to `endpoint` with `body` may run: only an
+    /// acquire can be refused (a body that does not decode runs, to be answered
+    /// `invalid` by its call).
+    pub fn check_request(
+        &self,
+        caller: &Caller,
+        endpoint: crate::wire::Endpoint,
+        body: &[u8],
+    ) -> Result<(), ErrorReply> {
+        if endpoint != crate::wire::Endpoint::Acquire || self.cap.is_none() {
+            return Ok(());
+        }
+        match crate::wire::Request::decode(endpoint, body) {
+            Ok(request) => self.check_acquire(&caller.account, request.key()),
+            Err(_) => Ok(()),
+        }
+    }
+}

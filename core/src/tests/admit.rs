@@ -124,3 +124,68 @@ fn a_bound_of_zero_still_runs_one_call() {
     assert_eq!(started(&events), [0]);
     assert_eq!(refused(&events), [1]);
 }
+
+fn ta() -> Option<String> {
+    Some("TA".into())
+}
+
+fn tb() -> Option<String> {
+    Some("TB".into())
+}
+
+#[test]
+fn tenants_start_their_waiting_calls_in_turn_so_a_flood_does_not_hold_back_another_tenant() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 100, now);
+    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    assert_eq!(started(&drain(&mut a)), [0]);
+    // TA floods with 10 renewals; TB's one renewal arrives after them.
+    for i in 1..=10 {
+        a.handle_request_of(now, ta(), Endpoint::Renew, i);
+    }
+    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    assert!(drain(&mut a).is_empty());
+    a.handle_finished(now);
+    a.handle_finished(now);
+    a.handle_finished(now);
+    let order: Vec<u32> = started(&drain(&mut a));
+    assert_eq!(order, [1, 100, 2], "TB starts second, not eleventh");
+}
+
+#[test]
+fn a_full_room_makes_space_for_a_tenant_with_fewer_waiting_at_the_floods_expense() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 4, now);
+    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    for i in 1..=4 {
+        a.handle_request_of(now, ta(), Endpoint::Renew, i);
+    }
+    assert_eq!(started(&drain(&mut a)), [0]);
+    // The room is full of TA's; TB's renewal takes the place of TA's last.
+    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    assert_eq!(refused(&drain(&mut a)), [4]);
+    // TA's next finds the room full and no longer queue to take from.
+    a.handle_request_of(now, ta(), Endpoint::Renew, 5);
+    assert_eq!(refused(&drain(&mut a)), [5]);
+    assert_eq!(a.counts(), (1, 4, 2));
+    for _ in 0..4 {
+        a.handle_finished(now);
+    }
+    assert_eq!(started(&drain(&mut a)), [1, 100, 2, 3]);
+    assert!(!a.is_done(), "3 still runs");
+    a.handle_finished(now);
+    assert!(a.is_done());
+}
+
+#[test]
+fn without_tenants_waiting_requests_start_in_arrival_order_as_before() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 10, now);
+    for i in 0..5 {
+        a.handle_request(now, Endpoint::Renew, i);
+    }
+    for _ in 0..5 {
+        a.handle_finished(now);
+    }
+    assert_eq!(started(&drain(&mut a)), [0, 1, 2, 3, 4]);
+}

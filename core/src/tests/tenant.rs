@@ -204,3 +204,65 @@ fn another_user_of_the_account_cannot_renew_release_or_take_a_bound_lease_and_is
     let record: Value = serde_json::from_slice(&w.request.payload).unwrap();
     assert_eq!(record["bound_to"], "a1", "the renewal keeps the binding");
 }
+
+#[test]
+fn past_its_cap_a_tenant_is_refused_new_keys_but_not_the_ones_it_holds_and_others_go_on() {
+    use crate::change::ChangeKind;
+    use crate::tenant::TenantLeases;
+    let mut t = TenantLeases::new(Some(2));
+    t.handle_granted("TA", "a");
+    t.handle_change("TA", "b", ChangeKind::Renewed);
+    assert_eq!(t.count("TA"), 2);
+    let e = t.check_acquire("TA", "c").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Forbidden);
+    assert!(e.error.contains("cap of 2"), "{}", e.error);
+    assert_eq!(t.check_acquire("TA", "a"), Ok(()), "a key it holds");
+    assert_eq!(t.check_acquire("TB", "c"), Ok(()), "another tenant");
+    // A release, an expiry or a deletion frees a place.
+    for kind in [
+        ChangeKind::Released,
+        ChangeKind::Expired,
+        ChangeKind::Deleted,
+    ] {
+        t.handle_change("TA", "b", kind);
+        assert_eq!(t.check_acquire("TA", "c"), Ok(()), "{kind:?}");
+        t.handle_change("TA", "b", ChangeKind::Acquired);
+    }
+    assert!(TenantLeases::new(None).check_acquire("TA", "z").is_ok());
+}
+
+#[test]
+fn only_an_acquire_of_a_new_key_past_the_cap_is_refused() {
+    use crate::tenant::TenantLeases;
+    let mut t = TenantLeases::new(Some(1));
+    t.handle_granted("TA", "a");
+    let new = br#"{"key":"b","holder":"h","ttl_ms":5000}"#;
+    assert!(t.check_request(&a("a1"), Endpoint::Acquire, new).is_err());
+    assert!(
+        t.check_request(&a("a1"), Endpoint::Owner, br#"{"key":"b"}"#)
+            .is_ok()
+    );
+    assert!(
+        t.check_request(&a("a1"), Endpoint::Acquire, b"not json")
+            .is_ok()
+    );
+    let held = br#"{"key":"a","holder":"h","ttl_ms":5000}"#;
+    assert!(t.check_request(&a("a1"), Endpoint::Acquire, held).is_ok());
+}
+
+#[test]
+fn a_tenants_change_subject_names_its_account_and_key() {
+    use crate::tenant::TenantLeases;
+    assert_eq!(
+        TenantLeases::key_of("dagnats.lease.changed.TA.job"),
+        Some(("TA", "job"))
+    );
+    for other in [
+        "dagnats.lease.changed.job",
+        "dagnats.lease.changed.TA.job.x",
+        "dagnats.lease.changed..job",
+        "other.TA.job",
+    ] {
+        assert_eq!(TenantLeases::key_of(other), None, "{other}");
+    }
+}
