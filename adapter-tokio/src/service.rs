@@ -311,6 +311,11 @@ pub async fn prepare(
         }
     };
     telemetry::set_mode(mode);
+    if options.tenancy == Tenancy::Accounts
+        && let Some(warning) = tenant::request_info_warning(&info.version)
+    {
+        tracing::warn!("{warning}");
+    }
     let atomic = atomic && options.coalesce_writes;
     let base = CallConfig { mode, ..starting };
     let config = options.call_config(base, replicas);

@@ -219,3 +219,27 @@ impl TenantLeases {
         }
     }
 }
+
+/// Why tenancy cannot trust this server's `Nats-Request-Info`, if it cannot: before
+/// 2.11.15, 2.12.6 and 2.14.0 a request through a leafnode keeps a header the
+/// client forged (and before those, a client's duplicate header stays beside the
+/// server's, which [`caller_of`] refuses). `None` for a server that rebuilds it.
+pub fn request_info_warning(version: &str) -> Option<String> {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split(['.', '-']).map(|p| p.parse::<u64>().ok());
+    let (major, minor, patch) = (parts.next()??, parts.next()??, parts.next().flatten()?);
+    let fixed = match (major, minor) {
+        (2, 11) => patch >= 15,
+        (2, 12) => patch >= 6,
+        (2, 13) => false,
+        (2, m) => m >= 14,
+        (m, _) => m > 2,
+    };
+    (!fixed).then(|| {
+        format!(
+            "nats-server {v} keeps a Nats-Request-Info header a client forged over a leafnode \
+             (fixed in 2.11.15, 2.12.6 and 2.14.0): with leafnodes into tenant accounts, a \
+             tenant can pose as another; upgrade the server"
+        )
+    })
+}

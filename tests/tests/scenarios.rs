@@ -1294,3 +1294,68 @@ async fn churning_key_names_leaves_no_tombstones_and_fences_stay_monotonic_acros
         "a fence reused after the restart: {fresh}"
     );
 }
+
+/// A rolling upgrade, with a stand-in for the next release: it writes a lease
+/// record carrying a field this release does not know (as a binding was added in
+/// this one). Two instances of this release in one queue group serve it, never as
+/// `internal`, and a renew through them keeps the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_by_a_stand_in_newer_release_is_served_by_both_instances_and_keeps_its_fields()
+ {
+    let fx = Fx::start().await;
+    let _second = start_service(&fx.server).await;
+    let a = fx.acquire("upgrade", "h1", 60_000).await;
+    // The newer release's write: this release's fields, and one more.
+    let record = json!({
+        "holder": "h1",
+        "acquired_at": a["acquired_at"],
+        "ttl_ms": 60000,
+        "next_release_field": {"v": 2},
+    });
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-TTL", "60s");
+    headers.insert(
+        "Nats-Expected-Last-Subject-Sequence",
+        a["revision"].to_string().as_str(),
+    );
+    headers.insert("Dagnats-Lease-Event", "renewed");
+    let ack = fx
+        .client
+        .request_with_headers("$KV.leases.upgrade", headers, record.to_string().into())
+        .await
+        .unwrap();
+    let ack: Value = serde_json::from_slice(&ack.payload).unwrap();
+    let revision = ack["seq"].as_u64().expect("stored");
+    // Both instances answer (the queue group spreads 20 calls), none `internal`.
+    for _ in 0..20 {
+        let owner = fx.owner("upgrade").await;
+        assert_eq!(
+            (&owner["holder"], owner["revision"].as_u64()),
+            (&json!("h1"), Some(revision)),
+            "{owner}"
+        );
+    }
+    let renewed = fx
+        .call(
+            "renew",
+            json!({"key": "upgrade", "holder": "h1", "revision": revision}),
+        )
+        .await;
+    assert_eq!(renewed["held"], true, "{renewed}");
+    let stored = fx
+        .client
+        .request(
+            "$JS.API.STREAM.MSG.GET.KV_leases",
+            json!({"last_by_subj": "$KV.leases.upgrade"})
+                .to_string()
+                .into(),
+        )
+        .await
+        .unwrap();
+    let stored: Value = serde_json::from_slice(&stored.payload).unwrap();
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(stored["message"]["data"].as_str().unwrap())
+        .unwrap();
+    let data: Value = serde_json::from_slice(&data).unwrap();
+    assert_eq!(data["next_release_field"], json!({"v": 2}), "{data}");
+}

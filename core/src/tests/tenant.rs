@@ -266,3 +266,22 @@ fn a_tenants_change_subject_names_its_account_and_key() {
         assert_eq!(TenantLeases::key_of(other), None, "{other}");
     }
 }
+
+#[test]
+fn tenancy_warns_on_servers_that_keep_a_forged_request_info() {
+    use crate::tenant::request_info_warning;
+    for old in ["2.11.11", "2.11.14", "v2.12.5", "2.13.2"] {
+        let w = request_info_warning(old).expect(old);
+        assert!(w.contains("upgrade"), "{w}");
+    }
+    for fixed in [
+        "2.11.15",
+        "2.12.6",
+        "2.14.0",
+        "2.15.1",
+        "v2.15.1-RC.1",
+        "3.0.0",
+    ] {
+        assert_eq!(request_info_warning(fixed), None, "{fixed}");
+    }
+}
