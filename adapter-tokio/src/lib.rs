@@ -35,6 +35,7 @@ pub mod connect;
 pub mod exec;
 #[cfg(feature = "cli")]
 pub mod exit;
+pub mod known;
 #[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;

@@ -25,6 +25,7 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exec;
+use crate::known::KnownCache;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry::{self, JsOp};
 use crate::{Error, ErrorKind as ServiceErrorKind};
@@ -66,6 +67,12 @@ pub struct ServiceOptions {
     /// The smallest batch the coalescer sends; fewer gathered writes wait for a
     /// single write to come back and go single.
     pub min_batch: usize,
+    /// How many keys' last revisions the service remembers
+    /// ([`dagnats_leases_core::known`]), learnt from its own calls and from the
+    /// change events it subscribes to: a renew or release of a revision it knows is
+    /// one conditional write and no read. 0: nothing remembered, no subscription,
+    /// every renew and release reads first.
+    pub known_capacity: usize,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -99,6 +106,7 @@ impl Default for ServiceOptions {
             coalesce_writes: false,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
+            known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -287,14 +295,28 @@ pub async fn prepare(
             runtime.now(),
         )
     });
+    let known = (options.known_capacity > 0).then(|| KnownCache::new(options.known_capacity));
+    let watch = known.clone().map(|k| k.watch(client.clone()));
     let serve = serve(
-        runtime, client, service, requests, config, options, stopped, writer, check,
+        runtime, client, service, requests, config, options, stopped, writer, check, known,
     );
     Ok(Prepared {
         mode,
         stop,
-        serve: Box::pin(serve),
+        serve: Box::pin(watching(serve, watch)),
     })
+}
+
+/// Runs `serve` to its end while `watch` (which never ends) feeds the known map.
+async fn watching(
+    serve: impl std::future::Future<Output = ()>,
+    watch: Option<impl std::future::Future<Output = ()>>,
+) {
+    let Some(watch) = watch else {
+        return serve.await;
+    };
+    let (serve, watch) = (std::pin::pin!(serve), std::pin::pin!(watch));
+    futures::future::select(serve, watch).await;
 }
 
 /// Every endpoint's requests, tagged with the endpoint.
@@ -345,6 +367,7 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
     mut writer: Writer,
     mut check: Option<ReplicasCheck>,
+    known: Option<KnownCache>,
 ) {
     let writes = options.coalesce_writes.then(|| writer.sink.clone());
     let shutdown_timeout = options.shutdown_timeout;
@@ -369,6 +392,7 @@ async fn serve(
             request,
             cut_off.clone(),
             writes.clone(),
+            known.clone(),
         ));
     };
     let mut admission = Admission::new(
@@ -501,6 +525,7 @@ async fn serve(
 const REPLY_BOUND: Duration = Duration::from_secs(1);
 
 /// Runs one request's call and sends its reply.
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     runtime: Arc<dyn Runtime>,
     client: Client,
@@ -509,6 +534,7 @@ async fn answer(
     request: async_nats::service::Request,
     mut cut_off: watch::Receiver<bool>,
     writes: Option<WriteSink>,
+    known: Option<KnownCache>,
 ) {
     let cut = async move {
         if cut_off.wait_for(|cut| *cut).await.is_err() {
@@ -525,6 +551,7 @@ async fn answer(
         &request.message.payload,
         cut,
         writes.as_ref(),
+        known.as_ref(),
     )
     .await;
     telemetry::call_answered(endpoint, &response, runtime.now() - started);
@@ -580,12 +607,14 @@ pub async fn run_call_until(
     cut: impl std::future::Future<Output = ()>,
 ) -> Vec<u8> {
     let started = runtime.now();
-    let response = drive_call(runtime, client, config, endpoint, body, cut, None).await;
+    let response = drive_call(runtime, client, config, endpoint, body, cut, None, None).await;
     telemetry::call_answered(endpoint, &response, runtime.now() - started);
     response.to_json()
 }
 
-/// Carries out one call's effects until it replies (or `cut` completes).
+/// Carries out one call's effects until it replies (or `cut` completes), starting
+/// it with what `known` knows of its key and teaching `known` what it learns.
+#[allow(clippy::too_many_arguments)]
 async fn drive_call(
     runtime: &dyn Runtime,
     client: &Client,
@@ -594,17 +623,19 @@ async fn drive_call(
     body: &[u8],
     cut: impl std::future::Future<Output = ()>,
     writes: Option<&WriteSink>,
+    known: Option<&KnownCache>,
 ) -> Response {
     let cut = cut.fuse();
     tokio::pin!(cut);
-    let mut call = Call::new(
-        config,
-        runtime.now(),
-        OffsetDateTime::now_utc(),
-        endpoint,
-        body,
-    );
+    let (now, wall) = (runtime.now(), OffsetDateTime::now_utc());
+    let mut call = match known {
+        Some(known) => known.start_call(config, now, wall, endpoint, body),
+        None => Call::new(config, now, wall, endpoint, body),
+    };
     loop {
+        if let Some(known) = known {
+            known.learn_from(&mut call);
+        }
         if let Some(response) = call.poll_event() {
             return response;
         }

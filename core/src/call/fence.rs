@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::Call;
 use crate::effect::KvWrite;
 use crate::js::KeyState;
+use crate::known::{KnownState, Stamp};
 use crate::record::LeaseRecord;
 use crate::wire::{ErrorKind, ErrorReply};
 
@@ -105,5 +106,43 @@ impl Call {
             }
             KeyState::Corrupt { .. } => Err(ErrorReply::new(ErrorKind::Internal, "corrupt record")),
         }
+    }
+
+    /// The holder and fence checks of renew and release against what the service
+    /// knows of the key, with no read: `None` when that is not enough to decide (the
+    /// request names another revision than the one known, nothing is known, the
+    /// known revision is not a lease, or it is within the [`expiry_guard`] of its
+    /// end by either of its stamps): the call then reads, as it always did.
+    ///
+    /// `Some(Ok(..))`: the request names the known revision and its holder; the
+    /// call's write, conditional on that revision being the key's last, is the
+    /// check that it still is (see docs/architecture.md, "One request per renew and
+    /// release"). `Some(Err(lost))`: the revision the request names holds another
+    /// holder's record: the caller never held the key at that fence.
+    pub(super) fn known_fence(
+        &self,
+        now: Instant,
+        key: &str,
+        holder: &str,
+        revision: u64,
+    ) -> Option<Result<(LeaseRecord, Stamp), ErrorReply>> {
+        let known = self.known.as_ref().filter(|k| k.revision == revision)?;
+        let KnownState::Held { record, stamp } = &known.state else {
+            return None;
+        };
+        if record.holder != holder {
+            return Some(Err(ErrorReply::new(
+                ErrorKind::Lost,
+                format!(
+                    "`{holder}` does not hold `{key}` at revision {revision}: `{}` does",
+                    record.holder
+                ),
+            )));
+        }
+        let wall = self.started_wall + now.saturating_duration_since(self.started_at);
+        if stamp.at_end(record.ttl_ms, expiry_guard(record.ttl_ms), now, wall) {
+            return None;
+        }
+        Some(Ok((record.clone(), *stamp)))
     }
 }
