@@ -145,4 +145,23 @@ impl Call {
         }
         Some(Ok((record.clone(), *stamp)))
     }
+
+    /// Answers `e`, which [`Call::known_fence`] found from what is known of the
+    /// key: at once on one replica; on a replicated bucket, as every answer a call
+    /// gives from a state it did not write, only once a read confirmation shows the
+    /// revision known is still the key's last (refused: the call reads, confirms and
+    /// decides as it always did, so a caller holding the key now at a revision the
+    /// service has not learnt yet hears `fence_mismatch`, as from a read).
+    pub(super) fn refuse_known(&mut self, now: Instant, e: ErrorReply) {
+        if !self.config.confirm_reads {
+            return self.fail(e);
+        }
+        match self.known_state(now) {
+            Some(state) => self.confirm(now, state),
+            None => {
+                let key = self.key().to_string();
+                self.read(key)
+            }
+        }
+    }
 }

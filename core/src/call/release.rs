@@ -24,7 +24,7 @@ impl Call {
         let key = key.clone();
         match self.known_fence(now, &key, holder, *revision) {
             None => self.read(key),
-            Some(Err(e)) => self.fail(e),
+            Some(Err(e)) => self.refuse_known(now, e),
             Some(Ok(_)) => {
                 let expected = *revision;
                 self.fenced_write(tombstone(key, expected, self.config.kv_timeout));

@@ -56,7 +56,7 @@ impl Call {
         let key = r.key.clone();
         match self.known_fence(now, &key, &r.holder, r.revision) {
             None => self.read(key),
-            Some(Err(e)) => self.fail(e),
+            Some(Err(e)) => self.refuse_known(now, e),
             Some(Ok((record, stamp))) => {
                 let Job::Renew(r, None) = std::mem::replace(&mut self.job, Job::Done) else {
                     unreachable!("matched above");

@@ -149,14 +149,33 @@ fn a_known_revision_another_write_replaced_reads_and_answers_lost_or_fence_misma
     }
 }
 
+/// On one replica with no request at all; on a replicated bucket after a read
+/// confirmation of the revision known, as every answer not made by a write.
 #[test]
-fn a_known_revision_held_by_another_is_lost_with_no_request() {
+fn a_known_revision_held_by_another_is_lost_without_writing() {
     let known = knowing(40, "other", 15000, by_server());
+    let replicated = CallConfig::ready(MAX_PAYLOAD).for_replicas(3);
     for endpoint in [Endpoint::Renew, Endpoint::Release] {
         let mut d = drive(single(), endpoint, RENEW, &known);
         let e = d.error();
         assert_eq!(e.kind, ErrorKind::Lost, "{endpoint:?}");
         assert!(e.error.contains("`other`"), "{}", e.error);
+        let mut d = drive(replicated, endpoint, RENEW, &known);
+        let c = d.confirm();
+        assert_eq!(c.revision, 40);
+        d.feed(c.id, ack(41));
+        assert_eq!(d.error().kind, ErrorKind::Lost, "{endpoint:?}");
+        // The key moved on: the read decides, confirmed (here: the caller holds
+        // it now at 42, so its fence 40 is a mismatch).
+        let mut d = drive(replicated, endpoint, RENEW, &known);
+        let c = d.confirm();
+        d.feed(c.id, wrong_last_sequence());
+        let r = d.read();
+        d.feed(r.id, held(42, "me", 15000, 0));
+        let c = d.confirm();
+        assert_eq!(c.revision, 42);
+        d.feed(c.id, ack(43));
+        assert_eq!(d.error().kind, ErrorKind::FenceMismatch, "{endpoint:?}");
     }
 }
 
