@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use super::fence::KnownFence;
 use super::{Call, Job};
 use crate::effect::{KvWrite, Operation};
 use crate::io::EffectId;
@@ -22,10 +23,10 @@ impl Call {
             return;
         };
         let key = key.clone();
-        match self.known_fence(now, &key, holder, *revision) {
-            None => self.read(key),
-            Some(Err(e)) => self.refuse_known(now, e),
-            Some(Ok(_)) => {
+        match self.known_fence(now, holder, *revision) {
+            KnownFence::Unknown => self.read(key),
+            KnownFence::OtherHolder => self.refuse_known(now),
+            KnownFence::Mine(..) => {
                 let expected = *revision;
                 self.fenced_write(tombstone(key, expected, self.config.kv_timeout));
             }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
+use super::fence::KnownFence;
 use super::{Call, Job, expiry_guard};
 use crate::effect::{KvWrite, Operation};
 use crate::io::EffectId;
@@ -54,10 +55,10 @@ impl Call {
             return;
         };
         let key = r.key.clone();
-        match self.known_fence(now, &key, &r.holder, r.revision) {
-            None => self.read(key),
-            Some(Err(e)) => self.refuse_known(now, e),
-            Some(Ok((record, stamp))) => {
+        match self.known_fence(now, &r.holder, r.revision) {
+            KnownFence::Unknown => self.read(key),
+            KnownFence::OtherHolder => self.refuse_known(now),
+            KnownFence::Mine(record, stamp) => {
                 let Job::Renew(r, None) = std::mem::replace(&mut self.job, Job::Done) else {
                     unreachable!("matched above");
                 };

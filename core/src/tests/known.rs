@@ -149,17 +149,27 @@ fn a_known_revision_another_write_replaced_reads_and_answers_lost_or_fence_misma
     }
 }
 
-/// On one replica with no request at all; on a replicated bucket after a read
-/// confirmation of the revision known, as every answer not made by a write.
+/// The revision named holds another holder's record: nothing is written, and one
+/// request tells `lost` from `fence_mismatch` (the caller may hold the key now at a
+/// revision the service has not learnt yet): on one replica the read, on a
+/// replicated bucket a read confirmation of the revision known.
 #[test]
 fn a_known_revision_held_by_another_is_lost_without_writing() {
     let known = knowing(40, "other", 15000, by_server());
     let replicated = CallConfig::ready(MAX_PAYLOAD).for_replicas(3);
     for endpoint in [Endpoint::Renew, Endpoint::Release] {
+        // One replica: the read, and the read's answer.
         let mut d = drive(single(), endpoint, RENEW, &known);
+        let r = d.read();
+        d.feed(r.id, held(40, "other", 15000, 0));
         let e = d.error();
         assert_eq!(e.kind, ErrorKind::Lost, "{endpoint:?}");
         assert!(e.error.contains("`other`"), "{}", e.error);
+        let mut d = drive(single(), endpoint, RENEW, &known);
+        let r = d.read();
+        d.feed(r.id, held(42, "me", 15000, 0));
+        assert_eq!(d.error().kind, ErrorKind::FenceMismatch, "{endpoint:?}");
+        // Replicated: the known revision confirmed is still the last: lost.
         let mut d = drive(replicated, endpoint, RENEW, &known);
         let c = d.confirm();
         assert_eq!(c.revision, 40);
