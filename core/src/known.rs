@@ -14,7 +14,7 @@
 //!
 //! [`KnownLeases`] is a bounded map, key to the newest fact seen: an older
 //! revision never replaces a newer one, and past its capacity the key learnt
-//! longest ago is forgotten (a key not known costs today's read, nothing else).
+//! longest ago is forgotten (a key not known costs the read it always cost, nothing else).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
