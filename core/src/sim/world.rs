@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::{MsgKind, Op, OwnerBehaviour, SimJetStream};
+use super::{Op, OwnerBehaviour, SimJetStream};
 use crate::call::{Call, CallConfig, Effect};
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
 use crate::js::{self, KeyState};
-use crate::known::{Known, KnownLeases, KnownState, Stamp};
+use crate::known::{Known, KnownLeases};
 use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::test_support::invalid_bodies;
 use crate::wire::{Endpoint, ErrorKind, Response};
@@ -210,29 +210,10 @@ impl World {
         }
         for k in 0..self.keys {
             let key = format!("k{k}");
-            let Some(m) = self.sim.current(&key) else {
-                continue;
-            };
-            let state = match m.kind {
-                MsgKind::Marker | MsgKind::Tombstone => KnownState::Free,
-                MsgKind::Value => match m.record() {
-                    Some(record) => KnownState::Held {
-                        record,
-                        stamp: Stamp {
-                            server: Some(self.sim.epoch + Duration::from_millis(m.time_ms)),
-                            sent_before: None,
-                        },
-                    },
-                    None => KnownState::Other,
-                },
-            };
-            self.events.push((
-                key,
-                Known {
-                    revision: m.seq,
-                    state,
-                },
-            ));
+            if let Some(m) = self.sim.current(&key) {
+                let fact = m.known_fact(self.sim.epoch);
+                self.events.push((key, fact));
+            }
         }
     }
 
