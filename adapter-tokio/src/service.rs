@@ -308,6 +308,8 @@ pub async fn prepare(
 }
 
 /// Runs `serve` to its end while `watch` (which never ends) feeds the known map.
+/// The watch is polled first: a change event the connection delivered before a
+/// request is learnt before that request's call starts.
 async fn watching(
     serve: impl std::future::Future<Output = ()>,
     watch: Option<impl std::future::Future<Output = ()>>,
@@ -316,7 +318,7 @@ async fn watching(
         return serve.await;
     };
     let (serve, watch) = (std::pin::pin!(serve), std::pin::pin!(watch));
-    futures::future::select(serve, watch).await;
+    futures::future::select(watch, serve).await;
 }
 
 /// Every endpoint's requests, tagged with the endpoint.
