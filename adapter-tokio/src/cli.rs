@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// The smallest batch sent; fewer gathered writes wait for a single to come back.
     #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_MIN_BATCH)]
     pub min_batch: usize,
+    /// How many keys' last revisions the service remembers (learnt from its own
+    /// calls and the change events), so a renew or release of a revision it knows
+    /// is one write and no read; 0 turns that off (every renew and release reads).
+    #[arg(long, default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
+    pub known_keys: usize,
     /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
     /// e.g. `127.0.0.1:9464`. Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
@@ -158,6 +163,7 @@ impl ServeArgs {
             coalesce_writes: self.coalesce_writes,
             batch_after: self.batch_after,
             min_batch: self.min_batch,
+            known_capacity: self.known_keys,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,

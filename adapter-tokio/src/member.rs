@@ -241,7 +241,15 @@ impl Member {
         observer: Observer,
         priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
-        let campaign = Campaign::new(&holder, runtime.now())?;
+        let mut campaign = Campaign::new(&holder, runtime.now())?;
+        // The holders' retry jitter: randomness drawn here, never in the core
+        // (std's per-process random hash keys are enough for spreading retries).
+        campaign.seed_jitter({
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        });
         let shared = Arc::new(Shared {
             nats,
             holder,

@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exec;
 use crate::intake::{self, Admitted, Gate, Incoming, Source};
+use crate::known::KnownCache;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry::{self, JsOp};
 use crate::{Error, ErrorKind as ServiceErrorKind};
@@ -87,6 +88,12 @@ pub struct ServiceOptions {
     /// Tenancy: at most this many live leases per tenant account; an acquire of a
     /// new key past it is answered `forbidden` ([`TenantLeases`]).
     pub max_leases_per_tenant: Option<usize>,
+    /// How many keys' last revisions the service remembers
+    /// ([`dagnats_leases_core::known`]), learnt from its own calls and from the
+    /// change events it subscribes to: a renew or release of a revision it knows is
+    /// one conditional write and no read. 0: nothing remembered, no subscription,
+    /// every renew and release reads first.
+    pub known_capacity: usize,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -123,6 +130,7 @@ impl Default for ServiceOptions {
             reply_scope: ReplyScope::default(),
             tenancy: Tenancy::Single,
             max_leases_per_tenant: None,
+            known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -294,7 +302,7 @@ pub async fn prepare(
                         // No effects in `Starting` mode: the reply is at hand.
                         Source::Api(endpoint) => {
                             let started = runtime.now();
-                            let response = drive_call(&*runtime, &client, starting, None, endpoint, &request.payload, std::future::pending(), None).await;
+                            let response = drive_call(&*runtime, &client, starting, None, endpoint, &request.payload, std::future::pending(), None, None).await;
                             let took = runtime.now() - started;
                             telemetry::call_answered(endpoint, &response, took);
                             micro.handle_answered(endpoint, &response, took);
@@ -339,6 +347,8 @@ pub async fn prepare(
             runtime.now(),
         )
     });
+    let known = (options.known_capacity > 0).then(|| KnownCache::new(options.known_capacity));
+    let watch = known.clone().map(|k| k.watch(client.clone()));
     let serve = serve(
         runtime,
         Intake {
@@ -353,11 +363,12 @@ pub async fn prepare(
         stopped,
         writer,
         check,
+        known,
     );
     Ok(Prepared {
         mode,
         stop,
-        serve: Box::pin(serve),
+        serve: Box::pin(watching(serve, watch)),
     })
 }
 
@@ -367,6 +378,20 @@ struct Intake {
     requests: Incoming,
     gate: Gate,
     micro: MicroService,
+}
+
+/// Runs `serve` to its end while `watch` (which never ends) feeds the known map.
+/// The watch is polled first: a change event the connection delivered before a
+/// request is learnt before that request's call starts.
+async fn watching(
+    serve: impl std::future::Future<Output = ()>,
+    watch: Option<impl std::future::Future<Output = ()>>,
+) {
+    let Some(watch) = watch else {
+        return serve.await;
+    };
+    let (serve, watch) = (std::pin::pin!(serve), std::pin::pin!(watch));
+    futures::future::select(watch, serve).await;
 }
 
 /// The mode to serve in, the stream's replicas, and whether it takes atomic batches.
@@ -412,6 +437,7 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
     mut writer: Writer,
     mut check: Option<ReplicasCheck>,
+    known: Option<KnownCache>,
 ) {
     let Intake {
         serving,
@@ -464,6 +490,7 @@ async fn serve(
             request,
             cut_off.clone(),
             writes.clone(),
+            known.clone(),
         ));
     };
     let mut admission = Admission::new(
@@ -736,6 +763,7 @@ async fn answer(
     request: Admitted,
     mut cut_off: watch::Receiver<bool>,
     writes: Option<WriteSink>,
+    known: Option<KnownCache>,
 ) -> Answered {
     let cut = async move {
         if cut_off.wait_for(|cut| *cut).await.is_err() {
@@ -756,6 +784,7 @@ async fn answer(
                 &request.payload,
                 cut,
                 writes.as_ref(),
+                known.as_ref(),
             )
             .await;
             (response, scope)
@@ -830,12 +859,16 @@ pub async fn run_call_until(
     cut: impl std::future::Future<Output = ()>,
 ) -> Vec<u8> {
     let started = runtime.now();
-    let response = drive_call(runtime, client, config, None, endpoint, body, cut, None).await;
+    let response = drive_call(
+        runtime, client, config, None, endpoint, body, cut, None, None,
+    )
+    .await;
     telemetry::call_answered(endpoint, &response, runtime.now() - started);
     response.to_json()
 }
 
-/// Carries out one call's effects until it replies (or `cut` completes).
+/// Carries out one call's effects until it replies (or `cut` completes), starting
+/// it with what `known` knows of its key and teaching `known` what it learns.
 #[allow(clippy::too_many_arguments)]
 async fn drive_call(
     runtime: &dyn Runtime,
@@ -846,18 +879,19 @@ async fn drive_call(
     body: &[u8],
     cut: impl std::future::Future<Output = ()>,
     writes: Option<&WriteSink>,
+    known: Option<&KnownCache>,
 ) -> Response {
     let cut = cut.fuse();
     tokio::pin!(cut);
-    let mut call = Call::new_scoped(
-        config,
-        scope,
-        runtime.now(),
-        OffsetDateTime::now_utc(),
-        endpoint,
-        body,
-    );
+    let (now, wall) = (runtime.now(), OffsetDateTime::now_utc());
+    let mut call = match known {
+        Some(known) => known.start_call(config, scope, now, wall, endpoint, body),
+        None => Call::new_scoped(config, scope, None, now, wall, endpoint, body),
+    };
     loop {
+        if let Some(known) = known {
+            known.learn_from(&mut call);
+        }
         if let Some(response) = call.poll_event() {
             return response;
         }

@@ -25,7 +25,12 @@ const WAIT: Duration = Duration::from_secs(20);
 /// The service's permissions, as the README lists them.
 fn service_permissions() -> Permissions {
     Permissions::new()
-        .subscribe(["api.leases.>", "$SRV.>", "_INBOX.>"])
+        .subscribe([
+            "api.leases.>",
+            "$SRV.>",
+            "_INBOX.>",
+            "dagnats.lease.changed.*",
+        ])
         .publish([
             "$JS.API.>",
             "$KV.leases.>",

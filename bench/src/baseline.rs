@@ -1,5 +1,8 @@
 //! The floor: a bare NATS responder on tokio and async-nats that does, for each
-//! call, exactly the JetStream operations the service does for it, and replies.
+//! call, exactly the JetStream operations the service does for it, and replies:
+//! acquire one create, renew and release one conditional write at the caller's
+//! revision (the service knows the revision it granted or saw in a change event,
+//! so it does not read first), owner and forward one read first.
 //!
 //! It checks nothing (no validation, no holder or fence check, no error kinds) and
 //! its replies carry only what the load generator needs (the new revision), so no
@@ -32,6 +35,8 @@ struct Body<'a> {
     holder: Option<&'a str>,
     #[serde(default)]
     ttl_ms: Option<u64>,
+    #[serde(default)]
+    revision: Option<u64>,
     #[serde(default)]
     payload: Option<&'a str>,
     #[serde(default)]
@@ -79,26 +84,43 @@ pub async fn serve(url: &str, user: &str, password: &str) {
 async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, String> {
     let body: Body = serde_json::from_slice(&msg.payload).map_err(|e| e.to_string())?;
     let subject = kv_subject(body.key);
+    let ttl_ms = body.ttl_ms.unwrap_or(15_000);
+    let record = || {
+        format!(
+            r#"{{"holder":"{}","acquired_at":"{}","ttl_ms":{ttl_ms}}}"#,
+            body.holder.unwrap_or(""),
+            format_time(time::OffsetDateTime::now_utc())
+        )
+    };
     match name {
         "acquire" => {
-            let ttl_ms = body.ttl_ms.unwrap_or(15_000);
-            let record = format!(
-                r#"{{"holder":"{}","acquired_at":"{}","ttl_ms":{ttl_ms}}}"#,
-                body.holder.unwrap_or(""),
-                format_time(time::OffsetDateTime::now_utc())
-            );
-            let seq = write(client, subject, 0, Some(ttl_ms), "acquired", record.into()).await?;
+            let seq = write(
+                client,
+                subject,
+                0,
+                Some(ttl_ms),
+                "acquired",
+                record().into(),
+            )
+            .await?;
             Ok(format!(r#"{{"granted":true,"revision":{seq}}}"#))
         }
         "renew" => {
-            let (seq, data) = read(client, &subject).await?.ok_or("not held")?;
-            let ttl_ms = body.ttl_ms.unwrap_or(15_000);
-            let seq = write(client, subject, seq, Some(ttl_ms), "renewed", data.into()).await?;
+            let expected = body.revision.ok_or("no revision")?;
+            let seq = write(
+                client,
+                subject,
+                expected,
+                Some(ttl_ms),
+                "renewed",
+                record().into(),
+            )
+            .await?;
             Ok(format!(r#"{{"held":true,"revision":{seq}}}"#))
         }
         "release" => {
-            let (seq, _) = read(client, &subject).await?.ok_or("not held")?;
-            let seq = write(client, subject, seq, None, "released", Bytes::new()).await?;
+            let expected = body.revision.ok_or("no revision")?;
+            let seq = write(client, subject, expected, None, "released", Bytes::new()).await?;
             Ok(format!(
                 r#"{{"released":true,"held":false,"revision":{seq}}}"#
             ))

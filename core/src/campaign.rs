@@ -249,6 +249,8 @@ pub struct Campaign {
     /// Every holder's next deadline, in order: a timeout feeds only the holders due,
     /// and `poll_timeout` reads the first (a member may hold thousands of keys).
     timers: BTreeSet<(Instant, String)>,
+    /// Mixed into the jitter of every holder made ([`Campaign::seed_jitter`]).
+    jitter_seed: u64,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
@@ -311,7 +313,16 @@ impl Campaign {
             touched: BTreeSet::new(),
             drained: BTreeSet::new(),
             timers: BTreeSet::new(),
+            jitter_seed: 0,
         })
+    }
+
+    /// Mixes `seed` (randomness the driver draws) into the jitter of every holder
+    /// this campaign makes from now on ([`Holder::seed_jitter`]): their retries
+    /// after failures are spread apart by it, on top of the spread their keys and
+    /// holder ID give.
+    pub fn seed_jitter(&mut self, seed: u64) {
+        self.jitter_seed = seed;
     }
 
     /// The holder ID.
@@ -978,9 +989,10 @@ impl Campaign {
                 {
                     continue;
                 }
-                let Ok(holder) = Holder::new(config.clone(), now) else {
+                let Ok(mut holder) = Holder::new(config.clone(), now) else {
                     continue;
                 };
+                holder.seed_jitter(self.jitter_seed);
                 self.slots.insert(
                     config.key.clone(),
                     Slot {

@@ -444,6 +444,53 @@ struct UnknownRenews {
     fence: u64,
 }
 
+/// How long an owner waits before it sends its renew again after the
+/// `failures`-th transient failure in a row (`unavailable`, `internal`, no answer),
+/// `room` being the time left until the last send whose reply, bounded by the
+/// request timeout, still comes before its local deadline.
+///
+/// The first failure is retried after `retry_every`, as a blip always was. From the
+/// second on, the wait doubles (`retry_every` × 2^(failures-1)) and a share of up to
+/// half of it is added from `jitter` (a random draw the caller makes), so owners
+/// that failed together do not come back together: a service refusing work under
+/// load is not asked again by all of them each `retry_every`. The wait never
+/// reaches past `room`, so the owner still tries to renew before its deadline; once
+/// less than `retry_every` is left of it, the owner tries every `retry_every`, as
+/// before, until it renews or steps down at its deadline.
+pub fn owner_retry_delay(
+    retry_every: Duration,
+    failures: u32,
+    jitter: u64,
+    room: Duration,
+) -> Duration {
+    if failures <= 1 {
+        return retry_every;
+    }
+    let base = retry_every.saturating_mul(1 << (failures - 1).min(16));
+    // jitter / 2^64 of half the base, in nanoseconds, without floating point.
+    let half = base.as_nanos() / 2;
+    let spread = (half * u128::from(jitter)) >> 64;
+    let wait = base.saturating_add(Duration::from_nanos(
+        u64::try_from(spread).unwrap_or(u64::MAX),
+    ));
+    if room >= retry_every {
+        wait.min(room)
+    } else {
+        retry_every
+    }
+}
+
+/// The jitter a holder starts from: a hash (FNV-1a) of its key and holder ID, so
+/// that holders differ without any randomness drawn in the core.
+pub fn jitter_seed(key: &str, holder: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes().chain([0]).chain(holder.bytes()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
 /// One holder campaigning for one key. See the [module docs](self).
 #[derive(Debug)]
 pub struct Holder {
@@ -461,8 +508,13 @@ pub struct Holder {
     /// The highest revision of the key any reply has shown. A grant below it is a
     /// stale read (a deposed stream leader answering from old state): not believed.
     highest_seen: u64,
-    /// Transient failures in a row while not owner: campaign retries back off.
+    /// Transient failures in a row: campaign retries back off, and an owner's renew
+    /// retries too ([`owner_retry_delay`]).
     failures: u32,
+    /// The state of the jitter an owner's retries are spread by: seeded from the
+    /// key and holder ID ([`jitter_seed`]), or by the driver
+    /// ([`Holder::seed_jitter`]); the core draws no randomness of its own.
+    jitter: u64,
     /// No campaign before this: a renew of the last tenure may have landed after
     /// the lease's end, and the expiry marker still to come would wipe whatever the
     /// key holds then (see [`MAX_EXPIRY_MARKER_LAG`]).
@@ -484,12 +536,14 @@ impl Holder {
     /// A holder that campaigns at once. `Err` when the config is outside the bounds.
     pub fn new(config: HolderConfig, now: Instant) -> Result<Self, ConfigError> {
         config.validate()?;
+        let jitter = jitter_seed(&config.key, &config.holder);
         let mut holder = Self {
             config,
             phase: Phase::Campaigning { next_at: now },
             in_flight: None,
             unknown_acquire: None,
             failures: 0,
+            jitter,
             quiet_until: None,
             marker_waited: None,
             held_back_until: None,
@@ -503,6 +557,21 @@ impl Holder {
         };
         holder.drive(now);
         Ok(holder)
+    }
+
+    /// Mixes `seed` (randomness the driver draws) into the jitter of this holder's
+    /// retries. Without it the jitter is still different per key and holder ID.
+    pub fn seed_jitter(&mut self, seed: u64) {
+        self.jitter ^= seed;
+    }
+
+    /// The next draw of the jitter (splitmix64).
+    fn next_jitter(&mut self) -> u64 {
+        self.jitter = self.jitter.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.jitter;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// The config this holder runs with.
@@ -1079,18 +1148,28 @@ impl Holder {
     }
 
     fn on_transient(&mut self, now: Instant, flight: InFlight) {
-        // An owner retries at the same pace, to renew before its deadline; a
-        // campaign backs off (doubling, at most one TTL) while the service keeps
-        // failing (a corrupt record answers `internal` until someone repairs it);
-        // a change event still wakes it at once.
+        // An owner backs off with jitter (owner_retry_delay), never past the last
+        // send that can still renew before its deadline; a campaign backs off
+        // (doubling, at most one TTL) while the service keeps failing (a corrupt
+        // record answers `internal` until someone repairs it); a change event still
+        // wakes it at once.
         self.failures = self.failures.saturating_add(1);
         let backoff = self
             .config
             .retry_every
             .saturating_mul(1 << (self.failures - 1).min(16))
             .min(self.config.ttl);
+        let (failures, jitter) = (self.failures, self.next_jitter());
+        let (retry_every, request_timeout) = (self.config.retry_every, self.config.request_timeout);
         match &mut self.phase {
-            Phase::Owner { next_at, .. } => *next_at = now + self.config.retry_every,
+            Phase::Owner {
+                next_at, ownership, ..
+            } => {
+                let room = ownership
+                    .deadline
+                    .saturating_duration_since(now + request_timeout);
+                *next_at = now + owner_retry_delay(retry_every, failures, jitter, room);
+            }
             Phase::Campaigning { next_at } => *next_at = now + backoff,
             Phase::Confirming { .. } => self.campaign_after(now, backoff),
             // One release attempt is enough: the TTL frees the key anyway. A renew or

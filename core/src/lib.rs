@@ -95,6 +95,7 @@ pub mod guard;
 pub mod holder;
 pub mod io;
 pub mod js;
+pub mod known;
 pub mod micro;
 pub mod record;
 pub mod replicas;

@@ -57,6 +57,8 @@ pub const HDR_REJECT: &str = "Dagnats-Lease-Reject";
 pub const REJECT_STALE: &str = "stale";
 /// Header the server adds to republished messages: the revision.
 pub const HDR_SEQUENCE: &str = "Nats-Sequence";
+/// Header: the server's store time of a republished message (RFC 3339).
+pub const HDR_TIME_STAMP: &str = "Nats-Time-Stamp";
 
 /// The KV subject of a key: `$KV.leases.<key>`.
 pub fn kv_subject(key: &str) -> String {

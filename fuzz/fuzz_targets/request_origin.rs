@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
         let mut call = Call::new_scoped(
             CallConfig::ready(1 << 20),
             Some(caller.clone()),
+            None,
             Instant::now(),
             time::OffsetDateTime::UNIX_EPOCH,
             endpoint,

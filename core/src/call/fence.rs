@@ -6,8 +6,20 @@ use std::time::{Duration, Instant};
 use super::Call;
 use crate::effect::KvWrite;
 use crate::js::KeyState;
+use crate::known::{KnownState, Stamp};
 use crate::record::LeaseRecord;
 use crate::wire::{ErrorKind, ErrorReply};
+
+/// What the service's knowledge of a key says of a renew or release
+/// ([`Call::known_fence`]).
+pub(super) enum KnownFence {
+    /// Not enough to decide: read.
+    Unknown,
+    /// The revision named holds another holder's record.
+    OtherHolder,
+    /// The revision named holds the caller's record, clear of its end.
+    Mine(LeaseRecord, Stamp),
+}
 
 /// How many times renew and release re-read after a write lost a race.
 pub const MAX_FENCED_WRITES: u32 = 2;
@@ -122,6 +134,58 @@ impl Call {
                 }
             }
             KeyState::Corrupt { .. } => Err(ErrorReply::new(ErrorKind::Internal, "corrupt record")),
+        }
+    }
+
+    /// The holder and fence checks of renew and release against what the service
+    /// knows of the key, with no read.
+    ///
+    /// [`KnownFence::Mine`]: the request names the known revision and its holder,
+    /// with more than the [`expiry_guard`] left by every stamp known; the call's
+    /// write, conditional on that revision being the key's last, is the check that
+    /// it still is (see docs/architecture.md, "One request per renew and release").
+    /// [`KnownFence::OtherHolder`]: the revision the request names holds another
+    /// holder's record. [`KnownFence::Unknown`]: not enough to decide (the request
+    /// names another revision than the one known, nothing is known, the known
+    /// revision is not a lease, or it is within the guard of its end): the call
+    /// reads, as it always did.
+    pub(super) fn known_fence(&self, now: Instant, holder: &str, revision: u64) -> KnownFence {
+        let Some(known) = self.known.as_ref().filter(|k| k.revision == revision) else {
+            return KnownFence::Unknown;
+        };
+        let KnownState::Held { record, stamp } = &known.state else {
+            return KnownFence::Unknown;
+        };
+        if record.holder != holder {
+            return KnownFence::OtherHolder;
+        }
+        // Bound to another user of the tenant: the read path refuses it.
+        if self.check_binding("", record).is_err() {
+            return KnownFence::Unknown;
+        }
+        let wall = self.started_wall + now.saturating_duration_since(self.started_at);
+        if stamp.at_end(record.ttl_ms, expiry_guard(record.ttl_ms), now, wall) {
+            return KnownFence::Unknown;
+        }
+        KnownFence::Mine(record.clone(), *stamp)
+    }
+
+    /// A request naming a revision the service knows to hold another holder's
+    /// record: the caller never held the key at that fence, so the answer is
+    /// `lost` or, if the caller holds the key now at a later revision the service
+    /// has not learnt yet, `fence_mismatch`. Which one, only the key's state now
+    /// tells, so nothing is written and one request decides: on a replicated
+    /// bucket a read confirmation of the known revision (acknowledged: it is still
+    /// the last, `lost`; refused: the call reads, confirms and decides as it always
+    /// did), on one replica the read.
+    pub(super) fn refuse_known(&mut self, now: Instant) {
+        let state = self.known_state(now).filter(|_| self.config.confirm_reads);
+        match state {
+            Some(state) => self.confirm(now, state),
+            None => {
+                let key = self.key().to_string();
+                self.read(key)
+            }
         }
     }
 }

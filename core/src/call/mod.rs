@@ -25,8 +25,9 @@ use time::OffsetDateTime;
 
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
+use crate::known::{Known, KnownLeases, KnownState, Stamp};
 use crate::record::{LeaseRecord, format_time};
-use crate::tenant::Caller;
+use crate::tenant::{self, Caller};
 use crate::wire::{
     AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,
 };
@@ -126,6 +127,13 @@ pub struct Call {
     reply: Option<Response>,
     /// Tenancy: who asked, as the server vouched (`None`: one shared namespace).
     scope: Option<Caller>,
+    /// What the service knew of the key's last revision when the call started.
+    known: Option<Known>,
+    /// The newest fact the call learnt about its key, until polled.
+    learnt: Option<(String, Known)>,
+    /// The write in flight: the instant it was asked for and the record it stores
+    /// (`None`: a tombstone).
+    sent: Option<(Instant, Option<LeaseRecord>)>,
 }
 
 impl Call {
@@ -140,15 +148,45 @@ impl Call {
         endpoint: Endpoint,
         body: &[u8],
     ) -> Self {
-        Self::new_scoped(config, None, now, wall, endpoint, body)
+        Self::build(config, None, None, now, wall, endpoint, body)
     }
 
     /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
     /// under its account, its holders' inboxes are reached through the account's
-    /// import, and a lease is bound to the user that acquired it.
+    /// import, and a lease is bound to the user that acquired it. With `known`,
+    /// as [`Call::with_known`].
     pub fn new_scoped(
         config: CallConfig,
         scope: Option<Caller>,
+        known: Option<&KnownLeases>,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Self {
+        Self::build(config, scope, known, now, wall, endpoint, body)
+    }
+
+    /// Starts a call that may act on what the service knows of its key
+    /// ([`KnownLeases`]): a renew or release of the revision known goes straight to
+    /// its conditional write, an owner on a replicated bucket straight to the read
+    /// confirmation; anything not known is read first, as [`Call::new`] does. Feed
+    /// what the call learns ([`Call::poll_learnt`]) back into the map.
+    pub fn with_known(
+        config: CallConfig,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        body: &[u8],
+        known: &KnownLeases,
+    ) -> Self {
+        Self::build(config, None, Some(known), now, wall, endpoint, body)
+    }
+
+    fn build(
+        config: CallConfig,
+        scope: Option<Caller>,
+        known: Option<&KnownLeases>,
         now: Instant,
         wall: OffsetDateTime,
         endpoint: Endpoint,
@@ -168,6 +206,9 @@ impl Call {
             confirms: 0,
             effects: Default::default(),
             reply: None,
+            known: None,
+            learnt: None,
+            sent: None,
         };
         match config.mode {
             Mode::Unsupported => {
@@ -189,7 +230,12 @@ impl Call {
         }
         match Request::decode(endpoint, body) {
             Err(e) => call.fail(e),
-            Ok(request) => call.start(now, request),
+            Ok(request) => {
+                // Known by where the key is stored: a tenant's under its account.
+                let stored = tenant::storage_key(call.scope.as_ref(), request.key());
+                call.known = known.and_then(|k| k.get(&stored)).cloned();
+                call.start(now, request)
+            }
         }
         call
     }
@@ -202,23 +248,26 @@ impl Call {
                 self.write_create(key, 0);
             }
             Request::Renew(r) => {
-                let key = r.key.clone();
                 self.job = Job::Renew(r, None);
-                self.read(key);
+                self.start_renew(now);
             }
             Request::Release(r) => {
-                let key = r.key.clone();
                 self.job = Job::Release {
                     key: r.key,
                     holder: r.holder,
                     revision: r.revision,
                 };
-                self.read(key);
+                self.start_release(now);
             }
             Request::Owner(r) => {
                 let key = r.key.clone();
                 self.job = Job::Owner { key: r.key };
-                self.read(key);
+                match self.known_state(now) {
+                    // Only a read a call answers from is confirmed: on one replica
+                    // the call reads, as it always did.
+                    Some(state) if self.config.confirm_reads => self.confirm(now, state),
+                    _ => self.read(key),
+                }
             }
             Request::Forward(r) => {
                 let key = r.key.clone();
@@ -246,6 +295,13 @@ impl Call {
     /// The reply, once the call has one: its one event.
     pub fn poll_event(&mut self) -> Option<Response> {
         self.reply.take()
+    }
+
+    /// The newest fact the call learnt about its key (from a leader read, or from a
+    /// write of its own that was stored), for the service's [`KnownLeases`]: the
+    /// key and what its revision holds. Drain it with the other outputs.
+    pub fn poll_learnt(&mut self) -> Option<(String, Known)> {
+        self.learnt.take()
     }
 
     /// The next request as the call decided it, for table tests that read its fields.
@@ -352,7 +408,10 @@ impl Call {
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
         match waiting {
             Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
-                Ok(state) => self.on_read(now, state),
+                Ok(state) => {
+                    self.learn_read(&state);
+                    self.on_read(now, state)
+                }
                 Err(f) => self.fail_js(f),
             },
             Waiting::Confirm(w, state) if w == id => match js::parse_pub_ack(&outcome) {
@@ -362,7 +421,10 @@ impl Call {
                 Err(f) => self.fail_js(f),
             },
             Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(rev)) => self.on_written(now, rev),
+                Ok(PublishResult::Stored(rev)) => {
+                    self.learn_write(rev);
+                    self.on_written(now, rev)
+                }
                 Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
                 Err(f) => self.fail_js(f),
             },
@@ -432,6 +494,11 @@ impl Call {
         let id = self.id();
         write.id = id;
         self.writes += 1;
+        let record = match write.operation {
+            Operation::Put => LeaseRecord::parse(&write.value).ok(),
+            Operation::Delete => None,
+        };
+        self.sent = Some((self.now, record));
         self.issue(Waiting::Write(id), Effect::KvWrite(write));
     }
 
@@ -607,6 +674,98 @@ impl Call {
             Job::Renew(r, Some(Renewal { record, .. })) => self.renewed(r, record, revision),
             Job::Release { key, holder, .. } => self.released(key, holder, revision),
             other => self.job = other,
+        }
+    }
+
+    /// Keeps `fact` about the call's key for [`Call::poll_learnt`], unless the call
+    /// learnt of a newer revision already.
+    fn learn(&mut self, fact: Known) {
+        if fact.revision == 0
+            || self
+                .learnt
+                .as_ref()
+                .is_some_and(|(_, k)| k.revision > fact.revision)
+        {
+            return;
+        }
+        let stored = tenant::storage_key(self.scope.as_ref(), self.key());
+        self.learnt = Some((stored, fact));
+    }
+
+    /// A leader read states what the key's last revision held then, and when (by
+    /// the server's clock) it was stored.
+    fn learn_read(&mut self, state: &KeyState) {
+        let fact = match state {
+            KeyState::Absent => return,
+            KeyState::Free { revision } => Known {
+                revision: *revision,
+                state: KnownState::Free,
+            },
+            KeyState::Held {
+                revision,
+                record,
+                written_at,
+            } => Known {
+                revision: *revision,
+                state: KnownState::Held {
+                    record: record.clone(),
+                    stamp: Stamp {
+                        server: Some(*written_at),
+                        sent_before: None,
+                    },
+                },
+            },
+            KeyState::Corrupt { revision, .. } => Known {
+                revision: *revision,
+                state: KnownState::Other,
+            },
+        };
+        self.learn(fact);
+    }
+
+    /// The call's own write stored at `revision`: the service knows what it wrote,
+    /// and that it was stored after the write was asked for.
+    fn learn_write(&mut self, revision: u64) {
+        let Some((sent_before, record)) = self.sent.take() else {
+            return;
+        };
+        let state = match record {
+            Some(record) => KnownState::Held {
+                record,
+                stamp: Stamp {
+                    server: None,
+                    sent_before: Some(sent_before),
+                },
+            },
+            None => KnownState::Free,
+        };
+        self.learn(Known { revision, state });
+    }
+
+    /// What the service knew of the key's last revision when the call started, as
+    /// a read would show it, if it knows enough: the record's store time by the
+    /// server's clock, or else estimated on the service's clock from the instant
+    /// before its own write (only an owner reply's advisory `expires_at` is made
+    /// from it).
+    fn known_state(&self, now: Instant) -> Option<KeyState> {
+        let known = self.known.as_ref()?;
+        match &known.state {
+            KnownState::Free => Some(KeyState::Free {
+                revision: known.revision,
+            }),
+            KnownState::Held { record, stamp } => {
+                let written_at = stamp.server.or_else(|| {
+                    let ago = now.saturating_duration_since(stamp.sent_before?);
+                    let wall = self.started_wall + now.saturating_duration_since(self.started_at);
+                    Some(wall - ago)
+                })?;
+                Some(KeyState::Held {
+                    revision: known.revision,
+                    record: record.clone(),
+                    written_at,
+                })
+            }
+            KnownState::Other => None,
         }
     }
 

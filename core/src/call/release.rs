@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use super::fence::KnownFence;
 use super::{Call, Job};
 use crate::effect::{KvWrite, Operation};
 use crate::io::EffectId;
@@ -10,6 +11,28 @@ use crate::record::LeaseEvent;
 use crate::wire::{ReleaseReply, Response};
 
 impl Call {
+    /// The release's first request: the fenced tombstone at once when the service
+    /// knows the revision named ([`Call::known_fence`]), else the read.
+    pub(super) fn start_release(&mut self, now: Instant) {
+        let Job::Release {
+            key,
+            holder,
+            revision,
+        } = &self.job
+        else {
+            return;
+        };
+        let key = key.clone();
+        match self.known_fence(now, holder, *revision) {
+            KnownFence::Unknown => self.read(key),
+            KnownFence::OtherHolder => self.refuse_known(now),
+            KnownFence::Mine(..) => {
+                let expected = *revision;
+                self.fenced_write(tombstone(key, expected, self.config.kv_timeout));
+            }
+        }
+    }
+
     /// A current read of the key: the fenced tombstone.
     pub(super) fn decide_release(
         &mut self,
@@ -28,16 +51,7 @@ impl Call {
                     holder,
                     revision,
                 };
-                self.fenced_write(KvWrite {
-                    id: EffectId(0),
-                    key,
-                    operation: Operation::Delete,
-                    expected_revision: expected,
-                    ttl_ms: None,
-                    event: LeaseEvent::Released,
-                    value: Vec::new(),
-                    timeout: self.config.kv_timeout,
-                });
+                self.fenced_write(tombstone(key, expected, self.config.kv_timeout));
             }
         }
     }
@@ -51,5 +65,19 @@ impl Call {
             holder,
             revision,
         }));
+    }
+}
+
+/// The release's write: a tombstone without a TTL, conditional on `expected`.
+fn tombstone(key: String, expected: u64, timeout: std::time::Duration) -> KvWrite {
+    KvWrite {
+        id: EffectId(0),
+        key,
+        operation: Operation::Delete,
+        expected_revision: expected,
+        ttl_ms: None,
+        event: LeaseEvent::Released,
+        value: Vec::new(),
+        timeout,
     }
 }

@@ -306,6 +306,10 @@ pub struct HolderWorld {
     violation: Option<String>,
     /// What the run saw so far.
     pub stats: Stats,
+    /// With [`HolderWorld::with_known`]: what the service knows of each key, fed by
+    /// its calls and by every message the stream stores (its change events, as
+    /// they are stored), and how far into the log it has read.
+    known: Option<(crate::known::KnownLeases, usize)>,
 }
 
 const KEY: &str = "leader";
@@ -545,6 +549,7 @@ impl HolderWorld {
             store: BTreeMap::new(),
             violation: None,
             stats: Stats::default(),
+            known: None,
         };
         if world.p.app != App::None {
             world.schedule(0, Ev::AppWrite);
@@ -562,6 +567,25 @@ impl HolderWorld {
             }
         }
         world
+    }
+
+    /// The same world with the service acting on what it knows of each key
+    /// ([`Call::with_known`]): renew and release of a revision it knows go straight
+    /// to their conditional write.
+    pub fn with_known(mut self) -> Self {
+        self.known = Some((crate::known::KnownLeases::new(1024), 0));
+        self
+    }
+
+    /// The service learns every message the stream stored since it last looked.
+    fn learn_stored(&mut self) {
+        let Some((known, read)) = &mut self.known else {
+            return;
+        };
+        for m in &self.js.log[*read..] {
+            known.learn(&m.key, m.known_fact(self.js.epoch));
+        }
+        *read = self.js.log.len();
     }
 
     /// Change events for what the stream stored since the last call, to every
@@ -856,6 +880,11 @@ impl HolderWorld {
             let Some(sc) = self.calls[c].as_mut() else {
                 return;
             };
+            if let Some((known, _)) = &mut self.known {
+                while let Some((key, fact)) = sc.call.poll_learnt() {
+                    known.learn(&key, fact);
+                }
+            }
             if let Some(t) = sc.call.poll_transmit() {
                 let at = self.t + self.latency();
                 self.schedule(at, Ev::Step(c, t.id, t.request));
@@ -1008,13 +1037,15 @@ impl HolderWorld {
                 self.drain_holder(h);
             }
             Ev::Arrive(h, generation, request) => {
-                let call = Call::new(
-                    CallConfig::ready(1024 * 1024),
-                    self.service_now(),
-                    self.js.wall(),
-                    request.endpoint,
-                    &request.body,
-                );
+                self.learn_stored();
+                let config = CallConfig::ready(1024 * 1024);
+                let (now, wall) = (self.service_now(), self.js.wall());
+                let call = match &self.known {
+                    Some((known, _)) => {
+                        Call::with_known(config, now, wall, request.endpoint, &request.body, known)
+                    }
+                    None => Call::new(config, now, wall, request.endpoint, &request.body),
+                };
                 self.calls.push(Some(ServiceCall {
                     call,
                     holder: h,

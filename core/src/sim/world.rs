@@ -13,6 +13,7 @@ use crate::call::{Call, CallConfig, Effect};
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
 use crate::js::{self, KeyState};
+use crate::known::{Known, KnownLeases};
 use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::test_support::invalid_bodies;
 use crate::wire::{Endpoint, ErrorKind, Response};
@@ -75,6 +76,10 @@ pub trait CallMachine: std::fmt::Debug {
     fn poll_timeout(&self) -> Option<Instant>;
     /// See [`Call::handle_timeout`].
     fn handle_timeout(&mut self, now: Instant);
+    /// See [`Call::poll_learnt`]; nothing by default.
+    fn poll_learnt(&mut self) -> Option<(String, Known)> {
+        None
+    }
 }
 
 impl CallMachine for Call {
@@ -92,6 +97,9 @@ impl CallMachine for Call {
     }
     fn handle_timeout(&mut self, now: Instant) {
         Self::handle_timeout(self, now)
+    }
+    fn poll_learnt(&mut self) -> Option<(String, Known)> {
+        Self::poll_learnt(self)
     }
 }
 
@@ -152,6 +160,11 @@ pub struct World {
     pub(super) max_granted: BTreeMap<String, u64>,
     /// Replies seen, by kind of call, for reporting coverage.
     pub replies: Vec<(CallKind, Response)>,
+    /// With [`World::with_known`]: what the service knows of each key, fed by the
+    /// calls and by change events delivered one step late.
+    known: Option<KnownLeases>,
+    /// The change events of the last step, delivered at the end of the next.
+    events: Vec<(String, Known)>,
 }
 
 /// A broken invariant.
@@ -173,6 +186,34 @@ impl World {
             fences: BTreeMap::new(),
             max_granted: BTreeMap::new(),
             replies: Vec::new(),
+            known: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// The same world with the service's [`KnownLeases`]: calls start from what it
+    /// knows of their key ([`Call::with_known`]) and teach it what they learn, and
+    /// the stream's last message of every key reaches it as a change event one step
+    /// after it was current (so what it knows is sometimes out of date).
+    pub fn with_known(mut self) -> Self {
+        self.known = Some(KnownLeases::new(64));
+        self
+    }
+
+    /// Delivers the last step's change events and gathers this step's.
+    fn deliver_events(&mut self) {
+        let Some(known) = &mut self.known else {
+            return;
+        };
+        for (key, fact) in self.events.drain(..) {
+            known.learn(&key, fact);
+        }
+        for k in 0..self.keys {
+            let key = format!("k{k}");
+            if let Some(m) = self.sim.current(&key) {
+                let fact = m.known_fact(self.sim.epoch);
+                self.events.push((key, fact));
+            }
         }
     }
 
@@ -225,6 +266,12 @@ impl World {
 
     /// Applies one step and checks every invariant.
     pub fn apply(&mut self, op: Op) -> Result<(), Violation> {
+        let result = self.apply_op(op);
+        self.deliver_events();
+        result
+    }
+
+    fn apply_op(&mut self, op: Op) -> Result<(), Violation> {
         match op {
             Op::Acquire { holder, key, ttl_s } => {
                 let (holder, key) = (self.holder(holder), self.key(key));
@@ -355,13 +402,23 @@ impl World {
             }
             _ => None,
         };
-        let call = (self.make)(
-            self.config,
-            self.now(),
-            self.sim.wall(),
-            endpoint,
-            body.as_bytes(),
-        );
+        let call = match &self.known {
+            Some(known) => Box::new(Call::with_known(
+                self.config,
+                self.now(),
+                self.sim.wall(),
+                endpoint,
+                body.as_bytes(),
+                known,
+            )),
+            None => (self.make)(
+                self.config,
+                self.now(),
+                self.sim.wall(),
+                endpoint,
+                body.as_bytes(),
+            ),
+        };
         self.calls.push(Active {
             kind,
             call,
@@ -514,6 +571,11 @@ impl World {
 
     /// Takes effects until the call waits on one or has replied.
     fn drain(&mut self, i: usize) -> Result<(), Violation> {
+        if let Some(known) = &mut self.known {
+            while let Some((key, fact)) = self.calls[i].call.poll_learnt() {
+                known.learn(&key, fact);
+            }
+        }
         while let Some(effect) = self.calls[i].call.poll_effect() {
             if self.calls[i].reply.is_some() {
                 return Err(format!("effect after the reply: {effect:?}"));

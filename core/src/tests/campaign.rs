@@ -1130,3 +1130,37 @@ proptest::proptest! {
         }
     }
 }
+
+/// The driver's randomness reaches the holders a campaign makes: two members
+/// alike but for their seed, refused by the service at the same instants, retry
+/// their renews at different instants from the second failure on.
+#[test]
+fn a_campaigns_seed_spreads_its_holders_retries() {
+    let second_retry = |seed: u64| {
+        let mut run = Run::new();
+        run.campaign.seed_jitter(seed);
+        run.group(&["a"], 1);
+        let acquire = run.request();
+        run.elect(0, &acquire, 7);
+        let mut at = 5000;
+        let mut retries = Vec::new();
+        for _ in 0..2 {
+            run.campaign.handle_timeout(run.at(at));
+            let renew = run.request();
+            assert_eq!(renew.request.endpoint, Endpoint::Renew);
+            run.answer(at + 10, &renew, super::holder::error("unavailable"));
+            let next = run.campaign.poll_timeout().expect("a retry");
+            retries.push(next - run.at(at + 10));
+            at = (next - run.t0).as_millis() as u64;
+        }
+        retries
+    };
+    let (a, b) = (second_retry(1), second_retry(2));
+    // The first retry is retry_every (1 s) for both; the second differs.
+    assert_eq!(
+        (a[0], b[0]),
+        (Duration::from_secs(1), Duration::from_secs(1))
+    );
+    assert!(a[1] >= Duration::from_secs(2) && b[1] >= Duration::from_secs(2));
+    assert_ne!(a[1], b[1], "{a:?} {b:?}");
+}

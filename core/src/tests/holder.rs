@@ -9,7 +9,7 @@ use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, MAX_STOP_REQUESTS,
-    StepDownReason,
+    StepDownReason, owner_retry_delay,
 };
 use crate::io::RequestOutcome;
 use crate::test_support::HolderRequest;
@@ -407,6 +407,105 @@ fn retries_a_failed_renew_until_the_deadline() {
     run.answer(6020, &r, RequestOutcome::NoResponders);
     assert!(run.holder.tenure(run.at(6020)).is_some());
     assert_eq!(run.events(), []);
+}
+
+/// The owner's retry rule: the first failure waits `retry_every`; from the second
+/// on the wait doubles and the jitter adds up to half of it; never past the room
+/// left before the deadline, and with less room than `retry_every`, `retry_every`.
+#[test]
+fn an_owners_retries_back_off_with_jitter_within_the_room_before_its_deadline() {
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    let room = s(3600);
+    for (failures, jitter, room, wait) in [
+        (1, 0, room, s(1)),
+        (1, u64::MAX, room, s(1)),
+        (2, 0, room, s(2)),
+        (2, 1 << 63, room, ms(2500)),
+        (2, u64::MAX, room, ms(3000) - Duration::from_nanos(1)),
+        (3, 0, room, s(4)),
+        (3, 1 << 62, room, ms(4500)),
+        (5, 0, room, s(16)),
+        // Capped by the room: still a send before the deadline.
+        (5, 0, s(7), s(7)),
+        (3, u64::MAX, ms(4200), ms(4200)),
+        // Less room than retry_every: back to the old pace.
+        (6, 0, ms(400), s(1)),
+        (6, u64::MAX, Duration::ZERO, s(1)),
+        // Many failures: the doubling stops, the room still bounds it.
+        (u32::MAX, 0, room, s(1 << 16).min(room)),
+    ] {
+        assert_eq!(
+            owner_retry_delay(s(1), failures, jitter, room),
+            wait,
+            "failures {failures}, jitter {jitter}, room {room:?}"
+        );
+    }
+}
+
+/// An owner the service keeps answering `unavailable`: its renews go out spread
+/// apart more and more (not every `retry_every`), the last one still sent with
+/// room for its reply before the deadline, and it steps down at the deadline.
+/// Two holders that failed at the same instants retry at different ones.
+#[test]
+fn an_owner_answered_unavailable_backs_off_and_still_steps_down_at_its_deadline() {
+    let ttl = Duration::from_secs(60);
+    let sends = |holder: &str| {
+        let config = HolderConfig::new("leader", holder, ttl);
+        let (span, timeout) = (config.believed_span(ttl), config.request_timeout);
+        // A 60 s lease: granted at 7 and confirmed by a renew, both at 0.
+        let sixty = |mut v: serde_json::Value| {
+            v["ttl_ms"] = json!(60_000);
+            RequestOutcome::reply(v.to_string())
+        };
+        let mut run = Run::new(config);
+        let r = run.request();
+        let mut grant = lease(7, holder);
+        grant["granted"] = json!(true);
+        run.answer(0, &r, sixty(grant));
+        let confirm = run.request();
+        run.answer(0, &confirm, sixty(lease(7, holder)));
+        assert!(matches!(run.events()[..], [HolderEvent::Elected { .. }]));
+        let deadline = run.at(0) + span;
+        let mut sends = Vec::new();
+        let mut at = run.at(20_000);
+        loop {
+            run.holder.handle_timeout(at);
+            if run.holder.tenure(at).is_none() {
+                break;
+            }
+            let r = run.request();
+            assert_eq!(r.endpoint, Endpoint::Renew);
+            sends.push(at - run.t0);
+            run.holder
+                .handle_outcome(at + Duration::from_millis(5), r.id, error("unavailable"));
+            at = run.holder.poll_timeout().expect("a retry or the deadline");
+        }
+        assert_eq!(at, deadline, "it acts next at its deadline");
+        assert_eq!(
+            run.events(),
+            [HolderEvent::SteppedDown {
+                reason: StepDownReason::DeadlineMissed
+            }]
+        );
+        (sends, deadline - run.t0, timeout)
+    };
+    let (a, deadline, timeout) = sends("h1");
+    let gaps: Vec<Duration> = a.windows(2).map(|w| w[1] - w[0]).collect();
+    // TTL/10 (6 s) is clamped to 1 s: the first retry 1 s after the failure.
+    assert_eq!(gaps[0], Duration::from_millis(1005));
+    assert!(gaps[1] >= Duration::from_secs(2), "{gaps:?}");
+    assert!(gaps[2] >= Duration::from_secs(4), "{gaps:?}");
+    // Fewer sends than one every second over the same span.
+    let span = a[a.len() - 1] - a[0];
+    assert!((a.len() as u128) < span.as_millis() / 1005 / 2, "{a:?}");
+    // A renew goes out within the last request timeout before the deadline.
+    assert!(
+        a.iter().any(|t| *t + timeout >= deadline),
+        "{a:?} {deadline:?}"
+    );
+    let (b, ..) = sends("h2");
+    assert_ne!(a, b, "jitter differs between holders");
 }
 
 #[test]

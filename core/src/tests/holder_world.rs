@@ -63,6 +63,36 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The same worlds with the service acting on what it knows of the key
+    /// (renew and release of a known revision straight to their write, the
+    /// renewal judged by the service's own monotonic bound when that is all it
+    /// has): still nobody believes past the server's lease, never two at once.
+    #[test]
+    fn holders_never_believe_past_the_server_lease_when_the_service_knows_revisions(
+        seed in any::<u64>(),
+        holders in 2usize..5,
+        ttl_s in 1u64..4,
+        pause_every_ms in 0u64..20_000,
+        loss_percent in 0u64..40,
+        max_latency_ms in 1u64..1200,
+        ack_loss_percent in 0u64..30,
+        recreate_every_ms in prop_oneof![Just(0u64), 1_000u64..20_000],
+    ) {
+        let mut p = params(seed, holders, ttl_s, pause_every_ms);
+        p.loss_percent = loss_percent;
+        p.max_latency_ms = max_latency_ms;
+        p.ack_loss_percent = ack_loss_percent;
+        p.recreate_every_ms = recreate_every_ms;
+        let mut world = HolderWorld::new(p).with_known();
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
 /// The worlds above exercise what they claim: elections, renewals, failovers after
 /// pauses, and step-downs at the deadline.
 #[test]

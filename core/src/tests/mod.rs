@@ -8,6 +8,7 @@ mod coalesce_props;
 mod confirm;
 mod holder;
 mod holder_world;
+mod known;
 mod lock_world;
 mod micro;
 mod priority_world;

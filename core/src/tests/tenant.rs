@@ -78,6 +78,7 @@ fn scoped(caller: Caller, endpoint: Endpoint, body: &str) -> Call {
     Call::new_scoped(
         CallConfig::ready(1024 * 1024).for_replicas(3),
         Some(caller),
+        None,
         Instant::now(),
         wall(),
         endpoint,
