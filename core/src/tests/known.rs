@@ -166,7 +166,11 @@ fn a_known_revision_held_by_another_is_lost_without_writing() {
         d.feed(r.id, held(40, "other", 15000, 0));
         let e = d.error();
         assert_eq!(e.kind, ErrorKind::Lost, "{endpoint:?}");
-        assert!(!e.error.contains("other`"), "names the other holder: {}", e.error);
+        assert!(
+            !e.error.contains("other`"),
+            "names the other holder: {}",
+            e.error
+        );
         let mut d = drive(single(), endpoint, RENEW, &known);
         let r = d.read();
         d.feed(r.id, held(42, "me", 15000, 0));
