@@ -63,3 +63,92 @@ fn scripts_serve_serves_the_cli_until_ctrl_c() {
     let gone = cli(&["owner", "my-key"]);
     assert_eq!(gone.status.code(), Some(2), "no server left: {gone:?}");
 }
+
+/// `scripts/serve --tenants`: the accounts example of docs/security.md on the
+/// pinned server, as a newcomer runs it: each tenant has its own keys, the
+/// service's own account is refused, the CLI and `lock` work as tenant clients,
+/// and Ctrl-C stops it all.
+#[test]
+fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/serve");
+    let mut serve = Command::new(script)
+        .arg("--tenants")
+        .env("DAGNATS_LEASES_BIN", BIN)
+        .env("DAGNATS_PORT", "-1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("scripts/serve --tenants starts");
+    let mut out = BufReader::new(serve.stdout.take().unwrap()).lines();
+    let first = out.next().expect("a line").unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("nats://"))
+        .unwrap_or_else(|| panic!("no URL in {first:?}"))
+        .to_string();
+    // The connection's flags right after the command, before a `--`.
+    let as_user = |user: &str, args: &[&str]| {
+        Command::new(BIN)
+            .arg(args[0])
+            .args(["--nats-url", &url, "--user", user, "--password", user])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    let a = as_user(
+        "a1",
+        &["acquire", "job", "--holder", "me", "--ttl-ms", "15000"],
+    );
+    assert_eq!(a.status.code(), Some(0), "{a:?}");
+    let b = as_user("b1", &["owner", "job"]);
+    assert_eq!(b.status.code(), Some(3), "TB's job is free: {b:?}");
+    let b = as_user(
+        "b1",
+        &["acquire", "job", "--holder", "me", "--ttl-ms", "15000"],
+    );
+    assert_eq!(b.status.code(), Some(0), "TB holds its own job: {b:?}");
+    let taken = as_user(
+        "a2",
+        &["acquire", "job", "--holder", "me", "--ttl-ms", "15000"],
+    );
+    assert!(
+        String::from_utf8_lossy(&taken.stderr).contains("forbidden"),
+        "a2 takes a1's lease: {taken:?}"
+    );
+    let own = as_user("leases", &["owner", "job"]);
+    assert!(
+        String::from_utf8_lossy(&own.stderr).contains("forbidden"),
+        "the service's own account: {own:?}"
+    );
+    let lock = as_user(
+        "a2",
+        &[
+            "lock",
+            "nightly",
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$DAGNATS_LEASE_FENCE\"",
+        ],
+    );
+    assert_eq!(lock.status.code(), Some(0), "lock as a tenant: {lock:?}");
+
+    let ok = Command::new("kill")
+        .args(["-INT", &serve.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scripts/serve --tenants did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}
