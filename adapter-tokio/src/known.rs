@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use async_nats::Client;
 use dagnats_leases_core::known::KnownLeases;
+use dagnats_leases_core::subjects::TENANT_CHANGED_SUBJECTS;
 use dagnats_leases_core::subjects::changed_subject;
-use dagnats_leases_core::tenant::Caller;
+use dagnats_leases_core::tenant::{Caller, Tenancy};
 use dagnats_leases_core::wire::Endpoint;
 use dagnats_leases_core::{Call, CallConfig};
 use futures::StreamExt;
@@ -71,8 +72,12 @@ impl KnownCache {
     /// a key unknown or known at an older revision, which costs a read (or a
     /// refused write, then a read), never a wrong answer. A failed subscribe leaves
     /// the map fed by the calls alone.
-    pub async fn watch(self, client: Client) {
-        match client.subscribe(changed_subject("*")).await {
+    pub async fn watch(self, client: Client, tenancy: Tenancy) {
+        let subject = match tenancy {
+            Tenancy::Single => changed_subject("*"),
+            Tenancy::Accounts => TENANT_CHANGED_SUBJECTS.to_string(),
+        };
+        match client.subscribe(subject).await {
             Ok(mut events) => {
                 while let Some(m) = events.next().await {
                     let headers = m.headers.as_ref();

@@ -348,7 +348,9 @@ pub async fn prepare(
         )
     });
     let known = (options.known_capacity > 0).then(|| KnownCache::new(options.known_capacity));
-    let watch = known.clone().map(|k| k.watch(client.clone()));
+    let watch = known
+        .clone()
+        .map(|k| k.watch(client.clone(), options.tenancy));
     let serve = serve(
         runtime,
         Intake {

@@ -167,9 +167,13 @@ impl KnownLeases {
         header: impl Fn(&str) -> Option<&'a str>,
         payload: &[u8],
     ) {
+        // `<key>`, or with tenancy `<account>.<key>`: the key as stored.
         let Some(key) = subject
             .strip_prefix(changed_subject("").as_str())
-            .filter(|k| !k.is_empty() && !k.contains('.'))
+            .filter(|k| {
+                let tokens: Vec<&str> = k.split('.').collect();
+                tokens.len() <= 2 && tokens.iter().all(|t| !t.is_empty())
+            })
         else {
             return;
         };

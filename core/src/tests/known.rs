@@ -430,9 +430,19 @@ fn change_events_teach_the_map_and_an_older_revision_never_replaces_a_newer() {
         panic!()
     };
     assert_eq!((stamp.server, stamp.sent_before), (Some(server), Some(t0)));
-    // Another subject teaches nothing.
-    known.handle_change("dagnats.lease.changed.a.b", marker, &[]);
-    assert!(known.get("a.b").is_none() && known.len() == 1);
+    // A tenant's key is learnt as stored, `<account>.<key>`; other subjects teach
+    // nothing.
+    known.handle_change("dagnats.lease.changed.TA.k", marker, &[]);
+    assert!(known.get("TA.k").is_some() && known.len() == 2);
+    for other in [
+        "dagnats.lease.changed.a.b.c",
+        "dagnats.lease.changed..b",
+        "dagnats.lease.changed.",
+        "other.k",
+    ] {
+        known.handle_change(other, marker, &[]);
+    }
+    assert_eq!(known.len(), 2);
 }
 
 #[test]
