@@ -262,10 +262,16 @@ impl Call {
             Request::Owner(r) => {
                 let key = r.key.clone();
                 self.job = Job::Owner { key: r.key };
+                // The reply's times are the stored message's: a revision known only
+                // from the service's own write (no server store time) is read.
+                let exact = self.known.as_ref().is_some_and(|k| match &k.state {
+                    KnownState::Held { stamp, .. } => stamp.server.is_some(),
+                    _ => true,
+                });
                 match self.known_state(now) {
                     // Only a read a call answers from is confirmed: on one replica
                     // the call reads, as it always did.
-                    Some(state) if self.config.confirm_reads => self.confirm(now, state),
+                    Some(state) if self.config.confirm_reads && exact => self.confirm(now, state),
                     _ => self.read(key),
                 }
             }

@@ -367,6 +367,15 @@ fn owner_on_a_replicated_bucket_confirms_a_known_revision_without_reading() {
     // One replica: owner reads, as it always did.
     let mut d = drive(single(), Endpoint::Owner, r#"{"key":"k"}"#, &known);
     assert!(matches!(d.effect(), Effect::KvRead(_)));
+    // Known only from the service's own write, with no server store time: the
+    // reply's times would be the service's guess, so owner reads.
+    let own_write = Stamp {
+        server: None,
+        sent_before: Some(Instant::now()),
+    };
+    let known = knowing(40, "x", 15000, own_write);
+    let mut d = drive(replicated, Endpoint::Owner, r#"{"key":"k"}"#, &known);
+    assert!(matches!(d.effect(), Effect::KvRead(_)));
 }
 
 /// A change event states the revision (`Nats-Sequence`), the record and the
