@@ -9,7 +9,8 @@
 //! - Each tenant receives its own keys' change events only, under the single-tenant
 //!   names `dagnats.lease.changed.<key>`.
 //! - The serving user cannot write the bucket, purge it or answer into the writer's
-//!   inboxes; the writer cannot purge; a tenant's reply aimed at the bucket stays a reply.
+//!   inboxes; the writer (the service's backend user) cannot delete the stream; a
+//!   tenant's reply aimed at the bucket stays a reply.
 //! - Forward: the service reaches a holder in its tenant at
 //!   `dagnats.lease.inbox.<account>.<holder>.<key>`, and no other tenant's holder.
 
@@ -27,7 +28,7 @@ const CONF: &str = include_str!("../../scripts/tenants.conf");
 /// The header the server sets on a request that crosses a service import.
 const REQUEST_INFO: &str = "Nats-Request-Info";
 /// The writer's inbox prefix, the one `scripts/tenants.conf` lets it subscribe to.
-const WRITER_INBOX: &str = "_dagnats_writer";
+const WRITER_INBOX: &str = "_dagnats_backend";
 const WAIT: Duration = Duration::from_secs(10);
 
 /// One server per release the example must work on: the supported one and the oldest.
@@ -270,7 +271,7 @@ async fn the_serving_user_cannot_write_the_bucket_and_a_steered_reply_stays_a_re
         for subject in [
             "$KV.leases.TA.job",
             "$JS.API.STREAM.PURGE.KV_leases",
-            "_dagnats_writer.forged.ack",
+            "_dagnats_backend.forged.ack",
         ] {
             serve.publish(subject, "{}".into()).await.unwrap();
             let error = next_error(&mut serve_errors).await;
@@ -280,7 +281,7 @@ async fn the_serving_user_cannot_write_the_bucket_and_a_steered_reply_stays_a_re
             );
         }
         writer
-            .publish("$JS.API.STREAM.PURGE.KV_leases", "{}".into())
+            .publish("$JS.API.STREAM.DELETE.KV_leases", "{}".into())
             .await
             .unwrap();
         let error = next_error(&mut writer_errors).await;
@@ -316,7 +317,8 @@ async fn forward_reaches_the_holder_in_its_own_tenant_only() {
         let (a1, _) = connect(&server, "a1").await;
         let mut inbox = a1.subscribe("dagnats.lease.inbox.h1.>").await.unwrap();
         round_trip(&a1).await;
-        let (serve, _) = connect(&server, "serve").await;
+        // The backend user forwards (`serve --backend-user writer`).
+        let (serve, _) = connect(&server, "writer").await;
         let mut headers = HeaderMap::new();
         headers.insert("Dagnats-Lease-Fence", "7");
         let forward = {
@@ -357,4 +359,15 @@ async fn forward_reaches_the_holder_in_its_own_tenant_only() {
             );
         }
     }
+}
+
+/// The config the docs show is the one `scripts/serve --tenants` runs.
+#[test]
+fn docs_security_shows_the_committed_config() {
+    let docs = include_str!("../../docs/security.md");
+    let accounts = &CONF[CONF.find("accounts {").expect("an accounts block")..];
+    assert!(
+        docs.contains(accounts),
+        "docs/security.md's example differs from scripts/tenants.conf"
+    );
 }
