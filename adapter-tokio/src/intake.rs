@@ -12,6 +12,7 @@ use async_nats::{Client, Message, Subject, Subscriber};
 use bytes::Bytes;
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyScope};
+use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::{self, Caller, HDR_REQUEST_INFO, Tenancy};
 use dagnats_leases_core::wire::Endpoint;
@@ -19,6 +20,7 @@ use dagnats_leases_core::wire::ErrorReply;
 use futures::Stream;
 use futures::stream::SelectAll;
 
+use crate::runtime::{self, Runtime};
 use crate::telemetry;
 use crate::{Error, ErrorKind};
 
@@ -177,9 +179,16 @@ impl Gate {
     }
 }
 
-/// Publishes a reply to an admitted request.
-pub(crate) async fn reply(client: &Client, to: Subject, body: Vec<u8>) {
-    if let Err(e) = client.publish(to, body.into()).await {
-        tracing::warn!("reply not sent: {e}");
+/// Publishes a reply to an admitted request, handed to the client within
+/// [`HANDOFF_BOUND`]: while async-nats reconnects it reads no command, and a reply
+/// must not hold the loop (or a stop) for as long.
+pub(crate) async fn reply(runtime: &dyn Runtime, client: &Client, to: Subject, body: Vec<u8>) {
+    let publish = client.publish(to, body.into());
+    match runtime::until(runtime, runtime.now() + HANDOFF_BOUND, publish).await {
+        Some(Ok(())) => {}
+        Some(Err(e)) => tracing::warn!("reply not sent: {e}"),
+        None => {
+            tracing::warn!("reply not sent: the NATS client took no command for {HANDOFF_BOUND:?}")
+        }
     }
 }

@@ -21,7 +21,7 @@ use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::reply_scope::ReplyScope;
-use dagnats_leases_core::shutdown::{HANDOFF_BOUND, Shutdown, StopEvent, StopPhase};
+use dagnats_leases_core::shutdown::{Shutdown, StopEvent, StopPhase};
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::{QUEUE_GROUP, TENANT_CHANGED_SUBJECTS};
 use dagnats_leases_core::sweep::{SweepEvent, TombstoneSweep};
@@ -313,7 +313,7 @@ pub async fn prepare(
                             None => continue,
                         },
                     };
-                    intake::reply(&serving, request.reply, body).await;
+                    intake::reply(&*runtime, &serving, request.reply, body).await;
                 }
             }
         }
@@ -482,6 +482,7 @@ async fn serve(
     // Every call in flight is polled by this one future: calls run concurrently
     // without spawning, so the same loop serves on any executor.
     let mut calls = FuturesUnordered::new();
+    let mut sending: FuturesUnordered<Sending> = FuturesUnordered::new();
     let take = |calls: &mut FuturesUnordered<_>, endpoint: Endpoint, request, config| {
         calls.push(answer(
             runtime.clone(),
@@ -529,12 +530,13 @@ async fn serve(
                         }
                         admission.handle_request_of(runtime.now(), request.tenant(), endpoint, request);
                         for (endpoint, request, response) in admit(&mut admission, &mut calls, config) {
-                            refuse(&serving, &mut micro, endpoint, request, response).await;
+                            sending.push(refuse(&runtime, &serving, &mut micro, endpoint, request, response));
                         }
                     }
-                    Source::Srv => answer_verb(&serving, &micro, request).await,
+                    Source::Srv => sending.push(answer_verb(&runtime, &serving, &micro, request)),
                 }
             }
+            Some(()) = sending.next(), if !sending.is_empty() => {}
             Some(answered) = calls.next(), if !calls.is_empty() => {
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
                 match (&answered.response, &answered.scope) {
@@ -614,16 +616,14 @@ async fn serve(
             recheck = sleep_until(&*runtime, check_at);
         }
     }
+    // Every wait from here on has its bound, decided by the core's stop machine,
+    // the unsubscribes included: they are the drain phase's first wait.
+    let mut stop = Shutdown::new(runtime.now(), shutdown_timeout);
     // Unsubscribe everything, then keep reading: the requests already delivered to
     // this client are in the subscriptions' buffers, and each stream ends once
     // those are read. Every one of them is answered. The unsubscribes are queued to
-    // the connection and bounded: a server that is gone must not hold the stop.
-    let _ = runtime::until(
-        &*runtime,
-        runtime.now() + HANDOFF_BOUND,
-        intake::drain(&mut requests),
-    )
-    .await;
+    // the connection: a server that is gone must not hold the stop.
+    let _ = stop_wait(&*runtime, &stop, intake::drain(&mut requests)).await;
     admission.handle_stop(runtime.now());
     let refused = admit(&mut admission, &mut calls, config);
     debug_assert!(refused.is_empty(), "stopping refuses nothing");
@@ -631,8 +631,6 @@ async fn serve(
     if in_flight > 0 {
         tracing::info!("stopping: waiting up to {shutdown_timeout:?} for {in_flight} calls");
     }
-    // Every wait from here on has its bound, decided by the core's stop machine.
-    let mut stop = Shutdown::new(runtime.now(), shutdown_timeout);
     let mut bound = sleep_until(&*runtime, stop.poll_timeout());
     let mut open = true;
     let mut late = 0usize;
@@ -646,7 +644,7 @@ async fn serve(
                             late += 1;
                             take(&mut calls, endpoint, request, config);
                         }
-                        Source::Srv => answer_verb(&serving, &micro, request).await,
+                        Source::Srv => sending.push(answer_verb(&runtime, &serving, &micro, request)),
                     }
                 }
                 None => open = false,
@@ -654,6 +652,7 @@ async fn serve(
             Some(answered) = calls.next(), if !calls.is_empty() => {
                 micro.handle_answered(answered.endpoint, &answered.response, answered.took);
             }
+            Some(()) = sending.next(), if !sending.is_empty() => {}
             () = writer.step(&runtime, &client) => {}
             _ = &mut bound => {
                 stop.handle_timeout(runtime.now());
@@ -794,7 +793,7 @@ async fn answer(
     };
     let took = runtime.now() - started;
     telemetry::call_answered(endpoint, &response, took);
-    intake::reply(&serving, request.reply, response.to_json()).await;
+    intake::reply(&*runtime, &serving, request.reply, response.to_json()).await;
     Answered {
         endpoint,
         response,
@@ -804,24 +803,43 @@ async fn answer(
 }
 
 /// Answers a request admission refused, at once.
-async fn refuse(
+fn refuse(
+    runtime: &Arc<dyn Runtime>,
     serving: &Client,
     micro: &mut MicroService,
     endpoint: Endpoint,
     request: Admitted,
     response: Response,
-) {
+) -> Sending {
     telemetry::refused(endpoint);
     micro.handle_answered(endpoint, &response, Duration::ZERO);
-    intake::reply(serving, request.reply, response.to_json()).await;
+    let (runtime, serving) = (runtime.clone(), serving.clone());
+    Box::pin(async move {
+        intake::reply(&*runtime, &serving, request.reply, response.to_json()).await;
+    })
 }
 
 /// Answers a `$SRV` verb meant for this instance; ignores any other subject.
-async fn answer_verb(serving: &Client, micro: &MicroService, request: Admitted) {
-    if let Some(verb) = micro.verb_of(&request.subject) {
-        intake::reply(serving, request.reply, micro.reply(verb)).await;
-    }
+fn answer_verb(
+    runtime: &Arc<dyn Runtime>,
+    serving: &Client,
+    micro: &MicroService,
+    request: Admitted,
+) -> Sending {
+    let body = micro
+        .verb_of(&request.subject)
+        .map(|verb| micro.reply(verb));
+    let (runtime, serving) = (runtime.clone(), serving.clone());
+    Box::pin(async move {
+        if let Some(body) = body {
+            intake::reply(&*runtime, &serving, request.reply, body).await;
+        }
+    })
 }
+
+/// A reply the serve loop answers without a call (a refusal, a `$SRV` verb), sent
+/// beside the loop so that a slow handoff never holds it.
+type Sending = futures::future::BoxFuture<'static, ()>;
 
 /// Sleeps until `at`, or for ever without one.
 fn sleep_until(runtime: &dyn Runtime, at: Option<Instant>) -> runtime::Sleep {
