@@ -123,6 +123,12 @@ impl KnownLeases {
 
     /// Learns a fact about `key`. A revision older than the one known is ignored;
     /// the same revision adds the stamps the known fact lacks; a newer one replaces.
+    ///
+    /// Two facts about one revision that disagree (another record, held against
+    /// free) make it [`KnownState::Other`]: the calls read it again. A stream
+    /// message never changes, so a disagreement means one source lied (a change
+    /// event published by a client, not by the server's republish) or the stream
+    /// was made anew; the service then trusts neither.
     pub fn learn(&mut self, key: &str, fact: Known) {
         if self.capacity == 0 || fact.revision == 0 {
             return;
@@ -132,14 +138,16 @@ impl KnownLeases {
                 return;
             }
             if fact.revision == known.revision {
-                if let (
-                    KnownState::Held { stamp, .. },
-                    KnownState::Held {
-                        stamp: new_stamp, ..
-                    },
-                ) = (&mut known.state, &fact.state)
-                {
-                    *stamp = stamp.merge(*new_stamp);
+                match (&mut known.state, &fact.state) {
+                    (
+                        KnownState::Held { record, stamp },
+                        KnownState::Held {
+                            record: new_record,
+                            stamp: new_stamp,
+                        },
+                    ) if record == new_record => *stamp = stamp.merge(*new_stamp),
+                    (KnownState::Free, KnownState::Free) | (KnownState::Other, _) => {}
+                    _ => known.state = KnownState::Other,
                 }
                 return;
             }

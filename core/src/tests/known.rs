@@ -479,3 +479,52 @@ fn the_map_forgets_the_key_learnt_longest_ago_past_its_capacity() {
     );
     assert!(none.is_empty());
 }
+
+/// A change event a client forged (the server's republish is not the only
+/// publisher a deployment may allow): it names the next revision held by `x`
+/// before the victim's own renewal is stored there. The two facts disagree, so
+/// the map trusts neither: `x`'s renew of that revision reads first, and is
+/// refused by what the stream holds.
+#[test]
+fn two_facts_that_disagree_about_one_revision_make_the_calls_read_again() {
+    let mut known = knowing(41, "x", 15000, by_server());
+    known.learn(
+        "k",
+        Known {
+            revision: 41,
+            state: KnownState::Held {
+                record: record("victim", 15000),
+                stamp: by_server(),
+            },
+        },
+    );
+    assert_eq!(known.get("k").unwrap().state, KnownState::Other);
+    let mut d = drive(
+        single(),
+        Endpoint::Renew,
+        r#"{"key":"k","holder":"x","revision":41}"#,
+        &known,
+    );
+    let r = d.read();
+    d.feed(r.id, held(41, "victim", 15000, 0));
+    assert_eq!(d.error().kind, ErrorKind::Lost);
+    // A later fact of another revision replaces the disputed one.
+    known.learn(
+        "k",
+        Known {
+            revision: 42,
+            state: KnownState::Free,
+        },
+    );
+    assert_eq!(known.get("k").unwrap().state, KnownState::Free);
+    // Held against free disagrees too.
+    let mut known = knowing(41, "x", 15000, by_server());
+    known.learn(
+        "k",
+        Known {
+            revision: 41,
+            state: KnownState::Free,
+        },
+    );
+    assert_eq!(known.get("k").unwrap().state, KnownState::Other);
+}
