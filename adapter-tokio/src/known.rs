@@ -56,6 +56,11 @@ impl KnownCache {
         }
     }
 
+    /// Forgets every key ([`KnownLeases::clear`]).
+    pub fn forget(&self) {
+        self.lock().clear();
+    }
+
     /// How many keys are known.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -603,13 +603,25 @@ async fn serve(
             let send = async move { exec::send(&*runtime, &client, t.request).await };
             asking = Some((t.id, Box::pin(send)));
         }
-        while let Some(ReplicasEvent::ConfirmReads { replicas, on }) = c.poll_event() {
-            tracing::info!(
-                replicas,
-                confirm_reads = on,
-                "the leases stream's replicas changed"
-            );
-            config = options.call_config(config, replicas);
+        while let Some(event) = c.poll_event() {
+            match event {
+                ReplicasEvent::ConfirmReads { replicas, on } => {
+                    tracing::info!(
+                        replicas,
+                        confirm_reads = on,
+                        "the leases stream's replicas changed"
+                    );
+                    config = options.call_config(config, replicas);
+                }
+                ReplicasEvent::StreamReplaced => {
+                    tracing::warn!(
+                        "the leases stream is gone or was made anew: forgetting the revisions known"
+                    );
+                    if let Some(known) = &known {
+                        known.forget();
+                    }
+                }
+            }
         }
         if c.poll_timeout() != check_at {
             check_at = c.poll_timeout();

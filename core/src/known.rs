@@ -111,6 +111,12 @@ impl KnownLeases {
         self.map.get(key)
     }
 
+    /// Forgets every key: the stream is not the one the facts were about.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.order.clear();
+    }
+
     /// How many keys are known.
     pub fn len(&self) -> usize {
         self.map.len()

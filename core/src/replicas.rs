@@ -3,6 +3,11 @@
 //! while the stream has more than one replica: with one there is no other leader
 //! whose stale state a read could return).
 //!
+//! The same answer tells whether the stream is still the one the service has been
+//! serving: its `created` time. A stream deleted and made anew reuses sequences,
+//! so what the service knew of its keys' revisions ([`crate::known`]) is then
+//! forgotten ([`ReplicasEvent::StreamReplaced`]).
+//!
 //! A request unanswered within its timeout, or answered without the replicas (an
 //! error, JetStream unavailable), keeps what was known; the next check comes a
 //! period after the last one was sent, so at most one is in flight.
@@ -11,11 +16,15 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::js;
 use crate::startup::{replicas_from_reply, stream_info_request};
 
 /// What the re-check reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicasEvent {
+    /// The stream is gone or was made anew (another `created` time): forget what
+    /// was known of its keys' revisions.
+    StreamReplaced,
     /// The stream's replicas changed across one: confirm reads from now on, or stop.
     ConfirmReads {
         /// The stream's replicas as the server returned them.
@@ -35,6 +44,8 @@ pub struct ReplicasCheck {
     waiting: Option<(EffectId, Instant)>,
     next_id: u64,
     confirm_reads: bool,
+    /// The stream's `created` time as last seen.
+    created: Option<String>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ReplicasEvent>,
 }
@@ -50,6 +61,7 @@ impl ReplicasCheck {
             waiting: None,
             next_id: 0,
             confirm_reads: replicas > 1,
+            created: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -84,6 +96,25 @@ impl ReplicasCheck {
             return;
         }
         self.waiting = None;
+        match js::parse_api_reply(&outcome) {
+            Ok(Ok(info)) => {
+                let created = info
+                    .get("created")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_string);
+                if created.is_some() && self.created.is_some() && created != self.created {
+                    self.events.push_back(ReplicasEvent::StreamReplaced);
+                }
+                if created.is_some() {
+                    self.created = created;
+                }
+            }
+            Ok(Err(e)) if e.err_code == js::ERR_STREAM_NOT_FOUND && self.created.is_some() => {
+                self.created = None;
+                self.events.push_back(ReplicasEvent::StreamReplaced);
+            }
+            _ => {}
+        }
         let Some(replicas) = replicas_from_reply(&outcome) else {
             return;
         };

@@ -140,3 +140,35 @@ proptest! {
         }
     }
 }
+
+fn info_created(created: &str) -> RequestOutcome {
+    RequestOutcome::reply(
+        json!({"config": {"num_replicas": 1}, "created": created, "state": {}}).to_string(),
+    )
+}
+
+#[test]
+fn a_stream_made_anew_or_gone_says_forget_what_was_known_of_its_revisions() {
+    let t0 = Instant::now();
+    let mut c = ReplicasCheck::new(EVERY, T, 1, t0);
+    let id = check_at(&mut c, t0 + EVERY);
+    c.handle_outcome(t0 + EVERY, id, info_created("2026-12-05T03:00:00Z"));
+    assert_eq!(c.poll_event(), None, "the first sight is no change");
+    let id = check_at(&mut c, t0 + 2 * EVERY);
+    c.handle_outcome(t0 + 2 * EVERY, id, info_created("2026-12-05T03:00:00Z"));
+    assert_eq!(c.poll_event(), None, "the same stream");
+    let id = check_at(&mut c, t0 + 3 * EVERY);
+    c.handle_outcome(t0 + 3 * EVERY, id, info_created("2026-12-05T03:09:00Z"));
+    assert_eq!(c.poll_event(), Some(ReplicasEvent::StreamReplaced));
+    let id = check_at(&mut c, t0 + 4 * EVERY);
+    c.handle_outcome(
+        t0 + 4 * EVERY,
+        id,
+        crate::sim::api_error(404, 10059, "stream not found"),
+    );
+    assert_eq!(c.poll_event(), Some(ReplicasEvent::StreamReplaced));
+    // Unavailable or timed out: nothing to say.
+    let id = check_at(&mut c, t0 + 5 * EVERY);
+    c.handle_outcome(t0 + 5 * EVERY, id, RequestOutcome::TimedOut);
+    assert_eq!(c.poll_event(), None);
+}
