@@ -501,6 +501,10 @@ async fn serve(
         options.max_calls_waiting,
         runtime.now(),
     );
+    if options.tenancy == Tenancy::Accounts {
+        // No tenant's slow calls (forwards to a silent owner) hold every slot.
+        admission = admission.with_tenant_share(options.max_calls_in_flight / 2);
+    }
     // Starts what admission starts; returns what it refuses, to be answered one at
     // a time (a refusal held in memory per request would undo the bound).
     let admit = |admission: &mut Admission<_>, calls: &mut FuturesUnordered<_>, config| {
@@ -552,7 +556,8 @@ async fn serve(
                     }
                     _ => {}
                 }
-                admission.handle_finished(runtime.now());
+                let tenant = answered.scope.as_ref().map(|c| c.account.clone());
+                admission.handle_finished_of(runtime.now(), tenant);
                 let refused = admit(&mut admission, &mut calls, config);
                 debug_assert!(refused.is_empty(), "a call ending refuses nothing");
             }

@@ -371,3 +371,58 @@ async fn one_tenants_flood_does_not_starve_another_tenants_renewals() {
     );
     assert_eq!(served.stop().await, Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_forwards_to_a_silent_owner_do_not_hold_every_slot() {
+    let (server, served) = deployment_with(&["--max-calls-in-flight", "4"]).await;
+    let (a1, b1) = (connect(&server, "a1").await, connect(&server, "b1").await);
+    // TA's owner takes forwards and never answers them.
+    let mut silent = a1.subscribe("dagnats.lease.inbox.silent.>").await.unwrap();
+    call(&a1, "owner", json!({"key": "probe"})).await;
+    let held = call(
+        &a1,
+        "acquire",
+        json!({"key": "slow", "holder": "silent", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(held["granted"], true, "{held}");
+    let kept = call(
+        &b1,
+        "acquire",
+        json!({"key": "keep", "holder": "b", "ttl_ms": 30000}),
+    )
+    .await;
+    assert_eq!(kept["granted"], true, "{kept}");
+    // Four forwards of TA, each waiting 10 s for the silent owner: with four
+    // slots, TA runs two (its share), the others wait.
+    let a2 = connect(&server, "a2").await;
+    let forwards: Vec<_> = (0..4)
+        .map(|_| {
+            let a2 = a2.clone();
+            tokio::spawn(async move {
+                let body = json!({"key": "slow", "payload": "", "timeout_ms": 10000});
+                a2.request("api.leases.forward", body.to_string().into())
+                    .await
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        within("a forward at the silent owner", silent.next())
+            .await
+            .unwrap();
+    }
+    // TB's renewal is answered while TA's forwards still wait on their owner.
+    let renewed = call(
+        &b1,
+        "renew",
+        json!({"key": "keep", "holder": "b", "revision": kept["revision"]}),
+    )
+    .await;
+    assert_eq!(renewed["held"], true, "{renewed}");
+    assert!(
+        forwards.iter().all(|f| !f.is_finished()),
+        "TB's renewal waited for TA's forwards to end"
+    );
+    drop(forwards);
+    assert_eq!(served.stop().await, Some(0));
+}

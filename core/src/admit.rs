@@ -16,6 +16,11 @@
 //!   holder library's campaign doubles its wait; an owner renews again at its retry
 //!   interval).
 //!
+//! With tenants each account may also run at most a share of the calls at once
+//! ([`Admission::with_tenant_share`], half of them in the service): one tenant's
+//! slow calls (forwards to an owner that never answers, 30 s each) cannot hold
+//! every slot while another tenant's renewals wait.
+//!
 //! With tenants (`serve --tenancy accounts`) each account waits in a queue of its
 //! own and calls start from the queues in turn, so one tenant's flood waits behind
 //! another's renewals no longer than one call each; and when the room is full, a
@@ -47,6 +52,10 @@ pub struct Admission<T> {
     max_in_flight: usize,
     max_waiting: usize,
     in_flight: usize,
+    /// The most calls one tenant runs at once.
+    tenant_share: usize,
+    /// Calls running, by tenant.
+    running: BTreeMap<Option<String>, usize>,
     /// One queue per tenant (`None`: the one shared namespace).
     queues: BTreeMap<Option<String>, VecDeque<(Endpoint, T)>>,
     /// The tenants with a request waiting, in the order they start one.
@@ -64,12 +73,31 @@ impl<T> Admission<T> {
             max_in_flight: max_in_flight.max(1),
             max_waiting,
             in_flight: 0,
+            tenant_share: usize::MAX,
+            running: BTreeMap::new(),
             queues: BTreeMap::new(),
             turns: VecDeque::new(),
             waiting: 0,
             out: VecDeque::new(),
             refused: 0,
         }
+    }
+
+    /// Each tenant runs at most `share` calls at once (at least 1); the others of
+    /// a tenant at its share wait in its queue.
+    pub fn with_tenant_share(mut self, share: usize) -> Self {
+        self.tenant_share = share.max(1);
+        self
+    }
+
+    fn runs(&self, tenant: &Option<String>) -> usize {
+        self.running.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn start(&mut self, tenant: Option<String>, endpoint: Endpoint, request: T) {
+        self.in_flight += 1;
+        *self.running.entry(tenant).or_default() += 1;
+        self.out.push_back(Admit::Start(endpoint, request));
     }
 
     /// A request for `endpoint` arrived.
@@ -85,10 +113,8 @@ impl<T> Admission<T> {
         endpoint: Endpoint,
         request: T,
     ) {
-        if self.in_flight < self.max_in_flight {
-            self.in_flight += 1;
-            self.out.push_back(Admit::Start(endpoint, request));
-            return;
+        if self.in_flight < self.max_in_flight && self.runs(&tenant) < self.tenant_share {
+            return self.start(tenant, endpoint, request);
         }
         let keeps_a_lease = matches!(endpoint, Endpoint::Renew | Endpoint::Release);
         let room = if keeps_a_lease {
@@ -139,8 +165,19 @@ impl<T> Admission<T> {
     }
 
     /// A started call ended: the first waiting request starts.
-    pub fn handle_finished(&mut self, _now: Instant) {
+    pub fn handle_finished(&mut self, now: Instant) {
+        self.handle_finished_of(now, None);
+    }
+
+    /// A started call of `tenant` ended.
+    pub fn handle_finished_of(&mut self, _now: Instant, tenant: Option<String>) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(n) = self.running.get_mut(&tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running.remove(&tenant);
+            }
+        }
         self.start_waiting();
     }
 
@@ -148,6 +185,7 @@ impl<T> Admission<T> {
     /// one, or cuts it off at its bound), and the bound is lifted.
     pub fn handle_stop(&mut self, _now: Instant) {
         self.max_in_flight = usize::MAX;
+        self.tenant_share = usize::MAX;
         self.start_waiting();
     }
 
@@ -181,10 +219,18 @@ impl<T> Admission<T> {
     }
 
     fn start_waiting(&mut self) {
-        while self.in_flight < self.max_in_flight {
+        // Tenants at their share pass their turn; a round with none able stops.
+        let mut passed = 0;
+        while self.in_flight < self.max_in_flight && passed < self.turns.len() {
             let Some(tenant) = self.turns.pop_front() else {
                 return;
             };
+            if self.runs(&tenant) >= self.tenant_share {
+                self.turns.push_back(tenant);
+                passed += 1;
+                continue;
+            }
+            passed = 0;
             let queue = self
                 .queues
                 .get_mut(&tenant)
@@ -195,11 +241,10 @@ impl<T> Admission<T> {
             if queue.is_empty() {
                 self.queues.remove(&tenant);
             } else {
-                self.turns.push_back(tenant);
+                self.turns.push_back(tenant.clone());
             }
             self.waiting -= 1;
-            self.in_flight += 1;
-            self.out.push_back(Admit::Start(endpoint, request));
+            self.start(tenant, endpoint, request);
         }
     }
 }

@@ -189,3 +189,27 @@ fn without_tenants_waiting_requests_start_in_arrival_order_as_before() {
     }
     assert_eq!(started(&drain(&mut a)), [0, 1, 2, 3, 4]);
 }
+
+#[test]
+fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
+    let now = Instant::now();
+    let mut a = Admission::new(4, 100, now).with_tenant_share(2);
+    // TA's slow calls: two run, the rest wait though slots are free.
+    for i in 0..5 {
+        a.handle_request_of(now, ta(), Endpoint::Forward, i);
+    }
+    assert_eq!(started(&drain(&mut a)), [0, 1]);
+    // TB's renewal starts at once.
+    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    assert_eq!(started(&drain(&mut a)), [100]);
+    // TB's ending starts none of TA's (TA is at its share)...
+    a.handle_finished_of(now, tb());
+    assert!(drain(&mut a).is_empty());
+    // ...TA's own ending starts its next.
+    a.handle_finished_of(now, ta());
+    assert_eq!(started(&drain(&mut a)), [2]);
+    assert_eq!(a.counts(), (2, 2, 0));
+    // Stopping lifts the share.
+    a.handle_stop(now);
+    assert_eq!(started(&drain(&mut a)), [3, 4]);
+}
