@@ -289,3 +289,46 @@ impl Default for StopSignals {
 }
 
 pub use crate::exit::{EXIT_NO_SERVER, EXIT_START_FAILED};
+
+/// What both `serve` binaries do before they serve: the metrics listener, the
+/// service options and the connections, each failure logged with its exit code.
+/// The start itself (`start`, on the binary's runtime) races the stop signals: a
+/// signal before the service serves ends the start at once.
+pub async fn start_serving<T, F>(
+    args: &ServeArgs,
+    signals: &mut StopSignals,
+    start: impl FnOnce(Clients, ServiceOptions) -> F,
+) -> Result<(T, Duration), u8>
+where
+    F: std::future::Future<Output = Result<T, crate::Error>>,
+{
+    if let Some(addr) = args.metrics_addr {
+        if let Err(e) = serve_metrics(addr) {
+            tracing::error!("cannot serve metrics on {addr}: {e}");
+            return Err(EXIT_START_FAILED);
+        }
+        tracing::info!("serving metrics on http://{addr}/metrics");
+    }
+    let options = args.service_options().map_err(|e| {
+        tracing::error!("{e}");
+        EXIT_START_FAILED
+    })?;
+    let shutdown_timeout = options.shutdown_timeout;
+    let starting = async {
+        let clients = args.connect().await.map_err(|e| {
+            tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
+            EXIT_NO_SERVER
+        })?;
+        start(clients, options).await.map_err(|e| {
+            tracing::error!("cannot start: {e}");
+            EXIT_START_FAILED
+        })
+    };
+    tokio::select! {
+        started = starting => started.map(|t| (t, shutdown_timeout)),
+        signal = signals.recv() => {
+            tracing::info!("{signal:?} received while starting: stopping now");
+            Err(signal.exit_code())
+        }
+    }
+}

@@ -278,7 +278,8 @@ pub async fn prepare(
     let id = inbox.rsplit('.').next().unwrap_or_default().to_string();
     let mut micro = MicroService::new(id, env!("CARGO_PKG_VERSION"), OffsetDateTime::now_utc());
     let mut requests = intake::subscribe(&serving, &micro).await?;
-    // The server has the subscriptions once it answers a PING sent after them.
+    // Push the subscriptions onto the socket (async-nats' flush does not wait for the
+    // server): the server reads them before anything this client sends after them.
     serving
         .flush()
         .await
@@ -595,9 +596,11 @@ async fn serve(
             match event {
                 SweepEvent::Purged { .. } => {}
                 SweepEvent::Failed { key, reason } => {
+                    telemetry::tombstone_left("failed");
                     tracing::debug!(key, "the released key's tombstone stays: {reason}")
                 }
                 SweepEvent::Dropped { key } => {
+                    telemetry::tombstone_left("dropped");
                     tracing::debug!(key, "too many tombstones to purge: this one stays")
                 }
             }

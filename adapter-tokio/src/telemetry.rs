@@ -50,6 +50,10 @@ pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
 /// requests dropped unanswered because their reply subject is not a reply inbox
 /// ([`dagnats_leases_core::reply_scope`]). No call runs for them.
 pub const REPLIES_REFUSED: &str = "dagnats_leases_replies_refused_total";
+/// Counter, label `reason` (`failed`, `dropped`): released keys whose tombstone
+/// the service could not purge ([`dagnats_leases_core::sweep`]); each stays in the
+/// stream, a few bytes, never a wrong answer.
+pub const TOMBSTONES_LEFT: &str = "dagnats_leases_tombstones_left_total";
 /// Histogram, label `endpoint`: seconds from a call's start to its reply.
 pub const CALL_DURATION: &str = "dagnats_leases_call_duration_seconds";
 /// Counter: read confirmations sent (on a replicated bucket, every read that
@@ -99,6 +103,10 @@ pub fn describe() {
     describe_counter!(
         REPLIES_REFUSED,
         "Requests dropped unanswered: their reply subject is not a reply inbox."
+    );
+    describe_counter!(
+        TOMBSTONES_LEFT,
+        "Released keys whose tombstone could not be purged (failed or dropped)."
     );
     describe_histogram!(
         CALL_DURATION,
@@ -159,6 +167,11 @@ pub(crate) fn refused(endpoint: Endpoint) {
 /// A request on `subject` (`api` or `srv`) was dropped: its reply was refused.
 pub(crate) fn reply_refused(subject: &'static str, reason: ReplyRefusal) {
     counter!(REPLIES_REFUSED, "subject" => subject, "reason" => reason.as_str()).increment(1);
+}
+
+/// A released key's tombstone stays in the stream (`failed` or `dropped`).
+pub(crate) fn tombstone_left(reason: &'static str) {
+    counter!(TOMBSTONES_LEFT, "reason" => reason).increment(1);
 }
 
 /// The service is in `mode` now.

@@ -51,48 +51,15 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> ExitCode {
     // Inside the IO runtime's `block_on`: the exporter's listener is spawned there.
-    if let Some(addr) = args.metrics_addr {
-        if let Err(e) = cli::serve_metrics(addr) {
-            tracing::error!("cannot serve metrics on {addr}: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
-        }
-        tracing::info!("serving metrics on http://{addr}/metrics");
-    }
-    // Taken from here on: a signal before the service serves ends the start at
-    // once (as the default action did), and none can fall between two listeners.
+    // Signals are taken from here on: one before the service serves ends the start.
     let mut signals = cli::StopSignals::new();
-    let options = match args.service_options() {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!("{e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
-        }
-    };
-    let shutdown_timeout = options.shutdown_timeout;
-    let starting = async {
-        let client = match args.connect().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-                return Err(cli::EXIT_NO_SERVER);
-            }
-        };
-        prepare(SmolRuntime::shared(), client, options)
-            .await
-            .map_err(|e| {
-                tracing::error!("cannot start: {e}");
-                cli::EXIT_START_FAILED
-            })
-    };
-    let prepared = tokio::select! {
-        started = starting => match started {
-            Ok(prepared) => prepared,
-            Err(code) => return ExitCode::from(code),
-        },
-        signal = signals.recv() => {
-            tracing::info!("{signal:?} received while starting: stopping now");
-            return ExitCode::from(signal.exit_code());
-        }
+    let started = cli::start_serving(&args, &mut signals, |clients, options| {
+        prepare(SmolRuntime::shared(), clients, options)
+    })
+    .await;
+    let (prepared, shutdown_timeout) = match started {
+        Ok(started) => started,
+        Err(code) => return ExitCode::from(code),
     };
     let mut serving = std::pin::pin!(prepared.serve);
     tokio::select! {

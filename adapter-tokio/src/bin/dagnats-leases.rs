@@ -43,46 +43,16 @@ async fn main() -> ExitCode {
         }
     };
     cli::init_logging();
-    if let Some(addr) = args.metrics_addr {
-        if let Err(e) = cli::serve_metrics(addr) {
-            tracing::error!("cannot serve metrics on {addr}: {e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
-        }
-        tracing::info!("serving metrics on http://{addr}/metrics");
-    }
     // Taken from here on: a signal before the service serves ends the start at
     // once (as the default action did), and none can fall between two listeners.
     let mut signals = cli::StopSignals::new();
-    let options = match args.service_options() {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::error!("{e}");
-            return ExitCode::from(cli::EXIT_START_FAILED);
-        }
-    };
-    let shutdown_timeout = options.shutdown_timeout;
-    let starting = async {
-        let client = match args.connect().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!("cannot connect to {}: {e}", args.connect.nats_url);
-                return Err(cli::EXIT_NO_SERVER);
-            }
-        };
-        service::start(client, options).await.map_err(|e| {
-            tracing::error!("cannot start: {e}");
-            cli::EXIT_START_FAILED
-        })
-    };
-    let handle = tokio::select! {
-        started = starting => match started {
-            Ok(handle) => handle,
-            Err(code) => return ExitCode::from(code),
-        },
-        signal = signals.recv() => {
-            tracing::info!("{signal:?} received while starting: stopping now");
-            return ExitCode::from(signal.exit_code());
-        }
+    let started = cli::start_serving(&args, &mut signals, |clients, options| {
+        service::start(clients, options)
+    })
+    .await;
+    let (handle, shutdown_timeout) = match started {
+        Ok(started) => started,
+        Err(code) => return ExitCode::from(code),
     };
     let first = signals.recv().await;
     tracing::info!(
