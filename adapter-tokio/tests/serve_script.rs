@@ -3,22 +3,27 @@
 //! and stops both on Ctrl-C (SIGINT).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
 
-#[test]
-fn scripts_serve_serves_the_cli_until_ctrl_c() {
+/// The script's stdout, kept open while it runs (closed, its next line would end
+/// it with SIGPIPE).
+type Output = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// `scripts/serve` with `args`, the URL its first line names (reading it blocks
+/// until the service is ready), and the rest of its output.
+fn start(args: &[&str]) -> (Child, String, Output) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/serve");
     let mut serve = Command::new(script)
+        .args(args)
         .env("DAGNATS_LEASES_BIN", BIN)
         .env("DAGNATS_PORT", "-1")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("scripts/serve starts");
-    // Its first line names the URL; reading blocks until the service is ready.
     let mut out = BufReader::new(serve.stdout.take().unwrap()).lines();
     let first = out.next().expect("a line").unwrap();
     let url = first
@@ -26,6 +31,33 @@ fn scripts_serve_serves_the_cli_until_ctrl_c() {
         .find(|w| w.starts_with("nats://"))
         .unwrap_or_else(|| panic!("no URL in {first:?}"))
         .to_string();
+    (serve, url, out)
+}
+
+/// Ctrl-C (SIGINT) to the script, and how it exited (within 30 s).
+fn ctrl_c(serve: &mut Child) -> ExitStatus {
+    let ok = Command::new("kill")
+        .args(["-INT", &serve.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scripts/serve did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn scripts_serve_serves_the_cli_until_ctrl_c() {
+    let (mut serve, url, _out) = start(&[]);
     let cli = |args: &[&str]| {
         Command::new(BIN)
             .args(args)
@@ -42,24 +74,7 @@ fn scripts_serve_serves_the_cli_until_ctrl_c() {
     );
 
     // Ctrl-C: the script stops the service and the server, and exits 0.
-    let ok = Command::new("kill")
-        .args(["-INT", &serve.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = serve.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "scripts/serve did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(ctrl_c(&mut serve).code(), Some(0));
     let gone = cli(&["owner", "my-key"]);
     assert_eq!(gone.status.code(), Some(2), "no server left: {gone:?}");
 }
@@ -70,22 +85,7 @@ fn scripts_serve_serves_the_cli_until_ctrl_c() {
 /// and Ctrl-C stops it all.
 #[test]
 fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/serve");
-    let mut serve = Command::new(script)
-        .arg("--tenants")
-        .env("DAGNATS_LEASES_BIN", BIN)
-        .env("DAGNATS_PORT", "-1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("scripts/serve --tenants starts");
-    let mut out = BufReader::new(serve.stdout.take().unwrap()).lines();
-    let first = out.next().expect("a line").unwrap();
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("nats://"))
-        .unwrap_or_else(|| panic!("no URL in {first:?}"))
-        .to_string();
+    let (mut serve, url, _out) = start(&["--tenants"]);
     // The connection's flags right after the command, before a `--`.
     let as_user = |user: &str, args: &[&str]| {
         Command::new(BIN)
@@ -133,22 +133,5 @@ fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
     );
     assert_eq!(lock.status.code(), Some(0), "lock as a tenant: {lock:?}");
 
-    let ok = Command::new("kill")
-        .args(["-INT", &serve.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = serve.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "scripts/serve --tenants did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(ctrl_c(&mut serve).code(), Some(0));
 }

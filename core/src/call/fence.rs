@@ -45,17 +45,22 @@ impl Call {
     /// Tenancy: a lease bound to a user of the account answers only that user.
     /// The refusal names neither the holder nor the fence.
     pub(super) fn check_binding(&self, key: &str, record: &LeaseRecord) -> Result<(), ErrorReply> {
-        let Some(bound) = &record.bound_to else {
-            return Ok(());
-        };
-        let caller = self.scope.as_ref().and_then(|c| c.user.as_deref());
-        if caller == Some(bound.as_str()) {
+        if !self.bound_elsewhere(record) {
             return Ok(());
         }
         Err(ErrorReply::new(
             ErrorKind::Forbidden,
             format!("the lease of `{key}` is bound to another user of this account"),
         ))
+    }
+
+    /// Whether `record` is bound to a user other than the caller.
+    fn bound_elsewhere(&self, record: &LeaseRecord) -> bool {
+        let caller = self.scope.as_ref().and_then(|c| c.user.as_deref());
+        record
+            .bound_to
+            .as_deref()
+            .is_some_and(|bound| caller != Some(bound))
     }
 
     pub(super) fn fenced_write(&mut self, write: KvWrite) {
@@ -160,7 +165,7 @@ impl Call {
             return KnownFence::OtherHolder;
         }
         // Bound to another user of the tenant: the read path refuses it.
-        if self.check_binding("", record).is_err() {
+        if self.bound_elsewhere(record) {
             return KnownFence::Unknown;
         }
         let wall = self.started_wall + now.saturating_duration_since(self.started_at);

@@ -49,9 +49,19 @@ fn by_server() -> Stamp {
     }
 }
 
-/// A call of `endpoint` with `known`, started at `now` (support::wall on the wall).
+/// A call of `endpoint` with `known`, started now (support::wall on the wall).
 fn drive(config: CallConfig, endpoint: Endpoint, body: &str, known: &KnownLeases) -> Drive {
-    let now = Instant::now();
+    drive_at(Instant::now(), config, endpoint, body, known)
+}
+
+/// [`drive`], started at `now`.
+fn drive_at(
+    now: Instant,
+    config: CallConfig,
+    endpoint: Endpoint,
+    body: &str,
+    known: &KnownLeases,
+) -> Drive {
     Drive {
         call: Call::with_known(config, now, wall(), endpoint, body.as_bytes(), known),
         now,
@@ -250,17 +260,7 @@ fn a_known_lease_at_its_end_by_either_stamp_is_read_and_not_renewed() {
     };
     let known = knowing(40, "me", 2000, own);
     let now = t0 + Duration::from_millis(1600);
-    let mut d = Drive {
-        call: Call::with_known(
-            single(),
-            now,
-            wall(),
-            Endpoint::Renew,
-            RENEW.as_bytes(),
-            &known,
-        ),
-        now,
-    };
+    let mut d = drive_at(now, single(), Endpoint::Renew, RENEW, &known);
     assert!(matches!(d.effect(), Effect::KvRead(_)));
     // Both stamps known: the nearer end decides (the server's says plenty left).
     let both = Stamp {
@@ -268,17 +268,7 @@ fn a_known_lease_at_its_end_by_either_stamp_is_read_and_not_renewed() {
         sent_before: Some(t0),
     };
     let known = knowing(40, "me", 2000, both);
-    let mut d = Drive {
-        call: Call::with_known(
-            single(),
-            now,
-            wall(),
-            Endpoint::Renew,
-            RENEW.as_bytes(),
-            &known,
-        ),
-        now,
-    };
+    let mut d = drive_at(now, single(), Endpoint::Renew, RENEW, &known);
     assert!(matches!(d.effect(), Effect::KvRead(_)));
 }
 
@@ -302,17 +292,13 @@ fn a_renewal_from_an_own_write_is_renewed_only_if_acked_clear_of_the_guard() {
         ),
         (Duration::from_secs(15) - guard, false),
     ] {
-        let mut d = Drive {
-            call: Call::with_known(
-                single(),
-                t0 + Duration::from_secs(5),
-                wall(),
-                Endpoint::Renew,
-                RENEW.as_bytes(),
-                &known,
-            ),
-            now: t0 + Duration::from_secs(5),
-        };
+        let mut d = drive_at(
+            t0 + Duration::from_secs(5),
+            single(),
+            Endpoint::Renew,
+            RENEW,
+            &known,
+        );
         let w = d.write();
         d.now = t0 + ack_at;
         d.feed(w.id, ack(41));
