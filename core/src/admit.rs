@@ -46,6 +46,17 @@ pub enum Admit<T> {
     Refuse(Endpoint, T, Response),
 }
 
+/// What [`Admission::counts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionCounts {
+    /// Calls running.
+    pub running: usize,
+    /// Requests waiting for a call to end.
+    pub waiting: usize,
+    /// Requests refused so far.
+    pub refused: u64,
+}
+
 /// The admission machine. See the [module docs](self).
 #[derive(Debug)]
 pub struct Admission<T> {
@@ -214,8 +225,12 @@ impl<T> Admission<T> {
     }
 
     /// Calls running, requests waiting, and requests refused so far.
-    pub fn counts(&self) -> (usize, usize, u64) {
-        (self.in_flight, self.waiting, self.refused)
+    pub fn counts(&self) -> AdmissionCounts {
+        AdmissionCounts {
+            running: self.in_flight,
+            waiting: self.waiting,
+            refused: self.refused,
+        }
     }
 
     fn start_waiting(&mut self) {
