@@ -416,3 +416,75 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_calls_jetstream_outcome_is_classified_once_for_the_metrics() {
+    use crate::io::RequestOutcome;
+    use crate::js;
+    use crate::service::classify;
+    let ack_error = |code: u64, err_code: u64| {
+        RequestOutcome::reply(format!(
+            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
+        ))
+    };
+    let error = |op, kind| Some(KvFact::Error { op, kind });
+    let table = [
+        (
+            "a stored confirmation",
+            KvOp::Confirm,
+            RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
+            None,
+        ),
+        (
+            "a confirmation overtaken by a write: retried",
+            KvOp::Confirm,
+            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+            Some(KvFact::ConfirmRetry),
+        ),
+        (
+            "a confirmation JetStream could not take",
+            KvOp::Confirm,
+            ack_error(503, 10008),
+            error(KvOp::Confirm, "unavailable"),
+        ),
+        (
+            "a key never written is no error",
+            KvOp::Read,
+            ack_error(404, js::ERR_NO_MESSAGE_FOUND),
+            None,
+        ),
+        (
+            "a read timed out",
+            KvOp::Read,
+            RequestOutcome::TimedOut,
+            error(KvOp::Read, "timed_out"),
+        ),
+        (
+            "a read's server error",
+            KvOp::Read,
+            ack_error(500, 10001),
+            error(KvOp::Read, "internal"),
+        ),
+        (
+            "a write without a stream",
+            KvOp::Write,
+            RequestOutcome::NoResponders,
+            error(KvOp::Write, "no_responders"),
+        ),
+        (
+            "a write that lost its race is no error",
+            KvOp::Write,
+            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+            None,
+        ),
+        (
+            "a write that could not be sent",
+            KvOp::Write,
+            RequestOutcome::Failed("gone".into()),
+            error(KvOp::Write, "request_failed"),
+        ),
+    ];
+    for (name, op, outcome, expected) in table {
+        assert_eq!(classify(op, &outcome), expected, "{name}");
+    }
+}
