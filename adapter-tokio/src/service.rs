@@ -22,9 +22,9 @@ use dagnats_leases_core::service::{
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::Tenancy;
-use futures::StreamExt;
 use futures::future::{AbortHandle, BoxFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
+use futures::{FutureExt as _, StreamExt};
 use metrics::counter;
 use time::OffsetDateTime;
 use tokio::sync::{oneshot, watch};
@@ -426,10 +426,12 @@ impl Io {
                 None => std::future::pending().await,
             }
         };
+        // Change events first: one the connection delivered before a request is
+        // learnt before that request's call starts.
+        while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
+            service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
+        }
         tokio::select! {
-            biased;
-            // Change events first: one the connection delivered before a request is
-            // learnt before that request's call starts.
             Some(m) = async { self.changes.as_mut().expect("guarded").next().await }, if self.changes.is_some() => {
                 service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
             }
