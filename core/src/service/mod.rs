@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::admit::{Admission, Admit};
+use crate::admit::{Admission, AdmissionEvent};
 use crate::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 use crate::change::ChangeEvent;
 use crate::coalesce::{
@@ -53,7 +53,7 @@ use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
 use crate::replicas::{ReplicasCheck, ReplicasEvent};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
-use crate::shutdown::{Shutdown, StopEvent, StopPhase};
+use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
 use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_CHANGED_SUBJECTS, changed_subject,
@@ -676,8 +676,8 @@ impl Service {
     fn admit(&mut self, now: Instant) {
         while let Some(event) = self.admission.poll_event() {
             match event {
-                Admit::Start(endpoint, pending) => self.start(now, endpoint, pending),
-                Admit::Refuse(endpoint, pending, response) => {
+                AdmissionEvent::Start(endpoint, pending) => self.start(now, endpoint, pending),
+                AdmissionEvent::Refuse(endpoint, pending, response) => {
                     self.events.push_back(ServiceEvent::Refused { endpoint });
                     self.micro
                         .handle_answered(endpoint, &response, Duration::ZERO);
@@ -1157,7 +1157,7 @@ impl Service {
         if self.stop.is_some() {
             return;
         }
-        self.stop = Some(Shutdown::new(now, self.config.shutdown_timeout));
+        self.stop = Some(Shutdown::new(self.config.shutdown_timeout, now));
         self.events.push_back(ServiceEvent::Unsubscribe);
         self.admission.handle_stop(now);
         self.admit(now);
@@ -1213,7 +1213,7 @@ impl Service {
         let mut lines = Vec::new();
         while let Some(event) = stop.poll_event() {
             match event {
-                StopEvent::GaveUp(StopPhase::Drain)
+                ShutdownEvent::GaveUp(StopPhase::Drain)
                     if self.intake_open && self.calls.is_empty() =>
                 {
                     lines.push(
@@ -1221,10 +1221,10 @@ impl Service {
                             .to_string(),
                     )
                 }
-                StopEvent::GaveUp(phase) => {
+                ShutdownEvent::GaveUp(phase) => {
                     lines.push(format!("stopping: gave up waiting in phase {phase:?}"))
                 }
-                StopEvent::CutOff => cut = true,
+                ShutdownEvent::CutOff => cut = true,
             }
         }
         let phase = stop.phase();

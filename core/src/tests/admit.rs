@@ -2,30 +2,34 @@
 
 use std::time::Instant;
 
-use crate::admit::{Admission, Admit};
+use crate::admit::{Admission, AdmissionEvent};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
-fn drain(a: &mut Admission<u32>) -> Vec<Admit<u32>> {
+fn drain(a: &mut Admission<u32>) -> Vec<AdmissionEvent<u32>> {
     std::iter::from_fn(|| a.poll_event()).collect()
 }
 
-fn started(events: &[Admit<u32>]) -> Vec<u32> {
+fn started(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            Admit::Start(_, r) => Some(*r),
-            Admit::Refuse(..) => None,
+            AdmissionEvent::Start(_, r) => Some(*r),
+            AdmissionEvent::Refuse(..) => None,
         })
         .collect()
 }
 
-fn refused(events: &[Admit<u32>]) -> Vec<u32> {
+fn refused(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            Admit::Refuse(_, r, Response::Error(e)) if e.kind == ErrorKind::Unavailable => Some(*r),
-            Admit::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
-            Admit::Start(..) => None,
+            AdmissionEvent::Refuse(_, r, Response::Error(e))
+                if e.kind == ErrorKind::Unavailable =>
+            {
+                Some(*r)
+            }
+            AdmissionEvent::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
+            AdmissionEvent::Start(..) => None,
         })
         .collect()
 }
