@@ -488,3 +488,180 @@ fn a_calls_jetstream_outcome_is_classified_once_for_the_metrics() {
         assert_eq!(classify(op, &outcome), expected, "{name}");
     }
 }
+
+/// A service past startup on a one-replica stream of `config`'s tenancy, and the
+/// events it reported.
+fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
+    let tenancy = config.bucket.tenancy;
+    let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
+    let info = s.poll_transmit().expect("startup asks the stream");
+    let mut stream = crate::startup::stream_config_for(1, true);
+    stream["republish"] = crate::startup::republish_for(tenancy);
+    let reply = json!({"config": stream, "state": {}}).to_string();
+    s.handle_outcome(t0, info.id, crate::io::RequestOutcome::reply(reply));
+    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    assert_eq!(s.mode(), Mode::Ready);
+    (s, events)
+}
+
+/// The replies `s` sent, drained.
+fn replies(s: &mut Service) -> Vec<(String, Vec<u8>)> {
+    std::iter::from_fn(|| s.poll_event())
+        .filter_map(|e| match e {
+            ServiceEvent::Reply { to, body } => Some((to, body)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_tenants_acquire_of_a_new_key_past_its_cap_is_refused_before_it_runs() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.bucket.tenancy = crate::tenant::Tenancy::Accounts;
+    c.max_leases_per_tenant = Some(1);
+    let (mut s, _) = ready(c, t0);
+    let acquire = |s: &mut Service, key: &str, reply: &str, info: Option<&str>| {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Acquire.subject(),
+                reply: Some(reply.to_string()),
+                headers: info
+                    .map(|i| ("Nats-Request-Info".to_string(), i.to_string()))
+                    .into_iter()
+                    .collect(),
+                payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                    .to_string()
+                    .into_bytes(),
+            },
+        )
+    };
+    let ta = Some(r#"{"acc":"TA","user":"u"}"#);
+    // A change event says TA holds k1 already.
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: "dagnats.lease.changed.TA.k1".to_string(),
+            headers: vec![
+                ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                ("Nats-Sequence".to_string(), "4".to_string()),
+            ],
+            payload: br#"{"holder":"h","acquired_at":"2026-01-01T00:00:00Z","ttl_ms":5000}"#
+                .to_vec(),
+            ..Received::default()
+        },
+    );
+    let table = [
+        (
+            "a new key past the cap",
+            "k2",
+            "_R_.a",
+            ta,
+            Some(ErrorKind::Forbidden),
+        ),
+        (
+            "no request info: not a tenant",
+            "k3",
+            "_R_.b",
+            None,
+            Some(ErrorKind::Forbidden),
+        ),
+        (
+            "another tenant under its cap",
+            "k2",
+            "_R_.c",
+            Some(r#"{"acc":"TB"}"#),
+            None,
+        ),
+    ];
+    for (name, key, reply, info, refused) in table {
+        acquire(&mut s, key, reply, info);
+        let sent = replies(&mut s);
+        match refused {
+            Some(kind) => {
+                assert_eq!(sent.len(), 1, "{name}: answered at once");
+                let r = Response::decode(Endpoint::Acquire, &sent[0].1).unwrap();
+                assert_eq!(r.error_kind(), Some(kind), "{name}");
+                assert!(s.poll_transmit().is_none(), "{name}: no call ran");
+            }
+            None => {
+                assert!(sent.is_empty(), "{name}: {sent:?}");
+                let t = s.poll_transmit().expect("its call writes");
+                assert_eq!(t.request.subject, "$KV.leases.TB.k2", "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_verb_is_answered_only_when_it_names_this_service() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.instance_id = "ID1".to_string();
+    let (mut s, _) = ready(c, t0);
+    let table = [
+        ("$SRV.PING", true),
+        ("$SRV.INFO.dagnats-api", true),
+        ("$SRV.STATS.dagnats-api.ID1", true),
+        ("$SRV.PING.dagnats-api.ID2", false),
+        ("$SRV.PING.other-service", false),
+    ];
+    for (subject, answered) in table {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: subject.to_string(),
+                reply: Some("_INBOX.v".to_string()),
+                ..Received::default()
+            },
+        );
+        assert_eq!(replies(&mut s).len(), usize::from(answered), "{subject}");
+    }
+}
+
+#[test]
+fn a_change_event_teaches_the_known_map_what_a_renew_then_writes_on() {
+    let t0 = Instant::now();
+    for (capacity, first) in [
+        (64, "$KV.leases.k"),
+        (0, "$JS.API.STREAM.MSG.GET.KV_leases"),
+    ] {
+        let mut c = config();
+        c.known_capacity = capacity;
+        let (mut s, _) = ready(c, t0);
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: "dagnats.lease.changed.k".to_string(),
+                headers: vec![
+                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                    ("Nats-Sequence".to_string(), "7".to_string()),
+                    (
+                        "Nats-Time-Stamp".to_string(),
+                        "1970-01-01T00:00:00Z".to_string(),
+                    ),
+                ],
+                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
+                    .to_vec(),
+                ..Received::default()
+            },
+        );
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Renew.subject(),
+                reply: Some("_INBOX.r".to_string()),
+                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
+                ..Received::default()
+            },
+        );
+        let t = s.poll_transmit().expect("the renew sends");
+        assert_eq!(t.request.subject, first, "known capacity {capacity}");
+    }
+}
