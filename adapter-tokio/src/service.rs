@@ -77,7 +77,7 @@ pub struct ServiceOptions {
     /// [`dagnats_leases_core::tenant`]).
     pub tenancy: Tenancy,
     /// Tenancy: at most this many live leases per tenant account; an acquire of a
-    /// new key past it is answered `forbidden` ([`TenantLeases`]).
+    /// new key past it is answered `forbidden` ([`dagnats_leases_core::tenant::TenantLeases`]).
     pub max_leases_per_tenant: Option<usize>,
     /// How many keys' last revisions the service remembers
     /// ([`dagnats_leases_core::known`]), learnt from its own calls and from the
