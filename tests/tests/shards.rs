@@ -301,7 +301,6 @@ async fn another_shard_count_is_refused_and_fences_carry_on() {
     one.shutdown().await;
     let refused = service::start(connect(&single).await, with_shards(three()))
         .await
-        .err()
-        .expect("--shards 3 over a one-stream bucket started");
+        .expect_err("--shards 3 over a one-stream bucket started");
     assert!(refused.to_string().contains("--shards 3"), "{refused}");
 }
