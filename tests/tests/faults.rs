@@ -24,10 +24,16 @@ use serde_json::{Value, json};
 
 const TTL_MS: u64 = 2_000;
 const HOLDERS: usize = 6;
-const STREAM: &str = "KV_leases";
 const WAIT: Duration = Duration::from_secs(30);
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The stream whose leader the faults aim at: the bucket's, or with several
+/// shards (`DAGNATS_TEST_SHARDS`) shard 0's (the keys spread over every shard, so
+/// calls to the other shards run on beside the fault).
+fn stream() -> String {
+    dagnats_leases_tests::test_shards().stream(0)
+}
 
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().await
@@ -59,6 +65,7 @@ async fn start_service(url: String) -> ServiceHandle {
         .expect("connect the service");
     let options = ServiceOptions {
         replicas: Some(3),
+        shards: dagnats_leases_tests::test_shards(),
         ..ServiceOptions::default()
     };
     service::start(client, options)
@@ -86,7 +93,7 @@ impl Fx {
     }
 
     fn leader(&mut self) -> usize {
-        self.cluster.wait_stream_leader(STREAM, WAIT)
+        self.cluster.wait_stream_leader(&stream(), WAIT)
     }
 
     /// The load: holders (holder `h` on a client given every node, node `h % 3`
@@ -769,6 +776,7 @@ async fn without_read_confirmation_the_partition_shows_stale_reads() {
         let options = ServiceOptions {
             replicas: Some(3),
             unconfirmed_reads_for_tests: true,
+            shards: dagnats_leases_tests::test_shards(),
             ..ServiceOptions::default()
         };
         fx.services.push(
@@ -833,7 +841,7 @@ async fn partition_history(mut fx: Fx) -> (Vec<Record>, Nanos, Nanos, usize) {
     eventually("the majority elects a new leader", || {
         let got = others.iter().any(|&i| {
             fx.cluster
-                .stream_leader_via(i, STREAM)
+                .stream_leader_via(i, &stream())
                 .is_some_and(|l| l != leader)
         });
         async move { got }
@@ -866,7 +874,7 @@ async fn change_events_arrive_once_per_write_on_every_node() {
         .cluster
         .js_api(
             leader,
-            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}"),
+            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", stream()),
             &json!({}),
         )
         .expect("stepdown");

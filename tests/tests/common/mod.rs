@@ -134,20 +134,7 @@ pub async fn start_service(server: &NatsServer) -> Service {
     start_service_with(server, ServiceOptions::default()).await
 }
 
-/// The shard count `DAGNATS_TEST_SHARDS` names (default 1): `scripts/test` runs
-/// the scenario, fault and read-confirmation suites again with several shards.
-pub fn test_shards() -> dagnats_leases_core::shard::ShardMap {
-    let Some(n) = std::env::var("DAGNATS_TEST_SHARDS")
-        .ok()
-        .filter(|v| !v.is_empty())
-    else {
-        return dagnats_leases_core::shard::ShardMap::SINGLE;
-    };
-    let n: u32 = n
-        .parse()
-        .unwrap_or_else(|e| panic!("DAGNATS_TEST_SHARDS={n:?} is no count: {e}"));
-    dagnats_leases_core::shard::ShardMap::new(n).unwrap()
-}
+pub use dagnats_leases_tests::test_shards;
 
 /// The service with these options, on the runtime the suite runs; with the
 /// one-stream layout asked for, on `DAGNATS_TEST_SHARDS` shards instead.
