@@ -644,10 +644,18 @@ async fn call_ok(client: &async_nats::Client, endpoint: &str, body: Value) -> Va
     }
 }
 
-/// The highest revision any answer in the history showed.
-fn max_revision(records: &[Record]) -> u64 {
+/// The highest revision any answer in the history showed for a key of `key`'s
+/// stream (with one shard: of any key).
+fn max_revision(records: &[Record], key: &str) -> u64 {
+    let shards = dagnats_leases_tests::test_shards();
+    let stream = shards.stream_of(key);
     records
         .iter()
+        .filter(|r| match r {
+            Record::Call(c) => shards.stream_of(&c.key) == stream,
+            Record::Expiry(e) => shards.stream_of(&e.key) == stream,
+            _ => false,
+        })
         .filter_map(|r| match r {
             Record::Call(c) => match &c.outcome {
                 Outcome::Granted { revision, .. }
@@ -689,7 +697,7 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
         fx.cluster.restart_all();
         fx.leader();
     });
-    let seen_before = max_revision(&load.history.records());
+    let records_before = load.history.records();
     // Held leases kept their holder and revision.
     for (key, r) in held.iter().zip(&before) {
         let v = call_ok(&keeper, "owner", json!({"key": key})).await;
@@ -714,15 +722,31 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
     }
     load.stop().await;
     let records = load.history.records();
-    assert!(
-        after.iter().all(|&r| r > seen_before),
-        "renewals after the restart {after:?} must exceed {seen_before}"
-    );
-    let mut all = after.clone();
-    all.extend(&before);
+    for (key, r) in held.iter().zip(&after) {
+        let seen_before = max_revision(&records_before, key);
+        assert!(
+            *r > seen_before,
+            "{key}'s renewal after the restart ({r}) must exceed {seen_before}, the \
+             highest revision of its stream handed out before the crash"
+        );
+    }
+    // A revision is its stream's: with several shards, two streams may each hand
+    // out the same number.
+    let shards = dagnats_leases_tests::test_shards();
+    let mut all: Vec<(String, u64)> = held
+        .iter()
+        .zip(&after)
+        .chain(held.iter().zip(&before))
+        .map(|(key, r)| (shards.stream_of(key), *r))
+        .collect();
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 2 * held.len(), "a revision handed out twice");
+    let seen_before = held
+        .iter()
+        .map(|key| max_revision(&records_before, key))
+        .max()
+        .unwrap_or(0);
     println!(
         "faults: cluster_restart: {} held leases kept holder and revision; renewals after it got {}..={} (highest before: {seen_before})",
         held.len(),
