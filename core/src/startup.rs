@@ -331,6 +331,18 @@ impl Startup {
         self.waiting = None;
         let reply = match js::parse_api_reply(&outcome) {
             Ok(reply) => reply,
+            Err(failure) if self.step == Step::Layout => {
+                // Never created blind: a bucket of the other layout would lose its
+                // fences. A user not allowed to ask gets no answer: say so.
+                let other = self.other_layout_stream();
+                self.log(format!(
+                    "no answer to $JS.API.STREAM.INFO.{other} ({}): startup must know that no \
+                     bucket of another --shards exists before it creates one; the backend \
+                     user needs publish permission on that subject (docs/security.md)",
+                    failure.detail
+                ));
+                return self.retry_later(now, failure);
+            }
             Err(failure) => return self.retry_later(now, failure),
         };
         match (&self.step, reply) {

@@ -499,3 +499,34 @@ fn replicas_are_the_most_of_any_shard() {
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 3);
 }
+
+/// Before a create, the other layout's first stream must be answered for: no
+/// answer (a backend user without the permission gets none) is never taken for
+/// "absent"; the log names the subject, and startup asks again later.
+#[test]
+fn an_unanswered_layout_question_never_creates_blind() {
+    let t0 = Instant::now();
+    let mut s = Startup::new(BucketOptions::default(), "2.15.1", T, t0);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
+    let (_, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
+    s.handle_timeout(t0 + T);
+    let mut logs = Vec::new();
+    while let Some(e) = s.poll_event() {
+        match e {
+            StartupEvent::Log(l) => logs.push(l),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0") && l.contains("permission")),
+        "{logs:?}"
+    );
+    assert!(s.poll_transmit().is_none(), "nothing created");
+    s.handle_timeout(t0 + T + STARTUP_RETRY);
+    let (_, again) = next_request(&mut s);
+    assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
+    assert_eq!(s.mode(), Mode::Starting);
+}
