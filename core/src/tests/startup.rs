@@ -530,3 +530,19 @@ fn an_unanswered_layout_question_never_creates_blind() {
     assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
     assert_eq!(s.mode(), Mode::Starting);
 }
+
+/// Tenancy on three shards: each shard's tenant keys go out on the tenants' one
+/// client subject, `dagnats.lease.changed.<account>.<key>`.
+#[test]
+fn tenancy_on_shards_republishes_each_shard_to_the_tenant_subject() {
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    for i in three.indexes() {
+        assert_eq!(
+            crate::startup::republish_at(&three, i, crate::tenant::Tenancy::Accounts),
+            json!({
+                "src": format!("$KV.leases_{i}.*.*"),
+                "dest": "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}",
+            })
+        );
+    }
+}
