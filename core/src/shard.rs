@@ -10,9 +10,10 @@
 //!
 //! The shard of a key is FNV-1a (64-bit) of the *storage* key's bytes (tenancy's
 //! `<account>.<key>`), modulo `N`. FNV-1a is fixed by its definition (offset basis
-//! and prime below), so the shard of a key is the same on every platform, Rust
-//! version and build, unlike std's `DefaultHasher`, whose algorithm is not
-//! promised; it is a few lines, so no crate is needed for it.
+//! and prime), so the shard of a key is the same on every platform, Rust version
+//! and build, unlike std's `DefaultHasher`, whose algorithm is not promised. The
+//! `fnv` crate computes it; a table test pins the published test vectors, so a
+//! change of the crate that moved keys between shards would fail it.
 //!
 //! Every shard's stream republishes its lease keys to the same client subjects
 //! (`dagnats.lease.changed.<key>`): a client sees one bucket.
@@ -27,14 +28,12 @@ pub const META_SHARDS: &str = "dagnats_shards";
 /// Stream metadata key: which shard the stream is.
 pub const META_SHARD: &str = "dagnats_shard";
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
 /// FNV-1a, 64-bit, of `bytes`.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME)
-    })
+    use std::hash::Hasher;
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(bytes);
+    hasher.finish()
 }
 
 /// How keys are spread over streams. See the [module docs](self).
