@@ -19,6 +19,7 @@ use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::service::{
     KvFact, LogLevel, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
+use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::Tenancy;
@@ -85,6 +86,9 @@ pub struct ServiceOptions {
     /// one conditional write and no read. 0: nothing remembered, no subscription,
     /// every renew and release reads first.
     pub known_capacity: usize,
+    /// How many streams the bucket's keys are spread over (`serve --shards`,
+    /// [`dagnats_leases_core::shard`]); one is the one-stream layout.
+    pub shards: ShardMap,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -104,6 +108,7 @@ impl ServiceOptions {
             bucket: BucketOptions {
                 replicas: self.replicas,
                 tenancy: self.tenancy,
+                shards: self.shards,
             },
             server_version: version.to_string(),
             max_payload,
@@ -142,6 +147,7 @@ impl Default for ServiceOptions {
             tenancy: Tenancy::Single,
             max_leases_per_tenant: None,
             known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
+            shards: ShardMap::SINGLE,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -526,6 +532,9 @@ impl Io {
                 self.sending.push(Box::pin(async move {
                     intake::reply(&*runtime, &serving, to.into(), body).await;
                 }));
+            }
+            ServiceEvent::StartRefused(why) => {
+                return Err(Error::new(ServiceErrorKind::Config, why));
             }
             ServiceEvent::Mode(mode) => telemetry::set_mode(mode),
             ServiceEvent::Serving(s) => tracing::info!(

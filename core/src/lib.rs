@@ -103,6 +103,7 @@ pub mod record;
 pub mod replicas;
 pub mod reply_scope;
 pub mod service;
+pub mod shard;
 pub mod shutdown;
 pub mod startup;
 pub mod subjects;

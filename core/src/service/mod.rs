@@ -239,6 +239,10 @@ pub enum ServiceEvent {
         /// The reply.
         body: Vec<u8>,
     },
+    /// The bucket has another layout than this service was started with (another
+    /// shard count): the service must not serve it, and keeps answering every call
+    /// `unavailable`. The sentence says why and what to change.
+    StartRefused(String),
     /// The mode calls are answered in changed (a gauge).
     Mode(Mode),
     /// The bucket is ensured: serving from now on.
@@ -412,6 +416,7 @@ impl Service {
             max_payload: config.max_payload,
             kv_timeout: config.kv_timeout,
             confirm_reads: false,
+            shards: config.bucket.shards,
         };
         let mut admission =
             Admission::new(config.max_calls_in_flight, config.max_calls_waiting, now);
@@ -427,7 +432,7 @@ impl Service {
             known: (config.known_capacity > 0).then(|| KnownLeases::new(config.known_capacity)),
             coalescer: None,
             check: None,
-            sweep: TombstoneSweep::new(config.kv_timeout, now),
+            sweep: TombstoneSweep::new(config.kv_timeout, now).with_shards(config.bucket.shards),
             stop: None,
             intake_open: true,
             late: 0,
@@ -1006,6 +1011,9 @@ impl Service {
                 StartupEvent::Done(mode) => {
                     done = Some((mode, startup.replicas(), startup.atomic()));
                 }
+                StartupEvent::Refused(why) => {
+                    self.events.push_back(ServiceEvent::StartRefused(why));
+                }
             }
         }
         if let Some((mode, replicas, atomic)) = done {
@@ -1049,6 +1057,7 @@ impl Service {
                 replicas,
                 now,
             )
+            .with_shards(self.config.bucket.shards)
         });
         let confirm = check.as_ref().is_some_and(ReplicasCheck::confirm_reads);
         #[cfg(any(test, feature = "__test"))]

@@ -17,6 +17,7 @@ mod replicas;
 mod reply_scope;
 mod rules;
 mod service;
+mod shard;
 mod stand_in;
 mod startup;
 mod supervise;

@@ -665,3 +665,83 @@ fn a_change_event_teaches_the_known_map_what_a_renew_then_writes_on() {
         assert_eq!(t.request.subject, first, "known capacity {capacity}");
     }
 }
+
+/// Answers every stream info `s` asks while starting from `streams` (a stream's
+/// name to its config; any other is not found); returns what it reported.
+fn start_on(
+    s: &mut Service,
+    streams: &[(String, serde_json::Value)],
+    t0: Instant,
+) -> Vec<ServiceEvent> {
+    let mut events = Vec::new();
+    while let Some(t) = s.poll_transmit() {
+        let name = t
+            .request
+            .subject
+            .rsplit('.')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let outcome = match streams.iter().find(|(n, _)| *n == name) {
+            Some((_, config)) => {
+                crate::io::RequestOutcome::reply(json!({"config": config, "state": {}}).to_string())
+            }
+            None => crate::sim::api_error(404, 10059, "stream not found"),
+        };
+        s.handle_outcome(t0, t.id, outcome);
+        events.extend(std::iter::from_fn(|| s.poll_event()));
+    }
+    events
+}
+
+#[test]
+fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_count() {
+    let t0 = Instant::now();
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let streams = |map: &crate::shard::ShardMap| -> Vec<(String, serde_json::Value)> {
+        map.indexes()
+            .map(|i| {
+                let mut config = crate::startup::shard_stream_config(map, i, 1);
+                config["allow_atomic"] = json!(true);
+                (map.stream(i), config)
+            })
+            .collect()
+    };
+    let mut c = config();
+    c.bucket.shards = three;
+    let mut s = Service::new(c.clone(), time::OffsetDateTime::UNIX_EPOCH, t0);
+    start_on(&mut s, &streams(&three), t0);
+    assert_eq!(s.mode(), Mode::Ready);
+    for key in ["k0", "k1", "k2", "k3"] {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Acquire.subject(),
+                reply: Some("_INBOX.a".to_string()),
+                payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                    .to_string()
+                    .into_bytes(),
+                ..Received::default()
+            },
+        );
+        let t = s.poll_transmit().expect("the acquire writes");
+        assert_eq!(t.request.subject, three.kv_subject(key), "{key}");
+    }
+    // The bucket was made with two shards: refused, and every call unavailable.
+    let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, t0);
+    let events = start_on(&mut s, &streams(&two), t0);
+    let refused: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ServiceEvent::StartRefused(why) => Some(why),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(refused[..], [why] if why.contains("--shards")),
+        "{events:?}"
+    );
+    assert_eq!(s.mode(), Mode::Starting);
+}
