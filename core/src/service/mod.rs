@@ -23,7 +23,7 @@
 //!   other request is dropped unanswered, no call runs for it, and it is counted;
 //! - while the bucket is ensured every call is answered `unavailable` at once;
 //! - read confirmation starts from the stream's replicas and follows the
-//!   [`ReplicasEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
+//!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
 //!   rule living in [`ReplicasCheck`] only; the check runs only when serving;
 //! - writes gather into atomic batches only when the stream takes them and the
 //!   operator asked for it (`coalesce_writes`);
@@ -51,14 +51,14 @@ use crate::coalesce::{
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
-use crate::replicas::{ReplicasCheck, ReplicasEvent};
+use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
 use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
 use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_CHANGED_SUBJECTS, changed_subject,
 };
-use crate::sweep::{SweepEvent, TombstoneSweep};
+use crate::sweep::{TombstoneSweep, TombstoneSweepEvent};
 use crate::tenant::{self, Caller, HDR_REQUEST_INFO, Tenancy, TenantLeases};
 use crate::wire::{Endpoint, ErrorReply, Response};
 
@@ -947,19 +947,21 @@ impl Service {
         }
         while let Some(event) = self.sweep.poll_event() {
             match event {
-                SweepEvent::Purged { .. } => {}
-                SweepEvent::Failed { key, reason } => {
+                TombstoneSweepEvent::Purged { .. } => {}
+                TombstoneSweepEvent::Failed { key, reason } => {
                     self.events.push_back(ServiceEvent::TombstoneLeft {
                         reason: "failed",
                         key,
                         detail: format!("the released key's tombstone stays: {reason}"),
                     })
                 }
-                SweepEvent::Dropped { key } => self.events.push_back(ServiceEvent::TombstoneLeft {
-                    reason: "dropped",
-                    key,
-                    detail: "too many tombstones to purge: this one stays".to_string(),
-                }),
+                TombstoneSweepEvent::Dropped { key } => {
+                    self.events.push_back(ServiceEvent::TombstoneLeft {
+                        reason: "dropped",
+                        key,
+                        detail: "too many tombstones to purge: this one stays".to_string(),
+                    })
+                }
             }
         }
         let Some(check) = &mut self.check else {
@@ -973,14 +975,14 @@ impl Service {
         }
         while let Some(event) = check.poll_event() {
             match event {
-                ReplicasEvent::ConfirmReads { replicas, on } => {
+                ReplicasCheckEvent::ConfirmReads { replicas, on } => {
                     #[cfg(any(test, feature = "__test"))]
                     let on = on && !self.config.unconfirmed_reads_for_tests;
                     self.call_config.confirm_reads = on;
                     self.events
                         .push_back(ServiceEvent::ConfirmReads { replicas, on });
                 }
-                ReplicasEvent::StreamReplaced => {
+                ReplicasCheckEvent::StreamReplaced => {
                     if let Some(known) = &mut self.known {
                         known.clear();
                     }

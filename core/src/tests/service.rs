@@ -254,7 +254,7 @@ fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
     w.fire_timer();
     w.settle().unwrap();
     assert_eq!(error_kind(&w, &second), Some(ErrorKind::Unavailable));
-    assert_eq!(w.service.coalescer().map(|c| c.pending().0), Some(0));
+    assert_eq!(w.service.coalescer().map(|c| c.pending().queued), Some(0));
     let timed_out = events(&w, |e| {
         matches!(
             e,
