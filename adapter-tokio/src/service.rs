@@ -1,11 +1,11 @@
-//! The lease service: ensures the bucket, registers the `dagnats-api` micro
-//! service, and runs each request's call machine, all of them polled by one
-//! serving future that spawns nothing and keeps time on a [`Runtime`].
-//!
-//! Every reply goes to the request's reply subject only when that is a reply
-//! inbox ([`dagnats_leases_core::reply_scope`]); the micro protocol's `$SRV`
-//! verbs are answered here too, behind the same rule
-//! ([`dagnats_leases_core::micro`]).
+//! The lease service's IO loop around the core's
+//! [`Service`](dagnats_leases_core::service::Service) machine, one serving future
+//! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
+//! machine asks, feeds it every message, outcome, timer and the stop, sends its
+//! requests, publishes its replies, unsubscribes and flushes when it says, and
+//! records its metric and log events. Every decision (which reply may go out, who
+//! the caller is, admission, the calls, the coalescer, the confirm switch, the
+//! stop's phases) is the machine's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
