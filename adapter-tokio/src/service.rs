@@ -489,6 +489,9 @@ impl Io {
                         .publish_with_headers(m.subject, headers, m.payload.into())
                         .await;
                 }
+                // The machine keeps every deadline itself; the request's own bound
+                // only ends the future of one it gave up on (a silent owner, a
+                // deposed stream leader), which would otherwise be held for ever.
                 (t.id, exec::send(&*runtime, &client, t.request).await)
             }));
         }
