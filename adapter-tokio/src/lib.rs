@@ -36,7 +36,6 @@ pub mod exec;
 #[cfg(feature = "cli")]
 pub mod exit;
 mod intake;
-pub mod known;
 #[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;

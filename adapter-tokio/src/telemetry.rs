@@ -32,8 +32,7 @@ use std::time::Duration;
 
 use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::holder::StepDownReason;
-use dagnats_leases_core::io::{Mode, TransmitKind};
-use dagnats_leases_core::js::{self, JsFailure, PublishResult};
+use dagnats_leases_core::io::Mode;
 use dagnats_leases_core::reply_scope::ReplyRefusal;
 use dagnats_leases_core::wire::{Endpoint, ErrorKind, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -186,85 +185,6 @@ pub(crate) fn set_mode(mode: Mode) {
     }
 }
 
-/// What a call's JetStream request was, for [`JETSTREAM_ERRORS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JsOp {
-    Read,
-    Write,
-    Confirm,
-}
-
-impl JsOp {
-    /// The op of a request about to be sent (counting a confirmation as sent);
-    /// `None` for a request to an owner's inbox.
-    pub(crate) fn of(kind: TransmitKind) -> Option<Self> {
-        match kind {
-            TransmitKind::Read => Some(Self::Read),
-            TransmitKind::Write => Some(Self::Write),
-            TransmitKind::Confirm => {
-                counter!(READ_CONFIRMATIONS).increment(1);
-                Some(Self::Confirm)
-            }
-            TransmitKind::Inbox | TransmitKind::Lease(_) | TransmitKind::Api => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::Confirm => "confirm",
-        }
-    }
-
-    /// The request timed out by the call's deadline.
-    pub(crate) fn timed_out(self) {
-        self.error("timed_out");
-    }
-
-    fn error(self, kind: &'static str) {
-        counter!(JETSTREAM_ERRORS, "op" => self.name(), "kind" => kind).increment(1);
-    }
-
-    /// What came of the request, before the call reads it.
-    pub(crate) fn outcome(self, outcome: &RequestOutcome) {
-        let failure = match outcome {
-            RequestOutcome::TimedOut => return self.error("timed_out"),
-            RequestOutcome::NoResponders => return self.error("no_responders"),
-            RequestOutcome::Failed(_) => return self.error("request_failed"),
-            RequestOutcome::Reply { payload, .. } => {
-                if self == Self::Confirm {
-                    // Small: read it whole.
-                    match js::parse_pub_ack(outcome) {
-                        Ok(PublishResult::WrongLastSequence) => {
-                            counter!(READ_CONFIRMATION_RETRIES).increment(1);
-                            None
-                        }
-                        Ok(PublishResult::Stored(_)) => None,
-                        Err(f) => Some(f),
-                    }
-                } else if !contains(payload, b"\"error\"") {
-                    // Neither a read's reply (base64 inside, a subject without quotes)
-                    // nor an ack carries the word quoted unless it is an error: no need
-                    // to parse the whole reply a second time.
-                    None
-                } else if self == Self::Read {
-                    js::parse_read(outcome).err()
-                } else {
-                    js::parse_pub_ack(outcome).err()
-                }
-            }
-        };
-        if let Some(JsFailure { kind, .. }) = failure {
-            self.error(if kind == ErrorKind::Unavailable {
-                "unavailable"
-            } else {
-                "internal"
-            });
-        }
-    }
-}
-
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -342,60 +262,6 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, record);
         handle.render()
-    }
-
-    fn ack_error(code: u64, err_code: u64) -> RequestOutcome {
-        RequestOutcome::reply(format!(
-            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
-        ))
-    }
-
-    #[test]
-    fn confirmations_count_their_retries_and_failures() {
-        let text = recorded(|| {
-            for outcome in [
-                RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
-                ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
-                ack_error(503, 10008),
-            ] {
-                JsOp::of(TransmitKind::Confirm).unwrap().outcome(&outcome);
-            }
-        });
-        assert!(text.contains(&format!("{READ_CONFIRMATIONS} 3")), "{text}");
-        assert!(
-            text.contains(&format!("{READ_CONFIRMATION_RETRIES} 1")),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                r#"{JETSTREAM_ERRORS}{{op="confirm",kind="unavailable"}} 1"#
-            )),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn jetstream_errors_by_op_and_kind() {
-        let text = recorded(|| {
-            // A key never written: not an error.
-            JsOp::Read.outcome(&ack_error(404, js::ERR_NO_MESSAGE_FOUND));
-            JsOp::Read.outcome(&RequestOutcome::TimedOut);
-            JsOp::Read.outcome(&ack_error(500, 10001));
-            JsOp::Write.outcome(&RequestOutcome::NoResponders);
-            JsOp::Write.outcome(&ack_error(400, js::ERR_WRONG_LAST_SEQUENCE));
-            JsOp::Write.outcome(&RequestOutcome::Failed("gone".into()));
-        });
-        for (op, kind) in [
-            ("read", "timed_out"),
-            ("read", "internal"),
-            ("write", "no_responders"),
-            ("write", "request_failed"),
-        ] {
-            let line = format!(r#"{JETSTREAM_ERRORS}{{op="{op}",kind="{kind}"}} 1"#);
-            assert!(text.contains(&line), "{line}: {text}");
-        }
-        let samples = text.lines().filter(|l| l.starts_with(JETSTREAM_ERRORS));
-        assert_eq!(samples.count(), 4, "{text}");
     }
 
     #[test]

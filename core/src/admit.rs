@@ -31,7 +31,6 @@
 //! The machine holds the waiting requests themselves (any `T`: the adapter's
 //! request handle), so the adapter only starts, answers and counts calls ending.
 
-use crate::io::Transmit;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
@@ -39,11 +38,22 @@ use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admit<T> {
+pub enum AdmissionEvent<T> {
     /// Start its call now; feed [`Admission::handle_finished`] when it ends.
     Start(Endpoint, T),
     /// Answer it with this reply now; no call runs for it.
     Refuse(Endpoint, T, Response),
+}
+
+/// What [`Admission::counts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionCounts {
+    /// Calls running.
+    pub running: usize,
+    /// Requests waiting for a call to end.
+    pub waiting: usize,
+    /// Requests refused so far.
+    pub refused: u64,
 }
 
 /// The admission machine. See the [module docs](self).
@@ -61,7 +71,7 @@ pub struct Admission<T> {
     /// The tenants with a request waiting, in the order they start one.
     turns: VecDeque<Option<String>>,
     waiting: usize,
-    out: VecDeque<Admit<T>>,
+    out: VecDeque<AdmissionEvent<T>>,
     refused: u64,
 }
 
@@ -97,7 +107,7 @@ impl<T> Admission<T> {
     fn start(&mut self, tenant: Option<String>, endpoint: Endpoint, request: T) {
         self.in_flight += 1;
         *self.running.entry(tenant).or_default() += 1;
-        self.out.push_back(Admit::Start(endpoint, request));
+        self.out.push_back(AdmissionEvent::Start(endpoint, request));
     }
 
     /// A request for `endpoint` arrived.
@@ -160,8 +170,11 @@ impl<T> Admission<T> {
                 self.in_flight, self.waiting
             ),
         );
-        self.out
-            .push_back(Admit::Refuse(endpoint, request, Response::Error(reply)));
+        self.out.push_back(AdmissionEvent::Refuse(
+            endpoint,
+            request,
+            Response::Error(reply),
+        ));
     }
 
     /// A started call ended: the first waiting request starts.
@@ -190,23 +203,9 @@ impl<T> Admission<T> {
     }
 
     /// What to do next; drain after every input.
-    pub fn poll_event(&mut self) -> Option<Admit<T>> {
+    pub fn poll_event(&mut self) -> Option<AdmissionEvent<T>> {
         self.out.pop_front()
     }
-
-    /// Never: this machine sends nothing (here for the crate's vocabulary: every
-    /// machine drains the same four outputs).
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        None
-    }
-
-    /// Never: admission keeps no deadline.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
-    /// Nothing to act on at a timeout; here for the crate's vocabulary.
-    pub fn handle_timeout(&mut self, _now: Instant) {}
 
     /// No call running, none waiting, nothing to poll.
     pub fn is_done(&self) -> bool {
@@ -214,8 +213,12 @@ impl<T> Admission<T> {
     }
 
     /// Calls running, requests waiting, and requests refused so far.
-    pub fn counts(&self) -> (usize, usize, u64) {
-        (self.in_flight, self.waiting, self.refused)
+    pub fn counts(&self) -> AdmissionCounts {
+        AdmissionCounts {
+            running: self.in_flight,
+            waiting: self.waiting,
+            refused: self.refused,
+        }
     }
 
     fn start_waiting(&mut self) {

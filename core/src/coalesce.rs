@@ -134,6 +134,24 @@ impl CoalescerConfig {
     }
 }
 
+/// What [`Coalescer::pending`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritesPending {
+    /// Writes queued, not sent yet.
+    pub queued: usize,
+    /// Sends out (a single write or a batch each), waiting for their outcome.
+    pub sent: usize,
+}
+
+/// What [`Coalescer::batch_counts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// Batches sent.
+    pub sent: u64,
+    /// Batches answered with an error (their writes retried as singles).
+    pub failed: u64,
+}
+
 /// What the coalescer reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CoalescerEvent {
@@ -224,8 +242,11 @@ impl Coalescer {
     }
 
     /// Batches sent and batches answered with an error (retried as singles).
-    pub fn batch_counts(&self) -> (u64, u64) {
-        (self.batches_sent, self.batches_failed)
+    pub fn batch_counts(&self) -> BatchCounts {
+        BatchCounts {
+            sent: self.batches_sent,
+            failed: self.batches_failed,
+        }
     }
 
     /// A write to send: a JetStream publish as the call built it.
@@ -235,12 +256,10 @@ impl Coalescer {
     }
 
     /// The caller of a write gave up on it (its call timed out or was cut off):
-    /// dropped if it has not gone out yet, and then no result comes for it
-    /// (`true`); once sent it runs its course and its result comes as usual.
-    pub fn handle_cancel(&mut self, _now: Instant, id: WriteId) -> bool {
-        let before = self.queue.len();
+    /// dropped if it has not gone out yet, and then no result comes for it; once
+    /// sent it runs its course and its result comes as usual.
+    pub fn handle_cancel(&mut self, _now: Instant, id: WriteId) {
         self.queue.retain(|w| w.id != id);
-        self.queue.len() != before
     }
 
     /// The outcome of a transmit's `request`.
@@ -273,14 +292,6 @@ impl Coalescer {
         self.events.pop_front()
     }
 
-    /// Never: the coalescer keeps no deadline (each call keeps its own).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
-    /// Nothing to act on at a timeout; here for the crate's vocabulary.
-    pub fn handle_timeout(&mut self, _now: Instant) {}
-
     /// Nothing queued, nothing in flight, nothing to poll.
     pub fn is_done(&self) -> bool {
         self.queue.is_empty()
@@ -299,8 +310,11 @@ impl Coalescer {
     }
 
     /// Writes waiting and sends out.
-    pub fn pending(&self) -> (usize, usize) {
-        (self.queue.len(), self.in_flight.len())
+    pub fn pending(&self) -> WritesPending {
+        WritesPending {
+            queued: self.queue.len(),
+            sent: self.in_flight.len(),
+        }
     }
 
     fn effect_id(&mut self) -> EffectId {

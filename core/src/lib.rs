@@ -13,8 +13,9 @@
 //! groups, caps, the inbox, which change events to watch), the client's waiting
 //! acquire ([`acquire_wait`]), change events ([`change`]), the owner-side and
 //! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]); and
-//! the service's admission of requests under load ([`admit`]). The I/O types every
-//! machine shares are in [`io`].
+//! the service's admission of requests under load ([`admit`]); and the service
+//! itself, one machine composing all of its parts ([`service::Service`]). The I/O
+//! types every machine shares are in [`io`].
 //!
 //! # Determinism
 //!
@@ -25,12 +26,13 @@
 //!
 //! # One vocabulary
 //!
-//! Every machine ([`call::Call`], [`startup::Startup`],
+//! Every machine ([`service::Service`], [`call::Call`], [`startup::Startup`],
 //! [`replicas::ReplicasCheck`], [`coalesce::Coalescer`], [`holder::Holder`],
 //! [`campaign::Campaign`], [`acquire_wait::WaitingAcquire`],
 //! [`supervise::Supervisor`], [`supervise::Lock`], [`admit::Admission`]) is driven
-//! the same way, in the types of [`io`] (`lock`'s supervision and admission send
-//! nothing: their `poll_transmit` is always `None`):
+//! the same way, in the types of [`io`] (`lock`'s supervision sends nothing: its
+//! `poll_transmit` is always `None`; admission neither sends nor waits, so it has
+//! neither `poll_transmit` nor `poll_timeout`):
 //!
 //! - inputs are `handle_*(now, …)`; the result of a request comes back as
 //!   `handle_outcome(now, id, outcome)`, tagged with the [`io::EffectId`] it was
@@ -100,6 +102,7 @@ pub mod micro;
 pub mod record;
 pub mod replicas;
 pub mod reply_scope;
+pub mod service;
 pub mod shard;
 pub mod shutdown;
 pub mod startup;

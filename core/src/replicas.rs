@@ -6,11 +6,11 @@
 //! The same answer tells whether the stream is still the one the service has been
 //! serving: its `created` time. A stream deleted and made anew reuses sequences,
 //! so what the service knew of its keys' revisions ([`crate::known`]) is then
-//! forgotten ([`ReplicasEvent::StreamReplaced`]).
+//! forgotten ([`ReplicasCheckEvent::StreamReplaced`]).
 //!
 //! On a sharded bucket ([`crate::shard`]) each period asks every shard's stream,
 //! one after another: reads are confirmed while any has more than one replica,
-//! and any stream made anew says [`ReplicasEvent::StreamReplaced`] (the service
+//! and any stream made anew says [`ReplicasCheckEvent::StreamReplaced`] (the service
 //! then forgets every known revision: more than needed, never less).
 //!
 //! A request unanswered within its timeout, or answered without the replicas (an
@@ -27,7 +27,7 @@ use crate::startup::{replicas_from_reply, stream_info_request_of};
 
 /// What the re-check reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplicasEvent {
+pub enum ReplicasCheckEvent {
     /// The stream is gone or was made anew (another `created` time): forget what
     /// was known of its keys' revisions.
     StreamReplaced,
@@ -55,7 +55,7 @@ pub struct ReplicasCheck {
     /// The shard asked next in this round.
     cursor: usize,
     transmits: VecDeque<Transmit>,
-    events: VecDeque<ReplicasEvent>,
+    events: VecDeque<ReplicasCheckEvent>,
 }
 
 impl ReplicasCheck {
@@ -139,7 +139,7 @@ impl ReplicasCheck {
                     .and_then(|c| c.as_str())
                     .map(str::to_string);
                 if created.is_some() && known.is_some() && created != *known {
-                    self.events.push_back(ReplicasEvent::StreamReplaced);
+                    self.events.push_back(ReplicasCheckEvent::StreamReplaced);
                 }
                 if created.is_some() {
                     *known = created;
@@ -147,7 +147,7 @@ impl ReplicasCheck {
             }
             Ok(Err(e)) if e.err_code == js::ERR_STREAM_NOT_FOUND && known.is_some() => {
                 *known = None;
-                self.events.push_back(ReplicasEvent::StreamReplaced);
+                self.events.push_back(ReplicasCheckEvent::StreamReplaced);
             }
             _ => {}
         }
@@ -160,7 +160,7 @@ impl ReplicasCheck {
         if on != self.confirm_reads {
             self.confirm_reads = on;
             self.events
-                .push_back(ReplicasEvent::ConfirmReads { replicas, on });
+                .push_back(ReplicasCheckEvent::ConfirmReads { replicas, on });
         }
     }
 
@@ -170,17 +170,12 @@ impl ReplicasCheck {
     }
 
     /// The next change of read confirmation.
-    pub fn poll_event(&mut self) -> Option<ReplicasEvent> {
+    pub fn poll_event(&mut self) -> Option<ReplicasCheckEvent> {
         self.events.pop_front()
     }
 
     /// The check in flight's deadline, or the next check.
     pub fn poll_timeout(&self) -> Option<Instant> {
         Some(self.waiting.map_or(self.next_at, |(_, due)| due))
-    }
-
-    /// Never: the re-check runs as long as the service serves.
-    pub fn is_done(&self) -> bool {
-        false
     }
 }

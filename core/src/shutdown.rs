@@ -8,7 +8,7 @@
 //!    the requests delivered before the unsubscribe run to their replies, for at
 //!    most `drain` (the service's `shutdown_timeout`).
 //! 2. [`StopPhase::Replies`], only when the drain ran out: every call still running
-//!    is cut off ([`StopEvent::CutOff`]) and answered `internal`; the replies get
+//!    is cut off ([`ShutdownEvent::CutOff`]) and answered `internal`; the replies get
 //!    [`REPLY_BOUND`] to be handed to the client (a client whose server is gone may
 //!    take none of them).
 //! 3. [`StopPhase::Flush`]: the client pushes what it holds to the server, for at
@@ -17,15 +17,15 @@
 //!    socket to a frozen one is full, that is for ever).
 //!
 //! A phase that ends before its bound moves on at once; one that reaches it gives up
-//! ([`StopEvent::GaveUp`], for the log) and moves on. The adapter arms one timer at
+//! ([`ShutdownEvent::GaveUp`], for the log) and moves on. The adapter arms one timer at
 //! [`Shutdown::poll_timeout`] and races the phase's wait against it.
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use dagnats_leases_core::shutdown::{Shutdown, StopEvent, StopPhase, FLUSH_BOUND};
+//! use dagnats_leases_core::shutdown::{Shutdown, ShutdownEvent, StopPhase, FLUSH_BOUND};
 //!
 //! let start = Instant::now();
-//! let mut stop = Shutdown::new(start, Duration::from_secs(10));
+//! let mut stop = Shutdown::new(Duration::from_secs(10), start);
 //! // Every call answered within the drain: straight to the flush.
 //! stop.handle_phase_done(start + Duration::from_millis(3));
 //! assert_eq!(stop.phase(), StopPhase::Flush);
@@ -33,7 +33,7 @@
 //! let at = stop.poll_timeout().unwrap();
 //! assert_eq!(at, start + Duration::from_millis(3) + FLUSH_BOUND);
 //! stop.handle_timeout(at);
-//! assert_eq!(stop.poll_event(), Some(StopEvent::GaveUp(StopPhase::Flush)));
+//! assert_eq!(stop.poll_event(), Some(ShutdownEvent::GaveUp(StopPhase::Flush)));
 //! assert!(stop.is_done());
 //! ```
 
@@ -72,7 +72,7 @@ pub enum StopPhase {
 
 /// What the stopping service does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopEvent {
+pub enum ShutdownEvent {
     /// Cut off every call still running (each answers `internal`), and every
     /// request still buffered.
     CutOff,
@@ -86,12 +86,12 @@ pub enum StopEvent {
 pub struct Shutdown {
     phase: StopPhase,
     deadline: Option<Instant>,
-    events: VecDeque<StopEvent>,
+    events: VecDeque<ShutdownEvent>,
 }
 
 impl Shutdown {
     /// Stopping from `now`: the drain may take `drain`.
-    pub fn new(now: Instant, drain: Duration) -> Self {
+    pub fn new(drain: Duration, now: Instant) -> Self {
         Self {
             phase: StopPhase::Drain,
             deadline: Some(now + drain),
@@ -121,7 +121,7 @@ impl Shutdown {
     }
 
     /// The next thing to do, if any.
-    pub fn poll_event(&mut self) -> Option<StopEvent> {
+    pub fn poll_event(&mut self) -> Option<ShutdownEvent> {
         self.events.pop_front()
     }
 
@@ -145,10 +145,10 @@ impl Shutdown {
         if now < deadline {
             return;
         }
-        self.events.push_back(StopEvent::GaveUp(self.phase));
+        self.events.push_back(ShutdownEvent::GaveUp(self.phase));
         match self.phase {
             StopPhase::Drain => {
-                self.events.push_back(StopEvent::CutOff);
+                self.events.push_back(ShutdownEvent::CutOff);
                 self.enter(now, StopPhase::Replies);
             }
             StopPhase::Replies => self.enter(now, StopPhase::Flush),
@@ -185,14 +185,14 @@ mod tests {
     }
 
     /// The phase, the events and the timeout (from the stop) after a step.
-    type After = (StopPhase, Vec<StopEvent>, Option<Duration>);
+    type After = (StopPhase, Vec<ShutdownEvent>, Option<Duration>);
 
     /// Runs `steps` from a stop at `t0`; returns the phase, events and timeout
     /// after each step.
     fn run(steps: &[Step]) -> Vec<After> {
         let t0 = Instant::now();
         let mut now = t0;
-        let mut stop = Shutdown::new(t0, DRAIN);
+        let mut stop = Shutdown::new(DRAIN, t0);
         steps
             .iter()
             .map(|step| {
@@ -218,8 +218,8 @@ mod tests {
 
     #[test]
     fn each_phase_moves_on_at_its_end_or_at_its_bound() {
+        use ShutdownEvent::*;
         use Step::*;
-        use StopEvent::*;
         use StopPhase::*;
         let ms = Duration::from_millis;
         let table: Vec<(&str, Vec<Step>, Vec<After>)> = vec![
@@ -299,7 +299,7 @@ mod tests {
     fn every_phase_at_its_bound_ends_within_the_stated_bound() {
         for drain in [Duration::ZERO, Duration::from_millis(1500), DRAIN] {
             let t0 = Instant::now();
-            let mut stop = Shutdown::new(t0, drain);
+            let mut stop = Shutdown::new(drain, t0);
             let mut now = t0;
             while let Some(at) = stop.poll_timeout() {
                 now = at;

@@ -34,7 +34,7 @@ pub const MAX_PENDING: usize = 4096;
 
 /// What the sweep reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SweepEvent {
+pub enum TombstoneSweepEvent {
     /// The purge of `key` below `revision + 1` removed `purged` messages (0 when
     /// the key had moved on).
     Purged {
@@ -66,7 +66,7 @@ pub struct TombstoneSweep {
     pending: VecDeque<(String, u64)>,
     in_flight: Option<(EffectId, String, u64)>,
     next_id: u64,
-    events: VecDeque<SweepEvent>,
+    events: VecDeque<TombstoneSweepEvent>,
     shards: ShardMap,
 }
 
@@ -94,7 +94,7 @@ impl TombstoneSweep {
         if self.pending.len() >= MAX_PENDING
             && let Some((key, _)) = self.pending.pop_front()
         {
-            self.events.push_back(SweepEvent::Dropped { key });
+            self.events.push_back(TombstoneSweepEvent::Dropped { key });
         }
         self.pending.push_back((key, revision));
     }
@@ -109,16 +109,16 @@ impl TombstoneSweep {
             return;
         }
         let event = match js::parse_api_reply(&outcome) {
-            Ok(Ok(reply)) => SweepEvent::Purged {
+            Ok(Ok(reply)) => TombstoneSweepEvent::Purged {
                 key,
                 revision,
                 purged: reply.get("purged").and_then(|n| n.as_u64()).unwrap_or(0),
             },
-            Ok(Err(e)) => SweepEvent::Failed {
+            Ok(Err(e)) => TombstoneSweepEvent::Failed {
                 key,
                 reason: format!("JetStream refused the purge: {e:?}"),
             },
-            Err(e) => SweepEvent::Failed {
+            Err(e) => TombstoneSweepEvent::Failed {
                 key,
                 reason: format!("{e:?}"),
             },
@@ -140,7 +140,7 @@ impl TombstoneSweep {
     }
 
     /// What happened since the last poll.
-    pub fn poll_event(&mut self) -> Option<SweepEvent> {
+    pub fn poll_event(&mut self) -> Option<TombstoneSweepEvent> {
         self.events.pop_front()
     }
 

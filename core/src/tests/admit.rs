@@ -2,30 +2,34 @@
 
 use std::time::Instant;
 
-use crate::admit::{Admission, Admit};
+use crate::admit::{Admission, AdmissionEvent};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
-fn drain(a: &mut Admission<u32>) -> Vec<Admit<u32>> {
+fn drain(a: &mut Admission<u32>) -> Vec<AdmissionEvent<u32>> {
     std::iter::from_fn(|| a.poll_event()).collect()
 }
 
-fn started(events: &[Admit<u32>]) -> Vec<u32> {
+fn started(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            Admit::Start(_, r) => Some(*r),
-            Admit::Refuse(..) => None,
+            AdmissionEvent::Start(_, r) => Some(*r),
+            AdmissionEvent::Refuse(..) => None,
         })
         .collect()
 }
 
-fn refused(events: &[Admit<u32>]) -> Vec<u32> {
+fn refused(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            Admit::Refuse(_, r, Response::Error(e)) if e.kind == ErrorKind::Unavailable => Some(*r),
-            Admit::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
-            Admit::Start(..) => None,
+            AdmissionEvent::Refuse(_, r, Response::Error(e))
+                if e.kind == ErrorKind::Unavailable =>
+            {
+                Some(*r)
+            }
+            AdmissionEvent::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
+            AdmissionEvent::Start(..) => None,
         })
         .collect()
 }
@@ -42,7 +46,7 @@ fn below_the_bound_every_request_starts_at_once() {
     }
     let events = drain(&mut a);
     assert_eq!(started(&events), [0, 1, 2]);
-    assert_eq!(a.counts(), (3, 0, 0));
+    assert_eq!(a.counts(), counts(3, 0, 0));
 }
 
 #[test]
@@ -53,7 +57,7 @@ fn past_the_bound_requests_wait_and_start_in_order_as_calls_end() {
     a.handle_request(now, Endpoint::Forward, 1);
     a.handle_request(now, Endpoint::Renew, 2);
     assert_eq!(started(&drain(&mut a)), [0]);
-    assert_eq!(a.counts(), (1, 2, 0));
+    assert_eq!(a.counts(), counts(1, 2, 0));
     a.handle_finished(now);
     assert_eq!(started(&drain(&mut a)), [1]);
     a.handle_finished(now);
@@ -74,7 +78,7 @@ fn a_full_queue_refuses_at_once_with_unavailable() {
     let events = drain(&mut a);
     assert_eq!(started(&events), [0]);
     assert_eq!(refused(&events), [3], "two wait, the third past the bound");
-    assert_eq!(a.counts(), (1, 2, 1));
+    assert_eq!(a.counts(), counts(1, 2, 1));
 }
 
 #[test]
@@ -167,7 +171,7 @@ fn a_full_room_makes_space_for_a_tenant_with_fewer_waiting_at_the_floods_expense
     // TA's next finds the room full and no longer queue to take from.
     a.handle_request_of(now, ta(), Endpoint::Renew, 5);
     assert_eq!(refused(&drain(&mut a)), [5]);
-    assert_eq!(a.counts(), (1, 4, 2));
+    assert_eq!(a.counts(), counts(1, 4, 2));
     for _ in 0..4 {
         a.handle_finished(now);
     }
@@ -208,8 +212,17 @@ fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
     // ...TA's own ending starts its next.
     a.handle_finished_of(now, ta());
     assert_eq!(started(&drain(&mut a)), [2]);
-    assert_eq!(a.counts(), (2, 2, 0));
+    assert_eq!(a.counts(), counts(2, 2, 0));
     // Stopping lifts the share.
     a.handle_stop(now);
     assert_eq!(started(&drain(&mut a)), [3, 4]);
+}
+
+/// The counts as a named struct, for the table rows above.
+fn counts(running: usize, waiting: usize, refused: u64) -> crate::admit::AdmissionCounts {
+    crate::admit::AdmissionCounts {
+        running,
+        waiting,
+        refused,
+    }
 }

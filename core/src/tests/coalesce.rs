@@ -1,5 +1,6 @@
 //! The write coalescer's rules, one table test each.
 
+use crate::coalesce::BatchCounts;
 use std::time::{Duration, Instant};
 
 use crate::coalesce::{
@@ -185,7 +186,7 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
         ]
     );
     assert!(c.is_done());
-    assert_eq!(c.batch_counts(), (1, 0));
+    assert_eq!(c.batch_counts(), BatchCounts { sent: 1, failed: 0 });
 }
 
 #[test]
@@ -208,7 +209,7 @@ fn a_batch_holds_at_most_max_batch_writes() {
     let (sends, done) = drain(&mut c);
     assert_eq!(done.len(), 4);
     assert!(sends.is_empty(), "two left, below min_batch: they wait");
-    assert_eq!(c.pending(), (2, 1));
+    assert_eq!(c.pending(), pending(2, 1));
     c.handle_outcome(now, first[0].id, ack(1));
     let (sends, _) = drain(&mut c);
     assert_eq!(
@@ -218,7 +219,7 @@ fn a_batch_holds_at_most_max_batch_writes() {
     );
     assert!(sends[0].publish.is_empty());
     assert_eq!(c.writes_of(sends[0].id), vec![WriteId(9)]);
-    assert_eq!(c.pending(), (1, 1));
+    assert_eq!(c.pending(), pending(1, 1));
 }
 
 #[test]
@@ -319,7 +320,7 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
         c.handle_outcome(now, first.id, ack(1));
         drain(&mut c);
         assert!(c.is_done());
-        assert_eq!(c.batch_counts(), (1, 1));
+        assert_eq!(c.batch_counts(), BatchCounts { sent: 1, failed: 1 });
         assert!(c.atomic());
     }
 }
@@ -472,7 +473,7 @@ fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
     assert_eq!(sends.len(), 1);
     assert!(sends[0].publish.is_empty());
     assert_eq!(c.writes_of(sends[0].id), vec![WriteId(1)]);
-    assert_eq!(c.pending(), (1, 1));
+    assert_eq!(c.pending(), pending(1, 1));
 }
 
 #[test]
@@ -492,7 +493,7 @@ fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
     c.handle_outcome(now, first.id, ack(1));
     let (sends, _) = drain(&mut c);
     assert!(sends[0].publish.is_empty(), "one, then the other");
-    assert_eq!(c.pending(), (1, 1));
+    assert_eq!(c.pending(), pending(1, 1));
 }
 
 // The simulated JetStream's atomic batches, as nats-server 2.12+ answers them.
@@ -619,9 +620,13 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     let first = fill_the_single_window(&mut c, now);
     c.handle_write(now, WriteId(1), write("a", 0));
     c.handle_write(now, WriteId(2), write("b", 0));
-    assert!(c.handle_cancel(now, WriteId(2)));
-    assert!(
-        !c.handle_cancel(now, WriteId(0)),
+    let queued = c.pending().queued;
+    c.handle_cancel(now, WriteId(2));
+    assert_eq!(c.pending().queued, queued - 1, "dropped from the queue");
+    c.handle_cancel(now, WriteId(0));
+    assert_eq!(
+        c.pending().queued,
+        queued - 1,
         "already out: it runs its course"
     );
     c.handle_write(now, WriteId(3), write("c", 0));
@@ -680,4 +685,9 @@ fn writes_of_two_shards_never_share_a_batch() {
         first[..subjects.len()],
         "shard 0's writes alone, in order"
     );
+}
+
+/// [`Coalescer::pending`] as the table rows above write it.
+fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
+    crate::coalesce::WritesPending { queued, sent }
 }

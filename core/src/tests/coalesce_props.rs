@@ -207,7 +207,8 @@ fn coalesced(
             co.handle_outcome(d.now(), s.id, outcome);
         }
     }
-    (d.replies, d.sim, trace, co.batch_counts())
+    let counts = co.batch_counts();
+    (d.replies, d.sim, trace, (counts.sent, counts.failed))
 }
 
 /// The single run: the same calls, every effect alone, in the recorded order.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::io::{RequestOutcome, TransmitKind};
-use crate::sweep::{MAX_PENDING, SweepEvent, TombstoneSweep};
+use crate::sweep::{MAX_PENDING, TombstoneSweep, TombstoneSweepEvent};
 
 fn sweep() -> (TombstoneSweep, Instant) {
     let now = Instant::now();
@@ -33,7 +33,7 @@ fn a_released_tombstone_is_purged_below_its_own_revision_plus_one_and_nothing_la
     );
     assert_eq!(
         s.poll_event(),
-        Some(SweepEvent::Purged {
+        Some(TombstoneSweepEvent::Purged {
             key: "job".into(),
             revision: 41,
             purged: 1
@@ -53,7 +53,7 @@ fn one_purge_is_out_at_a_time() {
         "a second purge while one is out"
     );
     s.handle_outcome(now, first.id, RequestOutcome::TimedOut);
-    assert!(matches!(s.poll_event(), Some(SweepEvent::Failed { key, .. }) if key == "a"));
+    assert!(matches!(s.poll_event(), Some(TombstoneSweepEvent::Failed { key, .. }) if key == "a"));
     let second = s.poll_transmit().unwrap();
     assert!(String::from_utf8_lossy(&second.request.payload).contains("$KV.leases.b"));
 }
@@ -80,7 +80,10 @@ fn a_refused_purge_is_reported_and_an_unknown_outcome_ignored() {
             r#"{"error":{"code":500,"err_code":10056,"description":"purge not permitted"}}"#,
         ),
     );
-    assert!(matches!(s.poll_event(), Some(SweepEvent::Failed { .. })));
+    assert!(matches!(
+        s.poll_event(),
+        Some(TombstoneSweepEvent::Failed { .. })
+    ));
 }
 
 #[test]
@@ -91,7 +94,7 @@ fn past_the_bound_the_oldest_tombstone_is_dropped_unpurged() {
     }
     assert_eq!(
         s.poll_event(),
-        Some(SweepEvent::Dropped { key: "k0".into() })
+        Some(TombstoneSweepEvent::Dropped { key: "k0".into() })
     );
     let t = s.poll_transmit().unwrap();
     assert!(String::from_utf8_lossy(&t.request.payload).contains("$KV.leases.k1\""));

@@ -1,0 +1,1328 @@
+//! The lease service as one machine, in the manner of quinn-proto's `Endpoint`: it
+//! composes every machine a serving process runs (bucket [`Startup`], the reply
+//! rule of [`ReplyScope`], tenancy's scope and cap ([`crate::tenant`]),
+//! [`Admission`], one [`Call`] per request keyed by a token, the write
+//! [`Coalescer`], the [`KnownLeases`] map, the [`ReplicasCheck`] and its confirm
+//! switch, the [`TombstoneSweep`], the micro protocol's verbs ([`MicroService`])
+//! and the [`Shutdown`] phases), so that every decision of the service is here,
+//! simulated and fuzzed, and an adapter only subscribes, receives, sends, flushes
+//! and arms one timer.
+//!
+//! Inputs: [`Service::handle_request`] (every message a subscription delivers:
+//! requests, `$SRV` verbs, change events), [`Service::handle_outcome`] (the outcome
+//! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], and
+//! the two waits of a stop coming to their end ([`Service::handle_intake_closed`],
+//! [`Service::handle_flushed`]). Outputs: [`Service::poll_transmit`] (a NATS
+//! request, its outcome wanted), [`Service::poll_event`] (replies to publish,
+//! subscriptions wanted, metrics and log facts, the end), [`Service::poll_timeout`]
+//! and [`Service::is_done`].
+//!
+//! The rules it holds (each with a table test in `tests/service.rs`):
+//!
+//! - a reply goes only to a reply subject [`ReplyScope::check`] lets through; any
+//!   other request is dropped unanswered, no call runs for it, and it is counted;
+//! - while the bucket is ensured every call is answered `unavailable` at once;
+//! - read confirmation starts from the stream's replicas and follows the
+//!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
+//!   rule living in [`ReplicasCheck`] only; the check runs only when serving;
+//! - writes gather into atomic batches only when the stream takes them and the
+//!   operator asked for it (`coalesce_writes`);
+//! - a write still queued in the coalescer whose call gave up (timed out, cut off)
+//!   is never sent;
+//! - a stop drains: unsubscribe, answer every request already delivered, wait for
+//!   the calls up to `shutdown_timeout`, cut off what still runs (`internal`),
+//!   flush, within [`Shutdown::bound`].
+
+mod kv;
+
+pub use kv::{KvFact, KvOp, classify};
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use crate::admit::{Admission, AdmissionEvent};
+use crate::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+use crate::change::ChangeEvent;
+use crate::coalesce::{
+    Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW, WriteId,
+};
+use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
+use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
+use crate::micro::MicroService;
+use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
+use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
+use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
+use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
+use crate::subjects::{
+    API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_CHANGED_SUBJECTS, changed_subject,
+};
+use crate::sweep::{TombstoneSweep, TombstoneSweepEvent};
+use crate::tenant::{self, Caller, HDR_REQUEST_INFO, Tenancy, TenantLeases};
+use crate::wire::{Endpoint, ErrorReply, Response};
+
+/// The default bound on calls running at once: far above what one service needs to
+/// keep JetStream busy (a call is a few round trips), far below what a burst of
+/// tens of thousands of requests would cost in memory.
+pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
+
+/// How the service runs: the operator's options and what the server said in INFO.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The bucket's replicas and the tenancy.
+    pub bucket: BucketOptions,
+    /// The server's version from INFO: whether it has per-message TTL and batches.
+    pub server_version: String,
+    /// The server's `max_payload`, which bounds a forward's reply.
+    pub max_payload: usize,
+    /// Bound on each JetStream request.
+    pub kv_timeout: Duration,
+    /// How long a stop waits for the calls in flight.
+    pub shutdown_timeout: Duration,
+    /// How often the stream's replicas are asked again while serving.
+    pub replicas_recheck: Duration,
+    /// At most this many calls run at once ([`Admission`]).
+    pub max_calls_in_flight: usize,
+    /// At most this many requests wait for a call to end.
+    pub max_calls_waiting: usize,
+    /// Whether the calls' writes go through the write [`Coalescer`].
+    pub coalesce_writes: bool,
+    /// Single writes in flight before writes gather into batches.
+    pub batch_after: usize,
+    /// The smallest batch the coalescer sends.
+    pub min_batch: usize,
+    /// This instance's process-unique id (a NUID): the micro protocol's instance id
+    /// and the prefix of its batch ids.
+    pub instance_id: String,
+    /// The service's version, for `$SRV.INFO`.
+    pub version: String,
+    /// The reply subjects the service answers.
+    pub reply_scope: ReplyScope,
+    /// Tenancy: at most this many live leases per tenant account.
+    pub max_leases_per_tenant: Option<usize>,
+    /// How many keys' last revisions the service remembers (0: none, no change
+    /// events subscribed for them).
+    pub known_capacity: usize,
+    /// Test stand-in: answer from unconfirmed reads even on a replicated bucket, to
+    /// show what the fault tests catch without read confirmation.
+    #[cfg(any(test, feature = "__test"))]
+    pub unconfirmed_reads_for_tests: bool,
+}
+
+impl ServiceConfig {
+    /// The defaults for a server of `server_version` with `max_payload`.
+    pub fn new(server_version: impl Into<String>, max_payload: usize) -> Self {
+        Self {
+            bucket: BucketOptions::default(),
+            server_version: server_version.into(),
+            max_payload,
+            kv_timeout: DEFAULT_KV_TIMEOUT,
+            shutdown_timeout: Duration::from_secs(10),
+            replicas_recheck: REPLICAS_RECHECK,
+            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            coalesce_writes: false,
+            batch_after: DEFAULT_SINGLE_WINDOW,
+            min_batch: DEFAULT_MIN_BATCH,
+            instance_id: "service".to_string(),
+            version: String::new(),
+            reply_scope: ReplyScope::default(),
+            max_leases_per_tenant: None,
+            known_capacity: DEFAULT_KNOWN_CAPACITY,
+            #[cfg(any(test, feature = "__test"))]
+            unconfirmed_reads_for_tests: false,
+        }
+    }
+}
+
+/// A message as a subscription delivered it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Received {
+    /// The subject it came in on.
+    pub subject: String,
+    /// Its reply subject, if any.
+    pub reply: Option<String>,
+    /// Its headers, every value of every name, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub payload: Vec<u8>,
+}
+
+/// What a subscription the service wants is for (which connection takes it is the
+/// adapter's: the documented deployment serves on one user and reads change
+/// events on the other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionKind {
+    /// One of the five lease endpoints, in the queue group.
+    Api,
+    /// A `$SRV` verb of the micro protocol (every instance answers).
+    Srv,
+    /// Change events, for the known map and the tenants' lease counts.
+    Changes,
+}
+
+/// Where a dropped request came in, for its metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestSource {
+    /// A lease endpoint.
+    Api,
+    /// A `$SRV` verb.
+    Srv,
+}
+
+impl RequestSource {
+    /// Its metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Srv => "srv",
+        }
+    }
+}
+
+/// How loud a log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Worth knowing.
+    Info,
+    /// Something is off.
+    Warn,
+    /// Detail.
+    Debug,
+}
+
+/// The once-per-interval log line of requests dropped for their reply subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedLog {
+    /// How many were dropped since the last line.
+    pub dropped: u64,
+    /// The last one's subject.
+    pub subject: String,
+    /// The last one's reply subject, escaped for the log.
+    pub reply: Option<String>,
+    /// The prefixes a reply may have, joined.
+    pub prefixes: String,
+}
+
+/// What the service settled on when the bucket was ensured, for its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// The mode it serves in.
+    pub mode: Mode,
+    /// The stream's replicas.
+    pub replicas: usize,
+    /// Whether reads are confirmed.
+    pub confirm_reads: bool,
+    /// Whether writes gather into atomic batches.
+    pub atomic_batches: bool,
+}
+
+/// What the service reports: replies to publish, waits to carry out, and facts for
+/// metrics and logs. Drain after every input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServiceEvent {
+    /// Subscribe to `subject` (in `queue`, if any); feed every message to
+    /// [`Service::handle_request`].
+    Subscribe {
+        /// What to subscribe to.
+        subject: String,
+        /// The queue group.
+        queue: Option<&'static str>,
+        /// What it is for.
+        kind: SubscriptionKind,
+    },
+    /// Publish `body` to `to`: a reply, its subject checked by the reply rule.
+    Reply {
+        /// The reply subject.
+        to: String,
+        /// The reply.
+        body: Vec<u8>,
+    },
+    /// The bucket has another layout than this service was started with (another
+    /// shard count): the service must not serve it, and keeps answering every call
+    /// `unavailable`. The sentence says why and what to change.
+    StartRefused(String),
+    /// The mode calls are answered in changed (a gauge).
+    Mode(Mode),
+    /// The bucket is ensured: serving from now on.
+    Serving(Serving),
+    /// A call was answered (a counter by reply kind, a duration).
+    Answered {
+        /// Its endpoint.
+        endpoint: Endpoint,
+        /// Its reply.
+        response: Response,
+        /// How long it ran.
+        took: Duration,
+    },
+    /// A request was answered `unavailable` at once: the service is at its bound.
+    Refused {
+        /// Its endpoint.
+        endpoint: Endpoint,
+    },
+    /// A request was dropped unanswered: its reply subject may not be answered.
+    ReplyRefused {
+        /// Where it came in.
+        source: RequestSource,
+        /// Why.
+        reason: ReplyRefusal,
+        /// The log line, at most once per interval.
+        log: Option<DroppedLog>,
+    },
+    /// A fact about a call's JetStream request.
+    Kv(KvFact),
+    /// Read confirmation turned on or off with the stream's replicas.
+    ConfirmReads {
+        /// The replicas now.
+        replicas: usize,
+        /// Whether reads are confirmed now.
+        on: bool,
+    },
+    /// The stream is gone or was made anew: every known revision was forgotten.
+    StreamReplaced,
+    /// A released key's tombstone stays in the stream (`failed` or `dropped`).
+    TombstoneLeft {
+        /// The metric label.
+        reason: &'static str,
+        /// The key.
+        key: String,
+        /// Why, for the log.
+        detail: String,
+    },
+    /// A log line.
+    Log {
+        /// How loud.
+        level: LogLevel,
+        /// The line.
+        line: String,
+    },
+    /// Stopping: unsubscribe every subscription, keep feeding the messages already
+    /// delivered, then call [`Service::handle_intake_closed`].
+    Unsubscribe,
+    /// Stopping: hand every reply to the client and push its writes to the server,
+    /// then call [`Service::handle_flushed`].
+    Flush,
+    /// The stop is over: nothing more to do.
+    Stopped,
+}
+
+/// Who asked for a request: what its outcome goes to.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// A call's own request (`inner` is the call's id for it).
+    Call {
+        token: u64,
+        inner: EffectId,
+        kind: TransmitKind,
+    },
+    /// A coalescer's send, due by `due`.
+    Coalescer { inner: EffectId, due: Instant },
+    /// Startup's request.
+    Startup(EffectId),
+    /// The replicas check's request.
+    Replicas(EffectId),
+    /// The tombstone sweep's purge, due by `due`.
+    Sweep { inner: EffectId, due: Instant },
+}
+
+/// A request waiting for admission.
+#[derive(Debug)]
+struct Pending {
+    reply: String,
+    payload: Vec<u8>,
+    scope: Result<Option<Caller>, ErrorReply>,
+    /// When it arrived, by both clocks: a call started later reads the wall clock
+    /// as moved on by the monotonic time since.
+    at: Instant,
+    wall: OffsetDateTime,
+}
+
+impl Pending {
+    fn tenant(&self) -> Option<String> {
+        match &self.scope {
+            Ok(Some(c)) => Some(c.account.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// One call running.
+#[derive(Debug)]
+struct Running {
+    call: Call,
+    endpoint: Endpoint,
+    reply: String,
+    scope: Option<Caller>,
+    started: Instant,
+    /// The call's deadline as indexed.
+    deadline: Option<Instant>,
+    /// Its requests out (service ids) and its writes in the coalescer.
+    sent: Vec<EffectId>,
+    writes: Vec<WriteId>,
+}
+
+/// Where the service is.
+#[derive(Debug)]
+enum Phase {
+    Starting(Box<Startup>),
+    Serving,
+}
+
+/// The service machine. See the [module docs](self).
+#[derive(Debug)]
+pub struct Service {
+    config: ServiceConfig,
+    phase: Phase,
+    mode: Mode,
+    call_config: CallConfig,
+    micro: MicroService,
+    refusals: RefusalLog,
+    admission: Admission<Pending>,
+    tenants: TenantLeases,
+    known: Option<KnownLeases>,
+    coalescer: Option<Coalescer>,
+    check: Option<ReplicasCheck>,
+    sweep: TombstoneSweep,
+    stop: Option<Shutdown>,
+    intake_open: bool,
+    late: usize,
+    calls: HashMap<u64, Running>,
+    next_token: u64,
+    deadlines: BTreeSet<(Instant, u64)>,
+    routes: HashMap<EffectId, Route>,
+    /// Coalescer and sweep sends, by when they time out.
+    sends_due: BTreeSet<(Instant, EffectId)>,
+    writes: HashMap<WriteId, (u64, EffectId, TransmitKind)>,
+    next_id: u64,
+    next_write: u64,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<ServiceEvent>,
+}
+
+impl Service {
+    /// A service starting at `now` (`wall` for the micro protocol's start time):
+    /// it asks for its subscriptions and begins ensuring the bucket.
+    pub fn new(config: ServiceConfig, wall: OffsetDateTime, now: Instant) -> Self {
+        let micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
+        let startup = Startup::new(
+            config.bucket,
+            &config.server_version,
+            config.kv_timeout,
+            now,
+        );
+        let call_config = CallConfig {
+            mode: Mode::Starting,
+            max_payload: config.max_payload,
+            kv_timeout: config.kv_timeout,
+            confirm_reads: false,
+            shards: config.bucket.shards,
+        };
+        let mut admission =
+            Admission::new(config.max_calls_in_flight, config.max_calls_waiting, now);
+        if config.bucket.tenancy == Tenancy::Accounts {
+            // No tenant's slow calls (forwards to a silent owner) hold every slot.
+            admission = admission.with_tenant_share(config.max_calls_in_flight / 2);
+        }
+        let mut service = Self {
+            micro,
+            refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
+            admission,
+            tenants: TenantLeases::new(config.max_leases_per_tenant),
+            known: (config.known_capacity > 0).then(|| KnownLeases::new(config.known_capacity)),
+            coalescer: None,
+            check: None,
+            sweep: TombstoneSweep::new(config.kv_timeout, now).with_shards(config.bucket.shards),
+            stop: None,
+            intake_open: true,
+            late: 0,
+            calls: HashMap::new(),
+            next_token: 0,
+            deadlines: BTreeSet::new(),
+            routes: HashMap::new(),
+            sends_due: BTreeSet::new(),
+            writes: HashMap::new(),
+            next_id: 0,
+            next_write: 0,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            phase: Phase::Starting(Box::new(startup)),
+            mode: Mode::Starting,
+            call_config,
+            config,
+        };
+        service.subscribe();
+        service.events.push_back(ServiceEvent::Mode(Mode::Starting));
+        service.pump_startup(now);
+        service
+    }
+
+    fn subscribe(&mut self) {
+        for endpoint in Endpoint::ALL {
+            self.events.push_back(ServiceEvent::Subscribe {
+                subject: endpoint.subject(),
+                queue: Some(QUEUE_GROUP),
+                kind: SubscriptionKind::Api,
+            });
+        }
+        for subject in self.micro.subjects() {
+            self.events.push_back(ServiceEvent::Subscribe {
+                subject,
+                queue: None,
+                kind: SubscriptionKind::Srv,
+            });
+        }
+        let tenancy = self.config.bucket.tenancy;
+        if self.known.is_some() || tenancy == Tenancy::Accounts {
+            let subject = match tenancy {
+                Tenancy::Single => changed_subject("*"),
+                Tenancy::Accounts => TENANT_CHANGED_SUBJECTS.to_string(),
+            };
+            self.events.push_back(ServiceEvent::Subscribe {
+                subject,
+                queue: None,
+                kind: SubscriptionKind::Changes,
+            });
+        }
+    }
+
+    /// The mode calls are answered in now.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether reads are confirmed now.
+    pub fn confirm_reads(&self) -> bool {
+        self.call_config.confirm_reads
+    }
+
+    /// Where a stop is, if stopping.
+    pub fn stop_phase(&self) -> Option<StopPhase> {
+        self.stop.as_ref().map(Shutdown::phase)
+    }
+
+    /// How long a stop waits for the calls in flight.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.config.shutdown_timeout
+    }
+
+    /// Calls running now.
+    pub fn calls_running(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Admission's counts: calls running, requests waiting, refused so far.
+    pub fn admission_counts(&self) -> crate::admit::AdmissionCounts {
+        self.admission.counts()
+    }
+
+    /// The coalescer's counts, when writes go through one.
+    pub fn coalescer(&self) -> Option<&Coalescer> {
+        self.coalescer.as_ref()
+    }
+
+    /// A message a subscription delivered at `now` (`wall`: the wall-clock time,
+    /// for the times replies carry): a lease request, a `$SRV` verb, or a change
+    /// event. Any other subject is ignored.
+    pub fn handle_request(&mut self, now: Instant, wall: OffsetDateTime, message: Received) {
+        if message.subject.starts_with(CHANGED_PREFIX) {
+            return self.handle_change(&message);
+        }
+        if message.subject.starts_with("$SRV.") {
+            if self.gate(now, RequestSource::Srv, &message).is_none() {
+                return;
+            }
+            if let Some(verb) = self.micro.verb_of(&message.subject) {
+                let body = self.micro.reply(verb);
+                self.reply(message.reply.unwrap_or_default(), body);
+            }
+            return;
+        }
+        let Some(endpoint) = message
+            .subject
+            .strip_prefix(API_PREFIX)
+            .and_then(|s| s.strip_prefix('.'))
+            .filter(|name| !name.contains('.'))
+            .and_then(Endpoint::from_subject)
+        else {
+            return;
+        };
+        let Some(scope) = self.gate(now, RequestSource::Api, &message) else {
+            return;
+        };
+        let Received { reply, payload, .. } = message;
+        let reply = reply.unwrap_or_default();
+        match (&self.phase, self.stop.as_ref().map(Shutdown::phase)) {
+            // No effects while starting: the reply is at hand.
+            (Phase::Starting(_), None) => {
+                return self.answer_at_once(now, wall, endpoint, reply, &payload);
+            }
+            (_, None) => {}
+            (_, Some(StopPhase::Drain)) => self.late += 1,
+            // Past the cut-off: its call is cut off at once.
+            (_, Some(_)) => return self.answer_at_once(now, wall, endpoint, reply, &payload),
+        }
+        let mut pending = Pending {
+            reply,
+            payload,
+            scope,
+            at: now,
+            wall,
+        };
+        if let Ok(Some(caller)) = &pending.scope
+            && let Err(refused) = self
+                .tenants
+                .check_request(caller, endpoint, &pending.payload)
+        {
+            pending.scope = Err(refused);
+        }
+        let tenant = pending.tenant();
+        self.admission
+            .handle_request_of(now, tenant, endpoint, pending);
+        self.pump(now);
+    }
+
+    /// The reply rule: the caller's scope when the reply may go out, else `None`
+    /// (counted, and logged at most once per interval).
+    fn gate(
+        &mut self,
+        now: Instant,
+        source: RequestSource,
+        message: &Received,
+    ) -> Option<Result<Option<Caller>, ErrorReply>> {
+        match self.config.reply_scope.check(message.reply.as_deref()) {
+            Ok(()) => {
+                let reply = message.reply.as_deref().unwrap_or_default();
+                // Every value, its exact spelling only (a client's
+                // `nats-request-info` is another header to the server).
+                let infos: Vec<&str> = message
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| name == HDR_REQUEST_INFO)
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                Some(tenant::scope_of(self.config.bucket.tenancy, reply, &infos))
+            }
+            Err(reason) => {
+                let log = self.refusals.handle_refused(now).map(|dropped| DroppedLog {
+                    dropped,
+                    subject: message.subject.clone(),
+                    reply: message
+                        .reply
+                        .as_deref()
+                        .map(|r| r.escape_debug().to_string()),
+                    prefixes: self.config.reply_scope.prefixes().join(", "),
+                });
+                self.events.push_back(ServiceEvent::ReplyRefused {
+                    source,
+                    reason,
+                    log,
+                });
+                None
+            }
+        }
+    }
+
+    fn handle_change(&mut self, message: &Received) {
+        let header = |name: &str| {
+            message
+                .headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        if let Some(known) = &mut self.known {
+            known.handle_change(&message.subject, header, &message.payload);
+        }
+        if self.config.bucket.tenancy == Tenancy::Accounts
+            && let Some((account, key)) = TenantLeases::key_of(&message.subject)
+        {
+            let event = ChangeEvent::from_parts(header, &message.payload);
+            self.tenants.handle_change(account, key, event.kind);
+        }
+    }
+
+    /// Answers a request without a call that waits on anything: while starting
+    /// (the call answers `unavailable`), or past a stop's cut-off (the call is cut
+    /// off at once and answers `internal`, or `invalid` for a bad request).
+    fn answer_at_once(
+        &mut self,
+        now: Instant,
+        wall: OffsetDateTime,
+        endpoint: Endpoint,
+        reply: String,
+        payload: &[u8],
+    ) {
+        let mut call = Call::new(self.call_config, now, wall, endpoint, payload);
+        call.abort(now);
+        if let Some(response) = call.poll_event() {
+            self.answered(endpoint, reply, response, Duration::ZERO);
+        }
+    }
+
+    /// Publishes a reply to a subject the reply rule let through.
+    fn reply(&mut self, to: String, body: Vec<u8>) {
+        self.events.push_back(ServiceEvent::Reply { to, body });
+    }
+
+    /// A call's reply: counted, and sent.
+    fn answered(&mut self, endpoint: Endpoint, reply: String, response: Response, took: Duration) {
+        self.micro.handle_answered(endpoint, &response, took);
+        let body = response.to_json();
+        self.events.push_back(ServiceEvent::Answered {
+            endpoint,
+            response,
+            took,
+        });
+        self.reply(reply, body);
+    }
+
+    /// Starts what admission starts and answers what it refuses.
+    fn admit(&mut self, now: Instant) {
+        while let Some(event) = self.admission.poll_event() {
+            match event {
+                AdmissionEvent::Start(endpoint, pending) => self.start(now, endpoint, pending),
+                AdmissionEvent::Refuse(endpoint, pending, response) => {
+                    self.events.push_back(ServiceEvent::Refused { endpoint });
+                    self.micro
+                        .handle_answered(endpoint, &response, Duration::ZERO);
+                    self.reply(pending.reply, response.to_json());
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, now: Instant, endpoint: Endpoint, pending: Pending) {
+        let wall = pending.wall + now.saturating_duration_since(pending.at);
+        let scope = match pending.scope {
+            Err(refused) => {
+                self.answered(
+                    endpoint,
+                    pending.reply,
+                    Response::Error(refused),
+                    Duration::ZERO,
+                );
+                self.admission.handle_finished_of(now, None);
+                return;
+            }
+            Ok(scope) => scope,
+        };
+        let call = Call::new_scoped(
+            self.call_config,
+            scope.clone(),
+            self.known.as_ref(),
+            now,
+            wall,
+            endpoint,
+            &pending.payload,
+        );
+        self.next_token += 1;
+        let token = self.next_token;
+        self.calls.insert(
+            token,
+            Running {
+                call,
+                endpoint,
+                reply: pending.reply,
+                scope,
+                started: now,
+                deadline: None,
+                sent: Vec::new(),
+                writes: Vec::new(),
+            },
+        );
+        self.drive(now, token);
+    }
+
+    fn effect_id(&mut self) -> EffectId {
+        self.next_id += 1;
+        EffectId(self.next_id)
+    }
+
+    /// Drains one call's outputs after an input: its requests go out (its stream
+    /// writes through the coalescer when there is one), what it learnt goes to the
+    /// known map, its reply ends it.
+    fn drive(&mut self, now: Instant, token: u64) {
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
+        if let Some(known) = &mut self.known
+            && let Some((key, fact)) = running.call.poll_learnt()
+        {
+            known.learn(&key, fact);
+        }
+        while let Some(transmit) = running.call.poll_transmit() {
+            if transmit.kind == TransmitKind::Confirm {
+                self.events.push_back(ServiceEvent::Kv(KvFact::ConfirmSent));
+            }
+            if let Some(coalescer) = self
+                .coalescer
+                .as_mut()
+                .filter(|_| transmit.kind.is_stream_write())
+            {
+                self.next_write += 1;
+                let write = WriteId(self.next_write);
+                running.writes.push(write);
+                self.writes
+                    .insert(write, (token, transmit.id, transmit.kind));
+                coalescer.handle_write(now, write, transmit.request);
+                continue;
+            }
+            self.next_id += 1;
+            let id = EffectId(self.next_id);
+            running.sent.push(id);
+            self.routes.insert(
+                id,
+                Route::Call {
+                    token,
+                    inner: transmit.id,
+                    kind: transmit.kind,
+                },
+            );
+            self.transmits.push_back(Transmit { id, ..transmit });
+        }
+        if let Some(response) = running.call.poll_event() {
+            return self.finish(now, token, response);
+        }
+        let deadline = running.call.poll_timeout();
+        if deadline != running.deadline {
+            if let Some(at) = running.deadline {
+                self.deadlines.remove(&(at, token));
+            }
+            if let Some(at) = deadline {
+                self.deadlines.insert((at, token));
+            }
+            running.deadline = deadline;
+        }
+    }
+
+    /// A call replied: it ends, its queued writes are dropped, its reply goes out,
+    /// and what it did reaches the sweep, the tenants' counts and admission.
+    fn finish(&mut self, now: Instant, token: u64, response: Response) {
+        let Some(running) = self.calls.remove(&token) else {
+            return;
+        };
+        if let Some(at) = running.deadline {
+            self.deadlines.remove(&(at, token));
+        }
+        for id in &running.sent {
+            self.routes.remove(id);
+        }
+        for write in &running.writes {
+            // A write still queued is never sent late: the call gave up on it.
+            if self.writes.remove(write).is_some()
+                && let Some(coalescer) = &mut self.coalescer
+            {
+                coalescer.handle_cancel(now, *write);
+            }
+        }
+        match (&response, &running.scope) {
+            (Response::Released(r), scope) if self.stop.is_none() => {
+                let key = tenant::storage_key(scope.as_ref(), &r.key);
+                self.sweep.handle_released(now, key, r.revision);
+                if let Some(caller) = scope {
+                    self.tenants.handle_released(&caller.account, &r.key);
+                }
+            }
+            (Response::Released(r), Some(caller)) => {
+                self.tenants.handle_released(&caller.account, &r.key);
+            }
+            (Response::Acquired(r), Some(caller)) if r.granted => {
+                self.tenants.handle_granted(&caller.account, &r.lease.key);
+            }
+            _ => {}
+        }
+        let took = now.saturating_duration_since(running.started);
+        self.answered(running.endpoint, running.reply, response, took);
+        let tenant = running.scope.map(|c| c.account);
+        self.admission.handle_finished_of(now, tenant);
+    }
+
+    /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
+    /// waits for any more (its call ended, it timed out) is ignored.
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let Some(route) = self.routes.remove(&id) else {
+            return;
+        };
+        match route {
+            Route::Call { token, inner, kind } => {
+                self.call_outcome(now, token, id, inner, kind, outcome)
+            }
+            Route::Coalescer { inner, due } => {
+                self.sends_due.remove(&(due, id));
+                if let Some(c) = &mut self.coalescer {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Route::Startup(inner) => {
+                if let Phase::Starting(startup) = &mut self.phase {
+                    startup.handle_outcome(now, inner, outcome);
+                }
+            }
+            Route::Replicas(inner) => {
+                if let Some(c) = &mut self.check {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Route::Sweep { inner, due } => {
+                self.sends_due.remove(&(due, id));
+                self.sweep.handle_outcome(now, inner, outcome);
+            }
+        }
+        self.pump_startup(now);
+        self.pump(now);
+    }
+
+    fn call_outcome(
+        &mut self,
+        now: Instant,
+        token: u64,
+        sent: EffectId,
+        inner: EffectId,
+        kind: TransmitKind,
+        outcome: RequestOutcome,
+    ) {
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
+        running.sent.retain(|s| *s != sent);
+        if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
+            self.events.push_back(ServiceEvent::Kv(fact));
+        }
+        running.call.handle_outcome(now, inner, outcome);
+        self.drive(now, token);
+    }
+
+    /// Moves the coalescer's, the sweep's and the replicas check's outputs along,
+    /// the calls they answer with them, and the stop's drain, until nothing is left.
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let mut moved = false;
+            while let Some(CoalescerEvent::Done { write, outcome }) =
+                self.coalescer.as_mut().and_then(Coalescer::poll_event)
+            {
+                moved = true;
+                // The call may have given up: nobody to tell then.
+                if let Some((token, inner, kind)) = self.writes.remove(&write) {
+                    if let Some(running) = self.calls.get_mut(&token) {
+                        running.writes.retain(|w| *w != write);
+                    }
+                    if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
+                        self.events.push_back(ServiceEvent::Kv(fact));
+                    }
+                    if let Some(running) = self.calls.get_mut(&token) {
+                        running.call.handle_outcome(now, inner, outcome);
+                        self.drive(now, token);
+                    }
+                }
+            }
+            while let Some(t) = self.coalescer.as_mut().and_then(Coalescer::poll_transmit) {
+                moved = true;
+                let id = self.effect_id();
+                let due = now + t.request.timeout;
+                self.sends_due.insert((due, id));
+                self.routes
+                    .insert(id, Route::Coalescer { inner: t.id, due });
+                self.transmits.push_back(Transmit { id, ..t });
+            }
+            self.admit(now);
+            if !moved {
+                break;
+            }
+        }
+        if self.stop.is_none() {
+            self.pump_serving(now);
+        }
+        self.pump_stop(now);
+    }
+
+    /// The sweep's and the replicas check's outputs, while serving.
+    fn pump_serving(&mut self, now: Instant) {
+        if let Some(t) = self.sweep.poll_transmit() {
+            let id = self.effect_id();
+            let due = now + t.request.timeout;
+            self.sends_due.insert((due, id));
+            self.routes.insert(id, Route::Sweep { inner: t.id, due });
+            self.transmits.push_back(Transmit { id, ..t });
+        }
+        while let Some(event) = self.sweep.poll_event() {
+            match event {
+                TombstoneSweepEvent::Purged { .. } => {}
+                TombstoneSweepEvent::Failed { key, reason } => {
+                    self.events.push_back(ServiceEvent::TombstoneLeft {
+                        reason: "failed",
+                        key,
+                        detail: format!("the released key's tombstone stays: {reason}"),
+                    })
+                }
+                TombstoneSweepEvent::Dropped { key } => {
+                    self.events.push_back(ServiceEvent::TombstoneLeft {
+                        reason: "dropped",
+                        key,
+                        detail: "too many tombstones to purge: this one stays".to_string(),
+                    })
+                }
+            }
+        }
+        let Some(check) = &mut self.check else {
+            return;
+        };
+        while let Some(t) = check.poll_transmit() {
+            self.next_id += 1;
+            let id = EffectId(self.next_id);
+            self.routes.insert(id, Route::Replicas(t.id));
+            self.transmits.push_back(Transmit { id, ..t });
+        }
+        while let Some(event) = check.poll_event() {
+            match event {
+                ReplicasCheckEvent::ConfirmReads { replicas, on } => {
+                    #[cfg(any(test, feature = "__test"))]
+                    let on = on && !self.config.unconfirmed_reads_for_tests;
+                    self.call_config.confirm_reads = on;
+                    self.events
+                        .push_back(ServiceEvent::ConfirmReads { replicas, on });
+                }
+                ReplicasCheckEvent::StreamReplaced => {
+                    if let Some(known) = &mut self.known {
+                        known.clear();
+                    }
+                    self.events.push_back(ServiceEvent::StreamReplaced);
+                }
+            }
+        }
+    }
+
+    /// Startup's outputs; at its end, serving begins.
+    fn pump_startup(&mut self, now: Instant) {
+        let Phase::Starting(startup) = &mut self.phase else {
+            return;
+        };
+        while let Some(t) = startup.poll_transmit() {
+            self.next_id += 1;
+            let id = EffectId(self.next_id);
+            self.routes.insert(id, Route::Startup(t.id));
+            self.transmits.push_back(Transmit { id, ..t });
+        }
+        let mut done = None;
+        while let Some(event) = startup.poll_event() {
+            match event {
+                StartupEvent::Log(line) => self.events.push_back(ServiceEvent::Log {
+                    level: LogLevel::Warn,
+                    line,
+                }),
+                StartupEvent::Done(mode) => {
+                    done = Some((mode, startup.replicas(), startup.atomic()));
+                }
+                StartupEvent::Refused(why) => {
+                    self.events.push_back(ServiceEvent::StartRefused(why));
+                }
+            }
+        }
+        if let Some((mode, replicas, atomic)) = done {
+            self.serve(now, mode, replicas, atomic);
+        }
+    }
+
+    /// The bucket is ensured: the mode, the confirm switch's start, the coalescer
+    /// and the replicas check follow from what startup found.
+    fn serve(&mut self, now: Instant, mode: Mode, replicas: usize, atomic: bool) {
+        self.phase = Phase::Serving;
+        self.mode = mode;
+        self.events.push_back(ServiceEvent::Mode(mode));
+        if self.config.bucket.tenancy == Tenancy::Accounts
+            && let Some(warning) = tenant::request_info_warning(&self.config.server_version)
+        {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Warn,
+                line: warning,
+            });
+        }
+        let atomic = atomic && self.config.coalesce_writes;
+        if self.config.coalesce_writes {
+            let config = if atomic {
+                CoalescerConfig {
+                    single_window: self.config.batch_after,
+                    min_batch: self.config.min_batch,
+                    // Unique per process: the server keys open batches by id.
+                    ..CoalescerConfig::atomic(format!("{}-", self.config.instance_id))
+                }
+            } else {
+                CoalescerConfig::single()
+            };
+            self.coalescer = Some(Coalescer::new(config, now));
+        }
+        // The replicas are asked again now and then: read confirmation follows them.
+        let check = (mode == Mode::Ready).then(|| {
+            ReplicasCheck::new(
+                self.config.replicas_recheck,
+                self.config.kv_timeout,
+                replicas,
+                now,
+            )
+            .with_shards(self.config.bucket.shards)
+        });
+        let confirm = check.as_ref().is_some_and(ReplicasCheck::confirm_reads);
+        #[cfg(any(test, feature = "__test"))]
+        let confirm = confirm && !self.config.unconfirmed_reads_for_tests;
+        self.check = check;
+        self.call_config = CallConfig {
+            mode,
+            confirm_reads: confirm,
+            ..self.call_config
+        };
+        self.events.push_back(ServiceEvent::Serving(Serving {
+            mode,
+            replicas,
+            confirm_reads: confirm,
+            atomic_batches: atomic,
+        }));
+    }
+
+    /// The time has come: requests past their deadline time out, calls past
+    /// theirs act, startup retries, the replicas are asked again, and a stop's
+    /// phase at its bound gives up.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Phase::Starting(startup) = &mut self.phase
+            && self.stop.is_none()
+            && startup.poll_timeout().is_some_and(|at| at <= now)
+        {
+            startup.handle_timeout(now);
+            self.pump_startup(now);
+        }
+        // Calls first: a queued write of a call that gives up now is cancelled
+        // before a send timing out at the same instant makes room for it.
+        while let Some(&(at, token)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.remove(&(at, token));
+            let Some(running) = self.calls.get_mut(&token) else {
+                continue;
+            };
+            running.deadline = None;
+            // What the call waits on is given up: counted, and a queued write of
+            // it never sent.
+            for id in std::mem::take(&mut running.sent) {
+                if let Some(Route::Call { kind, .. }) = self.routes.remove(&id)
+                    && let Some(op) = KvOp::of(kind)
+                {
+                    self.events.push_back(ServiceEvent::Kv(KvFact::Error {
+                        op,
+                        kind: "timed_out",
+                    }));
+                }
+            }
+            for write in std::mem::take(&mut running.writes) {
+                if let Some((_, _, kind)) = self.writes.remove(&write) {
+                    if let Some(op) = KvOp::of(kind) {
+                        self.events.push_back(ServiceEvent::Kv(KvFact::Error {
+                            op,
+                            kind: "timed_out",
+                        }));
+                    }
+                    if let Some(c) = &mut self.coalescer {
+                        c.handle_cancel(now, write);
+                    }
+                }
+            }
+            running.call.handle_timeout(now);
+            self.drive(now, token);
+        }
+        while let Some(&(due, id)) = self.sends_due.first() {
+            if due > now {
+                break;
+            }
+            self.sends_due.remove(&(due, id));
+            match self.routes.remove(&id) {
+                Some(Route::Coalescer { inner, .. }) => {
+                    if let Some(c) = &mut self.coalescer {
+                        c.handle_outcome(now, inner, RequestOutcome::TimedOut);
+                    }
+                }
+                Some(Route::Sweep { inner, .. }) => {
+                    self.sweep
+                        .handle_outcome(now, inner, RequestOutcome::TimedOut)
+                }
+                _ => {}
+            }
+        }
+        if self.stop.is_none()
+            && let Some(check) = &mut self.check
+            && check.poll_timeout().is_some_and(|at| at <= now)
+        {
+            check.handle_timeout(now);
+        }
+        if let Some(stop) = &mut self.stop
+            && stop.poll_timeout().is_some_and(|at| at <= now)
+        {
+            stop.handle_timeout(now);
+            self.stop_events(now);
+        }
+        self.pump(now);
+    }
+
+    /// Stop: take no more requests (the subscriptions go), answer every request
+    /// already delivered, wait for the calls up to the drain's bound, then cut off
+    /// what still runs, flush, and end. A second stop changes nothing.
+    pub fn handle_stop(&mut self, now: Instant) {
+        if self.stop.is_some() {
+            return;
+        }
+        self.stop = Some(Shutdown::new(self.config.shutdown_timeout, now));
+        self.events.push_back(ServiceEvent::Unsubscribe);
+        self.admission.handle_stop(now);
+        self.admit(now);
+        let running = self.calls.len();
+        if running > 0 {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Info,
+                line: format!(
+                    "stopping: waiting up to {:?} for {running} calls",
+                    self.config.shutdown_timeout
+                ),
+            });
+        }
+        self.pump(now);
+    }
+
+    /// Stopping: every subscription ended, the messages delivered before the
+    /// unsubscribe all fed.
+    pub fn handle_intake_closed(&mut self, now: Instant) {
+        self.intake_open = false;
+        self.pump(now);
+    }
+
+    /// Stopping: the replies are handed to the client and its writes are on the
+    /// socket (what [`ServiceEvent::Flush`] asked for).
+    pub fn handle_flushed(&mut self, now: Instant) {
+        if let Some(stop) = &mut self.stop
+            && matches!(stop.phase(), StopPhase::Replies | StopPhase::Flush)
+        {
+            stop.handle_phase_done(now);
+            self.stop_events(now);
+        }
+        self.pump(now);
+    }
+
+    /// The drain ends once the intake is closed and every call answered.
+    fn pump_stop(&mut self, now: Instant) {
+        let Some(stop) = &mut self.stop else {
+            return;
+        };
+        if stop.phase() == StopPhase::Drain && !self.intake_open && self.calls.is_empty() {
+            stop.handle_phase_done(now);
+            self.stop_events(now);
+        }
+    }
+
+    /// Acts on the stop machine's events and phase.
+    fn stop_events(&mut self, now: Instant) {
+        let Some(stop) = &mut self.stop else {
+            return;
+        };
+        let mut cut = false;
+        let mut lines = Vec::new();
+        while let Some(event) = stop.poll_event() {
+            match event {
+                ShutdownEvent::GaveUp(StopPhase::Drain)
+                    if self.intake_open && self.calls.is_empty() =>
+                {
+                    lines.push(
+                        "stopping: the endpoints did not close in time (NATS unreachable?)"
+                            .to_string(),
+                    )
+                }
+                ShutdownEvent::GaveUp(phase) => {
+                    lines.push(format!("stopping: gave up waiting in phase {phase:?}"))
+                }
+                ShutdownEvent::CutOff => cut = true,
+            }
+        }
+        let phase = stop.phase();
+        let left_drain = phase != StopPhase::Drain;
+        if left_drain && self.late > 0 {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Info,
+                line: format!(
+                    "stopping: took {} requests delivered before the unsubscribe",
+                    self.late
+                ),
+            });
+            self.late = 0;
+        }
+        for line in lines {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Warn,
+                line,
+            });
+        }
+        if cut {
+            self.cut_off(now);
+        }
+        match phase {
+            StopPhase::Drain => {}
+            StopPhase::Replies | StopPhase::Flush => self.events.push_back(ServiceEvent::Flush),
+            StopPhase::Done => self.events.push_back(ServiceEvent::Stopped),
+        }
+    }
+
+    /// Every call still running is cut off and answers `internal`.
+    fn cut_off(&mut self, now: Instant) {
+        if !self.calls.is_empty() {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Warn,
+                line: format!(
+                    "stopping: {} calls did not finish in time; they are answered `internal`",
+                    self.calls.len()
+                ),
+            });
+        }
+        let mut tokens: Vec<u64> = self.calls.keys().copied().collect();
+        tokens.sort_unstable();
+        for token in tokens {
+            if let Some(running) = self.calls.get_mut(&token) {
+                running.call.abort(now);
+                self.drive(now, token);
+            }
+        }
+    }
+
+    /// The next request to send; feed its outcome to [`Service::handle_outcome`].
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next thing to do or to count.
+    pub fn poll_event(&mut self) -> Option<ServiceEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Service::handle_timeout`]: the earliest deadline of any part.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let startup = match (&self.phase, &self.stop) {
+            (Phase::Starting(s), None) => s.poll_timeout(),
+            _ => None,
+        };
+        let check = match &self.stop {
+            None => self.check.as_ref().and_then(ReplicasCheck::poll_timeout),
+            Some(_) => None,
+        };
+        [
+            startup,
+            check,
+            self.deadlines.first().map(|(at, _)| *at),
+            self.sends_due.first().map(|(at, _)| *at),
+            self.stop.as_ref().and_then(Shutdown::poll_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Whether the stop is over and every output was drained.
+    pub fn is_done(&self) -> bool {
+        self.stop.as_ref().is_some_and(Shutdown::is_done)
+            && self.events.is_empty()
+            && self.transmits.is_empty()
+    }
+}

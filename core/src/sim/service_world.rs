@@ -1,0 +1,538 @@
+//! The service world: the [`Service`] machine end to end against the simulated
+//! stream, over a network whose answers come late, out of order, or never, for the
+//! core's tests (`tests/service.rs`) and the fuzzer (`service_inputs`). Requests
+//! (good and bad, to good and bad reply subjects), `$SRV` verbs, forged change
+//! events, the stream's replicas going up and down (the confirm switch), timers and
+//! a stop arrive in any order. After every step the world checks:
+//!
+//! 1. a reply goes only to a reply subject the reply rule lets through, and only to
+//!    a request (or verb) that asked; no request is answered twice;
+//! 2. a grant is backed by the stream: the record at its revision is the caller's
+//!    and the key's, and a new tenure's fence is above every earlier one;
+//! 3. a renew's success names the caller and a revision the stream holds for it;
+//! 4. once stopped, every request let through was answered, and the service is
+//!    done within [`Shutdown::bound`] of the stop (virtual time) and a bounded
+//!    number of steps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::SimJetStream;
+use crate::io::{EffectId, RequestOutcome, Transmit};
+use crate::reply_scope::ReplyScope;
+use crate::service::{Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
+use crate::shutdown::Shutdown;
+use crate::startup::stream_config_for;
+use crate::subjects::STREAM;
+use crate::wire::{Endpoint, Response};
+
+const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
+const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+
+/// One request in flight on the simulated network.
+#[derive(Debug)]
+struct InFlight {
+    id: EffectId,
+    transmit: Transmit,
+}
+
+/// What the world knows of a request it sent, for its checks.
+#[derive(Debug, Clone)]
+struct Asked {
+    endpoint: Option<Endpoint>,
+    holder: String,
+    key: String,
+    answered: bool,
+}
+
+/// The world. See the [module docs](self).
+#[derive(Debug)]
+pub struct ServiceWorld {
+    /// The machine under test.
+    pub service: Service,
+    sim: SimJetStream,
+    t0: Instant,
+    now_ms: u64,
+    replicas: usize,
+    created: u64,
+    network: Vec<InFlight>,
+    asked: BTreeMap<String, Asked>,
+    next_request: u64,
+    /// The highest fence granted per key.
+    fences: BTreeMap<String, u64>,
+    /// Replies by endpoint kind, for the tests' counts.
+    pub replies: Vec<(String, Response)>,
+    /// Every event the service reported, in order.
+    pub events: Vec<ServiceEvent>,
+    /// When the stop came, in virtual ms.
+    stopped_at: Option<u64>,
+    /// When the stop ended, in virtual ms.
+    done_at: Option<u64>,
+    subscribed: BTreeSet<String>,
+    steps_since_stop: usize,
+}
+
+/// The most steps a stopped world may take to be done: every reply out, then the
+/// two flushes and their timers.
+pub const STOP_STEPS: usize = 64;
+
+impl ServiceWorld {
+    /// A world serving on a stream of `replicas`, with the service `config` (its
+    /// version and payload bound are the simulated server's).
+    pub fn new(mut config: ServiceConfig, replicas: usize) -> Self {
+        config.server_version = "2.14.0".to_string();
+        config.max_payload = 1 << 20;
+        let t0 = Instant::now();
+        let sim = SimJetStream::new().with_atomic(true);
+        let service = Service::new(config, sim.wall(), t0);
+        let mut world = Self {
+            service,
+            sim,
+            t0,
+            now_ms: 0,
+            replicas,
+            created: 1,
+            network: Vec::new(),
+            asked: BTreeMap::new(),
+            next_request: 0,
+            fences: BTreeMap::new(),
+            replies: Vec::new(),
+            events: Vec::new(),
+            stopped_at: None,
+            done_at: None,
+            subscribed: BTreeSet::new(),
+            steps_since_stop: 0,
+        };
+        world.drain().expect("a new service breaks no rule");
+        world
+    }
+
+    fn now(&self) -> Instant {
+        self.t0 + Duration::from_millis(self.now_ms)
+    }
+
+    /// The subjects the service subscribed to.
+    pub fn subscribed(&self) -> &BTreeSet<String> {
+        &self.subscribed
+    }
+
+    /// The subjects of the requests in flight on the network, in order.
+    pub fn in_flight(&self) -> Vec<String> {
+        self.network
+            .iter()
+            .map(|f| f.transmit.request.subject.clone())
+            .collect()
+    }
+
+    /// The replies sent so far to `reply`'s request.
+    pub fn reply_to(&self, reply: &str) -> Option<&Response> {
+        self.replies
+            .iter()
+            .find(|(to, _)| to == reply)
+            .map(|(_, r)| r)
+    }
+
+    /// Whether `reply`'s request was answered (a `$SRV` verb's too).
+    pub fn answered(&self, reply: &str) -> bool {
+        self.asked.get(reply).is_some_and(|a| a.answered)
+    }
+
+    /// Does what a stop asked so far (the intake closes, the flushes end).
+    pub fn obey_stop(&mut self) -> Result<(), String> {
+        self.obey();
+        self.drain()
+    }
+
+    /// Drains the service's outputs, checking the replies.
+    pub fn settle(&mut self) -> Result<(), String> {
+        self.drain()
+    }
+
+    /// Sets the stream's replicas (the next stream info reports them).
+    pub fn set_replicas(&mut self, replicas: usize) {
+        self.replicas = replicas.max(1);
+    }
+
+    /// Makes the stream anew (the next stream info reports another created time).
+    pub fn replace_stream(&mut self) {
+        self.created += 1;
+    }
+
+    /// Drains the service's outputs and checks each reply.
+    fn drain(&mut self) -> Result<(), String> {
+        if self.done_at.is_none()
+            && self.service.stop_phase() == Some(crate::shutdown::StopPhase::Done)
+        {
+            self.done_at = Some(self.now_ms);
+        }
+        while let Some(t) = self.service.poll_transmit() {
+            self.network.push(InFlight {
+                id: t.id,
+                transmit: t,
+            });
+        }
+        while let Some(event) = self.service.poll_event() {
+            match &event {
+                ServiceEvent::Subscribe { subject, kind, .. }
+                    if *kind != SubscriptionKind::Changes
+                        && !self.subscribed.insert(subject.clone()) =>
+                {
+                    return Err(format!("subscribed twice to {subject}"));
+                }
+                ServiceEvent::Reply { to, body } => self.check_reply(to, body)?,
+                _ => {}
+            }
+            self.events.push(event);
+        }
+        Ok(())
+    }
+
+    fn check_reply(&mut self, to: &str, body: &[u8]) -> Result<(), String> {
+        if ReplyScope::default().check(Some(to)).is_err() {
+            return Err(format!("a reply went to {to:?}, which the rule refuses"));
+        }
+        let Some(asked) = self.asked.get_mut(to) else {
+            return Err(format!("a reply went to {to}, which nobody asked from"));
+        };
+        if asked.answered {
+            return Err(format!("{to} was answered twice"));
+        }
+        asked.answered = true;
+        let Some(endpoint) = asked.endpoint else {
+            return Ok(());
+        };
+        let asked = asked.clone();
+        let response = Response::decode(endpoint, body)
+            .map_err(|e| format!("a reply that does not decode: {e}"))?;
+        match (endpoint, &response) {
+            (Endpoint::Acquire, Response::Acquired(r)) if r.granted => {
+                let record = self
+                    .sim
+                    .at(r.lease.revision)
+                    .and_then(super::SimMsg::record);
+                if record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
+                    || r.lease.holder != asked.holder
+                    || r.lease.key != asked.key
+                {
+                    return Err(format!(
+                        "grant to {} not backed by its record: {r:?}",
+                        asked.holder
+                    ));
+                }
+                let max = self.fences.entry(asked.key.clone()).or_default();
+                if r.lease.revision < *max {
+                    return Err(format!(
+                        "grant of {} at {} below an earlier fence {max}",
+                        asked.key, r.lease.revision
+                    ));
+                }
+                *max = r.lease.revision;
+            }
+            (Endpoint::Renew, Response::Lease(l)) => {
+                let record = self.sim.at(l.revision).and_then(super::SimMsg::record);
+                if l.holder != asked.holder
+                    || record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
+                {
+                    return Err(format!(
+                        "renew of {} not backed by its record: {l:?}",
+                        asked.holder
+                    ));
+                }
+            }
+            _ => {}
+        }
+        self.replies.push((to.to_string(), response));
+        Ok(())
+    }
+
+    /// Sends a request to `endpoint` with `body`, its reply to a fresh inbox
+    /// (`good_reply`) or to a subject the rule refuses; returns the reply subject.
+    pub fn request(
+        &mut self,
+        endpoint: Endpoint,
+        body: serde_json::Value,
+        good_reply: bool,
+    ) -> String {
+        self.next_request += 1;
+        let reply = if good_reply {
+            format!("_INBOX.w.{}", self.next_request)
+        } else {
+            format!("$KV.leases.k{}", self.next_request % 3)
+        };
+        let holder = body["holder"].as_str().unwrap_or_default().to_string();
+        let key = body["key"].as_str().unwrap_or_default().to_string();
+        self.asked.insert(
+            reply.clone(),
+            Asked {
+                endpoint: Some(endpoint),
+                holder,
+                key,
+                answered: !good_reply,
+            },
+        );
+        let message = Received {
+            subject: endpoint.subject(),
+            reply: Some(reply.clone()),
+            headers: Vec::new(),
+            payload: body.to_string().into_bytes(),
+        };
+        self.service
+            .handle_request(self.now(), self.sim.wall(), message);
+        reply
+    }
+
+    /// Answers the request in flight at `index` (mod their count).
+    pub fn deliver(&mut self, index: usize) {
+        if self.network.is_empty() {
+            return;
+        }
+        let InFlight { id, transmit } = self.network.remove(index % self.network.len());
+        for m in &transmit.publish {
+            self.sim.handle_publish(m);
+        }
+        let subject = transmit.request.subject.as_str();
+        let outcome = if ["INFO", "CREATE", "UPDATE"]
+            .iter()
+            .any(|verb| subject == format!("$JS.API.STREAM.{verb}.{STREAM}"))
+        {
+            let mut info = json!({
+                "config": stream_config_for(self.replicas, true),
+                "state": {},
+                "created": format!("2026-01-01T00:00:{:02}Z", self.created % 60),
+            });
+            info["config"]["republish"] =
+                crate::startup::republish_for(crate::tenant::Tenancy::Single);
+            RequestOutcome::reply(info.to_string())
+        } else if transmit
+            .request
+            .subject
+            .starts_with("$JS.API.STREAM.PURGE.")
+        {
+            RequestOutcome::reply(json!({"success": true, "purged": 1}).to_string())
+        } else {
+            self.sim.handle(&transmit.request)
+        };
+        self.service.handle_outcome(self.now(), id, outcome);
+    }
+
+    /// Loses the request in flight at `index`: no answer ever comes.
+    pub fn lose(&mut self, index: usize) {
+        if !self.network.is_empty() {
+            self.network.remove(index % self.network.len());
+        }
+    }
+
+    /// Moves the clocks on by `ms` and fires the service's timer if due.
+    pub fn advance(&mut self, ms: u64) {
+        let until = self.now() + Duration::from_millis(ms);
+        // The timer fires on time: at each deadline on the way.
+        for _ in 0..1000 {
+            let Some(at) = self.service.poll_timeout().filter(|at| *at <= until) else {
+                break;
+            };
+            self.fire_timer_at(at);
+        }
+        let left = until.saturating_duration_since(self.now()).as_millis() as u64;
+        self.now_ms += left;
+        self.sim.advance(left);
+    }
+
+    fn fire_timer_at(&mut self, at: Instant) {
+        let ms = at.saturating_duration_since(self.now()).as_millis() as u64;
+        self.now_ms += ms;
+        self.sim.advance(ms);
+        self.service.handle_timeout(at.max(self.now()));
+        if self.done_at.is_none()
+            && self.service.stop_phase() == Some(crate::shutdown::StopPhase::Done)
+        {
+            self.done_at = Some(self.now_ms);
+        }
+    }
+
+    /// Moves the clocks to the service's timer and fires it.
+    pub fn fire_timer(&mut self) {
+        if let Some(at) = self.service.poll_timeout() {
+            self.fire_timer_at(at);
+        }
+    }
+
+    /// Stops the service.
+    pub fn stop(&mut self) {
+        if self.stopped_at.is_none() {
+            self.stopped_at = Some(self.now_ms);
+        }
+        self.service.handle_stop(self.now());
+    }
+
+    /// Does what the service asked of the adapter for a stop (the intake closes,
+    /// the flushes end).
+    fn obey(&mut self) {
+        while self
+            .events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+        {
+            self.obey_once();
+            if self.drain().is_err() {
+                // The next drain reports it.
+                return;
+            }
+        }
+    }
+
+    fn obey_once(&mut self) {
+        let asked: Vec<ServiceEvent> = self
+            .events
+            .iter()
+            .filter(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+            .cloned()
+            .collect();
+        self.events
+            .retain(|e| !matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush));
+        for event in asked {
+            match event {
+                ServiceEvent::Unsubscribe => self.service.handle_intake_closed(self.now()),
+                ServiceEvent::Flush => self.service.handle_flushed(self.now()),
+                _ => {}
+            }
+        }
+    }
+
+    /// Applies one step read from `byte` and `arg`, then checks the rules.
+    pub fn step(&mut self, byte: u8, arg: u8) -> Result<(), String> {
+        let holder = HOLDERS[usize::from(arg) % HOLDERS.len()];
+        let key = KEYS[usize::from(arg / 3) % KEYS.len()];
+        let good = !arg.is_multiple_of(7);
+        match byte % 16 {
+            0 | 1 => {
+                self.request(
+                    Endpoint::Acquire,
+                    json!({"key": key, "holder": holder, "ttl_ms": 2000}),
+                    good,
+                );
+            }
+            2 => {
+                let revision = self.sim.current(key).map_or(u64::from(arg), |m| m.seq);
+                self.request(
+                    Endpoint::Renew,
+                    json!({"key": key, "holder": holder, "revision": revision}),
+                    good,
+                );
+            }
+            3 => {
+                let revision = self.sim.current(key).map_or(u64::from(arg), |m| m.seq);
+                self.request(
+                    Endpoint::Release,
+                    json!({"key": key, "holder": holder, "revision": revision}),
+                    good,
+                );
+            }
+            4 => {
+                self.request(Endpoint::Owner, json!({"key": key}), good);
+            }
+            5 => {
+                self.request(
+                    Endpoint::Acquire,
+                    json!({"key": "bad key!", "holder": holder}),
+                    good,
+                );
+            }
+            6..=8 => self.deliver(usize::from(arg)),
+            9 => self.lose(usize::from(arg)),
+            10 => self.advance(u64::from(arg) * 20),
+            11 => self.fire_timer(),
+            12 => self.set_replicas(usize::from(arg % 3) + 1),
+            13 => {
+                let reply = format!("_INBOX.srv.{arg}");
+                self.asked.entry(reply.clone()).or_insert(Asked {
+                    endpoint: None,
+                    holder: String::new(),
+                    key: String::new(),
+                    answered: false,
+                });
+                // A verb asked twice on one inbox is answered twice: a fresh inbox each time.
+                if self.asked[&reply].answered {
+                    return self.drain();
+                }
+                self.service.handle_request(
+                    self.now(),
+                    self.sim.wall(),
+                    Received {
+                        subject: "$SRV.PING".to_string(),
+                        reply: Some(reply),
+                        ..Received::default()
+                    },
+                );
+            }
+            14 => self.stop(),
+            _ => self.replace_stream(),
+        }
+        self.drain()?;
+        if self.stopped_at.is_some() {
+            self.obey();
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `script` (pairs of bytes), then stops and finishes the stop, checking
+    /// the rules throughout and that the stop ends within its bounds.
+    pub fn run(&mut self, script: &[u8]) -> Result<(), String> {
+        for pair in script.chunks(2) {
+            self.step(pair[0], pair.get(1).copied().unwrap_or(0))?;
+            if self.service.is_done() {
+                break;
+            }
+        }
+        self.finish()
+    }
+
+    /// Stops (if not yet), lets every request in flight be answered or time out,
+    /// and checks the stop's bounds and that every request let through was answered.
+    pub fn finish(&mut self) -> Result<(), String> {
+        self.stop();
+        self.drain()?;
+        self.steps_since_stop = 0;
+        while !self.service.is_done() {
+            self.steps_since_stop += 1;
+            if self.steps_since_stop > STOP_STEPS {
+                return Err(format!(
+                    "not done {STOP_STEPS} steps after the stop (phase {:?})",
+                    self.service.stop_phase()
+                ));
+            }
+            self.obey();
+            self.drain()?;
+            if self.service.is_done() {
+                break;
+            }
+            // The network keeps answering what it still holds; the timer does the rest.
+            while !self.network.is_empty() {
+                self.deliver(0);
+                self.drain()?;
+                self.obey();
+                self.drain()?;
+            }
+            if !self.service.is_done() {
+                self.fire_timer();
+                self.drain()?;
+            }
+        }
+        let stopped_at = self.stopped_at.unwrap_or(0);
+        let took = Duration::from_millis(self.done_at.unwrap_or(self.now_ms) - stopped_at);
+        let bound = Shutdown::bound(self.service_shutdown_timeout());
+        if took > bound {
+            return Err(format!("the stop took {took:?}, past its bound {bound:?}"));
+        }
+        if let Some((to, _)) = self.asked.iter().find(|(_, a)| !a.answered) {
+            return Err(format!("{to} was let through but never answered"));
+        }
+        Ok(())
+    }
+
+    fn service_shutdown_timeout(&self) -> Duration {
+        self.service.shutdown_timeout()
+    }
+}

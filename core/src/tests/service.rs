@@ -1,0 +1,747 @@
+//! The service machine: one table test per rule moved out of the adapter, and the
+//! service world over random scripts.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use crate::io::Mode;
+use crate::service::{
+    KvFact, KvOp, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+};
+use crate::shutdown::{FLUSH_BOUND, REPLY_BOUND, StopPhase};
+use crate::sim::service_world::ServiceWorld;
+use crate::wire::{Endpoint, ErrorKind, Response};
+
+fn config() -> ServiceConfig {
+    ServiceConfig::new("2.14.0", 1 << 20)
+}
+
+/// A world serving once startup's stream info is answered.
+fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
+    let mut w = ServiceWorld::new(config, replicas);
+    w.deliver(0);
+    w.settle().unwrap();
+    assert_eq!(w.service.mode(), Mode::Ready);
+    w
+}
+
+fn acquire(w: &mut ServiceWorld, holder: &str, key: &str) -> String {
+    let reply = w.request(
+        Endpoint::Acquire,
+        json!({"key": key, "holder": holder, "ttl_ms": 5000}),
+        true,
+    );
+    w.settle().unwrap();
+    reply
+}
+
+fn error_kind(w: &ServiceWorld, reply: &str) -> Option<ErrorKind> {
+    w.reply_to(reply).and_then(Response::error_kind)
+}
+
+fn events<'a>(
+    w: &'a ServiceWorld,
+    f: impl Fn(&ServiceEvent) -> bool + 'a,
+) -> Vec<&'a ServiceEvent> {
+    w.events.iter().filter(|e| f(e)).collect()
+}
+
+#[test]
+fn it_subscribes_to_the_endpoints_in_the_queue_group_the_verbs_and_the_changes() {
+    let s = Service::new(config(), time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    let mut s = s;
+    let subs: Vec<_> = std::iter::from_fn(|| s.poll_event())
+        .filter_map(|e| match e {
+            ServiceEvent::Subscribe {
+                subject,
+                queue,
+                kind,
+            } => Some((subject, queue, kind)),
+            _ => None,
+        })
+        .collect();
+    let api: Vec<_> = subs
+        .iter()
+        .filter(|s| s.2 == SubscriptionKind::Api)
+        .collect();
+    assert_eq!(api.len(), 5);
+    assert!(api.iter().all(|s| s.1 == Some("dagnats-leases")));
+    assert_eq!(
+        subs.iter().filter(|s| s.2 == SubscriptionKind::Srv).count(),
+        9
+    );
+    assert_eq!(
+        subs.iter()
+            .filter(|s| s.2 == SubscriptionKind::Changes)
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>(),
+        vec!["dagnats.lease.changed.*"]
+    );
+    let mut none = config();
+    none.known_capacity = 0;
+    let mut s = Service::new(none, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    assert!(
+        std::iter::from_fn(|| s.poll_event()).all(|e| !matches!(
+            e,
+            ServiceEvent::Subscribe {
+                kind: SubscriptionKind::Changes,
+                ..
+            }
+        )),
+        "nothing known, no change events"
+    );
+}
+
+#[test]
+fn a_reply_goes_only_to_a_reply_inbox_and_no_call_runs_otherwise() {
+    let mut w = serving(config(), 1);
+    let table = [
+        ("a reply inbox", true, true),
+        ("a stream subject as the reply", false, false),
+    ];
+    for (name, good, answered) in table {
+        let before = w.in_flight().len();
+        let reply = w.request(
+            Endpoint::Acquire,
+            json!({"key": "k", "holder": "h", "ttl_ms": 5000}),
+            good,
+        );
+        w.settle().unwrap();
+        assert_eq!(
+            w.in_flight().len() > before,
+            answered,
+            "{name}: a call runs"
+        );
+        assert!(
+            w.reply_to(&reply).is_none(),
+            "{name}: no reply before the write"
+        );
+    }
+    assert_eq!(
+        events(&w, |e| matches!(e, ServiceEvent::ReplyRefused { .. })).len(),
+        1,
+        "the refused one is counted"
+    );
+    // No reply subject at all: dropped too.
+    w.service.handle_request(
+        Instant::now(),
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: Endpoint::Owner.subject(),
+            reply: None,
+            payload: br#"{"key":"k"}"#.to_vec(),
+            ..Received::default()
+        },
+    );
+    w.settle().unwrap();
+    assert_eq!(
+        events(&w, |e| matches!(e, ServiceEvent::ReplyRefused { .. })).len(),
+        2
+    );
+}
+
+#[test]
+fn while_the_bucket_is_ensured_every_call_is_answered_unavailable_at_once() {
+    let mut w = ServiceWorld::new(config(), 1);
+    assert_eq!(w.service.mode(), Mode::Starting);
+    let reply = acquire(&mut w, "h", "k");
+    assert_eq!(error_kind(&w, &reply), Some(ErrorKind::Unavailable));
+    assert_eq!(w.in_flight().len(), 1, "only startup's stream info is out");
+}
+
+#[test]
+fn read_confirmation_starts_from_the_stream_replicas() {
+    for (replicas, on) in [(1, false), (3, true)] {
+        let w = serving(config(), replicas);
+        assert_eq!(w.service.confirm_reads(), on, "{replicas} replicas");
+        let serving: Vec<_> = events(&w, |e| matches!(e, ServiceEvent::Serving(_)));
+        assert!(
+            matches!(serving[..], [ServiceEvent::Serving(s)] if s.confirm_reads == on && s.replicas == replicas),
+            "{serving:?}"
+        );
+    }
+}
+
+#[test]
+fn the_confirm_switch_follows_the_replicas_check() {
+    let mut w = serving(config(), 1);
+    let table = [(3, Some(true)), (3, None), (1, Some(false))];
+    for (replicas, switched) in table {
+        w.set_replicas(replicas);
+        w.fire_timer();
+        w.settle().unwrap();
+        let subjects = w.in_flight();
+        assert_eq!(
+            subjects,
+            vec!["$JS.API.STREAM.INFO.KV_leases"],
+            "the check asks"
+        );
+        let before = w.events.len();
+        w.deliver(0);
+        w.settle().unwrap();
+        let switch: Vec<_> = w.events[before..]
+            .iter()
+            .filter_map(|e| match e {
+                ServiceEvent::ConfirmReads { on, .. } => Some(*on),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            switch,
+            switched.into_iter().collect::<Vec<_>>(),
+            "{replicas}"
+        );
+        assert_eq!(w.service.confirm_reads(), replicas > 1);
+        // An owner answered from a read confirms it exactly when the switch is on.
+        let reply = w.request(Endpoint::Owner, json!({"key": "k"}), true);
+        w.settle().unwrap();
+        w.deliver(0);
+        w.settle().unwrap();
+        let confirming = w.in_flight().iter().any(|s| s.ends_with(".read"));
+        assert_eq!(confirming, replicas > 1, "{replicas}: {:?}", w.in_flight());
+        while w.reply_to(&reply).is_none() {
+            w.deliver(0);
+            w.settle().unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_replicas_check_runs_only_when_serving_leases() {
+    let mut c = config();
+    c.server_version = "2.10.0".to_string();
+    let t0 = Instant::now();
+    let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, t0);
+    assert_eq!(s.mode(), Mode::Unsupported);
+    assert_eq!(s.poll_transmit(), None);
+    assert_eq!(s.poll_timeout(), None, "no check, no timer");
+    let w = serving(config(), 1);
+    assert!(
+        w.service.poll_timeout().is_some(),
+        "serving: the check's timer"
+    );
+}
+
+#[test]
+fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_operator_asks() {
+    for (coalesce, atomic) in [(false, false), (true, true)] {
+        let mut c = config();
+        c.coalesce_writes = coalesce;
+        let w = serving(c, 1);
+        let batches: Vec<_> = events(&w, |e| matches!(e, ServiceEvent::Serving(_)));
+        assert!(
+            matches!(batches[..], [ServiceEvent::Serving(s)] if s.atomic_batches == atomic),
+            "coalesce {coalesce}: {batches:?}"
+        );
+        assert_eq!(w.service.coalescer().is_some(), coalesce);
+    }
+}
+
+#[test]
+fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
+    let mut c = config();
+    c.coalesce_writes = true;
+    c.batch_after = 1;
+    c.min_batch = 2;
+    let mut w = serving(c, 1);
+    // The first write goes single; the second waits for it in the queue.
+    acquire(&mut w, "h0", "k0");
+    let second = acquire(&mut w, "h1", "k1");
+    assert_eq!(w.in_flight(), vec!["$KV.leases.k0"]);
+    // The second call times out (and the first's single with it).
+    w.fire_timer();
+    w.settle().unwrap();
+    assert_eq!(error_kind(&w, &second), Some(ErrorKind::Unavailable));
+    assert_eq!(w.service.coalescer().map(|c| c.pending().queued), Some(0));
+    let timed_out = events(&w, |e| {
+        matches!(
+            e,
+            ServiceEvent::Kv(KvFact::Error {
+                op: KvOp::Write,
+                kind: "timed_out"
+            })
+        )
+    });
+    assert_eq!(timed_out.len(), 2, "each call's write counted once");
+    // The single comes back late: nothing of the second call goes out.
+    w.deliver(0);
+    w.settle().unwrap();
+    assert!(
+        w.in_flight().iter().all(|s| s != "$KV.leases.k1"),
+        "{:?}",
+        w.in_flight()
+    );
+}
+
+#[test]
+fn admission_past_its_bound_answers_unavailable_at_once() {
+    let mut c = config();
+    c.max_calls_in_flight = 1;
+    c.max_calls_waiting = 0;
+    let mut w = serving(c, 1);
+    let first = acquire(&mut w, "h0", "k0");
+    let second = acquire(&mut w, "h1", "k1");
+    assert_eq!(error_kind(&w, &second), Some(ErrorKind::Unavailable));
+    assert_eq!(
+        events(&w, |e| matches!(
+            e,
+            ServiceEvent::Refused {
+                endpoint: Endpoint::Acquire
+            }
+        ))
+        .len(),
+        1
+    );
+    w.deliver(0);
+    w.settle().unwrap();
+    assert!(matches!(w.reply_to(&first), Some(Response::Acquired(a)) if a.granted));
+    assert_eq!(w.service.admission_counts().running, 0);
+}
+
+#[test]
+fn a_stop_unsubscribes_answers_what_was_delivered_then_flushes_and_ends() {
+    let mut w = serving(config(), 1);
+    let before = acquire(&mut w, "h0", "k0");
+    w.stop();
+    w.settle().unwrap();
+    assert_eq!(w.service.stop_phase(), Some(StopPhase::Drain));
+    assert!(events(&w, |e| matches!(e, ServiceEvent::Unsubscribe)).len() == 1);
+    // A request delivered before the unsubscribe still runs.
+    let late = acquire(&mut w, "h1", "k1");
+    w.deliver(0);
+    w.deliver(0);
+    w.settle().unwrap();
+    assert!(w.answered(&before) && w.answered(&late));
+    assert_eq!(
+        w.service.stop_phase(),
+        Some(StopPhase::Drain),
+        "the intake is still open"
+    );
+    // The intake closes, the flush ends: done, the replies phase skipped.
+    w.obey_stop().unwrap();
+    assert!(w.service.is_done());
+    assert!(matches!(w.events.last(), Some(ServiceEvent::Stopped)));
+    let logs: Vec<_> = events(
+        &w,
+        |e| matches!(e, ServiceEvent::Log { line, .. } if line.contains("took 1 requests")),
+    );
+    assert_eq!(logs.len(), 1, "the late request is logged");
+}
+
+#[test]
+fn a_stop_cuts_off_the_calls_still_running_at_its_bound() {
+    let mut c = config();
+    c.shutdown_timeout = Duration::from_millis(300);
+    let mut w = serving(c, 1);
+    let stuck = acquire(&mut w, "h0", "k0");
+    w.stop();
+    w.obey_stop().unwrap();
+    assert_eq!(w.service.stop_phase(), Some(StopPhase::Drain));
+    w.fire_timer();
+    w.settle().unwrap();
+    assert_eq!(error_kind(&w, &stuck), Some(ErrorKind::Internal));
+    assert_eq!(w.service.stop_phase(), Some(StopPhase::Replies));
+    // A request still buffered after the cut-off is cut off at once.
+    let after = acquire(&mut w, "h1", "k1");
+    assert_eq!(error_kind(&w, &after), Some(ErrorKind::Internal));
+    // The flushes never end (the server is gone): each phase gives up at its bound.
+    w.fire_timer();
+    w.settle().unwrap();
+    assert_eq!(w.service.stop_phase(), Some(StopPhase::Flush));
+    w.fire_timer();
+    w.settle().unwrap();
+    assert!(w.service.is_done());
+    let _ = (REPLY_BOUND, FLUSH_BOUND);
+}
+
+#[test]
+fn a_stream_made_anew_forgets_every_known_revision() {
+    let mut w = serving(config(), 1);
+    let reply = acquire(&mut w, "h0", "k0");
+    w.deliver(0);
+    w.settle().unwrap();
+    let revision = match w.reply_to(&reply) {
+        Some(Response::Acquired(a)) => a.lease.revision,
+        other => panic!("{other:?}"),
+    };
+    // Known: a renew goes straight to its write.
+    let renew = json!({"key": "k0", "holder": "h0", "revision": revision});
+    w.request(Endpoint::Renew, renew.clone(), true);
+    w.settle().unwrap();
+    assert_eq!(w.in_flight(), vec!["$KV.leases.k0"]);
+    w.deliver(0);
+    w.settle().unwrap();
+    // The check learns the stream's created time, then finds it changed.
+    ask_replicas(&mut w);
+    w.replace_stream();
+    ask_replicas(&mut w);
+    assert_eq!(
+        events(&w, |e| matches!(e, ServiceEvent::StreamReplaced)).len(),
+        1
+    );
+    // Forgotten: the renew reads first.
+    w.request(Endpoint::Renew, renew, true);
+    w.settle().unwrap();
+    assert_eq!(w.in_flight(), vec!["$JS.API.STREAM.MSG.GET.KV_leases"]);
+}
+
+/// Fires timers until the replicas check asks, and answers it.
+fn ask_replicas(w: &mut ServiceWorld) {
+    while w.in_flight() != ["$JS.API.STREAM.INFO.KV_leases"] {
+        assert!(w.in_flight().is_empty(), "{:?}", w.in_flight());
+        w.fire_timer();
+        w.settle().unwrap();
+    }
+    w.deliver(0);
+    w.settle().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_service_world_keeps_every_rule(script in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let mut c = config();
+        c.shutdown_timeout = Duration::from_millis(2000);
+        c.max_calls_in_flight = 4;
+        c.max_calls_waiting = 4;
+        c.coalesce_writes = script.first().is_some_and(|b| b % 2 == 1);
+        c.batch_after = 1;
+        c.min_batch = 2;
+        let mut w = ServiceWorld::new(c, 1);
+        if let Err(e) = w.run(&script) {
+            prop_assert!(false, "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_calls_jetstream_outcome_is_classified_once_for_the_metrics() {
+    use crate::io::RequestOutcome;
+    use crate::js;
+    use crate::service::classify;
+    let ack_error = |code: u64, err_code: u64| {
+        RequestOutcome::reply(format!(
+            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
+        ))
+    };
+    let error = |op, kind| Some(KvFact::Error { op, kind });
+    let table = [
+        (
+            "a stored confirmation",
+            KvOp::Confirm,
+            RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
+            None,
+        ),
+        (
+            "a confirmation overtaken by a write: retried",
+            KvOp::Confirm,
+            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+            Some(KvFact::ConfirmRetry),
+        ),
+        (
+            "a confirmation JetStream could not take",
+            KvOp::Confirm,
+            ack_error(503, 10008),
+            error(KvOp::Confirm, "unavailable"),
+        ),
+        (
+            "a key never written is no error",
+            KvOp::Read,
+            ack_error(404, js::ERR_NO_MESSAGE_FOUND),
+            None,
+        ),
+        (
+            "a read timed out",
+            KvOp::Read,
+            RequestOutcome::TimedOut,
+            error(KvOp::Read, "timed_out"),
+        ),
+        (
+            "a read's server error",
+            KvOp::Read,
+            ack_error(500, 10001),
+            error(KvOp::Read, "internal"),
+        ),
+        (
+            "a write without a stream",
+            KvOp::Write,
+            RequestOutcome::NoResponders,
+            error(KvOp::Write, "no_responders"),
+        ),
+        (
+            "a write that lost its race is no error",
+            KvOp::Write,
+            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
+            None,
+        ),
+        (
+            "a write that could not be sent",
+            KvOp::Write,
+            RequestOutcome::Failed("gone".into()),
+            error(KvOp::Write, "request_failed"),
+        ),
+    ];
+    for (name, op, outcome, expected) in table {
+        assert_eq!(classify(op, &outcome), expected, "{name}");
+    }
+}
+
+/// A service past startup on a one-replica stream of `config`'s tenancy, and the
+/// events it reported.
+fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
+    let tenancy = config.bucket.tenancy;
+    let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
+    let info = s.poll_transmit().expect("startup asks the stream");
+    let mut stream = crate::startup::stream_config_for(1, true);
+    stream["republish"] = crate::startup::republish_for(tenancy);
+    let reply = json!({"config": stream, "state": {}}).to_string();
+    s.handle_outcome(t0, info.id, crate::io::RequestOutcome::reply(reply));
+    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    assert_eq!(s.mode(), Mode::Ready);
+    (s, events)
+}
+
+/// The replies `s` sent, drained.
+fn replies(s: &mut Service) -> Vec<(String, Vec<u8>)> {
+    std::iter::from_fn(|| s.poll_event())
+        .filter_map(|e| match e {
+            ServiceEvent::Reply { to, body } => Some((to, body)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_tenants_acquire_of_a_new_key_past_its_cap_is_refused_before_it_runs() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.bucket.tenancy = crate::tenant::Tenancy::Accounts;
+    c.max_leases_per_tenant = Some(1);
+    let (mut s, _) = ready(c, t0);
+    let acquire = |s: &mut Service, key: &str, reply: &str, info: Option<&str>| {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Acquire.subject(),
+                reply: Some(reply.to_string()),
+                headers: info
+                    .map(|i| ("Nats-Request-Info".to_string(), i.to_string()))
+                    .into_iter()
+                    .collect(),
+                payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                    .to_string()
+                    .into_bytes(),
+            },
+        )
+    };
+    let ta = Some(r#"{"acc":"TA","user":"u"}"#);
+    // A change event says TA holds k1 already.
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: "dagnats.lease.changed.TA.k1".to_string(),
+            headers: vec![
+                ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                ("Nats-Sequence".to_string(), "4".to_string()),
+            ],
+            payload: br#"{"holder":"h","acquired_at":"2026-01-01T00:00:00Z","ttl_ms":5000}"#
+                .to_vec(),
+            ..Received::default()
+        },
+    );
+    let table = [
+        (
+            "a new key past the cap",
+            "k2",
+            "_R_.a",
+            ta,
+            Some(ErrorKind::Forbidden),
+        ),
+        (
+            "no request info: not a tenant",
+            "k3",
+            "_R_.b",
+            None,
+            Some(ErrorKind::Forbidden),
+        ),
+        (
+            "another tenant under its cap",
+            "k2",
+            "_R_.c",
+            Some(r#"{"acc":"TB"}"#),
+            None,
+        ),
+    ];
+    for (name, key, reply, info, refused) in table {
+        acquire(&mut s, key, reply, info);
+        let sent = replies(&mut s);
+        match refused {
+            Some(kind) => {
+                assert_eq!(sent.len(), 1, "{name}: answered at once");
+                let r = Response::decode(Endpoint::Acquire, &sent[0].1).unwrap();
+                assert_eq!(r.error_kind(), Some(kind), "{name}");
+                assert!(s.poll_transmit().is_none(), "{name}: no call ran");
+            }
+            None => {
+                assert!(sent.is_empty(), "{name}: {sent:?}");
+                let t = s.poll_transmit().expect("its call writes");
+                assert_eq!(t.request.subject, "$KV.leases.TB.k2", "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_verb_is_answered_only_when_it_names_this_service() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.instance_id = "ID1".to_string();
+    let (mut s, _) = ready(c, t0);
+    let table = [
+        ("$SRV.PING", true),
+        ("$SRV.INFO.dagnats-api", true),
+        ("$SRV.STATS.dagnats-api.ID1", true),
+        ("$SRV.PING.dagnats-api.ID2", false),
+        ("$SRV.PING.other-service", false),
+    ];
+    for (subject, answered) in table {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: subject.to_string(),
+                reply: Some("_INBOX.v".to_string()),
+                ..Received::default()
+            },
+        );
+        assert_eq!(replies(&mut s).len(), usize::from(answered), "{subject}");
+    }
+}
+
+#[test]
+fn a_change_event_teaches_the_known_map_what_a_renew_then_writes_on() {
+    let t0 = Instant::now();
+    for (capacity, first) in [
+        (64, "$KV.leases.k"),
+        (0, "$JS.API.STREAM.MSG.GET.KV_leases"),
+    ] {
+        let mut c = config();
+        c.known_capacity = capacity;
+        let (mut s, _) = ready(c, t0);
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: "dagnats.lease.changed.k".to_string(),
+                headers: vec![
+                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                    ("Nats-Sequence".to_string(), "7".to_string()),
+                    (
+                        "Nats-Time-Stamp".to_string(),
+                        "1970-01-01T00:00:00Z".to_string(),
+                    ),
+                ],
+                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
+                    .to_vec(),
+                ..Received::default()
+            },
+        );
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Renew.subject(),
+                reply: Some("_INBOX.r".to_string()),
+                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
+                ..Received::default()
+            },
+        );
+        let t = s.poll_transmit().expect("the renew sends");
+        assert_eq!(t.request.subject, first, "known capacity {capacity}");
+    }
+}
+
+/// Answers every stream info `s` asks while starting from `streams` (a stream's
+/// name to its config; any other is not found); returns what it reported.
+fn start_on(
+    s: &mut Service,
+    streams: &[(String, serde_json::Value)],
+    t0: Instant,
+) -> Vec<ServiceEvent> {
+    let mut events = Vec::new();
+    while let Some(t) = s.poll_transmit() {
+        let name = t
+            .request
+            .subject
+            .rsplit('.')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let outcome = match streams.iter().find(|(n, _)| *n == name) {
+            Some((_, config)) => {
+                crate::io::RequestOutcome::reply(json!({"config": config, "state": {}}).to_string())
+            }
+            None => crate::sim::api_error(404, 10059, "stream not found"),
+        };
+        s.handle_outcome(t0, t.id, outcome);
+        events.extend(std::iter::from_fn(|| s.poll_event()));
+    }
+    events
+}
+
+#[test]
+fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_count() {
+    let t0 = Instant::now();
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let streams = |map: &crate::shard::ShardMap| -> Vec<(String, serde_json::Value)> {
+        map.indexes()
+            .map(|i| {
+                let mut config = crate::startup::shard_stream_config(map, i, 1);
+                config["allow_atomic"] = json!(true);
+                (map.stream(i), config)
+            })
+            .collect()
+    };
+    let mut c = config();
+    c.bucket.shards = three;
+    let mut s = Service::new(c.clone(), time::OffsetDateTime::UNIX_EPOCH, t0);
+    start_on(&mut s, &streams(&three), t0);
+    assert_eq!(s.mode(), Mode::Ready);
+    for key in ["k0", "k1", "k2", "k3"] {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Acquire.subject(),
+                reply: Some("_INBOX.a".to_string()),
+                payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                    .to_string()
+                    .into_bytes(),
+                ..Received::default()
+            },
+        );
+        let t = s.poll_transmit().expect("the acquire writes");
+        assert_eq!(t.request.subject, three.kv_subject(key), "{key}");
+    }
+    // The bucket was made with two shards: refused, and every call unavailable.
+    let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, t0);
+    let events = start_on(&mut s, &streams(&two), t0);
+    let refused: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ServiceEvent::StartRefused(why) => Some(why),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(refused[..], [why] if why.contains("--shards")),
+        "{events:?}"
+    );
+    assert_eq!(s.mode(), Mode::Starting);
+}

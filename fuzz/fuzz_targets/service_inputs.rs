@@ -1,0 +1,39 @@
+//! The service machine (`sim::service_world`) fed arbitrary input sequences: its
+//! first bytes choose the options (bounds, the coalescer, the drain's length, the
+//! stream's replicas), the rest are the world's steps (requests good and bad, to
+//! good and bad reply subjects, `$SRV` verbs, outcomes delivered out of order or
+//! lost, timers, the replicas flipping, the stream made anew, a stop). After every
+//! step the world checks: no panic, replies only to subjects the reply rule lets
+//! through and at most one per request, grants and renewals backed by the stream;
+//! and at the end that the stop is done within its bound and a bounded number of
+//! steps, every request let through answered.
+#![no_main]
+
+use std::time::Duration;
+
+use dagnats_leases_core::service::ServiceConfig;
+use dagnats_leases_core::sim::service_world::ServiceWorld;
+use libfuzzer_sys::fuzz_target;
+
+/// Bytes read as the options; the rest is the script.
+const SHAPE: usize = 6;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((shape, script)) = data.split_first_chunk::<SHAPE>() else {
+        return;
+    };
+    let mut config = ServiceConfig::new("2.14.0", 1 << 20);
+    config.max_calls_in_flight = usize::from(shape[0] % 6) + 1;
+    config.max_calls_waiting = usize::from(shape[1] % 6);
+    config.coalesce_writes = shape[2] % 2 == 1;
+    config.batch_after = usize::from(shape[2] / 2 % 4) + 1;
+    config.min_batch = usize::from(shape[3] % 4) + 1;
+    config.shutdown_timeout = Duration::from_millis(u64::from(shape[4]) * 40);
+    config.known_capacity = if shape[5] % 3 == 0 { 0 } else { 64 };
+    let replicas = usize::from(shape[5] % 2) * 2 + 1;
+    let shown = format!("{config:?} replicas {replicas}");
+    let mut world = ServiceWorld::new(config, replicas);
+    if let Err(v) = world.run(script) {
+        panic!("{shown}: {v}");
+    }
+});
