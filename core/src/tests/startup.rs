@@ -526,7 +526,8 @@ fn another_shard_count_than_the_buckets_is_refused() {
 fn replicas_are_the_most_of_any_shard() {
     let two = crate::shard::ShardMap::new(2).unwrap();
     let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
-    for (i, r) in [(0, 1), (1, 3)] {
+    // The R3 shard first: the R1 shard answering last must not turn it off.
+    for (i, r) in [(0, 3), (1, 1)] {
         let (id, _) = next_request(&mut s);
         let mut config = crate::startup::shard_stream_config(&two, i, r);
         config["allow_atomic"] = json!(true);
