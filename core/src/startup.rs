@@ -350,8 +350,9 @@ impl Startup {
                 let other = self.other_layout_stream();
                 self.log(format!(
                     "no answer to $JS.API.STREAM.INFO.{other} ({}): startup must know that no \
-                     bucket of another --shards exists before it creates one; the backend \
-                     user needs publish permission on that subject (docs/security.md)",
+                     bucket of another --shards exists before it serves; asking again. If \
+                     this repeats, the backend user may lack publish permission on that \
+                     subject (docs/security.md)",
                     failure.detail
                 ));
                 return self.retry_later(now, failure);
@@ -375,7 +376,7 @@ impl Startup {
                     self.create();
                 }
             }
-            (Step::Layout, Ok(_)) => self.refuse_layout(),
+            (Step::Layout, Ok(info)) => self.refuse_layout(&info),
             (Step::Create | Step::Update, Err(e)) if e.err_code == ERR_STREAM_SUBJECT_OVERLAP => {
                 self.refuse_overlap(&e.description)
             }
@@ -452,19 +453,34 @@ impl Startup {
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
-    fn refuse_layout(&mut self) {
+    /// The other layout's first stream exists: say which `--shards` the bucket has,
+    /// from `KV_leases_0`'s metadata, or `1` for `KV_leases` (which has none).
+    fn refuse_layout(&mut self, info: &Value) {
         let other = self.other_layout_stream();
         let count = self.options.shards.count();
-        let theirs = if self.options.shards.is_single() {
-            "more than one shard"
+        let (made, start) = if self.options.shards.is_single() {
+            let theirs = info
+                .get("config")
+                .and_then(|c| c.get("metadata"))
+                .and_then(|m| m.get(META_SHARDS))
+                .and_then(Value::as_str);
+            match theirs {
+                Some(n) => (
+                    format!("--shards {n} ({META_SHARDS} in its metadata)"),
+                    format!("--shards {n}"),
+                ),
+                None => (
+                    format!("more than one shard (though it has no {META_SHARDS} in its metadata)"),
+                    "the bucket's --shards".to_string(),
+                ),
+            }
         } else {
-            "--shards 1"
+            ("--shards 1".to_string(), "--shards 1".to_string())
         };
         self.refuse(format!(
-            "stream {other} exists: the leases bucket was made with {theirs}, and this service \
+            "stream {other} exists: the leases bucket was made with {made}, and this service \
              was started with --shards {count}; keys would move to other streams and their \
-             fences restart. Start it with the bucket's --shards (stream metadata \
-             {META_SHARDS} tells the count)"
+             fences restart. Start it with {start}"
         ));
     }
 

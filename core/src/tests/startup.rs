@@ -481,6 +481,9 @@ fn shards_over_a_one_stream_bucket_are_refused() {
         why.contains("--shards 1") && why.contains("--shards 3"),
         "{why}"
     );
+    // KV_leases has no metadata to point at: the count is one, said outright.
+    assert!(why.contains("Start it with --shards 1"), "{why}");
+    assert!(!why.contains("metadata"), "{why}");
 }
 
 /// A sharded bucket exists: one shard is refused (its first stream is found), and
@@ -501,6 +504,8 @@ fn another_shard_count_than_the_buckets_is_refused() {
     s.handle_outcome(Instant::now(), id, info(made.clone()));
     let why = refused(&mut s);
     assert!(why.contains("--shards 1"), "{why}");
+    // KV_leases_0's metadata tells the count to start with.
+    assert!(why.contains("Start it with --shards 2"), "{why}");
 
     for count in [3, 4] {
         let mut s = Startup::new(sharded(count), "2.15.1", T, Instant::now());
@@ -570,7 +575,9 @@ fn an_unanswered_layout_question_never_creates_blind() {
     }
     assert!(
         logs.iter()
-            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0") && l.contains("permission")),
+            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0")
+                && l.contains("If this repeats")
+                && l.contains("may lack")),
         "{logs:?}"
     );
     assert!(s.poll_transmit().is_none(), "nothing created");
