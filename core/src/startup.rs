@@ -601,7 +601,7 @@ impl Startup {
             ("subjects", json!(shards.stream_subject_list(self.shard))),
             ("storage", json!("file")),
         ] {
-            if config.get(field) != Some(&value) {
+            if wanted.get(field) != Some(&value) {
                 self.log(format!(
                     "{stream}: {field} is {}, expected {value}; left as it is",
                     config

@@ -745,3 +745,35 @@ fn two_layouts_started_at_once_never_both_serve() {
         [false, false]
     );
 }
+
+/// A sharded bucket made before the guard subject: its shard 0 is updated to
+/// store it too (the server then refuses the update if `KV_leases` exists).
+#[test]
+fn shard_0_made_before_the_guard_subject_gets_it_by_an_update() {
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    let mut old = crate::startup::shard_stream_config(&two, 0, 1);
+    old["allow_atomic"] = json!(true);
+    old["subjects"] = json!(["$KV.leases_0.>"]);
+    s.handle_outcome(Instant::now(), id, info(old));
+    let (logs, (id, update)) = logged_request(&mut s);
+    assert_eq!(update.subject, "$JS.API.STREAM.UPDATE.KV_leases_0");
+    let body: Value = serde_json::from_slice(&update.payload).unwrap();
+    assert_eq!(
+        body["subjects"],
+        json!(["$KV.leases_0.>", "$KV.leases.~sharded"])
+    );
+    assert!(
+        logs.iter().any(|l| l.contains("adding")) && !logs.iter().any(|l| l.contains("left as")),
+        "{logs:?}"
+    );
+    // KV_leases exists too: the server refuses the overlapping update.
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(400, 10065, "subjects overlap with an existing stream"),
+    );
+    let why = refused(&mut s);
+    assert!(why.contains("10065") && why.contains("--shards"), "{why}");
+}
