@@ -358,3 +358,30 @@ async fn two_layouts_created_at_once_never_both_serve() {
         s.shutdown().await;
     }
 }
+
+/// A sharded bucket made before the guard subject: started, the service adds
+/// `$KV.leases.~sharded` to shard 0, and from then on the server refuses
+/// `KV_leases` beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_0_made_before_the_guard_subject_gets_it() {
+    use dagnats_leases_core::startup::shard_stream_config;
+    let server = NatsServer::start();
+    let client = connect(&server).await;
+    let mut old = shard_stream_config(&three(), 0, 1);
+    old["subjects"] = json!(["$KV.leases_0.>"]);
+    let made = js_api(&client, "$JS.API.STREAM.CREATE.KV_leases_0", old).await;
+    assert!(made.get("error").is_none(), "{made}");
+    let svc = service::start(connect(&server).await, with_shards(three()))
+        .await
+        .expect("the sharded bucket serves");
+    let info = js_api(&client, "$JS.API.STREAM.INFO.KV_leases_0", json!({})).await;
+    assert_eq!(
+        info["config"]["subjects"],
+        json!(["$KV.leases_0.>", "$KV.leases.~sharded"]),
+        "{info}"
+    );
+    let single = shard_stream_config(&ShardMap::SINGLE, 0, 1);
+    let refused = js_api(&client, "$JS.API.STREAM.CREATE.KV_leases", single).await;
+    assert_eq!(refused["error"]["err_code"], 10065, "{refused}");
+    svc.shutdown().await;
+}
