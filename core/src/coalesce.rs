@@ -342,7 +342,7 @@ impl Coalescer {
                 };
                 self.send_single(w, false);
             } else if self.batches < self.config.max_in_flight
-                && self.queue.len() >= self.config.min_batch
+                && self.first_stream_queued() >= self.config.min_batch
             {
                 let batch = self.take_batch();
                 if batch.len() < 2 {
@@ -359,6 +359,20 @@ impl Coalescer {
                 return;
             }
         }
+    }
+
+    /// How many queued writes go to the stream of the first one: a batch is that
+    /// stream's alone, so on a sharded bucket `min_batch` counts them, not the
+    /// whole queue (all of it with one shard).
+    fn first_stream_queued(&self) -> usize {
+        let Some(first) = self.queue.front() else {
+            return 0;
+        };
+        let stream = ShardMap::bucket_of_subject(&first.request.subject);
+        self.queue
+            .iter()
+            .filter(|w| ShardMap::bucket_of_subject(&w.request.subject) == stream)
+            .count()
     }
 
     /// Up to `max_batch` writes from the queue, at most one per checked subject,

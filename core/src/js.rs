@@ -30,6 +30,9 @@ pub const ERR_NO_MESSAGE_FOUND: u64 = 10037;
 pub const ERR_STREAM_NOT_FOUND: u64 = 10059;
 /// JetStream's error code for a stream name in use with another config.
 pub const ERR_STREAM_NAME_IN_USE: u64 = 10058;
+/// JetStream's error code for a stream whose subjects overlap another stream's:
+/// the server keeps the one-stream and the sharded layout apart with it.
+pub const ERR_STREAM_SUBJECT_OVERLAP: u64 = 10065;
 
 /// A JetStream failure, already sorted into the error kind a caller sees.
 #[derive(Debug, Clone, PartialEq, Eq)]

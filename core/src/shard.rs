@@ -28,6 +28,13 @@ pub const META_SHARDS: &str = "dagnats_shards";
 /// Stream metadata key: which shard the stream is.
 pub const META_SHARD: &str = "dagnats_shard";
 
+/// The one subject inside `$KV.leases.>` that shard 0 of a sharded layout also
+/// stores: `~` is in no key or account name (`[A-Za-z0-9_-]`), so nothing is ever
+/// written to it, but it overlaps the one-stream layout's `$KV.leases.>`. The
+/// server refuses a stream whose subjects overlap another's (JetStream 10065), so
+/// whichever layout is created second fails, even when two services race.
+pub const LAYOUT_GUARD_SUBJECT: &str = "$KV.leases.~sharded";
+
 /// FNV-1a, 64-bit, of `bytes`.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     use std::hash::Hasher;
@@ -108,6 +115,16 @@ impl ShardMap {
     /// What shard `i`'s stream stores: `$KV.<bucket>.>` (keys and read confirmations).
     pub fn stream_subjects(&self, i: u32) -> String {
         format!("$KV.{}.>", self.bucket(i))
+    }
+
+    /// Every subject shard `i`'s stream stores: [`ShardMap::stream_subjects`], and
+    /// for shard 0 of a sharded layout also [`LAYOUT_GUARD_SUBJECT`].
+    pub fn stream_subject_list(&self, i: u32) -> Vec<String> {
+        let mut subjects = vec![self.stream_subjects(i)];
+        if i == 0 && !self.is_single() {
+            subjects.push(LAYOUT_GUARD_SUBJECT.to_string());
+        }
+        subjects
     }
 
     /// Shard `i`'s lease keys alone: `$KV.<bucket>.*`.

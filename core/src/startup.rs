@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
-use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
-use crate::shard::{META_SHARD, META_SHARDS, ShardMap};
+use crate::js::{
+    self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, ERR_STREAM_SUBJECT_OVERLAP, JsFailure,
+};
+use crate::shard::{LAYOUT_GUARD_SUBJECT, META_SHARD, META_SHARDS, ShardMap};
 use crate::subjects::{REPUBLISH_DEST, STREAM, TENANT_REPUBLISH_DEST};
 use crate::tenant::Tenancy;
 use crate::wire::ErrorKind;
@@ -50,10 +52,12 @@ pub fn stream_config(replicas: usize) -> Value {
 /// The config of shard `i`'s stream: with one shard exactly [`stream_config`];
 /// with more, its own name and subjects, and `metadata` recording the shard count
 /// and the shard's index, so that a service started with another count refuses.
+/// Shard 0 of a sharded layout also stores [`LAYOUT_GUARD_SUBJECT`], so that the
+/// server refuses to create the one-stream layout beside it, and the other way round.
 pub fn shard_stream_config(shards: &ShardMap, i: u32, replicas: usize) -> Value {
     let mut config = json!({
         "name": shards.stream(i),
-        "subjects": [shards.stream_subjects(i)],
+        "subjects": shards.stream_subject_list(i),
         "retention": "limits",
         "max_consumers": -1,
         "max_msgs": -1,
@@ -180,8 +184,8 @@ pub enum StartupEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Info,
-    /// Before creating the first stream: asking whether the other layout's first
-    /// stream exists.
+    /// Asking whether the other layout's first stream exists: before creating
+    /// shard 0, and again once shard 0 is there.
     Layout,
     Create,
     Update,
@@ -213,8 +217,15 @@ pub struct Startup {
     events: VecDeque<StartupEvent>,
     /// The shard being ensured, one after another from 0.
     shard: u32,
-    /// Whether the other layout was found absent (asked once, before a create).
+    /// Whether the other layout was found absent in this start.
     layout_checked: bool,
+    /// Whether shard 0 is ensured: a layout question answered "absent" then goes
+    /// on to the next shard instead of creating shard 0.
+    first_ensured: bool,
+    /// Whether the other layout was found absent after shard 0 was ensured: asked
+    /// even when this start created shard 0, because two creates at the same
+    /// moment can both pass the server's overlap check (seen on a single 2.15.1).
+    layout_confirmed: bool,
     /// Whether every stream so far says `allow_msg_ttl: true`.
     ttl: bool,
 }
@@ -246,6 +257,8 @@ impl Startup {
             events: VecDeque::new(),
             shard: 0,
             layout_checked: false,
+            first_ensured: false,
+            layout_confirmed: false,
             ttl: true,
         };
         match parse_version(server_version) {
@@ -337,8 +350,9 @@ impl Startup {
                 let other = self.other_layout_stream();
                 self.log(format!(
                     "no answer to $JS.API.STREAM.INFO.{other} ({}): startup must know that no \
-                     bucket of another --shards exists before it creates one; the backend \
-                     user needs publish permission on that subject (docs/security.md)",
+                     bucket of another --shards exists before it serves; asking again. If \
+                     this repeats, the backend user may lack publish permission on that \
+                     subject (docs/security.md)",
                     failure.detail
                 ));
                 return self.retry_later(now, failure);
@@ -355,9 +369,17 @@ impl Startup {
             }
             (Step::Layout, Err(e)) if e.err_code == ERR_STREAM_NOT_FOUND => {
                 self.layout_checked = true;
-                self.create();
+                if self.first_ensured {
+                    self.layout_confirmed = true;
+                    self.next_shard();
+                } else {
+                    self.create();
+                }
             }
-            (Step::Layout, Ok(_)) => self.refuse_layout(),
+            (Step::Layout, Ok(info)) => self.refuse_layout(&info),
+            (Step::Create | Step::Update, Err(e)) if e.err_code == ERR_STREAM_SUBJECT_OVERLAP => {
+                self.refuse_overlap(&e.description)
+            }
             (Step::Create, Err(e)) if e.err_code == ERR_STREAM_NAME_IN_USE => {
                 self.races += 1;
                 if self.races > MAX_CREATE_RACES {
@@ -431,19 +453,49 @@ impl Startup {
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
-    fn refuse_layout(&mut self) {
+    /// The other layout's first stream exists: say which `--shards` the bucket has,
+    /// from `KV_leases_0`'s metadata, or `1` for `KV_leases` (which has none).
+    fn refuse_layout(&mut self, info: &Value) {
         let other = self.other_layout_stream();
         let count = self.options.shards.count();
-        let theirs = if self.options.shards.is_single() {
-            "more than one shard"
+        let (made, start) = if self.options.shards.is_single() {
+            let theirs = info
+                .get("config")
+                .and_then(|c| c.get("metadata"))
+                .and_then(|m| m.get(META_SHARDS))
+                .and_then(Value::as_str);
+            match theirs {
+                Some(n) => (
+                    format!("--shards {n} ({META_SHARDS} in its metadata)"),
+                    format!("--shards {n}"),
+                ),
+                None => (
+                    format!("more than one shard (though it has no {META_SHARDS} in its metadata)"),
+                    "the bucket's --shards".to_string(),
+                ),
+            }
         } else {
-            "--shards 1"
+            ("--shards 1".to_string(), "--shards 1".to_string())
         };
         self.refuse(format!(
-            "stream {other} exists: the leases bucket was made with {theirs}, and this service \
+            "stream {other} exists: the leases bucket was made with {made}, and this service \
              was started with --shards {count}; keys would move to other streams and their \
-             fences restart. Start it with the bucket's --shards (stream metadata \
-             {META_SHARDS} tells the count)"
+             fences restart. Start it with {start}"
+        ));
+    }
+
+    /// The server refused shard 0 (or the one stream) because its subjects overlap
+    /// another stream's: the other layout was made first, maybe at this very moment.
+    fn refuse_overlap(&mut self, description: &str) {
+        let stream = self.stream();
+        let other = self.other_layout_stream();
+        let count = self.options.shards.count();
+        self.refuse(format!(
+            "the server refused {stream} because its subjects overlap another stream's \
+             (JetStream {ERR_STREAM_SUBJECT_OVERLAP}: {description}): the leases bucket was \
+             made with another --shards (stream {other}) while this service, started with \
+             --shards {count}, was starting, or another stream stores $KV.leases subjects. \
+             Start it with the bucket's --shards"
         ));
     }
 
@@ -527,11 +579,29 @@ impl Startup {
                 differs = true;
             }
         }
+        // Shard 0 of a bucket made before the guard subject gets it: the server
+        // then refuses the update if the one-stream layout exists too.
+        if !shards.is_single() && self.shard == 0 {
+            let mut subjects: Vec<Value> = config
+                .get("subjects")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if !subjects.iter().any(|s| s == LAYOUT_GUARD_SUBJECT) {
+                self.log(format!(
+                    "{stream}: subjects lack {LAYOUT_GUARD_SUBJECT}, adding it (it keeps the \
+                     one-stream layout from being made beside this one)"
+                ));
+                subjects.push(json!(LAYOUT_GUARD_SUBJECT));
+                wanted.insert("subjects".to_string(), Value::Array(subjects));
+                differs = true;
+            }
+        }
         for (field, value) in [
-            ("subjects", json!([shards.stream_subjects(self.shard)])),
+            ("subjects", json!(shards.stream_subject_list(self.shard))),
             ("storage", json!("file")),
         ] {
-            if config.get(field) != Some(&value) {
+            if wanted.get(field) != Some(&value) {
                 self.log(format!(
                     "{stream}: {field} is {}, expected {value}; left as it is",
                     config
@@ -581,6 +651,20 @@ impl Startup {
             ));
             self.ttl = false;
         }
+        if self.shard == 0 {
+            self.first_ensured = true;
+            if !self.layout_confirmed {
+                // Found or created, asked again: a service of the other layout may
+                // have made its own meanwhile, at the same moment, or before the
+                // guard subject existed. Of two such, the later to ask refuses.
+                return self.ask_layout();
+            }
+        }
+        self.next_shard();
+    }
+
+    /// Shard `self.shard` is ensured: on to the next one, or the end.
+    fn next_shard(&mut self) {
         if self.shard + 1 < self.options.shards.count() {
             self.shard += 1;
             self.races = 0;

@@ -172,7 +172,7 @@ fn pinned_callers(node: usize) -> Vec<String> {
 /// every kind of load holder ([`HolderKind`]) held a key and wrote through the
 /// fenced store.
 fn verdict(name: &str, records: &[Record], after: Nanos) -> Verdict {
-    let v = history::check(records);
+    let v = history::check(records, dagnats_leases_tests::test_shards());
     println!("faults: {name}: {v}");
     if !v.violations.is_empty() {
         // Keep the history for a post-mortem: one JSON record a line.
@@ -810,7 +810,7 @@ async fn without_read_confirmation_the_partition_shows_stale_reads() {
         );
     }
     let records = partition_history(fx).await.0;
-    let v = history::check(&records);
+    let v = history::check(&records, dagnats_leases_tests::test_shards());
     println!(
         "faults: partition without read confirmation: {}",
         v.summary()

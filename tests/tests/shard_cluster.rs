@@ -53,27 +53,51 @@ async fn start_service(url: String) -> ServiceHandle {
 }
 
 /// Moves the leader of `stream` to node `want`: a step-down naming it as the
-/// preferred successor, asked again while the election goes elsewhere.
-fn move_leader(cluster: &NatsCluster, stream: &str, want: usize) {
+/// preferred successor, then the server's leader-elected advisory (subscribed to
+/// before the step-down) says who won; asked again while it goes elsewhere.
+async fn move_leader(
+    cluster: &NatsCluster,
+    client: &async_nats::Client,
+    stream: &str,
+    want: usize,
+) {
+    use futures::StreamExt;
     let deadline = Instant::now() + WAIT;
-    let body = json!({"placement": {"preferred": NatsCluster::name_of(want)}});
-    loop {
-        let now = (0..NODES).find_map(|via| cluster.stream_leader_via(via, stream));
-        if now == Some(want) {
-            return;
-        }
+    let want_name = NatsCluster::name_of(want);
+    let body = json!({"placement": {"preferred": want_name}});
+    let mut elected = client
+        .subscribe(format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"))
+        .await
+        .expect("subscribe to the leader advisory");
+    client.flush().await.expect("the subscription is in place");
+    let info = client
+        .request(format!("$JS.API.STREAM.INFO.{stream}"), "{}".into())
+        .await
+        .expect("stream info");
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    let mut now = info["cluster"]["leader"]
+        .as_str()
+        .and_then(|n| cluster.index_of(n));
+    while now != Some(want) {
+        let left = deadline.saturating_duration_since(Instant::now());
         assert!(
-            Instant::now() < deadline,
+            !left.is_zero(),
             "the leader of {stream} did not move to node {want} (it is {now:?})"
         );
-        if let Some(leader) = now {
-            let _ = cluster.js_api(
-                leader,
-                &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
-                &body,
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
+        // Refused while there is no leader (an election under way): that
+        // election's end is the advisory waited on below.
+        let _ = client
+            .request(
+                format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                body.to_string().into(),
+            )
+            .await;
+        let advisory = tokio::time::timeout(left, elected.next())
+            .await
+            .unwrap_or_else(|_| panic!("no leader elected for {stream} within {WAIT:?}"))
+            .expect("the advisory subscription ended");
+        let v: Value = serde_json::from_slice(&advisory.payload).unwrap();
+        now = v["leader"].as_str().and_then(|n| cluster.index_of(n));
     }
 }
 
@@ -100,14 +124,13 @@ async fn shard_leaders_spread_over_nodes_and_one_nodes_loss_stalls_only_its_shar
         services.push(start_service(cluster.url(i)).await);
     }
     // Shard i's leader on node i: one pipeline per node.
-    let cluster = tokio::task::spawn_blocking(move || {
-        for i in shards.indexes() {
-            move_leader(&cluster, &shards.stream(i), i as usize);
-        }
-        cluster
-    })
-    .await
-    .unwrap();
+    let admin = async_nats::ConnectOptions::new()
+        .connect(cluster.urls().as_slice())
+        .await
+        .expect("connect an operator");
+    for i in shards.indexes() {
+        move_leader(&cluster, &admin, &shards.stream(i), i as usize).await;
+    }
     let leaders: Vec<usize> = shards
         .indexes()
         .map(|i| {
@@ -191,6 +214,11 @@ async fn shard_leaders_spread_over_nodes_and_one_nodes_loss_stalls_only_its_shar
     println!(
         "shard cluster: node {victim} (leader of shard {killed_shard}) killed; calls \
          unanswered per shard {unanswered:?} of {calls:?}"
+    );
+    assert!(
+        unanswered[killed_shard] > 0,
+        "the killed node led shard {killed_shard}: some of its calls went unanswered \
+         ({unanswered:?} of {calls:?})"
     );
     for (i, n) in unanswered.iter().enumerate() {
         if i != killed_shard {

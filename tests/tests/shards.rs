@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use common::*;
 use dagnats_leases_core::shard::ShardMap;
-use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::{Binary, NatsServer};
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 use serde_json::{Value, json};
 
@@ -81,7 +81,11 @@ async fn three_shards_serve_every_call_each_key_in_its_own_stream() {
         )
         .await;
         let config = &info["config"];
-        assert_eq!(config["subjects"], json!([format!("$KV.leases_{i}.>")]));
+        let mut subjects = vec![format!("$KV.leases_{i}.>")];
+        if i == 0 {
+            subjects.push("$KV.leases.~sharded".to_string());
+        }
+        assert_eq!(config["subjects"], json!(subjects));
         assert_eq!(config["metadata"]["dagnats_shards"], "3", "{info}");
         assert_eq!(config["metadata"]["dagnats_shard"], i.to_string());
         assert_eq!(config["allow_msg_ttl"], true);
@@ -303,4 +307,81 @@ async fn another_shard_count_is_refused_and_fences_carry_on() {
         .await
         .expect_err("--shards 3 over a one-stream bucket started");
     assert!(refused.to_string().contains("--shards 3"), "{refused}");
+}
+
+/// Two layouts never both serve: shard 0 of a sharded bucket also stores
+/// `$KV.leases.~sharded`, inside the one-stream layout's `$KV.leases.>`, so the
+/// server refuses whichever is created second (JetStream 10065), in either order,
+/// on the newest and the oldest supported server. Two services started at once
+/// with `--shards 1` and `--shards 3` on an empty server: at most one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_layouts_created_at_once_never_both_serve() {
+    use dagnats_leases_core::startup::shard_stream_config;
+    let single = shard_stream_config(&ShardMap::SINGLE, 0, 1);
+    let sharded = shard_stream_config(&three(), 0, 1);
+    for binary in [Binary::Supported, Binary::Oldest] {
+        for (first, second) in [(&single, &sharded), (&sharded, &single)] {
+            let server = NatsServer::builder().binary(binary.clone()).start();
+            let client = connect(&server).await;
+            let create = |config: &Value| {
+                format!("$JS.API.STREAM.CREATE.{}", config["name"].as_str().unwrap())
+            };
+            let made = js_api(&client, &create(first), first.clone()).await;
+            assert!(made.get("error").is_none(), "{made}");
+            let refused = js_api(&client, &create(second), second.clone()).await;
+            assert_eq!(
+                refused["error"]["err_code"], 10065,
+                "{binary:?}, {} after {}: {refused}",
+                second["name"], first["name"]
+            );
+        }
+    }
+
+    let server = NatsServer::start();
+    let (one, sharded) = tokio::join!(
+        service::start(connect(&server).await, ServiceOptions::default()),
+        service::start(connect(&server).await, with_shards(three())),
+    );
+    // Two creates at the same moment can both pass a single server's overlap
+    // check: then each asks for the other layout after its shard 0 is there,
+    // and the later to ask refuses (maybe both). Never do both serve.
+    let started = [one.is_ok(), sharded.is_ok()];
+    assert!(started.iter().filter(|s| **s).count() <= 1, "{started:?}");
+    let why = one
+        .as_ref()
+        .err()
+        .or(sharded.as_ref().err())
+        .unwrap()
+        .to_string();
+    assert!(why.contains("--shards"), "{why}");
+    for s in [one, sharded].into_iter().flatten() {
+        s.shutdown().await;
+    }
+}
+
+/// A sharded bucket made before the guard subject: started, the service adds
+/// `$KV.leases.~sharded` to shard 0, and from then on the server refuses
+/// `KV_leases` beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_0_made_before_the_guard_subject_gets_it() {
+    use dagnats_leases_core::startup::shard_stream_config;
+    let server = NatsServer::start();
+    let client = connect(&server).await;
+    let mut old = shard_stream_config(&three(), 0, 1);
+    old["subjects"] = json!(["$KV.leases_0.>"]);
+    let made = js_api(&client, "$JS.API.STREAM.CREATE.KV_leases_0", old).await;
+    assert!(made.get("error").is_none(), "{made}");
+    let svc = service::start(connect(&server).await, with_shards(three()))
+        .await
+        .expect("the sharded bucket serves");
+    let info = js_api(&client, "$JS.API.STREAM.INFO.KV_leases_0", json!({})).await;
+    assert_eq!(
+        info["config"]["subjects"],
+        json!(["$KV.leases_0.>", "$KV.leases.~sharded"]),
+        "{info}"
+    );
+    let single = shard_stream_config(&ShardMap::SINGLE, 0, 1);
+    let refused = js_api(&client, "$JS.API.STREAM.CREATE.KV_leases", single).await;
+    assert_eq!(refused["error"]["err_code"], 10065, "{refused}");
+    svc.shutdown().await;
 }

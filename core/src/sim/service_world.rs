@@ -305,6 +305,9 @@ impl ServiceWorld {
             info["config"]["republish"] =
                 crate::startup::republish_for(crate::tenant::Tenancy::Single);
             RequestOutcome::reply(info.to_string())
+        } else if subject.starts_with("$JS.API.STREAM.INFO.") {
+            // Startup's other-layout question: no stream but the world's exists.
+            crate::sim::api_error(404, crate::js::ERR_STREAM_NOT_FOUND, "stream not found")
         } else if transmit
             .request
             .subject

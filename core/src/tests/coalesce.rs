@@ -691,3 +691,49 @@ fn writes_of_two_shards_never_share_a_batch() {
 fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
     crate::coalesce::WritesPending { queued, sent }
 }
+
+/// `min_batch` counts one stream's writes: on a sharded bucket a queue long
+/// enough only with another shard's writes sends no batch; one more write of the
+/// first write's shard makes a batch of `min_batch` of that shard alone.
+#[test]
+fn a_batch_holds_min_batch_writes_of_its_own_shard() {
+    let shards = crate::shard::ShardMap::new(2).unwrap();
+    let keys: Vec<String> = (0..40).map(|n| format!("k{n}")).collect();
+    let of = |i: u32| -> Vec<&String> {
+        keys.iter()
+            .filter(|k| shards.shard_of(k) == i)
+            .take(3)
+            .collect()
+    };
+    let (zero, one) = (of(0), of(1));
+    let now = Instant::now();
+    let mut c = with_min_batch(3);
+    fill_the_single_window(&mut c, now);
+    let mut id = 1;
+    let mut send = |c: &mut Coalescer, key: &String| {
+        let mut w = write(key, 0);
+        w.subject = shards.kv_subject(key);
+        c.handle_write(now, WriteId(id), w);
+        id += 1;
+    };
+    for (a, b) in zero.iter().zip(&one).take(2) {
+        send(&mut c, a);
+        send(&mut c, b);
+    }
+    let (sends, _) = drain(&mut c);
+    assert!(
+        sends.is_empty(),
+        "four queued, two of each shard, min_batch 3: no batch of two"
+    );
+    send(&mut c, zero[2]);
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1, "one batch");
+    let subjects: Vec<String> = sends[0]
+        .publish
+        .iter()
+        .chain([&sends[0].request])
+        .map(|r| r.subject.clone())
+        .collect();
+    let wanted: Vec<String> = zero.iter().map(|k| shards.kv_subject(k)).collect();
+    assert_eq!(subjects, wanted, "shard 0's three writes, in order");
+}

@@ -211,4 +211,11 @@ fn every_shards_stream_is_asked_each_period() {
             on: true
         })
     );
+    // Shard 2 answered one replica after shard 1's three: still on, said once.
+    assert_eq!(
+        c.poll_event(),
+        None,
+        "the R1 shard after the R3 one changes nothing"
+    );
+    assert!(c.confirm_reads());
 }

@@ -21,8 +21,11 @@ fn config() -> ServiceConfig {
 /// A world serving once startup's stream info is answered.
 fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
     let mut w = ServiceWorld::new(config, replicas);
-    w.deliver(0);
-    w.settle().unwrap();
+    // The bucket's stream info, then the other layout's (not found).
+    while w.service.mode() != Mode::Ready && !w.in_flight().is_empty() {
+        w.deliver(0);
+        w.settle().unwrap();
+    }
     assert_eq!(w.service.mode(), Mode::Ready);
     w
 }
@@ -494,12 +497,15 @@ fn a_calls_jetstream_outcome_is_classified_once_for_the_metrics() {
 fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
     let tenancy = config.bucket.tenancy;
     let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
-    let info = s.poll_transmit().expect("startup asks the stream");
     let mut stream = crate::startup::stream_config_for(1, true);
     stream["republish"] = crate::startup::republish_for(tenancy);
-    let reply = json!({"config": stream, "state": {}}).to_string();
-    s.handle_outcome(t0, info.id, crate::io::RequestOutcome::reply(reply));
-    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    // The bucket's stream exists; the other layout's is not found.
+    let mut events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+    events.extend(start_on(
+        &mut s,
+        &[(crate::subjects::STREAM.to_string(), stream)],
+        t0,
+    ));
     assert_eq!(s.mode(), Mode::Ready);
     (s, events)
 }

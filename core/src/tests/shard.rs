@@ -84,3 +84,30 @@ fn a_bad_count_is_refused() {
     }
     assert!(ShardMap::new(MAX_SHARDS).is_ok());
 }
+
+/// The layout guard subject is inside the one-stream layout's `$KV.leases.>` (so
+/// the server refuses one layout beside the other) and its token is no key or
+/// account name (so nothing is ever written to it).
+#[test]
+fn the_layout_guard_subject_overlaps_the_one_stream_layout_and_is_no_key() {
+    use crate::shard::LAYOUT_GUARD_SUBJECT;
+    let token = LAYOUT_GUARD_SUBJECT
+        .strip_prefix("$KV.leases.")
+        .expect("inside $KV.leases.>");
+    assert!(!token.contains('.'), "one token");
+    assert!(crate::wire::check_name("key", token).is_err());
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    assert!(
+        three
+            .stream_subject_list(0)
+            .contains(&LAYOUT_GUARD_SUBJECT.to_string())
+    );
+    assert_eq!(
+        three.stream_subject_list(1),
+        vec!["$KV.leases_1.>".to_string()]
+    );
+    assert_eq!(
+        crate::shard::ShardMap::SINGLE.stream_subject_list(0),
+        vec!["$KV.leases.>".to_string()]
+    );
+}

@@ -31,7 +31,25 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
     (logs, (t.id, t.request))
 }
 
+/// Startup's end. A bucket found (not created) is followed by the question whether
+/// the other layout's first stream exists too; it is answered "not found" here.
 fn done(s: &mut Startup) -> (Mode, Vec<String>) {
+    if let Some(t) = s.poll_transmit() {
+        let layout = [
+            "$JS.API.STREAM.INFO.KV_leases_0",
+            "$JS.API.STREAM.INFO.KV_leases",
+        ];
+        assert!(
+            layout.contains(&t.request.subject.as_str()),
+            "unexpected request {}",
+            t.request.subject
+        );
+        s.handle_outcome(
+            Instant::now(),
+            t.id,
+            api_error(404, 10059, "stream not found"),
+        );
+    }
     if let Some(t) = s.poll_transmit() {
         panic!("unexpected request {}", t.request.subject);
     }
@@ -383,7 +401,8 @@ fn refused(s: &mut Startup) -> String {
     }
 }
 
-/// Three shards: after asking that the one-stream layout is absent, each shard's
+/// Three shards: after asking that the one-stream layout is absent (before shard
+/// 0 is created, and again after), each shard's
 /// stream is created with its own subjects, the shared republish destination and
 /// metadata recording the count and its index.
 #[test]
@@ -413,7 +432,13 @@ fn three_shards_create_three_streams_recording_the_count() {
         assert_eq!(r.subject, format!("$JS.API.STREAM.CREATE.KV_leases_{i}"));
         let config: Value = serde_json::from_slice(&r.payload).unwrap();
         assert_eq!(config["name"], format!("KV_leases_{i}"));
-        assert_eq!(config["subjects"], json!([format!("$KV.leases_{i}.>")]));
+        let mut subjects = vec![format!("$KV.leases_{i}.>")];
+        if i == 0 {
+            // Inside the one-stream layout's `$KV.leases.>`: the server refuses
+            // whichever layout is created second.
+            subjects.push("$KV.leases.~sharded".to_string());
+        }
+        assert_eq!(config["subjects"], json!(subjects));
         assert_eq!(
             config["republish"],
             json!({"src": format!("$KV.leases_{i}.*"), "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
@@ -422,6 +447,17 @@ fn three_shards_create_three_streams_recording_the_count() {
         assert_eq!(config["metadata"]["dagnats_shard"], i.to_string());
         assert_eq!(config["subject_delete_marker_ttl"], 1_000_000_000u64);
         s.handle_outcome(Instant::now(), id, info(config));
+        if i == 0 {
+            // Asked again once shard 0 is there: a create at the same moment as
+            // the other layout's can pass the server's overlap check.
+            let (id, r) = next_request(&mut s);
+            assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+            s.handle_outcome(
+                Instant::now(),
+                id,
+                api_error(404, 10059, "stream not found"),
+            );
+        }
     }
     assert_eq!(done(&mut s).0, Mode::Ready);
 }
@@ -445,6 +481,9 @@ fn shards_over_a_one_stream_bucket_are_refused() {
         why.contains("--shards 1") && why.contains("--shards 3"),
         "{why}"
     );
+    // KV_leases has no metadata to point at: the count is one, said outright.
+    assert!(why.contains("Start it with --shards 1"), "{why}");
+    assert!(!why.contains("metadata"), "{why}");
 }
 
 /// A sharded bucket exists: one shard is refused (its first stream is found), and
@@ -465,6 +504,8 @@ fn another_shard_count_than_the_buckets_is_refused() {
     s.handle_outcome(Instant::now(), id, info(made.clone()));
     let why = refused(&mut s);
     assert!(why.contains("--shards 1"), "{why}");
+    // KV_leases_0's metadata tells the count to start with.
+    assert!(why.contains("Start it with --shards 2"), "{why}");
 
     for count in [3, 4] {
         let mut s = Startup::new(sharded(count), "2.15.1", T, Instant::now());
@@ -490,11 +531,24 @@ fn another_shard_count_than_the_buckets_is_refused() {
 fn replicas_are_the_most_of_any_shard() {
     let two = crate::shard::ShardMap::new(2).unwrap();
     let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
-    for (i, r) in [(0, 1), (1, 3)] {
+    // The R3 shard first: the R1 shard answering last must not turn it off.
+    for (i, r) in [(0, 3), (1, 1)] {
         let (id, _) = next_request(&mut s);
         let mut config = crate::startup::shard_stream_config(&two, i, r);
         config["allow_atomic"] = json!(true);
         s.handle_outcome(Instant::now(), id, info(config));
+        if i == 0 {
+            let (id, r) = next_request(&mut s);
+            assert_eq!(
+                r.subject, "$JS.API.STREAM.INFO.KV_leases",
+                "the other layout"
+            );
+            s.handle_outcome(
+                Instant::now(),
+                id,
+                api_error(404, 10059, "stream not found"),
+            );
+        }
     }
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 3);
@@ -521,7 +575,9 @@ fn an_unanswered_layout_question_never_creates_blind() {
     }
     assert!(
         logs.iter()
-            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0") && l.contains("permission")),
+            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0")
+                && l.contains("If this repeats")
+                && l.contains("may lack")),
         "{logs:?}"
     );
     assert!(s.poll_transmit().is_none(), "nothing created");
@@ -545,4 +601,179 @@ fn tenancy_on_shards_republishes_each_shard_to_the_tenant_subject() {
             })
         );
     }
+}
+
+/// A stand-in for the server's stream table: names to configs, with the two
+/// refusals that keep layouts apart (name in use, subjects overlapping).
+#[derive(Default)]
+struct StandInStreams(std::collections::BTreeMap<String, Value>);
+
+/// Whether two subject filters can match one subject (`*` one token, `>` the rest).
+fn overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('.'), b.split('.'));
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+impl StandInStreams {
+    fn overlaps(&self, name: &str, config: &Value) -> bool {
+        let subjects = |c: &Value| -> Vec<String> {
+            c["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().to_string())
+                .collect()
+        };
+        let mine = subjects(config);
+        self.0
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .any(|(_, c)| {
+                subjects(c)
+                    .iter()
+                    .any(|t| mine.iter().any(|m| overlap(m, t)))
+            })
+    }
+
+    fn answer(&mut self, request: &NatsRequest) -> RequestOutcome {
+        let (verb, name) = request
+            .subject
+            .strip_prefix("$JS.API.STREAM.")
+            .and_then(|r| r.split_once('.'))
+            .unwrap();
+        let name = name.to_string();
+        let not_found = api_error(404, 10059, "stream not found");
+        let overlapping = api_error(400, 10065, "subjects overlap with an existing stream");
+        match verb {
+            "INFO" => self.0.get(&name).cloned().map_or(not_found, info),
+            "CREATE" | "UPDATE" => {
+                let config: Value = serde_json::from_slice(&request.payload).unwrap();
+                if verb == "CREATE" && self.0.contains_key(&name) {
+                    api_error(400, 10058, "stream name already in use")
+                } else if verb == "UPDATE" && !self.0.contains_key(&name) {
+                    not_found
+                } else if self.overlaps(&name, &config) {
+                    overlapping
+                } else {
+                    self.0.insert(name, config.clone());
+                    info(config)
+                }
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+}
+
+/// How a startup over the stand-in ended: `Some(true)` served, `Some(false)`
+/// refused, `None` not yet.
+fn step_stand_in(s: &mut Startup, streams: &mut StandInStreams) -> Option<bool> {
+    if let Some(t) = s.poll_transmit() {
+        let outcome = streams.answer(&t.request);
+        s.handle_outcome(Instant::now(), t.id, outcome);
+        return None;
+    }
+    loop {
+        match s.poll_event() {
+            Some(StartupEvent::Log(_)) => {}
+            Some(StartupEvent::Done(m)) => {
+                assert_eq!(m, Mode::Ready);
+                return Some(true);
+            }
+            Some(StartupEvent::Refused(_)) => return Some(false),
+            None => panic!("neither a request nor an end"),
+        }
+    }
+}
+
+/// Runs two startups one request at a time each, in turn, `first` stepping first.
+fn race(streams: &mut StandInStreams, first: BucketOptions, second: BucketOptions) -> [bool; 2] {
+    let mut s = [first, second].map(|o| Startup::new(o, "2.15.1", T, Instant::now()));
+    let mut ends = [None, None];
+    while ends.iter().any(Option::is_none) {
+        for (i, s) in s.iter_mut().enumerate() {
+            if ends[i].is_none() {
+                ends[i] = step_stand_in(s, streams);
+            }
+        }
+    }
+    ends.map(Option::unwrap)
+}
+
+/// Two services started at once on an empty server, with `--shards 1` and
+/// `--shards 3`, each asking, finding nothing and creating: the server refuses the
+/// second layout's overlapping stream, so one serves and the other is refused,
+/// in either order, and after restarts the same one again. Both layouts there
+/// already (made before the guard subject): neither serves.
+#[test]
+fn two_layouts_started_at_once_never_both_serve() {
+    for single_first in [true, false] {
+        let mut streams = StandInStreams::default();
+        let (a, b) = if single_first {
+            (BucketOptions::default(), sharded(3))
+        } else {
+            (sharded(3), BucketOptions::default())
+        };
+        let ends = race(&mut streams, a, b);
+        assert_eq!(ends.iter().filter(|e| **e).count(), 1, "{ends:?}");
+        for _ in 0..2 {
+            assert_eq!(race(&mut streams, a, b), ends, "after a restart");
+            assert_eq!(race(&mut streams, b, a), [ends[1], ends[0]]);
+        }
+    }
+    let mut streams = StandInStreams::default();
+    assert_eq!(
+        race(
+            &mut streams,
+            BucketOptions::default(),
+            BucketOptions::default()
+        ),
+        [true, true]
+    );
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    let mut old = crate::startup::shard_stream_config(&three, 0, 1);
+    old["subjects"] = json!(["$KV.leases_0.>"]);
+    streams.0.insert("KV_leases_0".to_string(), old);
+    assert_eq!(
+        race(&mut streams, BucketOptions::default(), sharded(3)),
+        [false, false]
+    );
+}
+
+/// A sharded bucket made before the guard subject: its shard 0 is updated to
+/// store it too (the server then refuses the update if `KV_leases` exists).
+#[test]
+fn shard_0_made_before_the_guard_subject_gets_it_by_an_update() {
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    let mut old = crate::startup::shard_stream_config(&two, 0, 1);
+    old["allow_atomic"] = json!(true);
+    old["subjects"] = json!(["$KV.leases_0.>"]);
+    s.handle_outcome(Instant::now(), id, info(old));
+    let (logs, (id, update)) = logged_request(&mut s);
+    assert_eq!(update.subject, "$JS.API.STREAM.UPDATE.KV_leases_0");
+    let body: Value = serde_json::from_slice(&update.payload).unwrap();
+    assert_eq!(
+        body["subjects"],
+        json!(["$KV.leases_0.>", "$KV.leases.~sharded"])
+    );
+    assert!(
+        logs.iter().any(|l| l.contains("adding")) && !logs.iter().any(|l| l.contains("left as")),
+        "{logs:?}"
+    );
+    // KV_leases exists too: the server refuses the overlapping update.
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(400, 10065, "subjects overlap with an existing stream"),
+    );
+    let why = refused(&mut s);
+    assert!(why.contains("10065") && why.contains("--shards"), "{why}");
 }

@@ -1,5 +1,6 @@
 //! The checker: the rules in the [`history`](super) docs, as [`check`], over a recorded history.
 
+use dagnats_leases_core::shard::ShardMap;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -162,8 +163,9 @@ struct KeyRecords<'a> {
     writes: Vec<&'a StoreWrite>,
 }
 
-/// Checks a history against rules (a), (b), (c) (see the module docs).
-pub fn check(records: &[Record]) -> Verdict {
+/// Checks a history against rules (a), (b), (c) (see the module docs), for a
+/// bucket of `shards` (each shard's stream numbers its own revisions).
+pub fn check(records: &[Record], shards: ShardMap) -> Verdict {
     let mut keys: BTreeMap<&str, KeyRecords> = BTreeMap::new();
     for r in records {
         match r {
@@ -174,7 +176,7 @@ pub fn check(records: &[Record]) -> Verdict {
         }
     }
     let mut verdict = Verdict::default();
-    check_global_reuse(records, &mut verdict.violations);
+    check_global_reuse(records, shards, &mut verdict.violations);
     for (key, recs) in &keys {
         count(key, recs, &mut verdict);
         check_beliefs(key, recs, &mut verdict.violations);
@@ -381,10 +383,9 @@ fn check_reuse(key: &str, recs: &KeyRecords, out: &mut Vec<Violation>) {
 }
 
 /// (b1) across keys: a revision is a stream sequence, so one write of one key owns
-/// it in its stream. With several shards (`DAGNATS_TEST_SHARDS`) each stream
-/// numbers its own, and keys of different shards may share a revision.
-fn check_global_reuse(records: &[Record], out: &mut Vec<Violation>) {
-    let shards = crate::test_shards();
+/// it in its stream. With several shards each stream numbers its own, and keys of
+/// different shards may share a revision.
+fn check_global_reuse(records: &[Record], shards: ShardMap, out: &mut Vec<Violation>) {
     let mut owner: HashMap<(u32, u64), (&str, &str)> = HashMap::new();
     let writes = records.iter().filter_map(|r| match r {
         Record::Call(c) => match c.outcome {

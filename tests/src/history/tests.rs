@@ -1,6 +1,7 @@
 //! The checker's unit tests: histories that must fail and histories that must pass.
 
 use super::*;
+use dagnats_leases_core::shard::ShardMap;
 
 const S: Nanos = 1_000_000_000;
 const TTL: u64 = 2_000;
@@ -81,7 +82,11 @@ fn write(holder: &str, rev: u64, at: Nanos, accepted: bool) -> Record {
     })
 }
 fn rules(records: &[Record]) -> Vec<Rule> {
-    check(records).violations.iter().map(|v| v.rule).collect()
+    check(records, ShardMap::SINGLE)
+        .violations
+        .iter()
+        .map(|v| v.rule)
+        .collect()
 }
 
 /// A clean history: a grants, renews, expires; b takes over and releases; a again.
@@ -114,7 +119,7 @@ fn clean() -> Vec<Record> {
 
 #[test]
 fn a_clean_history_passes() {
-    let v = check(&clean());
+    let v = check(&clean(), ShardMap::SINGLE);
     assert!(v.violations.is_empty(), "{v}");
     assert_eq!((v.grants, v.renewals, v.releases, v.expiries), (3, 1, 1, 1));
     assert_eq!((v.reads, v.store_writes, v.store_rejected), (2, 4, 1));
@@ -332,7 +337,7 @@ fn stale_reports_are_violations_and_counted_as_such() {
             },
         ),
     ];
-    let v = check(&h);
+    let v = check(&h, ShardMap::SINGLE);
     // The "free" read breaks both the grant's and the renewal's standing lease.
     assert_eq!(v.violations.len(), 4, "{v}");
     assert_eq!(v.stale_reports(), 3, "three calls, each counted once: {v}");
@@ -358,9 +363,9 @@ fn stale_reports_are_violations_and_counted_as_such() {
             ),
         ]
     };
-    let v = check(&stale(5 * S));
+    let v = check(&stale(5 * S), ShardMap::SINGLE);
     assert_eq!(v.stale_reports(), 1, "{v}");
-    let v = check(&stale(11 * S));
+    let v = check(&stale(11 * S), ShardMap::SINGLE);
     assert!(
         !v.violations.is_empty(),
         "a fresh grant below a revision passed"
@@ -371,10 +376,10 @@ fn stale_reports_are_violations_and_counted_as_such() {
         belief("a", 1, 11 * S, 11 * S + ms(500)),
         belief("b", 4, 11 * S + ms(100), 11 * S + ms(600)),
     ];
-    let v = check(&h);
+    let v = check(&h, ShardMap::SINGLE);
     assert_eq!((v.violations.len(), v.stale_reports()), (1, 0), "{v}");
     let h = vec![grant("a", 10 * S, 1), grant("b", 11 * S, 3)];
-    assert_eq!(check(&h).stale_reports(), 0);
+    assert_eq!(check(&h, ShardMap::SINGLE).stale_reports(), 0);
 }
 
 #[test]
@@ -414,7 +419,7 @@ fn a_late_write_before_the_new_owner_writes_is_counted_not_a_violation() {
         write("b", 4, 13 * S + ms(20), true),
         write("a", 2, 13 * S + ms(30), false),
     ];
-    let v = check(&h);
+    let v = check(&h, ShardMap::SINGLE);
     assert!(v.violations.is_empty(), "{v}");
     assert_eq!((v.late_accepted, v.store_rejected), (1, 1));
 }
@@ -445,4 +450,44 @@ fn records_round_trip_as_json_lines() {
         let line = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), r);
     }
+}
+
+/// (b1) across keys follows the shard map the checker is given: two keys of
+/// different shards may share a revision (each stream numbers its own), two keys
+/// of one stream may not.
+#[test]
+fn a_revision_shared_across_shards_is_no_reuse_within_one_stream_it_is() {
+    let three = ShardMap::new(3).unwrap();
+    let a = "k";
+    let b = (0..)
+        .map(|n| format!("other-{n}"))
+        .find(|k| three.shard_of(k) != three.shard_of(a))
+        .unwrap();
+    let granted = |key: &str, caller: &str, sent: Nanos| {
+        call(
+            key,
+            caller,
+            Op::Acquire,
+            sent,
+            sent + ms(1),
+            Outcome::Granted {
+                revision: 7,
+                ttl_ms: TTL,
+                write_lb: sent,
+            },
+        )
+    };
+    let h = vec![granted(a, "x", S), granted(&b, "y", 2 * S)];
+    assert!(
+        !check(&h, three)
+            .violations
+            .iter()
+            .any(|v| v.rule == Rule::ReusedRevision)
+    );
+    assert!(
+        check(&h, ShardMap::SINGLE)
+            .violations
+            .iter()
+            .any(|v| v.rule == Rule::ReusedRevision)
+    );
 }
