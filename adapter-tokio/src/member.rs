@@ -42,7 +42,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, GroupId, MAX_PERMITS, semaphore_slot,
+    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
@@ -59,7 +59,7 @@ use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use dagnats_leases_core::{EffectId, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -136,9 +136,6 @@ pub use dagnats_leases_core::holder::Tenure;
 struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
     finished: Vec<oneshot::Sender<()>>,
-    /// When the group's campaign began, or its last step-down (not a stop): the
-    /// start of [`telemetry::CAMPAIGN_TO_ELECTED`].
-    campaigning_since: Instant,
 }
 
 /// An inbox subscription and where its accepted requests go.
@@ -156,8 +153,6 @@ struct State {
     outlets: BTreeMap<GroupId, Outlet>,
     inboxes: Vec<InboxFeed>,
     driver_started: bool,
-    /// The keys this member owns, for the [`telemetry::LEADER`] gauge.
-    owned: BTreeSet<String>,
     /// False once every clone of the [`Member`] is gone: the driver ends when its
     /// groups and inboxes have too.
     member_alive: bool,
@@ -261,7 +256,6 @@ impl Member {
                 outlets: BTreeMap::new(),
                 inboxes: Vec::new(),
                 driver_started: false,
-                owned: BTreeSet::new(),
                 member_alive: true,
             }),
             wake: Notify::new(),
@@ -353,7 +347,6 @@ impl Member {
     pub fn elect_with(&self, mut config: HolderConfig) -> Result<Elector, LeaseError> {
         config.holder = self.shared.holder.clone();
         let key = config.key.clone();
-        telemetry::campaigning_for([key.as_str()]);
         Ok(Elector {
             key,
             group: self.start(vec![config], 1)?,
@@ -370,7 +363,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs = keys.iter().map(|k| self.config(k, ttl)).collect();
-        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.start(configs, max_held)?,
         })
@@ -390,7 +382,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
-        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.begin(|c, now| c.add_balanced_group(now, set, configs))?,
         })
@@ -407,10 +398,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Semaphore, LeaseError> {
         let config = self.config(name, ttl);
-        let slots: Vec<String> = (0..permits.min(MAX_PERMITS))
-            .map(|i| semaphore_slot(name, i))
-            .collect();
-        telemetry::campaigning_for(slots.iter().map(String::as_str));
         Ok(Semaphore {
             name: name.to_string(),
             group: self.begin(|c, now| c.add_semaphore(now, config, permits))?,
@@ -437,7 +424,6 @@ impl Member {
             Outlet {
                 changes: changes_tx,
                 finished: Vec::new(),
-                campaigning_since: now,
             },
         );
         self.ensure_driver(&mut state);
@@ -844,10 +830,6 @@ impl Shards {
 struct Answer {
     id: EffectId,
     outcome: RequestOutcome,
-    key: String,
-    endpoint: Endpoint,
-    /// Neither a yes nor a no (timed out, unavailable, ...).
-    unknown: bool,
 }
 
 type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
@@ -862,23 +844,14 @@ async fn drive(shared: Arc<Shared>) {
     let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
     let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
     let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
-    // A request in flight ends when its sender is dropped: the campaign timed it out.
+    // A request in flight ends when its sender is dropped: the campaign cancelled it.
     let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
-    // Keys whose last renew had an unknown outcome: a renew sent now is a retry.
-    let mut renew_unknown: BTreeSet<String> = BTreeSet::new();
     loop {
         let (requests, events, wake, new_inboxes, done) = {
             let mut state = shared.lock();
-            in_flight.retain(|id, _| state.campaign.waits_for(*id));
-            // Each with the key whose holder sends it (none for a request the
-            // campaign no longer waits for: it is not sent).
             let campaign = &mut state.campaign;
-            let requests: Vec<(String, Transmit)> = std::iter::from_fn(|| {
-                let t = campaign.poll_transmit()?;
-                Some(campaign.key_of(t.id).map(|k| (k.to_string(), t)))
-            })
-            .flatten()
-            .collect();
+            let requests: Vec<CampaignTransmit> =
+                std::iter::from_fn(|| campaign.poll_transmit()).collect();
             let events: Vec<CampaignEvent> =
                 std::iter::from_fn(|| state.campaign.poll_event()).collect();
             let done = !state.member_alive && state.campaign.is_done();
@@ -890,14 +863,10 @@ async fn drive(shared: Arc<Shared>) {
                 done,
             )
         };
-        for (key, transmit) in requests {
-            if transmit.kind == TransmitKind::Lease(Endpoint::Renew) && renew_unknown.contains(&key)
-            {
-                telemetry::renew_retry();
-            }
+        for request in requests {
             let (give_up, given_up) = oneshot::channel();
-            in_flight.insert(transmit.id, give_up);
-            pending.push(send(&shared, key, transmit, given_up));
+            in_flight.insert(request.transmit.id, give_up);
+            pending.push(send(&shared, request, given_up));
         }
         let mut others = Vec::new();
         for event in events {
@@ -920,6 +889,9 @@ async fn drive(shared: Arc<Shared>) {
                 CampaignEvent::Unwatch { key } => {
                     subscribed.remove(&key);
                 }
+                CampaignEvent::Cancel { id } => {
+                    in_flight.remove(&id);
+                }
                 other => others.push(other),
             }
         }
@@ -931,9 +903,6 @@ async fn drive(shared: Arc<Shared>) {
         }
         let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
         if done && pending.is_empty() && !inbox_open {
-            for key in std::mem::take(&mut shared.lock().owned) {
-                telemetry::leading(&key, false);
-            }
             break;
         }
         let sleep = async {
@@ -944,13 +913,7 @@ async fn drive(shared: Arc<Shared>) {
         };
         tokio::select! {
             Some(answer) = pending.next(), if !pending.is_empty() => {
-                if answer.endpoint == Endpoint::Renew {
-                    if answer.unknown {
-                        renew_unknown.insert(answer.key);
-                    } else {
-                        renew_unknown.remove(&answer.key);
-                    }
-                }
+                in_flight.remove(&answer.id);
                 shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
             }
             Some((key, message)) = changes.next(), if !changes.is_empty() => {
@@ -969,7 +932,8 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Passes the machine's holder events and group ends on.
+/// Passes the machine's holder events and group ends on, and records what it
+/// measured ([`telemetry`]).
 fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     if events.is_empty() {
         return;
@@ -986,10 +950,12 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     for event in events {
         match event {
             CampaignEvent::Holder { group, key, event } => {
-                record(&mut state, now, group, &key, &event);
                 let ownership = match event {
                     HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
-                    HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
+                    HolderEvent::SteppedDown { reason } => {
+                        telemetry::stepped_down(&reason);
+                        Some(Ownership::SteppedDown { reason })
+                    }
                     HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
                     HolderEvent::Failed { kind, message } => {
                         tracing::error!(key, %kind, message, "the lease service refused this holder");
@@ -1007,35 +973,15 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
                     }
                 }
             }
-            // The driver subscribes and unsubscribes itself.
-            CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
+            CampaignEvent::Candidate { key } => telemetry::campaigning_for([key.as_str()]),
+            CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
+            CampaignEvent::ElectedAfter { after, .. } => telemetry::elected(after),
+            CampaignEvent::Answered(answered) => telemetry::holder_answered(&answered),
+            // The driver subscribes, unsubscribes and cancels itself.
+            CampaignEvent::Watch { .. }
+            | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::Cancel { .. } => {}
         }
-    }
-}
-
-/// Records a holder event in the metrics ([`telemetry`]).
-fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &HolderEvent) {
-    match event {
-        HolderEvent::Elected { .. } => {
-            if state.owned.insert(key.to_string()) {
-                telemetry::leading(key, true);
-            }
-            if let Some(outlet) = state.outlets.get(&group) {
-                telemetry::elected(now.saturating_duration_since(outlet.campaigning_since));
-            }
-        }
-        HolderEvent::SteppedDown { reason } => {
-            telemetry::stepped_down(reason);
-            if state.owned.remove(key) {
-                telemetry::leading(key, false);
-            }
-            if *reason != StepDownReason::Stopped
-                && let Some(outlet) = state.outlets.get_mut(&group)
-            {
-                outlet.campaigning_since = now;
-            }
-        }
-        HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } | HolderEvent::Failed { .. } => {}
     }
 }
 
@@ -1044,20 +990,19 @@ fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &Ho
 /// ends `TimedOut` (for the observer; the machine has moved on).
 fn send(
     shared: &Arc<Shared>,
-    key: String,
-    transmit: Transmit,
+    request: CampaignTransmit,
     given_up: oneshot::Receiver<()>,
 ) -> BoxFuture<'static, Answer> {
     let nats = shared.nats.clone();
     let observer = shared.observer.clone();
     let runtime = shared.runtime.clone();
     async move {
-        let Transmit {
-            id, kind, request, ..
-        } = transmit;
-        let TransmitKind::Lease(endpoint) = kind else {
-            unreachable!("a campaign sends only lease calls");
-        };
+        let CampaignTransmit {
+            key,
+            endpoint,
+            transmit,
+        } = request;
+        let (id, request) = (transmit.id, transmit.request);
         let body = observer.as_ref().map(|_| request.payload.clone());
         let sent = runtime.now();
         let sending = exec::send_untimed(&nats, request);
@@ -1066,8 +1011,6 @@ fn send(
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,
         };
         let answered = runtime.now();
-        let unknown =
-            telemetry::holder_outcome(endpoint, &outcome, answered.saturating_duration_since(sent));
         if let (Some(o), Some(body)) = (&observer, &body) {
             o.request(&ObservedRequest {
                 key: &key,
@@ -1078,13 +1021,7 @@ fn send(
                 answered,
             });
         }
-        Answer {
-            id,
-            outcome,
-            key,
-            endpoint,
-            unknown,
-        }
+        Answer { id, outcome }
     }
     .boxed()
 }
@@ -1106,9 +1043,10 @@ async fn receive(
         shared.runtime.now(),
         message.subject.as_str(),
         fence.as_deref(),
+        !accepted.is_closed(),
     );
     match verdict {
-        Ok(ok) if !accepted.is_closed() => {
+        InboxVerdict::Deliver(ok) => {
             let _ = accepted.send(ForwardedRequest {
                 key: ok.key,
                 fence: ok.fence,
@@ -1117,8 +1055,8 @@ async fn receive(
                 nats: shared.nats.clone(),
             });
         }
-        Ok(_) => {}
-        Err(reason) => {
+        InboxVerdict::Ignore => {}
+        InboxVerdict::Reject(reason) => {
             rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(subject = %message.subject, %reason, "forward rejected");
             if let Some(reply) = message.reply {

@@ -62,11 +62,20 @@
 //! - **Change events wake campaigns.** A release or an expiry of a key asks for it at
 //!   once rather than at the next campaign tick.
 //! - **Request deadlines are kept here.** A request not answered within its timeout
-//!   becomes [`RequestOutcome::TimedOut`] in [`Campaign::handle_timeout`], so an
-//!   adapter arms one timer, from [`Campaign::poll_timeout`].
+//!   becomes [`RequestOutcome::TimedOut`] in [`Campaign::handle_timeout`], and
+//!   [`CampaignEvent::Cancel`] tells the adapter to drop it, so an adapter arms one
+//!   timer, from [`Campaign::poll_timeout`]. One due before it was polled was never
+//!   sent: its holder hears [`Holder::cancel`].
+//! - **What the metrics count comes out as events**: each request's outcome class
+//!   and time ([`CampaignEvent::Answered`], a renew sent after a renew without a
+//!   clear answer marked a retry), ownership changes ([`CampaignEvent::Leading`]),
+//!   the time a campaign took ([`CampaignEvent::ElectedAfter`], restarted by every
+//!   step-down but a stop) and the keys campaigned for ([`CampaignEvent::Candidate`]).
+//!   An adapter records them and reads no reply itself.
 //! - **The inbox** ([`Campaign::check_inbox`]) follows every holder's tenure: a
 //!   forwarded request is accepted only for a key owned now, with a fence of this
-//!   tenure.
+//!   tenure, and delivered only while the application reads the inbox (else
+//!   dropped unanswered: [`InboxVerdict::Ignore`]).
 //!
 //! Drive it like every machine of this crate: after each input, drain
 //! [`Campaign::poll_transmit`] and [`Campaign::poll_event`]; sleep until
@@ -85,9 +94,9 @@
 //! let config = HolderConfig::new("notify-leader", "notify-7f3a", ttl);
 //! let leader = campaign.add_group(Instant::now(), vec![config], 1).expect("valid");
 //! loop {
-//!     while let Some(transmit) = campaign.poll_transmit() {
-//!         let outcome = send(&transmit.request);
-//!         campaign.handle_outcome(Instant::now(), transmit.id, outcome);
+//!     while let Some(out) = campaign.poll_transmit() {
+//!         let outcome = send(&out.transmit.request);
+//!         campaign.handle_outcome(Instant::now(), out.transmit.id, outcome);
 //!     }
 //!     while let Some(event) = campaign.poll_event() {
 //!         if let CampaignEvent::Holder { key, event, .. } = event {
@@ -106,9 +115,8 @@ use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
-#[cfg(doc)]
 use crate::holder::StepDownReason;
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, Tenure};
+use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure};
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
@@ -145,6 +153,82 @@ pub enum CampaignEvent {
         /// The group.
         group: GroupId,
     },
+    /// Stop request `id`: the campaign timed it out and waits for it no more (an
+    /// outcome fed back for it now is ignored). The machine's deadline is the only
+    /// timer a request has.
+    Cancel {
+        /// The request.
+        id: EffectId,
+    },
+    /// A group campaigns for `key` (a presence key of a balanced set is not one):
+    /// its leader gauge shows from now on, at 0 until elected.
+    Candidate {
+        /// The key.
+        key: String,
+    },
+    /// This holder ID began (`owns`) or stopped owning `key`: `Elected`, or a
+    /// step-down (or the end of a holder that owned it).
+    Leading {
+        /// The key.
+        key: String,
+        /// Whether it owns the key now.
+        owns: bool,
+    },
+    /// `key` of `group` was elected `after` the group began campaigning for it: since
+    /// the group started, or since the last step-down of one of its keys that was
+    /// not a stop.
+    ElectedAfter {
+        /// The group.
+        group: GroupId,
+        /// The key elected.
+        key: String,
+        /// How long the campaign took.
+        after: Duration,
+    },
+    /// A request of the campaign came back (or was timed out by it).
+    Answered(AnsweredRequest),
+}
+
+/// A request the campaign wants sent: a call to the lease service by the holder of
+/// `key`. Feed its outcome back with `transmit.id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignTransmit {
+    /// The key whose holder sends it.
+    pub key: String,
+    /// The endpoint it calls.
+    pub endpoint: Endpoint,
+    /// The request.
+    pub transmit: Transmit,
+}
+
+/// What came of one request, as the campaign read it ([`CampaignEvent::Answered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnsweredRequest {
+    /// The key whose holder sent it.
+    pub key: String,
+    /// The endpoint it called.
+    pub endpoint: Endpoint,
+    /// From its send to its outcome (or to the campaign's timeout).
+    pub took: Duration,
+    /// How the outcome reads: a yes or a no, or the slow path.
+    pub class: OutcomeClass,
+    /// A renew sent while the key's previous renew had no clear answer
+    /// ([`OutcomeClass::is_clear`]): a retry.
+    pub renew_retry: bool,
+}
+
+/// What to do with a request forwarded to this holder's inbox
+/// ([`Campaign::check_inbox`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxVerdict {
+    /// Pass it to the application: it is for a key owned now, with a fence of this
+    /// tenure.
+    Deliver(Accepted),
+    /// Answer it `Dagnats-Lease-Reject: stale` for this reason, and drop it.
+    Reject(RejectReason),
+    /// Drop it unanswered: it is for a key owned now, but nobody reads the inbox.
+    /// The forwarding service times it out; a reject would call a good fence stale.
+    Ignore,
 }
 
 #[derive(Debug)]
@@ -163,6 +247,11 @@ struct Group {
     /// Campaign acquires sent and not yet answered.
     gated_in_flight: usize,
     health: Health,
+    /// The presence keys of a balanced set: not candidates of the application's.
+    presence: bool,
+    /// When the group began campaigning: its start, or the last step-down of one of
+    /// its keys that was not a stop ([`CampaignEvent::ElectedAfter`]).
+    campaigning_since: Instant,
 }
 
 /// A group's health as the application reported it.
@@ -216,6 +305,9 @@ struct Route {
     group: GroupId,
     gated: bool,
     deadline: Instant,
+    endpoint: Endpoint,
+    sent: Instant,
+    renew_retry: bool,
 }
 
 /// Every campaign of one holder ID. See the [module docs](self).
@@ -251,6 +343,10 @@ pub struct Campaign {
     timers: BTreeSet<(Instant, String)>,
     /// Mixed into the jitter of every holder made ([`Campaign::seed_jitter`]).
     jitter_seed: u64,
+    /// Keys whose last renew had no clear answer: a renew sent now is a retry.
+    renew_unclear: BTreeSet<String>,
+    /// Keys this holder ID owns, as their holders' events said.
+    owned: BTreeSet<String>,
 }
 
 /// Requests sent and waiting for their outcome, and those ready to send.
@@ -271,10 +367,31 @@ impl Outbox {
         Some(route)
     }
 
+    /// Takes request `id` back if it is still waiting to be polled: then it was
+    /// never sent.
+    fn unqueue(&mut self, id: EffectId) -> bool {
+        let before = self.requests.len();
+        self.requests.retain(|r| r.id != id);
+        self.requests.len() != before
+    }
+
     /// Sends a holder's request under an id of the campaign's own.
-    fn send(&mut self, now: Instant, key: &str, slot: &Slot, gated: bool, request: Transmit) {
+    fn send(
+        &mut self,
+        now: Instant,
+        key: &str,
+        slot: &Slot,
+        gated: bool,
+        renew_unclear: &BTreeSet<String>,
+        request: Transmit,
+    ) {
         let id = EffectId(self.next_request);
         self.next_request += 1;
+        let endpoint = match request.kind {
+            TransmitKind::Lease(endpoint) => endpoint,
+            // A holder sends only lease calls.
+            _ => Endpoint::Acquire,
+        };
         self.routes.insert(
             id,
             Route {
@@ -284,6 +401,9 @@ impl Outbox {
                 group: slot.group,
                 gated,
                 deadline: now + request.request.timeout,
+                endpoint,
+                sent: now,
+                renew_retry: endpoint == Endpoint::Renew && renew_unclear.contains(key),
             },
         );
         self.deadlines.insert((now + request.request.timeout, id));
@@ -314,6 +434,8 @@ impl Campaign {
             drained: BTreeSet::new(),
             timers: BTreeSet::new(),
             jitter_seed: 0,
+            renew_unclear: BTreeSet::new(),
+            owned: BTreeSet::new(),
         })
     }
 
@@ -340,7 +462,7 @@ impl Campaign {
         max_held: usize,
     ) -> Result<GroupId, ErrorReply> {
         self.check_group(&keys)?;
-        let id = self.insert_group(keys, max_held, None);
+        let id = self.insert_group(now, keys, max_held, None, false);
         self.settle(now);
         Ok(id)
     }
@@ -370,12 +492,12 @@ impl Campaign {
         let mut all = presence.clone();
         all.extend(keys.iter().cloned());
         self.check_group(&all)?;
-        let presence = self.insert_group(presence, 1, None);
+        let presence = self.insert_group(now, presence, 1, None, true);
         let balance = Balance {
             presence,
             shed_at: now,
         };
-        let id = self.insert_group(keys, usize::MAX, Some(balance));
+        let id = self.insert_group(now, keys, usize::MAX, Some(balance), false);
         self.settle(now);
         Ok(id)
     }
@@ -435,9 +557,11 @@ impl Campaign {
 
     fn insert_group(
         &mut self,
+        now: Instant,
         mut keys: Vec<HolderConfig>,
         max_held: usize,
         balance: Option<Balance>,
+        presence: bool,
     ) -> GroupId {
         let id = GroupId(self.next_group);
         self.next_group += 1;
@@ -450,6 +574,10 @@ impl Campaign {
             self.claimed.insert(config.key.clone(), id);
             let key = config.key.clone();
             self.events.push_back(CampaignEvent::Watch { key });
+            if !presence {
+                let key = config.key.clone();
+                self.events.push_back(CampaignEvent::Candidate { key });
+            }
         }
         self.vacancies = true;
         self.groups.insert(
@@ -463,6 +591,8 @@ impl Campaign {
                 deferred: VecDeque::new(),
                 gated_in_flight: 0,
                 health,
+                presence,
+                campaigning_since: now,
             },
         );
         id
@@ -576,18 +706,26 @@ impl Campaign {
                 });
         self.out.requests = kept;
         for request in recalled {
-            let Some(route) = self.out.take(request.id) else {
-                continue;
-            };
-            if let Some(g) = self.groups.get_mut(&group) {
-                g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
-            }
-            if let Some(slot) = self.slots.get_mut(&route.key)
-                && slot.serial == route.serial
-            {
-                slot.holder.cancel(now, route.inner);
-                self.touched.insert(route.key);
-            }
+            self.withdraw(now, request.id);
+        }
+    }
+
+    /// Request `id`, taken back before it was polled, was never sent: its holder
+    /// hears so ([`Holder::cancel`]), not that it timed out.
+    fn withdraw(&mut self, now: Instant, id: EffectId) {
+        let Some(route) = self.out.take(id) else {
+            return;
+        };
+        if route.gated
+            && let Some(g) = self.groups.get_mut(&route.group)
+        {
+            g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
+        }
+        if let Some(slot) = self.slots.get_mut(&route.key)
+            && slot.serial == route.serial
+        {
+            slot.holder.cancel(now, route.inner);
+            self.touched.insert(route.key);
         }
     }
 
@@ -653,7 +791,13 @@ impl Campaign {
             .map(|(_, id)| *id)
             .collect();
         for id in expired {
-            self.deliver(now, id, RequestOutcome::TimedOut);
+            if self.out.unqueue(id) {
+                // Due before it was polled: never sent.
+                self.withdraw(now, id);
+            } else {
+                self.deliver(now, id, RequestOutcome::TimedOut);
+                self.events.push_back(CampaignEvent::Cancel { id });
+            }
         }
         // Queued requests at their holder's timeout are cancelled first: never sent,
         // they are not an unknown outcome.
@@ -678,22 +822,18 @@ impl Campaign {
         self.settle(now);
     }
 
-    /// Whether the campaign still waits for the outcome of request `id`. Once it has
-    /// timed the request out (or had its answer) the adapter drops the request: the
-    /// machine's deadline is the only timer a request has.
-    pub fn waits_for(&self, id: EffectId) -> bool {
-        self.out.routes.contains_key(&id)
-    }
-
     /// The next request to send, if any: a call to the lease service for the
-    /// holder of one key ([`Campaign::key_of`]).
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.out.requests.pop_front()
-    }
-
-    /// The key whose holder sent request `id`, while the campaign waits for it.
-    pub fn key_of(&self, id: EffectId) -> Option<&str> {
-        self.out.routes.get(&id).map(|r| r.key.as_str())
+    /// holder of one key. Every request polled is waited for until its outcome is
+    /// fed back or [`CampaignEvent::Cancel`] names it.
+    pub fn poll_transmit(&mut self) -> Option<CampaignTransmit> {
+        let transmit = self.out.requests.pop_front()?;
+        // Every queued request has its route: one taken is unqueued with it.
+        let route = &self.out.routes[&transmit.id];
+        Some(CampaignTransmit {
+            key: route.key.clone(),
+            endpoint: route.endpoint,
+            transmit,
+        })
     }
 
     /// The next event, if any.
@@ -752,27 +892,51 @@ impl Campaign {
             .collect()
     }
 
-    /// Whether to process a request forwarded to this holder's inbox on `subject`,
-    /// with `Dagnats-Lease-Fence` header value `fence`: only for a key owned at `now`,
-    /// with a fence of the current tenure.
+    /// What to do with a request forwarded to this holder's inbox on `subject`, with
+    /// `Dagnats-Lease-Fence` header value `fence`, while the application reads the
+    /// inbox (`read`) or not: delivered only for a key owned at `now`, with a fence
+    /// of the current tenure, and only to a reader; rejected otherwise.
     pub fn check_inbox(
         &self,
         now: Instant,
         subject: &str,
         fence: Option<&str>,
-    ) -> Result<Accepted, RejectReason> {
-        let accepted = self.guard.check(now, subject, fence)?;
+        read: bool,
+    ) -> InboxVerdict {
+        let accepted = match self.guard.check(now, subject, fence) {
+            Ok(accepted) => accepted,
+            Err(reason) => return InboxVerdict::Reject(reason),
+        };
         // The guard follows the events; the holder's own deadline is the last word.
         if self.tenure(&accepted.key, now).is_none() {
-            return Err(RejectReason::NotOwner);
+            return InboxVerdict::Reject(RejectReason::NotOwner);
         }
-        Ok(accepted)
+        if !read {
+            return InboxVerdict::Ignore;
+        }
+        InboxVerdict::Deliver(accepted)
     }
 
     fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         let Some(route) = self.out.take(id) else {
             return;
         };
+        let class = OutcomeClass::of(route.endpoint, &outcome);
+        if route.endpoint == Endpoint::Renew {
+            if class.is_clear() {
+                self.renew_unclear.remove(&route.key);
+            } else {
+                self.renew_unclear.insert(route.key.clone());
+            }
+        }
+        self.events
+            .push_back(CampaignEvent::Answered(AnsweredRequest {
+                key: route.key.clone(),
+                endpoint: route.endpoint,
+                took: now.saturating_duration_since(route.sent),
+                class,
+                renew_retry: route.renew_retry,
+            }));
         if route.gated
             && let Some(g) = self.groups.get_mut(&route.group)
         {
@@ -862,6 +1026,10 @@ impl Campaign {
             };
             if let Some(at) = slot.timer {
                 self.timers.remove(&(at, key.clone()));
+            }
+            // A holder done owns nothing (its step-down said so already, if it did).
+            if self.owned.contains(&key) {
+                lead(&mut self.owned, &mut self.events, &key, false);
             }
             self.vacancies = true;
             if slot.shed {
@@ -1095,7 +1263,9 @@ impl Campaign {
                         let expires = now + request.request.timeout;
                         g.deferred.push_back((key.clone(), request, expires));
                     }
-                    _ => self.out.send(now, key, slot, false, request),
+                    _ => self
+                        .out
+                        .send(now, key, slot, false, &self.renew_unclear, request),
                 }
             }
             while let Some(event) = slot.holder.poll_event() {
@@ -1103,11 +1273,39 @@ impl Campaign {
                 if let (HolderEvent::Failed { .. }, Some(g)) = (&event, group.as_deref_mut()) {
                     g.failed.insert(key.clone());
                 }
+                let owns = match &event {
+                    HolderEvent::Elected { .. } => Some(true),
+                    HolderEvent::SteppedDown { .. } => Some(false),
+                    _ => None,
+                };
+                let campaigned = match (&event, group.as_deref_mut()) {
+                    (HolderEvent::Elected { .. }, Some(g)) if !g.presence => {
+                        Some(now.saturating_duration_since(g.campaigning_since))
+                    }
+                    // A stop ends the campaign; any other step-down begins it anew.
+                    (HolderEvent::SteppedDown { reason }, Some(g))
+                        if *reason != StepDownReason::Stopped =>
+                    {
+                        g.campaigning_since = now;
+                        None
+                    }
+                    _ => None,
+                };
                 self.events.push_back(CampaignEvent::Holder {
                     group: slot.group,
                     key: key.clone(),
                     event,
                 });
+                if let Some(owns) = owns {
+                    lead(&mut self.owned, &mut self.events, key, owns);
+                }
+                if let Some(after) = campaigned {
+                    self.events.push_back(CampaignEvent::ElectedAfter {
+                        group: slot.group,
+                        key: key.clone(),
+                        after,
+                    });
+                }
             }
             self.drained.insert(key.clone());
         }
@@ -1150,7 +1348,8 @@ impl Campaign {
                     cancelled = true;
                 } else if group.gated_in_flight < room {
                     group.gated_in_flight += 1;
-                    self.out.send(now, &key, slot, true, request);
+                    self.out
+                        .send(now, &key, slot, true, &self.renew_unclear, request);
                 } else {
                     kept.push_back((key, request, expires));
                 }
@@ -1196,6 +1395,7 @@ impl Campaign {
                 if let Some(group) = self.groups.remove(&id) {
                     for config in group.keys {
                         self.claimed.remove(&config.key);
+                        self.renew_unclear.remove(&config.key);
                         let key = config.key;
                         self.events.push_back(CampaignEvent::Unwatch { key });
                     }
@@ -1203,6 +1403,20 @@ impl Campaign {
                 self.events.push_back(CampaignEvent::Finished { group: id });
             }
         }
+    }
+}
+
+/// Notes that this holder ID began (`owns`) or stopped owning `key`, reporting
+/// [`CampaignEvent::Leading`] when that changes.
+fn lead(owned: &mut BTreeSet<String>, events: &mut VecDeque<CampaignEvent>, key: &str, owns: bool) {
+    let changed = if owns {
+        owned.insert(key.to_string())
+    } else {
+        owned.remove(key)
+    };
+    if changed {
+        let key = key.to_string();
+        events.push_back(CampaignEvent::Leading { key, owns });
     }
 }
 

@@ -376,11 +376,7 @@ impl Machine {
             Self::Holder(h) => h.poll_transmit().map(|t| (KEY.to_string(), t.into())),
             Self::Member { campaign, .. } => {
                 let t = campaign.poll_transmit()?;
-                // Read from the body: a request may be timed out before it is polled.
-                let body: serde_json::Value =
-                    serde_json::from_slice(&t.request.payload).expect("a JSON body");
-                let key = body["key"].as_str().expect("a key").to_string();
-                Some((key, t.into()))
+                Some((t.key, t.transmit.into()))
             }
         }
     }
@@ -414,7 +410,15 @@ impl Machine {
             Self::Member { campaign, group } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
-                    CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
+                    // Watches, and what an adapter records or cancels: a world's
+                    // network answers every request, and records its own history.
+                    CampaignEvent::Watch { .. }
+                    | CampaignEvent::Unwatch { .. }
+                    | CampaignEvent::Cancel { .. }
+                    | CampaignEvent::Candidate { .. }
+                    | CampaignEvent::Leading { .. }
+                    | CampaignEvent::ElectedAfter { .. }
+                    | CampaignEvent::Answered(_) => {}
                     CampaignEvent::Finished { group: g } => {
                         if *group == Some(g) {
                             *group = None;
