@@ -33,6 +33,7 @@ use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
     OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,
+    forward_client_wait,
 };
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
@@ -384,8 +385,7 @@ impl LeaseClient {
             payload: payload.to_vec(),
             timeout_ms: millis(timeout),
         });
-        // The service answers within `timeout`; leave room for the two hops.
-        let wait = timeout + Duration::from_secs(1);
+        let wait = forward_client_wait(timeout);
         match self.call(request, wait).await? {
             Response::Forwarded(r) => {
                 let payload = base64::engine::general_purpose::STANDARD

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
-use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
+use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, lease_key_of};
 use dagnats_leases_core::wire::Lease;
 use futures::StreamExt;
 use serde_json::json;
@@ -327,14 +328,11 @@ async fn watch(
         let Some(message) = sub.next().await else {
             break;
         };
+        // Every subject subscribed to names a key (`changed.<key>`, or `changed.*`).
+        let Some(key) = ChangeEvent::key_of(message.subject.as_str()) else {
+            continue;
+        };
         seen += 1;
-        let key = message
-            .subject
-            .as_str()
-            .rsplit('.')
-            .next()
-            .unwrap_or_default()
-            .to_string();
         let change = crate::client::change_event(&message);
         let (event, revision, holder) = (change.kind.as_str(), change.revision, change.holder);
         let line = if json {
@@ -382,8 +380,7 @@ async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Wr
     };
     let mut keys: Vec<String> = subjects
         .iter()
-        .filter_map(|s| s.strip_prefix(kv_subject("").as_str()).map(str::to_string))
-        .filter(|key| !key.contains('.'))
+        .filter_map(|s| lease_key_of(s).map(str::to_string))
         .collect();
     keys.sort();
     let mut held = 0;

@@ -38,7 +38,7 @@ use async_nats::Client;
 use dagnats_leases_core::holder::HolderEvent;
 use dagnats_leases_core::supervise::{
     GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent,
+    SupervisorEvent, lock_grace,
 };
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
@@ -53,9 +53,9 @@ use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
 use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
 
-pub use crate::exit::{EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
+pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
-pub const DEFAULT_GRACE_MAX: Duration = Duration::from_secs(5);
+pub use dagnats_leases_core::supervise::DEFAULT_GRACE_MAX;
 
 /// The environment variable naming the key, for the command.
 pub const ENV_KEY: &str = "DAGNATS_LEASE_KEY";
@@ -90,7 +90,7 @@ pub struct LockArgs {
     #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// Between SIGTERM and SIGKILL when the lease is lost (default: ttl/3, at most
-    /// 5s; at most ttl/2).
+    /// 5s; at most ttl/2, else `lock` exits 6).
     #[arg(long, value_parser = parse_duration)]
     pub grace: Option<Duration>,
     /// The command and its arguments, after `--`.
@@ -417,16 +417,13 @@ fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
 /// Runs `lock`; returns the exit code. Messages go to stderr.
 pub async fn run(nats: Client, args: LockArgs) -> u8 {
     let ttl = Duration::from_millis(args.ttl_ms);
-    let grace = args
-        .grace
-        .unwrap_or_else(|| (ttl / 3).min(DEFAULT_GRACE_MAX));
-    if grace > ttl / 2 {
-        eprintln!(
-            "dagnats-leases: --grace {grace:?} is more than half the TTL ({ttl:?}): \
-             the command would be stopped while the lease is healthy"
-        );
-        return crate::exit::EXIT_NO_SERVER; // bad arguments, as clap's
-    }
+    let grace = match lock_grace(ttl, args.grace) {
+        Ok(grace) => grace,
+        Err(e) => {
+            eprintln!("dagnats-leases: {e}");
+            return EXIT_BAD_GRACE;
+        }
+    };
     let holder = args
         .holder
         .clone()
@@ -462,7 +459,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     // Orphans of a guard that died become this process's children.
     become_subreaper();
 
-    let mut lock = Lock::new(clock::now(), grace, args.wait);
+    let mut lock = Lock::new(grace, args.wait, clock::now());
     let mut guard: Option<GuardProc> = None;
     // After the guard died: what reaping the command's processes shows.
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
@@ -513,21 +510,23 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             }
         }
         let wake = lock.poll_timeout();
-        let sleep = tokio::time::sleep(wake.map_or(Duration::from_secs(3600), |at| {
-            at.saturating_duration_since(clock::now())
-        }));
+        let sleep = async {
+            match wake {
+                Some(at) => tokio::time::sleep(at.saturating_duration_since(clock::now())).await,
+                None => futures::future::pending().await,
+            }
+        };
         tokio::select! {
             change = campaign.next() => {
                 let now = clock::now();
                 match change.map(|c| c.ownership) {
-                    Some(Ownership::Elected { fence: f }) => match campaign.held() {
-                        Some((key, tenure)) => {
-                            (held_key, fence) = (key, f);
-                            lock.handle_elected(now, tenure.deadline);
+                    Some(Ownership::Elected { fence: f }) => {
+                        let held = campaign.held();
+                        if let Some((key, _)) = &held {
+                            (held_key, fence) = (key.clone(), f);
                         }
-                        // Elected and past the deadline already (a pause right here).
-                        None => lock.handle_lost(now),
-                    },
+                        lock.handle_elected(now, held.map(|(_, tenure)| tenure.deadline));
+                    }
                     Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
                     None => {
                         eprintln!("dagnats-leases: the campaign for {} ended", args.key);
@@ -598,57 +597,58 @@ pub async fn guard(args: GuardArgs) -> u8 {
         }
     };
     become_subreaper();
-    let Some(mut supervisor) = Supervisor::new(clock::now(), deadline, grace) else {
-        eprintln!(
-            "dagnats-leases: the lease has no more than --grace left: not starting the command"
-        );
-        let report = GuardReport::Finished {
-            code: EXIT_LEASE_LOST,
-            stopped: Some(StopCause::DeadlineNear),
-        };
-        send_line(&mut to_tool, report.to_line()).await;
-        return EXIT_LEASE_LOST;
-    };
-    let child = std::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .stdin(std::process::Stdio::null())
-        .process_group(0)
-        .spawn();
-    let pgid = match child {
-        Ok(c) => c.id(),
-        Err(e) => {
-            eprintln!("dagnats-leases: cannot run {}: {e}", args.command[0]);
-            let report = GuardReport::Finished {
-                code: EXIT_CANNOT_RUN,
-                stopped: None,
-            };
-            send_line(&mut to_tool, report.to_line()).await;
-            return EXIT_CANNOT_RUN;
-        }
-    };
-    send_line(&mut to_tool, GuardReport::Started { pgid }.to_line()).await;
-    let mut reaped = reap_children();
+    let mut supervisor = Supervisor::new(deadline, grace, clock::now());
+    // The command's first process, whose PID is its group's ID; 0 until started.
+    let mut pgid = 0;
+    let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut lines = BufReader::new(from_tool).lines();
     let mut tool_open = true;
+    let mut armed: Option<Option<Instant>> = None;
     loop {
         while let Some(event) = supervisor.poll_event() {
             match event {
+                SupervisorEvent::Start => {
+                    let child = std::process::Command::new(&args.command[0])
+                        .args(&args.command[1..])
+                        .stdin(std::process::Stdio::null())
+                        .process_group(0)
+                        .spawn();
+                    match child {
+                        Ok(c) => {
+                            pgid = c.id();
+                            reaped = Some(reap_children());
+                            supervisor.handle_started(clock::now(), pgid);
+                        }
+                        Err(e) => {
+                            eprintln!("dagnats-leases: cannot run {}: {e}", args.command[0]);
+                            supervisor.handle_start_failed(clock::now());
+                        }
+                    }
+                }
                 SupervisorEvent::Signal(signal) => signal_command(pgid, signal),
-                SupervisorEvent::Finished { code, stopped } => {
-                    let code = code.unwrap_or(EXIT_ERROR);
-                    send_line(
-                        &mut to_tool,
-                        GuardReport::Finished { code, stopped }.to_line(),
-                    )
-                    .await;
-                    return code;
+                SupervisorEvent::Report(report) => {
+                    send_line(&mut to_tool, report.to_line()).await;
+                    if let GuardReport::Finished { code, stopped } = report {
+                        if pgid == 0 && stopped == Some(StopCause::DeadlineNear) {
+                            eprintln!(
+                                "dagnats-leases: the lease has no more than --grace left: \
+                                 not starting the command"
+                            );
+                        }
+                        return code;
+                    }
                 }
             }
         }
-        if let Err(e) = timer.arm(supervisor.poll_timeout()) {
-            // No timer: stop the command now rather than run it unguarded.
-            eprintln!("dagnats-leases: __lock-guard: cannot arm its timer: {e}");
-            signal_command(pgid, GroupSignal::Kill);
+        // Armed once per deadline: a timer that failed is not tried again for it.
+        let wake = supervisor.poll_timeout();
+        if armed != Some(wake) {
+            armed = Some(wake);
+            if let Err(e) = timer.arm(wake) {
+                eprintln!("dagnats-leases: __lock-guard: cannot arm its timer: {e}");
+                supervisor.handle_timer_failed(clock::now());
+                continue;
+            }
         }
         tokio::select! {
             line = lines.next_line(), if tool_open => match line {
@@ -664,18 +664,16 @@ pub async fn guard(args: GuardArgs) -> u8 {
                     supervisor.handle_tool_gone(clock::now());
                 }
             },
-            Some(seen) = reaped.recv() => match seen {
-                Reaped::Exited { pid, code } if pid == pgid => {
-                    supervisor.handle_leader_exited(clock::now(), code)
-                }
-                Reaped::Exited { .. } => {}
+            Some(seen) = async { reaped.as_mut().expect("guarded by the condition").recv().await },
+                if reaped.is_some() => match seen {
+                Reaped::Exited { pid, code } => supervisor.handle_exited(clock::now(), pid, code),
                 Reaped::None => supervisor.handle_group_empty(clock::now()),
             },
             fired = timer.fired() => match fired {
                 Ok(()) => supervisor.handle_timeout(clock::now()),
                 Err(e) => {
                     eprintln!("dagnats-leases: __lock-guard: its timer failed: {e}");
-                    signal_command(pgid, GroupSignal::Kill);
+                    supervisor.handle_timer_failed(clock::now());
                 }
             },
             signal = signals.recv() => supervisor.handle_signal(clock::now(), signal),

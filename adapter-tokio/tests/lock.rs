@@ -297,9 +297,12 @@ async fn exit_codes_wait_and_signals() {
     wait_line(&stamps, "term").await;
     assert!(leases.owner("k2").await.unwrap().is_none());
 
-    // --grace above half the TTL is refused.
+    // --grace above half the TTL is refused, with a code of its own.
     let out = finish(s.lock(&["k3", "--ttl-ms", "4000", "--grace", "3s"], "true")).await;
-    assert_eq!(code(out.status), Some(2));
+    assert_eq!(
+        code(out.status),
+        Some(i32::from(dagnats_leases_tokio::lock::EXIT_BAD_GRACE))
+    );
 }
 
 /// `lock --permits 2` by three processes: at most two commands run at once, each

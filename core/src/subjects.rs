@@ -71,6 +71,15 @@ pub fn confirm_subject(key: &str) -> String {
     format!("$KV.{BUCKET}.{key}.{CONFIRM_TOKEN}")
 }
 
+/// The lease key a subject of the stream names: `<key>` of `$KV.leases.<key>`.
+/// `None` for any other subject: a read confirmation (`$KV.leases.<key>.read`, two
+/// tokens after the bucket) is no lease.
+pub fn lease_key_of(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix(kv_subject("").as_str())
+        .filter(|k| !k.is_empty() && !k.contains('.'))
+}
+
 /// The change-event subject of a key: `dagnats.lease.changed.<key>`.
 pub fn changed_subject(key: &str) -> String {
     format!("{CHANGED_PREFIX}.{key}")
@@ -104,5 +113,20 @@ mod tests {
         assert_eq!(kv_subject("k"), "$KV.leases.k");
         assert_eq!(changed_subject("k"), "dagnats.lease.changed.k");
         assert_eq!(inbox_subject("h", "k"), "dagnats.lease.inbox.h.k");
+    }
+
+    /// Listing keys reads lease subjects only: a read confirmation is no lease.
+    #[test]
+    fn only_a_one_token_subject_of_the_stream_is_a_lease_key() {
+        assert_eq!(lease_key_of(&kv_subject("job")), Some("job"));
+        assert_eq!(lease_key_of(&confirm_subject("job")), None);
+        for other in [
+            "$KV.leases.",
+            "$KV.other.job",
+            "dagnats.lease.changed.job",
+            "",
+        ] {
+            assert_eq!(lease_key_of(other), None, "{other}");
+        }
     }
 }

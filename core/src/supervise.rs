@@ -34,7 +34,6 @@
 //! counts time suspended (`CLOCK_BOOTTIME` on Linux), so a suspend longer than the
 //! lease's remaining time stops the command at once on resume.
 
-use crate::io::Transmit;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -95,6 +94,55 @@ pub enum StopCause {
     GuardGone,
 }
 
+/// `lock`'s exit code for any error without a code of its own (the guard's, for a
+/// command whose first process's code it never saw).
+pub const EXIT_ERROR: u8 = 1;
+/// `lock`: the lease was lost while the command ran (the command was sent SIGTERM,
+/// then SIGKILL after the grace period), or ran out before it could start.
+pub const EXIT_LEASE_LOST: u8 = 5;
+/// `lock`: `--grace` is more than half the TTL ([`lock_grace`]): refused before
+/// anything runs.
+pub const EXIT_BAD_GRACE: u8 = 6;
+/// `lock`: the command could not be started.
+pub const EXIT_CANNOT_RUN: u8 = 127;
+
+/// The longest default grace period (the default is a third of the TTL, at most this).
+pub const DEFAULT_GRACE_MAX: Duration = Duration::from_secs(5);
+
+/// A `--grace` refused by [`lock_grace`]: more than half the TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraceTooLong {
+    /// The grace asked for.
+    pub grace: Duration,
+    /// The lease's TTL.
+    pub ttl: Duration,
+}
+
+impl std::fmt::Display for GraceTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--grace {:?} is more than half the TTL ({:?}): the command would be stopped \
+             while the lease is healthy",
+            self.grace, self.ttl
+        )
+    }
+}
+
+impl std::error::Error for GraceTooLong {}
+
+/// The grace period of a `lock` under a lease of `ttl`: `requested`, or by default a
+/// third of the TTL, at most [`DEFAULT_GRACE_MAX`]. More than half the TTL is
+/// refused: SIGTERM would go out at every renewal's half-way point, while the lease
+/// is healthy (a renewal comes every third of the TTL).
+pub fn lock_grace(ttl: Duration, requested: Option<Duration>) -> Result<Duration, GraceTooLong> {
+    let grace = requested.unwrap_or_else(|| (ttl / 3).min(DEFAULT_GRACE_MAX));
+    if grace > ttl / 2 {
+        return Err(GraceTooLong { grace, ttl });
+    }
+    Ok(grace)
+}
+
 /// Whether a command may start under a lease whose deadline is `deadline`: only with
 /// more than `grace` left, so that it can be stopped gently before the deadline.
 pub fn may_start(now: Instant, deadline: Instant, grace: Duration) -> bool {
@@ -106,16 +154,15 @@ pub fn may_start(now: Instant, deadline: Instant, grace: Duration) -> bool {
 /// What a [`Supervisor`] wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SupervisorEvent {
+    /// Start the command (in a process group of its own), then feed
+    /// [`Supervisor::handle_started`] or [`Supervisor::handle_start_failed`].
+    Start,
     /// Send this signal to every process of the command.
     Signal(GroupSignal),
-    /// Every process of the command is gone; `code` is its first process's exit code
-    /// (128 + N for a signal N), if it was seen.
-    Finished {
-        /// The first process's exit code.
-        code: Option<u8>,
-        /// Why the supervisor stopped the command, if it did.
-        stopped: Option<StopCause>,
-    },
+    /// Tell the tool this ([`GuardReport::to_line`]). After
+    /// [`GuardReport::Finished`], the guard exits with its `code`: every process of
+    /// the command is gone (or it never started).
+    Report(GuardReport),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,24 +178,34 @@ pub struct Supervisor {
     grace: Duration,
     deadline: Instant,
     stopping: Option<Stopping>,
+    /// The command's first process (its group's ID), once started.
+    leader: Option<u32>,
     leader_code: Option<u8>,
     finished: bool,
     events: VecDeque<SupervisorEvent>,
 }
 
 impl Supervisor {
-    /// Supervises a command about to start; `None` when [`may_start`] says no.
-    pub fn new(now: Instant, deadline: Instant, grace: Duration) -> Option<Self> {
-        may_start(now, deadline, grace).then(|| Self::running(deadline, grace))
+    /// Supervises a command under `deadline` (the guard's): [`SupervisorEvent::Start`]
+    /// when [`may_start`] says yes; otherwise it never starts, and reports
+    /// [`EXIT_LEASE_LOST`] stopped for [`StopCause::DeadlineNear`].
+    pub fn new(deadline: Instant, grace: Duration, now: Instant) -> Self {
+        let mut supervisor = Self::running(deadline, grace);
+        if may_start(now, deadline, grace) {
+            supervisor.events.push_back(SupervisorEvent::Start);
+        } else {
+            supervisor.finish(EXIT_LEASE_LOST, Some(StopCause::DeadlineNear));
+        }
+        supervisor
     }
 
     /// Takes over a running group that must stop now (its guard died): SIGTERM at
     /// once, SIGKILL at the earlier of now + grace and `deadline`.
     pub fn stopping_now(
-        now: Instant,
         deadline: Instant,
         grace: Duration,
         cause: StopCause,
+        now: Instant,
     ) -> Self {
         let mut supervisor = Self::running(deadline, grace);
         supervisor.stop(now, cause);
@@ -160,10 +217,56 @@ impl Supervisor {
             grace,
             deadline,
             stopping: None,
+            leader: None,
             leader_code: None,
             finished: false,
             events: VecDeque::new(),
         }
+    }
+
+    /// The command started; `pid` is its first process, the ID of its group.
+    pub fn handle_started(&mut self, now: Instant, pid: u32) {
+        if self.finished || self.leader.is_some() {
+            return;
+        }
+        self.leader = Some(pid);
+        self.events
+            .push_back(SupervisorEvent::Report(GuardReport::Started { pgid: pid }));
+        self.handle_timeout(now);
+    }
+
+    /// The command could not be started: the guard reports [`EXIT_CANNOT_RUN`].
+    pub fn handle_start_failed(&mut self, _now: Instant) {
+        if self.leader.is_none() {
+            self.finish(EXIT_CANNOT_RUN, None);
+        }
+    }
+
+    /// A child `pid` of the guard exited with `code` (128 + N for a signal N): the
+    /// command's first process is the one whose PID is its group's ID, and its end
+    /// stops the rest ([`Supervisor::handle_leader_exited`]); any other is one of
+    /// its processes, whose end changes nothing.
+    pub fn handle_exited(&mut self, now: Instant, pid: u32, code: u8) {
+        if self.leader == Some(pid) {
+            self.handle_leader_exited(now, code);
+        }
+    }
+
+    /// The timer that keeps the deadline failed (it cannot be armed, or its wait
+    /// broke): nothing would stop the command in time, so it is killed now rather
+    /// than left to run unguarded.
+    pub fn handle_timer_failed(&mut self, _now: Instant) {
+        let killed = self.stopping.is_some_and(|s| s.kill_at.is_none());
+        if self.finished || killed {
+            return;
+        }
+        let cause = self.stop_cause().unwrap_or(StopCause::DeadlineNear);
+        self.stopping = Some(Stopping {
+            cause,
+            kill_at: None,
+        });
+        self.events
+            .push_back(SupervisorEvent::Signal(GroupSignal::Kill));
     }
 
     /// The deadline in force.
@@ -205,16 +308,23 @@ impl Supervisor {
         self.stop(now, StopCause::LeaderExited);
     }
 
-    /// No process of the command is left.
+    /// No process of the command is left: the guard reports the first process's
+    /// code ([`EXIT_ERROR`] if its end was not seen).
     pub fn handle_group_empty(&mut self, _now: Instant) {
+        let code = self.leader_code.unwrap_or(EXIT_ERROR);
+        self.finish(code, self.stopping.map(|s| s.cause));
+    }
+
+    fn finish(&mut self, code: u8, stopped: Option<StopCause>) {
         if self.finished {
             return;
         }
         self.finished = true;
-        self.events.push_back(SupervisorEvent::Finished {
-            code: self.leader_code,
-            stopped: self.stopping.map(|s| s.cause),
-        });
+        self.events
+            .push_back(SupervisorEvent::Report(GuardReport::Finished {
+                code,
+                stopped,
+            }));
     }
 
     /// Acts on the time: SIGTERM `grace` before the deadline, SIGKILL when due.
@@ -229,12 +339,6 @@ impl Supervisor {
             }) if now >= at => self.kill(),
             _ => {}
         }
-    }
-
-    /// Never: this machine sends nothing (here for the crate's vocabulary: every
-    /// machine drains the same four outputs).
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        None
     }
 
     /// When to call [`Supervisor::handle_timeout`] next.
@@ -523,7 +627,7 @@ pub struct Lock {
 impl Lock {
     /// A `lock` that campaigns, giving up after `wait` if the key stays another's
     /// (`None`: for ever; zero: after the first refusal).
-    pub fn new(now: Instant, grace: Duration, wait: Option<Duration>) -> Self {
+    pub fn new(grace: Duration, wait: Option<Duration>, now: Instant) -> Self {
         Self {
             grace,
             phase: LockPhase::Campaigning {
@@ -557,12 +661,17 @@ impl Lock {
         self.handle_timeout(now);
     }
 
-    /// Elected, with the tenure's deadline.
-    pub fn handle_elected(&mut self, now: Instant, deadline: Instant) {
+    /// Elected, with the tenure's deadline as the campaign holds it now: `None`
+    /// when the tenure is over already (its deadline passed between the election
+    /// and this call, a pause right there): that is a loss.
+    pub fn handle_elected(&mut self, now: Instant, deadline: Option<Instant>) {
         if matches!(self.phase, LockPhase::Campaigning { .. }) {
             self.phase = LockPhase::Elected;
         }
-        self.handle_deadline(now, deadline);
+        match deadline {
+            Some(deadline) => self.handle_deadline(now, deadline),
+            None => self.handle_lost(now),
+        }
     }
 
     /// The holder handed out a new deadline (a renewal).
@@ -653,7 +762,7 @@ impl Lock {
             // It died with the command running: stop the group from here.
             (None, Some(pgid)) => {
                 let supervisor =
-                    Supervisor::stopping_now(now, deadline, self.grace, StopCause::GuardGone);
+                    Supervisor::stopping_now(deadline, self.grace, StopCause::GuardGone, now);
                 self.phase = LockPhase::TakingOver { pgid, supervisor };
                 self.events.push_back(LockEvent::WatchGroup { pgid });
                 self.drain_supervisor();
@@ -693,12 +802,6 @@ impl Lock {
         }
     }
 
-    /// Never: this machine sends nothing (here for the crate's vocabulary: every
-    /// machine drains the same four outputs).
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        None
-    }
-
     /// When to call [`Lock::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.phase {
@@ -733,7 +836,9 @@ impl Lock {
                 SupervisorEvent::Signal(signal) => {
                     self.events.push_back(LockEvent::Signal { pgid, signal })
                 }
-                SupervisorEvent::Finished { .. } => finished = true,
+                SupervisorEvent::Report(GuardReport::Finished { .. }) => finished = true,
+                // A supervisor taking over starts nothing and reports to nobody.
+                SupervisorEvent::Start | SupervisorEvent::Report(GuardReport::Started { .. }) => {}
             }
         }
         if finished {

@@ -141,7 +141,7 @@ impl World {
         };
         self.tools.push(Tool {
             holder: Holder::new(config, now).expect("a valid config"),
-            lock: Lock::new(now, GRACE, None),
+            lock: Lock::new(GRACE, None, now),
             name,
             fault,
             dead: false,
@@ -282,12 +282,11 @@ impl World {
         while let Some(event) = g.supervisor.poll_event() {
             match event {
                 SupervisorEvent::Signal(s) => signals.push(s),
-                SupervisorEvent::Finished { code, stopped } => {
-                    finished = Some(GuardReport::Finished {
-                        code: code.unwrap_or(0),
-                        stopped,
-                    })
+                SupervisorEvent::Report(report @ GuardReport::Finished { .. }) => {
+                    finished = Some(report)
                 }
+                // Started before the world's guard runs (see `LockEvent::StartGuard`).
+                SupervisorEvent::Start | SupervisorEvent::Report(GuardReport::Started { .. }) => {}
             }
         }
         if let Some(report) = finished {
@@ -354,7 +353,9 @@ impl World {
         }
         while let Some(event) = tool.holder.poll_event() {
             match event {
-                HolderEvent::Elected { deadline, .. } => tool.lock.handle_elected(now, deadline),
+                HolderEvent::Elected { deadline, .. } => {
+                    tool.lock.handle_elected(now, Some(deadline))
+                }
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
                 HolderEvent::Refused { .. } => tool.lock.handle_refused(now),
@@ -367,8 +368,10 @@ impl World {
         while let Some(event) = tool.lock.poll_event() {
             match event {
                 LockEvent::StartGuard { deadline } => {
-                    let supervisor = Supervisor::new(now, deadline, GRACE)
-                        .ok_or_else(|| format!("{} started with too little left", tool.name))?;
+                    let mut supervisor = Supervisor::new(deadline, GRACE, now);
+                    if supervisor.poll_event() != Some(SupervisorEvent::Start) {
+                        return Err(format!("{} started with too little left", tool.name));
+                    }
                     tool.guard = Some(Guard {
                         supervisor,
                         alive: true,
