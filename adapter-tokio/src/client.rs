@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::acquire_wait::{WaitEvent, WaitingAcquire};
+use dagnats_leases_core::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use dagnats_leases_core::subjects::changed_subject;
@@ -282,9 +282,9 @@ impl LeaseClient {
             }
             while let Some(event) = waiting.poll_event() {
                 match event {
-                    WaitEvent::Refused(reply) => refused(&reply),
-                    WaitEvent::Done(reply) => return Ok(reply),
-                    WaitEvent::Failed(outcome) => {
+                    WaitingAcquireEvent::Refused(reply) => refused(&reply),
+                    WaitingAcquireEvent::Done(reply) => return Ok(reply),
+                    WaitingAcquireEvent::Failed(outcome) => {
                         return Err(match reply_of(Endpoint::Acquire, outcome) {
                             Err(e) => e,
                             Ok(other) => Self::unexpected(Endpoint::Acquire, other),

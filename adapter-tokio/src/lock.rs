@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
-use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
+use crate::member::{CampaignObserver, Change, Elector, HeldKey, Member, Ownership, Semaphore};
 
 pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
@@ -127,9 +127,12 @@ impl Campaigner {
     }
 
     /// The key held now (the slot, for a semaphore) and its tenure.
-    fn held(&self) -> Option<(String, Tenure)> {
+    fn held(&self) -> Option<HeldKey> {
         match self {
-            Self::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
+            Self::One(e) => e.tenure().map(|tenure| HeldKey {
+                key: e.key().to_string(),
+                tenure,
+            }),
             Self::Slots(s) => s.held(),
         }
     }
@@ -522,10 +525,10 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                 match change.map(|c| c.ownership) {
                     Some(Ownership::Elected { fence: f }) => {
                         let held = campaign.held();
-                        if let Some((key, _)) = &held {
-                            (held_key, fence) = (key.clone(), f);
+                        if let Some(h) = &held {
+                            (held_key, fence) = (h.key.clone(), f);
                         }
-                        lock.handle_elected(now, held.map(|(_, tenure)| tenure.deadline));
+                        lock.handle_elected(now, held.map(|h| h.tenure.deadline));
                     }
                     Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
                     None => {

@@ -132,6 +132,15 @@ pub struct Change {
 /// What a running campaign knows of a key it holds: the core's tenure.
 pub use dagnats_leases_core::holder::Tenure;
 
+/// A key held now and its tenure: a semaphore's slot ([`Semaphore::held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    /// The lease key (for a semaphore, the slot: `<name>-<i>`).
+    pub key: String,
+    /// Its tenure.
+    pub tenure: Tenure,
+}
+
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
@@ -181,7 +190,7 @@ impl Shared {
             Some(outlet) => outlet.finished.extend(finished),
             None => return,
         }
-        state.campaign.stop_group(self.runtime.now(), group);
+        state.campaign.handle_stop_group(self.runtime.now(), group);
         drop(state);
         self.wake.notify_one();
     }
@@ -490,7 +499,7 @@ impl std::fmt::Debug for Group {
 impl Group {
     fn hand_over(&self) {
         let now = self.shared.runtime.now();
-        self.shared.lock().campaign.hand_over(now, self.id);
+        self.shared.lock().campaign.handle_hand_over(now, self.id);
         self.shared.wake.notify_one();
     }
 
@@ -508,7 +517,7 @@ impl Group {
         self.shared
             .lock()
             .campaign
-            .done(self.shared.runtime.now(), key);
+            .handle_done(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -711,8 +720,9 @@ impl Semaphore {
     }
 
     /// The slot this process holds right now, with its tenure.
-    pub fn held(&self) -> Option<(String, Tenure)> {
-        self.group.held().into_iter().next()
+    pub fn held(&self) -> Option<HeldKey> {
+        let (key, tenure) = self.group.held().into_iter().next()?;
+        Some(HeldKey { key, tenure })
     }
 
     /// The semaphore's name.

@@ -23,18 +23,18 @@
 //!   members converge to the floor or the ceiling each, with no preemption (only the
 //!   holder releases).
 //! - **Revocation before release.** A release the campaign decides by itself (a
-//!   shard shed, a semaphore slot above the cap) goes through [`Holder::revoke`]:
+//!   shard shed, a semaphore slot above the cap) goes through [`Holder::handle_revoke`]:
 //!   the key steps down at once (`ownership` is `None`, the event is
 //!   [`StepDownReason::Revoked`] with the last deadline handed out), and the lease
-//!   is kept, not renewed, until the application calls [`Campaign::done`] for the
+//!   is kept, not renewed, until the application calls [`Campaign::handle_done`] for the
 //!   key or that deadline passes; only then is it released. An application that
 //!   read a tenure a moment before keeps writing at most until that tenure's
 //!   deadline, and the server's lease outlives every deadline handed out, so the
 //!   next owner is granted the key only after the last such write, whether or not
 //!   the application heard of the revocation. Releases the application asks for
-//!   ([`Campaign::stop_group`]) stay immediate: it has stopped writing.
+//!   ([`Campaign::handle_stop_group`]) stay immediate: it has stopped writing.
 //! - **Never-sent requests are cancelled**, not answered: a queued acquire whose
-//!   holder stopped meanwhile goes back to it as [`Holder::cancel`].
+//!   holder stopped meanwhile goes back to it as [`Holder::handle_cancel`].
 //! - **Health-gated leadership** ([`Campaign::handle_health`]): the application
 //!   reports a group's health; a group is healthy until it says otherwise.
 //!   - While unhealthy, the group sends no campaign acquire: those queued wait (and
@@ -45,7 +45,7 @@
 //!   - Unhealthy since T, at T + `unhealthy_for` (the group's TTL by default,
 //!     [`Campaign::set_unhealthy_for`]) every key it holds steps down with
 //!     [`StepDownReason::Unhealthy`] and is released the way a revocation is (on
-//!     [`Campaign::done`] or at the last deadline handed out); a key granted later
+//!     [`Campaign::handle_done`] or at the last deadline handed out); a key granted later
 //!     while still unhealthy (an acquire sent before) is never elected: it is
 //!     released once its confirming renew is answered (no deadline was handed out).
 //!   - A key already revoked (for balance, or for health) stays revoked whatever
@@ -65,7 +65,7 @@
 //!   becomes [`RequestOutcome::TimedOut`] in [`Campaign::handle_timeout`], and
 //!   [`CampaignEvent::Cancel`] tells the adapter to drop it, so an adapter arms one
 //!   timer, from [`Campaign::poll_timeout`]. One due before it was polled was never
-//!   sent: its holder hears [`Holder::cancel`].
+//!   sent: its holder hears [`Holder::handle_cancel`].
 //! - **What the metrics count comes out as events**: each request's outcome class
 //!   and time ([`CampaignEvent::Answered`], a renew sent after a renew without a
 //!   clear answer marked a retry), ownership changes ([`CampaignEvent::Leading`]),
@@ -284,8 +284,10 @@ struct Seen {
     until: Instant,
 }
 
+/// One key's candidacy: the holder campaigning for it in its group (a semaphore's
+/// lease of one permit is a "slot"; this is not one).
 #[derive(Debug)]
-struct Slot {
+struct Candidacy {
     group: GroupId,
     /// Unique per holder made: outcomes for an earlier holder of the key are dropped.
     serial: u64,
@@ -293,7 +295,7 @@ struct Slot {
     /// Revoked for balance, or handed over: not campaigned for again until a
     /// campaign interval after its release.
     shed: bool,
-    /// The deadline this slot is filed under in `Campaign::timers`.
+    /// The deadline this candidacy is filed under in `Campaign::timers`.
     timer: Option<Instant>,
 }
 
@@ -315,7 +317,7 @@ struct Route {
 pub struct Campaign {
     holder: String,
     groups: BTreeMap<GroupId, Group>,
-    slots: BTreeMap<String, Slot>,
+    candidacies: BTreeMap<String, Candidacy>,
     /// Keys some group campaigns for, and which.
     claimed: BTreeMap<String, GroupId>,
     out: Outbox,
@@ -329,7 +331,7 @@ pub struct Campaign {
     /// Keys shed to rebalance and released, not campaigned for again until then.
     cooldown: BTreeMap<String, Instant>,
     /// Whether a key of a running group may lack a holder: set when a group is
-    /// added, a slot is dropped or a cooldown ends, so that a settle with none of
+    /// added, a candidacy is dropped or a cooldown ends, so that a settle with none of
     /// these does not look at every key (a member may hold thousands).
     vacancies: bool,
     /// Keys whose holder was fed since it was last drained: only they can have
@@ -380,7 +382,7 @@ impl Outbox {
         &mut self,
         now: Instant,
         key: &str,
-        slot: &Slot,
+        candidacy: &Candidacy,
         gated: bool,
         renew_unclear: &BTreeSet<String>,
         request: Transmit,
@@ -396,9 +398,9 @@ impl Outbox {
             id,
             Route {
                 key: key.to_string(),
-                serial: slot.serial,
+                serial: candidacy.serial,
                 inner: request.id,
-                group: slot.group,
+                group: candidacy.group,
                 gated,
                 deadline: now + request.request.timeout,
                 endpoint,
@@ -420,7 +422,7 @@ impl Campaign {
         Ok(Self {
             holder: holder.to_string(),
             groups: BTreeMap::new(),
-            slots: BTreeMap::new(),
+            candidacies: BTreeMap::new(),
             claimed: BTreeMap::new(),
             out: Outbox::default(),
             guard: InboxGuard::new(holder),
@@ -521,13 +523,13 @@ impl Campaign {
                 format!("permits must be 1 to {MAX_PERMITS}, got {permits}"),
             ));
         }
-        let slots = (0..permits)
+        let candidacies = (0..permits)
             .map(|i| HolderConfig {
                 key: semaphore_slot(&config.key, i),
                 ..config.clone()
             })
             .collect();
-        self.add_group(now, slots, 1)
+        self.add_group(now, candidacies, 1)
     }
 
     fn check_group(&self, keys: &[HolderConfig]) -> Result<(), ErrorReply> {
@@ -600,19 +602,23 @@ impl Campaign {
 
     /// Stops one group: its holders step down and release what they hold; then
     /// [`CampaignEvent::Finished`].
-    pub fn stop_group(&mut self, now: Instant, group: GroupId) {
+    pub fn handle_stop_group(&mut self, now: Instant, group: GroupId) {
         let Some(g) = self.groups.get_mut(&group) else {
             return;
         };
         g.stopping = true;
         let presence = g.balance.map(|b| b.presence);
-        for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == group) {
-            slot.holder.stop(now);
+        for (key, candidacy) in self
+            .candidacies
+            .iter_mut()
+            .filter(|(_, s)| s.group == group)
+        {
+            candidacy.holder.handle_stop(now);
             self.touched.insert(key.clone());
         }
         // A balanced group leaves its set: its presence goes with it.
         if let Some(presence) = presence {
-            self.stop_group(now, presence);
+            self.handle_stop_group(now, presence);
         }
         self.settle(now);
     }
@@ -622,11 +628,11 @@ impl Campaign {
     /// it again only a campaign interval after the release, so a member waiting for
     /// the key (woken by the release's change event) is elected first. The group
     /// goes on campaigning.
-    pub fn hand_over(&mut self, now: Instant, group: GroupId) {
+    pub fn handle_hand_over(&mut self, now: Instant, group: GroupId) {
         for (_, key) in self.holding(group, now) {
-            if let Some(slot) = self.slots.get_mut(&key) {
-                slot.holder.hand_over(now);
-                slot.shed = true;
+            if let Some(candidacy) = self.candidacies.get_mut(&key) {
+                candidacy.holder.handle_hand_over(now);
+                candidacy.shed = true;
                 self.touched.insert(key);
             }
         }
@@ -634,10 +640,10 @@ impl Campaign {
     }
 
     /// Stops every group.
-    pub fn stop(&mut self, now: Instant) {
+    pub fn handle_stop(&mut self, now: Instant) {
         let groups: Vec<GroupId> = self.groups.keys().copied().collect();
         for group in groups {
-            self.stop_group(now, group);
+            self.handle_stop_group(now, group);
         }
     }
 
@@ -653,8 +659,10 @@ impl Campaign {
             };
             if healthy {
                 if g.health.since.take().is_some() {
-                    for (key, slot) in self.slots.iter_mut().filter(|(_, s)| s.group == id) {
-                        slot.holder.ask_now(now);
+                    for (key, candidacy) in
+                        self.candidacies.iter_mut().filter(|(_, s)| s.group == id)
+                    {
+                        candidacy.holder.ask_now(now);
                         self.touched.insert(key.clone());
                     }
                 }
@@ -711,7 +719,7 @@ impl Campaign {
     }
 
     /// Request `id`, taken back before it was polled, was never sent: its holder
-    /// hears so ([`Holder::cancel`]), not that it timed out.
+    /// hears so ([`Holder::handle_cancel`]), not that it timed out.
     fn withdraw(&mut self, now: Instant, id: EffectId) {
         let Some(route) = self.out.take(id) else {
             return;
@@ -721,10 +729,10 @@ impl Campaign {
         {
             g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
         }
-        if let Some(slot) = self.slots.get_mut(&route.key)
-            && slot.serial == route.serial
+        if let Some(candidacy) = self.candidacies.get_mut(&route.key)
+            && candidacy.serial == route.serial
         {
-            slot.holder.cancel(now, route.inner);
+            candidacy.holder.handle_cancel(now, route.inner);
             self.touched.insert(route.key);
         }
     }
@@ -732,11 +740,11 @@ impl Campaign {
     /// The application is done with revoked `key` (see [`StepDownReason::Revoked`]):
     /// it writes no more under that tenure, so the lease is released now rather than
     /// at its deadline. A key not being revoked is left alone.
-    pub fn done(&mut self, now: Instant, key: &str) {
-        if let Some(slot) = self.slots.get_mut(key)
-            && slot.holder.revoked_until().is_some()
+    pub fn handle_done(&mut self, now: Instant, key: &str) {
+        if let Some(candidacy) = self.candidacies.get_mut(key)
+            && candidacy.holder.revoked_until().is_some()
         {
-            slot.holder.stop(now);
+            candidacy.holder.handle_stop(now);
             self.touched.insert(key.to_string());
             self.settle(now);
         }
@@ -754,7 +762,7 @@ impl Campaign {
         match (&event.holder, event.kind.may_free_key()) {
             (Some(holder), false) => {
                 let ttl = self
-                    .slots
+                    .candidacies
                     .get(key)
                     .map_or(Duration::ZERO, |s| s.holder.config().ttl);
                 self.seen.insert(
@@ -773,8 +781,8 @@ impl Campaign {
         if !event.kind.may_free_key() {
             return;
         }
-        if let Some(slot) = self.slots.get_mut(key) {
-            slot.holder.handle_change(now, event);
+        if let Some(candidacy) = self.candidacies.get_mut(key) {
+            candidacy.holder.handle_change(now, event);
             self.touched.insert(key.to_string());
             self.settle(now);
         }
@@ -814,8 +822,8 @@ impl Campaign {
             .chain(self.touched.iter().cloned())
             .collect();
         for key in due {
-            if let Some(slot) = self.slots.get_mut(&key) {
-                slot.holder.handle_timeout(now);
+            if let Some(candidacy) = self.candidacies.get_mut(&key) {
+                candidacy.holder.handle_timeout(now);
                 self.touched.insert(key);
             }
         }
@@ -849,7 +857,7 @@ impl Campaign {
         // An unhealthy group holding keys steps down at its deadline.
         let health = self.groups.iter().filter_map(|(id, g)| {
             let at = g.health.step_down_at()?;
-            self.slots
+            self.candidacies
                 .values()
                 .any(|s| {
                     s.group == *id
@@ -875,17 +883,17 @@ impl Campaign {
 
     /// The tenure this holder ID is in for `key` at `now`, if any.
     pub fn tenure(&self, key: &str, now: Instant) -> Option<Tenure> {
-        self.slots.get(key)?.holder.tenure(now)
+        self.candidacies.get(key)?.holder.tenure(now)
     }
 
     /// Where the holder of `key` is in its life, if some group campaigns for it.
     pub fn status(&self, key: &str) -> Option<HolderStatus> {
-        Some(self.slots.get(key)?.holder.status())
+        Some(self.candidacies.get(key)?.holder.status())
     }
 
     /// The keys of `group` owned at `now`, with their tenures.
     pub fn held(&self, group: GroupId, now: Instant) -> BTreeMap<String, Tenure> {
-        self.slots
+        self.candidacies
             .iter()
             .filter(|(_, s)| s.group == group)
             .filter_map(|(k, s)| Some((k.clone(), s.holder.tenure(now)?)))
@@ -942,10 +950,10 @@ impl Campaign {
         {
             g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
         }
-        if let Some(slot) = self.slots.get_mut(&route.key)
-            && slot.serial == route.serial
+        if let Some(candidacy) = self.candidacies.get_mut(&route.key)
+            && candidacy.serial == route.serial
         {
-            slot.holder.handle_outcome(now, route.inner, outcome);
+            candidacy.holder.handle_outcome(now, route.inner, outcome);
             self.touched.insert(route.key);
         }
     }
@@ -970,35 +978,36 @@ impl Campaign {
     /// Indexes the deadlines of the holders drained in this settle again.
     fn index_timers(&mut self) {
         for key in std::mem::take(&mut self.drained) {
-            // A slot gone took its entry with it (`remove_finished`).
-            let Some(slot) = self.slots.get_mut(&key) else {
+            // A candidacy gone took its entry with it (`remove_finished`).
+            let Some(candidacy) = self.candidacies.get_mut(&key) else {
                 continue;
             };
-            let next = slot.holder.poll_timeout();
-            if next == slot.timer {
+            let next = candidacy.holder.poll_timeout();
+            if next == candidacy.timer {
                 continue;
             }
-            if let Some(at) = slot.timer {
+            if let Some(at) = candidacy.timer {
                 self.timers.remove(&(at, key.clone()));
             }
             if let Some(at) = next {
                 self.timers.insert((at, key));
             }
-            slot.timer = next;
+            candidacy.timer = next;
         }
         #[cfg(debug_assertions)]
-        for (key, slot) in &self.slots {
+        for (key, candidacy) in &self.candidacies {
             debug_assert!(
-                !slot.holder.has_output(),
+                !candidacy.holder.has_output(),
                 "{key}: a holder fed without being marked touched"
             );
             debug_assert_eq!(
-                slot.timer,
-                slot.holder.poll_timeout(),
+                candidacy.timer,
+                candidacy.holder.poll_timeout(),
                 "{key}: a deadline not indexed"
             );
             debug_assert!(
-                slot.timer
+                candidacy
+                    .timer
                     .is_none_or(|at| self.timers.contains(&(at, key.clone()))),
                 "{key}: its deadline is not in the index"
             );
@@ -1006,25 +1015,28 @@ impl Campaign {
         #[cfg(debug_assertions)]
         debug_assert_eq!(
             self.timers.len(),
-            self.slots.values().filter(|s| s.timer.is_some()).count(),
-            "an index entry of a slot gone"
+            self.candidacies
+                .values()
+                .filter(|s| s.timer.is_some())
+                .count(),
+            "an index entry of a candidacy gone"
         );
     }
 
-    /// Drops the slots whose holder is done; a key shed for balance waits a
+    /// Drops the candidacies whose holder is done; a key shed for balance waits a
     /// campaign interval from its release before it is asked for again.
     fn remove_finished(&mut self, now: Instant) {
         let finished: Vec<String> = self
             .drained
             .iter()
-            .filter(|k| self.slots.get(*k).is_some_and(|s| s.holder.is_done()))
+            .filter(|k| self.candidacies.get(*k).is_some_and(|s| s.holder.is_done()))
             .cloned()
             .collect();
         for key in finished {
-            let Some(slot) = self.slots.remove(&key) else {
+            let Some(candidacy) = self.candidacies.remove(&key) else {
                 continue;
             };
-            if let Some(at) = slot.timer {
+            if let Some(at) = candidacy.timer {
                 self.timers.remove(&(at, key.clone()));
             }
             // A holder done owns nothing (its step-down said so already, if it did).
@@ -1032,8 +1044,8 @@ impl Campaign {
                 lead(&mut self.owned, &mut self.events, &key, false);
             }
             self.vacancies = true;
-            if slot.shed {
-                let wait = slot.holder.config().campaign_every;
+            if candidacy.shed {
+                let wait = candidacy.holder.config().campaign_every;
                 self.cooldown.insert(key, now + wait);
             }
         }
@@ -1058,11 +1070,11 @@ impl Campaign {
                 .values()
                 .any(|g| g.balance.is_some_and(|b| b.presence == id));
             for (_, key) in self.holding(id, now) {
-                if let Some(slot) = self.slots.get_mut(&key) {
+                if let Some(candidacy) = self.candidacies.get_mut(&key) {
                     if presence {
-                        slot.holder.stop(now);
+                        candidacy.holder.handle_stop(now);
                     } else {
-                        slot.holder.revoke_unhealthy(now);
+                        candidacy.holder.handle_revoke_unhealthy(now);
                     }
                     self.touched.insert(key);
                     changed = true;
@@ -1075,7 +1087,7 @@ impl Campaign {
     /// How many keys of `group` are held now or being confirmed: [`Self::holding`]'s
     /// length, without building it.
     fn held_count(&self, group: GroupId, now: Instant) -> usize {
-        self.slots
+        self.candidacies
             .values()
             .filter(|s| {
                 s.group == group
@@ -1088,7 +1100,7 @@ impl Campaign {
     /// Keys of `group` held now or being confirmed, oldest tenure first.
     fn holding(&self, group: GroupId, now: Instant) -> Vec<(u64, String)> {
         let mut holding: Vec<(u64, String)> = self
-            .slots
+            .candidacies
             .iter()
             .filter(|(_, s)| s.group == group)
             .filter_map(|(k, s)| match s.holder.tenure(now) {
@@ -1139,9 +1151,9 @@ impl Campaign {
                 balanced = true;
             }
             for key in surplus {
-                if let Some(slot) = self.slots.get_mut(&key) {
-                    slot.holder.revoke(now);
-                    slot.shed = balanced;
+                if let Some(candidacy) = self.candidacies.get_mut(&key) {
+                    candidacy.holder.handle_revoke(now);
+                    candidacy.shed = balanced;
                     self.touched.insert(key);
                     changed = true;
                 }
@@ -1151,7 +1163,7 @@ impl Campaign {
             }
             let group = &self.groups[&id];
             for config in &group.keys {
-                if self.slots.contains_key(&config.key)
+                if self.candidacies.contains_key(&config.key)
                     || group.failed.contains(&config.key)
                     || self.cooldown.contains_key(&config.key)
                 {
@@ -1161,9 +1173,9 @@ impl Campaign {
                     continue;
                 };
                 holder.seed_jitter(self.jitter_seed);
-                self.slots.insert(
+                self.candidacies.insert(
                     config.key.clone(),
-                    Slot {
+                    Candidacy {
                         group: id,
                         serial: self.next_serial,
                         holder,
@@ -1249,15 +1261,15 @@ impl Campaign {
     /// passes their events on.
     fn drain(&mut self, now: Instant) {
         for key in std::mem::take(&mut self.touched) {
-            let Some(slot) = self.slots.get_mut(&key) else {
+            let Some(candidacy) = self.candidacies.get_mut(&key) else {
                 continue;
             };
             let key = &key;
-            let group = self.groups.get_mut(&slot.group);
+            let group = self.groups.get_mut(&candidacy.group);
             let mut group = group;
-            while let Some(request) = slot.holder.poll_transmit() {
+            while let Some(request) = candidacy.holder.poll_transmit() {
                 let campaign = request.kind == TransmitKind::Lease(Endpoint::Acquire)
-                    && slot.holder.status() == HolderStatus::Campaigning;
+                    && candidacy.holder.status() == HolderStatus::Campaigning;
                 match group.as_deref_mut() {
                     Some(g) if campaign => {
                         let expires = now + request.request.timeout;
@@ -1265,10 +1277,10 @@ impl Campaign {
                     }
                     _ => self
                         .out
-                        .send(now, key, slot, false, &self.renew_unclear, request),
+                        .send(now, key, candidacy, false, &self.renew_unclear, request),
                 }
             }
-            while let Some(event) = slot.holder.poll_event() {
+            while let Some(event) = candidacy.holder.poll_event() {
                 self.guard.observe(key, &event);
                 if let (HolderEvent::Failed { .. }, Some(g)) = (&event, group.as_deref_mut()) {
                     g.failed.insert(key.clone());
@@ -1292,7 +1304,7 @@ impl Campaign {
                     _ => None,
                 };
                 self.events.push_back(CampaignEvent::Holder {
-                    group: slot.group,
+                    group: candidacy.group,
                     key: key.clone(),
                     event,
                 });
@@ -1301,7 +1313,7 @@ impl Campaign {
                 }
                 if let Some(after) = campaigned {
                     self.events.push_back(CampaignEvent::ElectedAfter {
-                        group: slot.group,
+                        group: candidacy.group,
                         key: key.clone(),
                         after,
                     });
@@ -1335,21 +1347,21 @@ impl Campaign {
             };
             let mut kept = VecDeque::new();
             while let Some((key, request, expires)) = group.deferred.pop_front() {
-                let Some(slot) = self.slots.get_mut(&key) else {
+                let Some(candidacy) = self.candidacies.get_mut(&key) else {
                     continue;
                 };
-                if !slot.holder.waits_for(request.id) {
+                if !candidacy.holder.waits_for(request.id) {
                     continue;
-                } else if slot.holder.status() != HolderStatus::Campaigning || now >= expires {
+                } else if candidacy.holder.status() != HolderStatus::Campaigning || now >= expires {
                     // Stopped, or waited here as long as the holder would wait for an
                     // answer: it was never sent, and the holder hears so.
-                    slot.holder.cancel(now, request.id);
+                    candidacy.holder.handle_cancel(now, request.id);
                     self.touched.insert(key);
                     cancelled = true;
                 } else if group.gated_in_flight < room {
                     group.gated_in_flight += 1;
                     self.out
-                        .send(now, &key, slot, true, &self.renew_unclear, request);
+                        .send(now, &key, candidacy, true, &self.renew_unclear, request);
                 } else {
                     kept.push_back((key, request, expires));
                 }
@@ -1371,7 +1383,7 @@ impl Campaign {
                 .filter(|p| self.groups.get(p).is_some_and(|g| !g.stopping))
                 .collect();
             for presence in abandoned {
-                self.stop_group(now, presence);
+                self.handle_stop_group(now, presence);
             }
             let finished: Vec<GroupId> = self
                 .groups
@@ -1384,7 +1396,7 @@ impl Campaign {
                     (g.stopping || all_failed)
                         && presence_gone
                         && g.deferred.is_empty()
-                        && !self.slots.values().any(|s| s.group == **id)
+                        && !self.candidacies.values().any(|s| s.group == **id)
                 })
                 .map(|(id, _)| *id)
                 .collect();

@@ -126,7 +126,7 @@ pub enum App {
     None,
     /// Writes every key until its last deadline handed out, ignoring revocation.
     IgnoresRevocation,
-    /// Stops writing a revoked key at once and calls [`Campaign::done`].
+    /// Stops writing a revoked key at once and calls [`Campaign::handle_done`].
     CallsDone,
 }
 
@@ -776,7 +776,7 @@ impl HolderWorld {
             let now = self.holder_now(h, self.t);
             if let Machine::Member { campaign, .. } = &mut self.holders[h].machine {
                 for key in &done {
-                    campaign.done(now, key);
+                    campaign.handle_done(now, key);
                 }
             }
             return self.drain_holder(h);
@@ -973,7 +973,7 @@ impl HolderWorld {
                     group: Some(group),
                 } = &mut self.holders[h].machine
                 {
-                    campaign.stop_group(now, *group);
+                    campaign.handle_stop_group(now, *group);
                     self.stats.leaves += 1;
                 }
                 // The application stopped the group: it writes no more.

@@ -191,7 +191,7 @@ fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
     assert!(dup.is_err(), "a key twice in one group");
     // Stopped with its acquire in flight, the group waits for that answer (it may
     // grant, and then there is something to release).
-    run.campaign.stop_group(run.at(1), first);
+    run.campaign.handle_stop_group(run.at(1), first);
     assert_eq!(run.events(), []);
     assert!(
         run.campaign
@@ -212,7 +212,7 @@ fn a_group_watches_its_keys_until_it_finishes() {
     let group = run.group(&["a", "b"], 1);
     assert_eq!(run.all_events(), [watch("a"), watch("b")]);
     let acquire = run.request();
-    run.campaign.stop_group(run.at(1), group);
+    run.campaign.handle_stop_group(run.at(1), group);
     assert_eq!(
         run.all_events(),
         [],
@@ -362,7 +362,7 @@ fn a_queued_acquire_of_a_stopped_group_is_cancelled_never_sent() {
     let group = run.group(&["s0", "s1"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    run.campaign.stop_group(run.at(100), group);
+    run.campaign.handle_stop_group(run.at(100), group);
     // Only the release of s0 goes out; s1's queued acquire never does.
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "s0")]);
@@ -478,7 +478,7 @@ fn the_inbox_accepts_only_keys_owned_now_with_a_fence_of_the_tenure() {
         run.campaign.check_inbox(late, subject, Some("3"), true),
         reject(RejectReason::NotOwner)
     );
-    run.campaign.stop_group(run.at(100), group);
+    run.campaign.handle_stop_group(run.at(100), group);
     assert_eq!(
         run.campaign
             .check_inbox(run.at(101), subject, Some("3"), true),
@@ -650,11 +650,11 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
     // The machine wakes at the deadline at the latest.
     assert!(run.campaign.poll_timeout().unwrap() <= deadline);
     // `done` for a key not being revoked changes nothing.
-    run.campaign.done(run.at(300), "s0");
+    run.campaign.handle_done(run.at(300), "s0");
     assert_eq!(run.requests(), []);
     assert!(run.campaign.tenure("s0", run.at(300)).is_some());
     // The application is done with s3: released at once, with its fence.
-    run.campaign.done(run.at(400), "s3");
+    run.campaign.handle_done(run.at(400), "s3");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "s3")]);
     assert_eq!(body(&sent[0].request)["revision"], 13);
@@ -725,7 +725,7 @@ fn stopping_a_group_releases_a_revoked_shard_at_once() {
     let (mut run, group, _) = balanced_run_with_a_new_member(100);
     run.campaign.handle_timeout(run.at(200));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
-    run.campaign.stop_group(run.at(300), group);
+    run.campaign.handle_stop_group(run.at(300), group);
     let mut released = releases(&run.requests())
         .into_iter()
         .map(String::from)
@@ -773,7 +773,7 @@ fn a_shed_shard_is_not_asked_for_again_until_a_campaign_interval_after_its_relea
             run.answer(ms + 50, &renew, renewed(next_revision));
             next_revision += 1;
         }
-        run.campaign.done(run.at(ms + 100), key);
+        run.campaign.handle_done(run.at(ms + 100), key);
         let sent = run.requests();
         let release = sent
             .iter()
@@ -862,7 +862,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     assert!(run.campaign.tenure("leader", run.at(4_000)).is_none());
     assert_eq!(run.requests(), []);
     // The application is done with it: released now, with its fence.
-    run.campaign.done(run.at(4_100), "leader");
+    run.campaign.handle_done(run.at(4_100), "leader");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
     assert_eq!(body(&sent[0].request)["revision"], 3);
@@ -1003,7 +1003,7 @@ fn a_revoked_shard_stays_revoked_whatever_the_health_and_an_unhealthy_set_leaves
     run.campaign
         .handle_timeout(s3_deadline - Duration::from_millis(1));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
-    run.campaign.done(run.at(1_500), "s3");
+    run.campaign.handle_done(run.at(1_500), "s3");
     assert_eq!(releases(&run.requests()), ["s3"]);
 }
 
@@ -1046,7 +1046,7 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
     let acquire = run.request();
     run.elect(0, &acquire, 7);
     run.events();
-    run.campaign.hand_over(run.at(1_000), group);
+    run.campaign.handle_hand_over(run.at(1_000), group);
     assert!(matches!(
         &run.events()[..],
         [CampaignEvent::Holder {
@@ -1117,7 +1117,7 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
             }
             1 if !groups.is_empty() => {
                 let g = groups.remove(usize::from(x) % groups.len());
-                run.campaign.stop_group(now, g);
+                run.campaign.handle_stop_group(now, g);
             }
             2 if !out.is_empty() => {
                 let r = out.remove(usize::from(x) % out.len());
@@ -1152,7 +1152,7 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
         }
     }
     for g in groups {
-        run.campaign.stop_group(run.at(ms), g);
+        run.campaign.handle_stop_group(run.at(ms), g);
     }
     // Answer everything still out as refused, until every group is finished.
     for step in 1..50 {
@@ -1409,7 +1409,7 @@ fn leading_follows_the_holders_elections_and_step_downs() {
             .collect()
     };
     assert_eq!(leading(run.bookkeeping()), [true]);
-    run.campaign.stop_group(run.at(20), group);
+    run.campaign.handle_stop_group(run.at(20), group);
     assert_eq!(leading(run.bookkeeping()), [false]);
 }
 

@@ -417,7 +417,7 @@ impl World {
                     tool.exited = Some(exit);
                     *stats.exits.entry(format!("{exit:?}")).or_default() += 1;
                     if release {
-                        tool.holder.stop(now);
+                        tool.holder.handle_stop(now);
                     } else {
                         tool.dead = true;
                     }
