@@ -7,7 +7,7 @@ use dagnats_leases_core::wire::ErrorKind;
 
 use crate::client::{LeaseError, LeaseErrorKind};
 
-/// The codes `lock`'s machines decide (its guard reports them) are the core's.
+/// The codes `lock`'s machines decide (its watchdog reports them) are the core's.
 pub use dagnats_leases_core::supervise::{
     EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST,
 };

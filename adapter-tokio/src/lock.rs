@@ -5,26 +5,26 @@
 //! tool itself cannot act (frozen by SIGSTOP, a long pause, killed):
 //!
 //! - the **tool** holds the lease: it campaigns, renews (the library does), and
-//!   tells the guard every new deadline as an absolute `CLOCK_BOOTTIME` time (one
+//!   tells the watchdog every new deadline as an absolute `CLOCK_BOOTTIME` time (one
 //!   clock for every process on the machine, counting time suspended);
-//! - the **guard** (`dagnats-leases __lock-guard`, started by the tool in a process
+//! - the **watchdog** (`dagnats-leases __lock-watchdog`, started by the tool in a process
 //!   group of its own) runs the command in another process group and keeps the
 //!   deadline: `--grace` before it the command's group gets SIGTERM, SIGKILL at the
 //!   latest at the deadline, which comes before the server can expire the lease.
 //!
 //! Every rule (when to signal, when the command is over, when to release) is a core
-//! machine: [`dagnats_leases_core::supervise`], the guard's [`Supervisor`] and the
+//! machine: [`dagnats_leases_core::supervise`], the watchdog's [`Supervisor`] and the
 //! tool's [`Lock`]. This module is their IO: processes, signals, the channel between
-//! the two processes (a socket pair that is the guard's stdin), and one timer each.
+//! the two processes (a socket pair that is the watchdog's stdin), and one timer each.
 //!
 //! Both processes are child subreapers (`PR_SET_CHILD_SUBREAPER`): a process the
-//! command leaves behind stays the guard's descendant (or the tool's, if the guard
+//! command leaves behind stays the watchdog's descendant (or the tool's, if the watchdog
 //! dies), so "every process of the command is gone" can be known by reaping, and
 //! the lease is released only then. SIGTERM, SIGINT and SIGHUP to either process are
 //! passed on to the command. The command's stdin is `/dev/null`; stdout and stderr
 //! are the tool's.
 //!
-//! What `lock` cannot cover: every process of the tool and the guard killed at once
+//! What `lock` cannot cover: every process of the tool and the watchdog killed at once
 //! (`kill -9` of both), or the whole host paused; the lease then runs out by its TTL
 //! while the command may run on. Fence downstream writes with `DAGNATS_LEASE_FENCE`.
 
@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use dagnats_leases_core::holder::HolderEvent;
 use dagnats_leases_core::supervise::{
-    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent, lock_grace,
+    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    WatchdogMessage, WatchdogReport, lock_grace,
 };
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
@@ -98,9 +98,9 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
-/// The options of the hidden `__lock-guard` (started by `lock`, never by hand).
+/// The options of the hidden `__lock-watchdog` (started by `lock`, never by hand).
 #[derive(Debug, Clone, clap::Args)]
-pub struct GuardArgs {
+pub struct WatchdogArgs {
     /// Between SIGTERM and SIGKILL, in milliseconds.
     #[arg(long)]
     pub grace_ms: u64,
@@ -343,7 +343,7 @@ fn become_subreaper() {
     }
 }
 
-/// The guard's side of the channel: the tool's socket, which is the guard's stdin.
+/// The watchdog's side of the channel: the tool's socket, which is the watchdog's stdin.
 fn channel_from_stdin() -> io::Result<UnixStream> {
     let fd = io::stdin().as_fd().try_clone_to_owned()?;
     let stream = std::os::unix::net::UnixStream::from(fd);
@@ -356,29 +356,29 @@ async fn send_line(to: &mut OwnedWriteHalf, line: String) {
     let _ = to.write_all(format!("{line}\n").as_bytes()).await;
 }
 
-/// The guard as the tool runs it.
-struct GuardProc {
+/// The watchdog as the tool runs it.
+struct WatchdogProc {
     child: Child,
     to: OwnedWriteHalf,
     from: Lines<BufReader<OwnedReadHalf>>,
 }
 
-/// Starts the guard under `deadline`, the command's environment set.
-fn start_guard(
+/// Starts the watchdog under `deadline`, the command's environment set.
+fn start_watchdog(
     args: &LockArgs,
     grace: Duration,
     deadline: Instant,
     env: [(&str, String); 3],
-) -> io::Result<GuardProc> {
+) -> io::Result<WatchdogProc> {
     let exe = std::env::current_exe()?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let child = Command::new(exe)
-        .arg("__lock-guard")
+        .arg("__lock-watchdog")
         .args(["--grace-ms", &grace.as_millis().to_string()])
         .args([
             "--deadline",
-            &GuardMessage::clock_arg(clock::to_boot(deadline)),
+            &WatchdogMessage::clock_arg(clock::to_boot(deadline)),
         ])
         .arg("--")
         .args(&args.command)
@@ -387,7 +387,7 @@ fn start_guard(
         .process_group(0)
         .spawn()?;
     let (from, to) = UnixStream::from_std(ours)?.into_split();
-    Ok(GuardProc {
+    Ok(WatchdogProc {
         child,
         to,
         from: BufReader::new(from).lines(),
@@ -410,8 +410,8 @@ fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
             EXIT_NOT_HELD
         }
         LockExit::Interrupted(signal) => signal.exit_code(),
-        LockExit::GuardGone => {
-            eprintln!("dagnats-leases: the guard process died: the command was stopped by lock");
+        LockExit::WatchdogGone => {
+            eprintln!("dagnats-leases: the watchdog process died: the command was stopped by lock");
             EXIT_ERROR
         }
     }
@@ -459,19 +459,19 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
-    // Orphans of a guard that died become this process's children.
+    // Orphans of a watchdog that died become this process's children.
     become_subreaper();
 
     let mut lock = Lock::new(grace, args.wait, clock::now());
-    let mut guard: Option<GuardProc> = None;
-    // After the guard died: what reaping the command's processes shows.
+    let mut watchdog: Option<WatchdogProc> = None;
+    // After the watchdog died: what reaping the command's processes shows.
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut held_key = args.key.clone();
     let mut fence = 0;
     loop {
         while let Some(event) = lock.poll_event() {
             match event {
-                LockEvent::StartGuard { deadline } => {
+                LockEvent::StartWatchdog { deadline } => {
                     eprintln!(
                         "dagnats-leases: holding {held_key} as {holder} (fence {fence}); running {}",
                         args.command[0]
@@ -481,17 +481,17 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                         (ENV_HOLDER, holder.clone()),
                         (ENV_FENCE, fence.to_string()),
                     ];
-                    match start_guard(&args, grace, deadline, env) {
-                        Ok(g) => guard = Some(g),
+                    match start_watchdog(&args, grace, deadline, env) {
+                        Ok(g) => watchdog = Some(g),
                         Err(e) => {
                             campaign.stop().await;
-                            eprintln!("dagnats-leases: cannot start the guard: {e}");
+                            eprintln!("dagnats-leases: cannot start the watchdog: {e}");
                             return EXIT_ERROR;
                         }
                     }
                 }
-                LockEvent::ToGuard(message) => {
-                    if let Some(g) = &mut guard {
+                LockEvent::ToWatchdog(message) => {
+                    if let Some(g) = &mut watchdog {
                         send_line(&mut g.to, message.to_line(clock::to_boot)).await;
                     }
                 }
@@ -501,7 +501,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                     let code = exit_code(exit, &held_key, args.wait);
                     if !release {
                         eprintln!(
-                            "dagnats-leases: the guard died before it could name the command's \
+                            "dagnats-leases: the watchdog died before it could name the command's \
                              processes: the lease on {held_key} is left to run out by its TTL"
                         );
                         // Exit now: no release may go out, nor any renewal.
@@ -544,22 +544,22 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                 }
                 Observed::Renewed { .. } => {}
             },
-            line = async { guard.as_mut().expect("guarded by the condition").from.next_line().await },
-                if guard.is_some() && reaped.is_none() => match line {
+            line = async { watchdog.as_mut().expect("guarded by the condition").from.next_line().await },
+                if watchdog.is_some() && reaped.is_none() => match line {
                 Ok(Some(line)) => {
-                    if let Some(report) = GuardReport::parse(&line) {
+                    if let Some(report) = WatchdogReport::parse(&line) {
                         lock.handle_report(clock::now(), report);
                     }
                 }
-                // The channel closed: the guard is gone once it has exited (then its
+                // The channel closed: the watchdog is gone once it has exited (then its
                 // orphans, if any, are this process's children).
                 _ => {
-                    if let Some(g) = &mut guard {
+                    if let Some(g) = &mut watchdog {
                         let _ = g.child.wait().await;
                     }
-                    lock.handle_guard_gone(clock::now());
+                    lock.handle_watchdog_gone(clock::now());
                     if reaped.is_none() {
-                        guard = None;
+                        watchdog = None;
                     }
                 }
             },
@@ -575,27 +575,28 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     }
 }
 
-/// Runs `__lock-guard`: the command in its own process group, stopped at the
+/// Runs `__lock-watchdog`: the command in its own process group, stopped at the
 /// deadline; returns the command's code. The caller must then exit the process
 /// without dropping the runtime (`std::process::exit`).
-pub async fn guard(args: GuardArgs) -> u8 {
-    let Some(deadline) = GuardMessage::parse_clock_arg(&args.deadline).and_then(clock::from_boot)
+pub async fn watchdog(args: WatchdogArgs) -> u8 {
+    let Some(deadline) =
+        WatchdogMessage::parse_clock_arg(&args.deadline).and_then(clock::from_boot)
     else {
-        eprintln!("dagnats-leases: __lock-guard: bad --deadline");
+        eprintln!("dagnats-leases: __lock-watchdog: bad --deadline");
         return EXIT_ERROR;
     };
     let grace = Duration::from_millis(args.grace_ms);
     let (from_tool, mut to_tool) = match channel_from_stdin() {
         Ok(stream) => stream.into_split(),
         Err(e) => {
-            eprintln!("dagnats-leases: __lock-guard: stdin is not lock's channel: {e}");
+            eprintln!("dagnats-leases: __lock-watchdog: stdin is not lock's channel: {e}");
             return EXIT_ERROR;
         }
     };
     let (mut signals, mut timer) = match (Signals::new(), BootTimer::new()) {
         (Ok(s), Ok(t)) => (s, t),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("dagnats-leases: __lock-guard: {e}");
+            eprintln!("dagnats-leases: __lock-watchdog: {e}");
             return EXIT_ERROR;
         }
     };
@@ -631,7 +632,7 @@ pub async fn guard(args: GuardArgs) -> u8 {
                 SupervisorEvent::Signal(signal) => signal_command(pgid, signal),
                 SupervisorEvent::Report(report) => {
                     send_line(&mut to_tool, report.to_line()).await;
-                    if let GuardReport::Finished { code, stopped } = report {
+                    if let WatchdogReport::Finished { code, stopped } = report {
                         if pgid == 0 && stopped == Some(StopCause::DeadlineNear) {
                             eprintln!(
                                 "dagnats-leases: the lease has no more than --grace left: \
@@ -648,17 +649,17 @@ pub async fn guard(args: GuardArgs) -> u8 {
         if armed != Some(wake) {
             armed = Some(wake);
             if let Err(e) = timer.arm(wake) {
-                eprintln!("dagnats-leases: __lock-guard: cannot arm its timer: {e}");
+                eprintln!("dagnats-leases: __lock-watchdog: cannot arm its timer: {e}");
                 supervisor.handle_timer_failed(clock::now());
                 continue;
             }
         }
         tokio::select! {
             line = lines.next_line(), if tool_open => match line {
-                Ok(Some(line)) => match GuardMessage::parse(&line, clock::from_boot) {
-                    Some(GuardMessage::Deadline(at)) => supervisor.handle_deadline(clock::now(), at),
-                    Some(GuardMessage::Lost) => supervisor.handle_lost(clock::now()),
-                    Some(GuardMessage::Signal(s)) => supervisor.handle_signal(clock::now(), s),
+                Ok(Some(line)) => match WatchdogMessage::parse(&line, clock::from_boot) {
+                    Some(WatchdogMessage::Deadline(at)) => supervisor.handle_deadline(clock::now(), at),
+                    Some(WatchdogMessage::Lost) => supervisor.handle_lost(clock::now()),
+                    Some(WatchdogMessage::Signal(s)) => supervisor.handle_signal(clock::now(), s),
                     None => {}
                 },
                 // The tool is gone: nobody renews the lease.
@@ -675,7 +676,7 @@ pub async fn guard(args: GuardArgs) -> u8 {
             fired = timer.fired() => match fired {
                 Ok(()) => supervisor.handle_timeout(clock::now()),
                 Err(e) => {
-                    eprintln!("dagnats-leases: __lock-guard: its timer failed: {e}");
+                    eprintln!("dagnats-leases: __lock-watchdog: its timer failed: {e}");
                     supervisor.handle_timer_failed(clock::now());
                 }
             },

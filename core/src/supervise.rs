@@ -4,10 +4,10 @@
 //! `dagnats-leases lock KEY -- CMD` runs in two processes, so that the command is
 //! stopped in time even when the tool that holds the lease cannot act:
 //!
-//! - the **guard** runs the command in a process group of its own and keeps the
+//! - the **watchdog** runs the command in a process group of its own and keeps the
 //!   lease's deadline with a [`Supervisor`];
-//! - the **tool** campaigns and renews, tells the guard each new deadline, and
-//!   decides when to release with a [`Lock`]. If the guard dies, the tool supervises
+//! - the **tool** campaigns and renews, tells the watchdog each new deadline, and
+//!   decides when to release with a [`Lock`]. If the watchdog dies, the tool supervises
 //!   the command's group itself (the same [`Supervisor`]) before it releases.
 //!
 //! The rules, each with a table test:
@@ -17,15 +17,15 @@
 //! - `grace` before the deadline the group gets SIGTERM; SIGKILL follows at the
 //!   earlier of SIGTERM + grace and the deadline. So every SIGKILL goes out no later
 //!   than the deadline, which comes before the server can free the lease.
-//! - A lost lease, the tool gone (the guard's channel closed) or the command's first
+//! - A lost lease, the tool gone (the watchdog's channel closed) or the command's first
 //!   process exiting stop the group the same way: SIGTERM now, SIGKILL at the earlier
 //!   of now + grace and the deadline. Every process left behind by the first one is
 //!   stopped too, not only the one the tool started.
-//! - SIGTERM, SIGINT and SIGHUP received by the tool or the guard are passed on to
+//! - SIGTERM, SIGINT and SIGHUP received by the tool or the watchdog are passed on to
 //!   the command's group; neither process dies of them.
 //! - The lease is released only once every process of the command is known to be
-//!   gone: the guard said so before it exited, or (the guard having died) the tool saw
-//!   the group empty itself. A tool that cannot tell (the guard died before it named
+//!   gone: the watchdog said so before it exited, or (the watchdog having died) the tool saw
+//!   the group empty itself. A tool that cannot tell (the watchdog died before it named
 //!   the group) releases nothing: the lease runs out by its TTL.
 //!
 //! Like every machine in this crate they do no IO and read no clock: feed them
@@ -44,14 +44,14 @@ pub enum GroupSignal {
     Term,
     /// SIGKILL: stop now.
     Kill,
-    /// SIGINT, passed on from the tool or the guard.
+    /// SIGINT, passed on from the tool or the watchdog.
     Int,
-    /// SIGHUP, passed on from the tool or the guard.
+    /// SIGHUP, passed on from the tool or the watchdog.
     Hup,
 }
 
 impl GroupSignal {
-    /// The signal's name without `SIG`, as the guard's channel spells it.
+    /// The signal's name without `SIG`, as the watchdog's channel spells it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Term => "TERM",
@@ -90,11 +90,11 @@ pub enum StopCause {
     Lost,
     /// The process holding the lease is gone: nobody renews it.
     ToolGone,
-    /// The guard died; the tool stops the command itself.
-    GuardGone,
+    /// The watchdog died; the tool stops the command itself.
+    WatchdogGone,
 }
 
-/// `lock`'s exit code for any error without a code of its own (the guard's, for a
+/// `lock`'s exit code for any error without a code of its own (the watchdog's, for a
 /// command whose first process's code it never saw).
 pub const EXIT_ERROR: u8 = 1;
 /// `lock`: the lease was lost while the command ran (the command was sent SIGTERM,
@@ -159,10 +159,10 @@ pub enum SupervisorEvent {
     Start,
     /// Send this signal to every process of the command.
     Signal(GroupSignal),
-    /// Tell the tool this ([`GuardReport::to_line`]). After
-    /// [`GuardReport::Finished`], the guard exits with its `code`: every process of
+    /// Tell the tool this ([`WatchdogReport::to_line`]). After
+    /// [`WatchdogReport::Finished`], the watchdog exits with its `code`: every process of
     /// the command is gone (or it never started).
-    Report(GuardReport),
+    Report(WatchdogReport),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +186,7 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Supervises a command under `deadline` (the guard's): [`SupervisorEvent::Start`]
+    /// Supervises a command under `deadline` (the watchdog's): [`SupervisorEvent::Start`]
     /// when [`may_start`] says yes; otherwise it never starts, and reports
     /// [`EXIT_LEASE_LOST`] stopped for [`StopCause::DeadlineNear`].
     pub fn new(deadline: Instant, grace: Duration, now: Instant) -> Self {
@@ -199,7 +199,7 @@ impl Supervisor {
         supervisor
     }
 
-    /// Takes over a running group that must stop now (its guard died): SIGTERM at
+    /// Takes over a running group that must stop now (its watchdog died): SIGTERM at
     /// once, SIGKILL at the earlier of now + grace and `deadline`.
     pub fn stopping_now(
         deadline: Instant,
@@ -231,18 +231,20 @@ impl Supervisor {
         }
         self.leader = Some(pid);
         self.events
-            .push_back(SupervisorEvent::Report(GuardReport::Started { pgid: pid }));
+            .push_back(SupervisorEvent::Report(WatchdogReport::Started {
+                pgid: pid,
+            }));
         self.handle_timeout(now);
     }
 
-    /// The command could not be started: the guard reports [`EXIT_CANNOT_RUN`].
+    /// The command could not be started: the watchdog reports [`EXIT_CANNOT_RUN`].
     pub fn handle_start_failed(&mut self, _now: Instant) {
         if self.leader.is_none() {
             self.finish(EXIT_CANNOT_RUN, None);
         }
     }
 
-    /// A child `pid` of the guard exited with `code` (128 + N for a signal N): the
+    /// A child `pid` of the watchdog exited with `code` (128 + N for a signal N): the
     /// command's first process is the one whose PID is its group's ID, and its end
     /// stops the rest ([`Supervisor::handle_leader_exited`]); any other is one of
     /// its processes, whose end changes nothing.
@@ -288,12 +290,12 @@ impl Supervisor {
         self.stop(now, StopCause::Lost);
     }
 
-    /// The tool holding the lease is gone (its channel to the guard closed).
+    /// The tool holding the lease is gone (its channel to the watchdog closed).
     pub fn handle_tool_gone(&mut self, now: Instant) {
         self.stop(now, StopCause::ToolGone);
     }
 
-    /// A signal arrived for the command (at the guard, or passed on by the tool).
+    /// A signal arrived for the command (at the watchdog, or passed on by the tool).
     pub fn handle_signal(&mut self, now: Instant, signal: GroupSignal) {
         if !self.finished {
             self.events.push_back(SupervisorEvent::Signal(signal));
@@ -308,7 +310,7 @@ impl Supervisor {
         self.stop(now, StopCause::LeaderExited);
     }
 
-    /// No process of the command is left: the guard reports the first process's
+    /// No process of the command is left: the watchdog reports the first process's
     /// code ([`EXIT_ERROR`] if its end was not seen).
     pub fn handle_group_empty(&mut self, _now: Instant) {
         let code = self.leader_code.unwrap_or(EXIT_ERROR);
@@ -321,7 +323,7 @@ impl Supervisor {
         }
         self.finished = true;
         self.events
-            .push_back(SupervisorEvent::Report(GuardReport::Finished {
+            .push_back(SupervisorEvent::Report(WatchdogReport::Finished {
                 code,
                 stopped,
             }));
@@ -396,9 +398,9 @@ impl Supervisor {
     }
 }
 
-/// What the tool tells its guard, a line each on their channel.
+/// What the tool tells its watchdog, a line each on their channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuardMessage {
+pub enum WatchdogMessage {
     /// The lease's new deadline.
     Deadline(Instant),
     /// The lease is lost: stop the command.
@@ -407,19 +409,19 @@ pub enum GuardMessage {
     Signal(GroupSignal),
 }
 
-/// What the guard tells the tool, a line each on their channel.
+/// What the watchdog tells the tool, a line each on their channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuardReport {
+pub enum WatchdogReport {
     /// The command runs in process group `pgid`.
     Started {
         /// The group's ID (the first process's PID).
         pgid: u32,
     },
-    /// Every process of the command is gone; the guard exits.
+    /// Every process of the command is gone; the watchdog exits.
     Finished {
-        /// The command's exit code (the guard's own when it could not start it).
+        /// The command's exit code (the watchdog's own when it could not start it).
         code: u8,
-        /// Why the guard stopped the command, if it did.
+        /// Why the watchdog stopped the command, if it did.
         stopped: Option<StopCause>,
     },
 }
@@ -437,7 +439,7 @@ fn parse_clock(text: &str) -> Option<Duration> {
     Some(Duration::new(secs.parse().ok()?, nanos.parse().ok()?))
 }
 
-impl GuardMessage {
+impl WatchdogMessage {
     /// The message as one line of the channel (without the newline); `clock` turns
     /// a deadline into an absolute time of the clock both processes read.
     pub fn to_line(&self, clock: impl Fn(Instant) -> Duration) -> String {
@@ -461,13 +463,13 @@ impl GuardMessage {
         words.next().is_none().then_some(message)
     }
 
-    /// An absolute time on the command line (the guard's first deadline), as a
+    /// An absolute time on the command line (the watchdog's first deadline), as a
     /// deadline line spells it.
     pub fn clock_arg(at: Duration) -> String {
         format_clock(at)
     }
 
-    /// Reads [`GuardMessage::clock_arg`]'s text.
+    /// Reads [`WatchdogMessage::clock_arg`]'s text.
     pub fn parse_clock_arg(text: &str) -> Option<Duration> {
         parse_clock(text)
     }
@@ -480,7 +482,7 @@ impl StopCause {
             Self::DeadlineNear => "deadline_near",
             Self::Lost => "lost",
             Self::ToolGone => "tool_gone",
-            Self::GuardGone => "guard_gone",
+            Self::WatchdogGone => "watchdog_gone",
         }
     }
 
@@ -490,7 +492,7 @@ impl StopCause {
             Self::DeadlineNear,
             Self::Lost,
             Self::ToolGone,
-            Self::GuardGone,
+            Self::WatchdogGone,
         ]
         .into_iter()
         .find(|c| c.name() == name)
@@ -503,7 +505,7 @@ impl StopCause {
     }
 }
 
-impl GuardReport {
+impl WatchdogReport {
     /// The report as one line of the channel (without the newline).
     pub fn to_line(&self) -> String {
         match self {
@@ -549,22 +551,22 @@ pub enum LockExit {
     NotHeld,
     /// A signal arrived before the command started.
     Interrupted(GroupSignal),
-    /// The guard died: the tool stopped the command itself, or could not tell
+    /// The watchdog died: the tool stopped the command itself, or could not tell
     /// whether it still runs (then nothing was released).
-    GuardGone,
+    WatchdogGone,
 }
 
 /// What a [`Lock`] wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockEvent {
-    /// Start the guard (and through it the command) under `deadline`.
-    StartGuard {
+    /// Start the watchdog (and through it the command) under `deadline`.
+    StartWatchdog {
         /// The lease's deadline now.
         deadline: Instant,
     },
-    /// Tell the guard this.
-    ToGuard(GuardMessage),
-    /// The guard is gone: signal every process of the command (group `pgid`) from
+    /// Tell the watchdog this.
+    ToWatchdog(WatchdogMessage),
+    /// The watchdog is gone: signal every process of the command (group `pgid`) from
     /// the tool itself.
     Signal {
         /// The command's process group.
@@ -572,7 +574,7 @@ pub enum LockEvent {
         /// The signal.
         signal: GroupSignal,
     },
-    /// The guard is gone: wait until every process of the command has ended (the
+    /// The watchdog is gone: wait until every process of the command has ended (the
     /// tool reaps them as their subreaper), then feed [`Lock::handle_group_empty`].
     WatchGroup {
         /// The command's process group.
@@ -598,12 +600,12 @@ enum LockPhase {
     },
     /// Elected, but with no more than the grace period left: wait for a renewal.
     Elected,
-    /// The guard runs the command.
+    /// The watchdog runs the command.
     Running {
         pgid: Option<u32>,
         finished: Option<(u8, Option<StopCause>)>,
     },
-    /// The guard died; the tool stops the command's group itself.
+    /// The watchdog died; the tool stops the command's group itself.
     TakingOver {
         pgid: u32,
         supervisor: Supervisor,
@@ -612,7 +614,7 @@ enum LockPhase {
 }
 
 /// The tool's side of `lock`: campaign until elected (or until `--wait` has
-/// passed), start the guard, pass deadlines, loss and signals on, and release only
+/// passed), start the watchdog, pass deadlines, loss and signals on, and release only
 /// once every process of the command is gone. See the [module docs](self).
 #[derive(Debug)]
 pub struct Lock {
@@ -684,13 +686,13 @@ impl Lock {
                         pgid: None,
                         finished: None,
                     };
-                    self.events.push_back(LockEvent::StartGuard { deadline });
+                    self.events.push_back(LockEvent::StartWatchdog { deadline });
                 }
             }
             LockPhase::Running { .. } if !self.lost => {
                 self.deadline = Some(deadline);
                 self.events
-                    .push_back(LockEvent::ToGuard(GuardMessage::Deadline(deadline)));
+                    .push_back(LockEvent::ToWatchdog(WatchdogMessage::Deadline(deadline)));
             }
             _ => {}
         }
@@ -703,7 +705,7 @@ impl Lock {
             LockPhase::Running { .. } if !self.lost => {
                 self.lost = true;
                 self.events
-                    .push_back(LockEvent::ToGuard(GuardMessage::Lost));
+                    .push_back(LockEvent::ToWatchdog(WatchdogMessage::Lost));
             }
             LockPhase::TakingOver { supervisor, .. } => {
                 self.lost = true;
@@ -722,7 +724,7 @@ impl Lock {
             }
             LockPhase::Running { .. } => self
                 .events
-                .push_back(LockEvent::ToGuard(GuardMessage::Signal(signal))),
+                .push_back(LockEvent::ToWatchdog(WatchdogMessage::Signal(signal))),
             LockPhase::TakingOver { supervisor, .. } => {
                 supervisor.handle_signal(now, signal);
                 self.drain_supervisor();
@@ -731,24 +733,24 @@ impl Lock {
         }
     }
 
-    /// A line from the guard.
-    pub fn handle_report(&mut self, _now: Instant, report: GuardReport) {
+    /// A line from the watchdog.
+    pub fn handle_report(&mut self, _now: Instant, report: WatchdogReport) {
         if let LockPhase::Running { pgid, finished } = &mut self.phase {
             match report {
-                GuardReport::Started { pgid: group } => *pgid = Some(group),
-                GuardReport::Finished { code, stopped } => *finished = Some((code, stopped)),
+                WatchdogReport::Started { pgid: group } => *pgid = Some(group),
+                WatchdogReport::Finished { code, stopped } => *finished = Some((code, stopped)),
             }
         }
     }
 
-    /// The guard has exited and its channel is closed.
-    pub fn handle_guard_gone(&mut self, now: Instant) {
+    /// The watchdog has exited and its channel is closed.
+    pub fn handle_watchdog_gone(&mut self, now: Instant) {
         let LockPhase::Running { pgid, finished } = self.phase else {
             return;
         };
         let deadline = self.deadline.unwrap_or(now);
         match (finished, pgid) {
-            // The guard saw every process of the command gone.
+            // The watchdog saw every process of the command gone.
             (Some((code, stopped)), _) => {
                 let lease_ended =
                     self.lost || now >= deadline || stopped.is_some_and(StopCause::ends_the_lease);
@@ -762,18 +764,18 @@ impl Lock {
             // It died with the command running: stop the group from here.
             (None, Some(pgid)) => {
                 let supervisor =
-                    Supervisor::stopping_now(deadline, self.grace, StopCause::GuardGone, now);
+                    Supervisor::stopping_now(deadline, self.grace, StopCause::WatchdogGone, now);
                 self.phase = LockPhase::TakingOver { pgid, supervisor };
                 self.events.push_back(LockEvent::WatchGroup { pgid });
                 self.drain_supervisor();
             }
             // It died before naming the group: whether the command runs cannot be
             // told, so nothing is released; the lease runs out by its TTL.
-            (None, None) => self.exit(LockExit::GuardGone, false),
+            (None, None) => self.exit(LockExit::WatchdogGone, false),
         }
     }
 
-    /// After the guard died: no process of the command is left.
+    /// After the watchdog died: no process of the command is left.
     pub fn handle_group_empty(&mut self, now: Instant) {
         if let LockPhase::TakingOver { supervisor, .. } = &mut self.phase {
             supervisor.handle_group_empty(now);
@@ -781,7 +783,7 @@ impl Lock {
         }
     }
 
-    /// Acts on the time: `--wait` passing, and the SIGKILL due after a guard died.
+    /// Acts on the time: `--wait` passing, and the SIGKILL due after a watchdog died.
     pub fn handle_timeout(&mut self, now: Instant) {
         match &mut self.phase {
             LockPhase::Campaigning {
@@ -836,13 +838,14 @@ impl Lock {
                 SupervisorEvent::Signal(signal) => {
                     self.events.push_back(LockEvent::Signal { pgid, signal })
                 }
-                SupervisorEvent::Report(GuardReport::Finished { .. }) => finished = true,
+                SupervisorEvent::Report(WatchdogReport::Finished { .. }) => finished = true,
                 // A supervisor taking over starts nothing and reports to nobody.
-                SupervisorEvent::Start | SupervisorEvent::Report(GuardReport::Started { .. }) => {}
+                SupervisorEvent::Start
+                | SupervisorEvent::Report(WatchdogReport::Started { .. }) => {}
             }
         }
         if finished {
-            self.exit(LockExit::GuardGone, true);
+            self.exit(LockExit::WatchdogGone, true);
         }
     }
 

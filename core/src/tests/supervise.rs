@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use crate::supervise::{
     DEFAULT_GRACE_MAX, EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST, GraceTooLong,
-    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent, lock_grace, may_start,
+    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    WatchdogMessage, WatchdogReport, lock_grace, may_start,
 };
 
 const GRACE: Duration = Duration::from_secs(2);
@@ -25,7 +25,7 @@ fn drain_lock(l: &mut Lock) -> Vec<LockEvent> {
 use GroupSignal::{Kill, Term};
 use SupervisorEvent::{Report, Signal};
 
-/// The guard's command's first process.
+/// The watchdog's command's first process.
 const PID: u32 = 4242;
 
 /// A supervisor whose command started at `t` under `deadline`.
@@ -33,13 +33,16 @@ fn started(t: Instant, deadline: Instant) -> Supervisor {
     let mut s = Supervisor::new(deadline, GRACE, t);
     assert_eq!(drain(&mut s), [SupervisorEvent::Start]);
     s.handle_started(t, PID);
-    assert_eq!(drain(&mut s), [Report(GuardReport::Started { pgid: PID })]);
+    assert_eq!(
+        drain(&mut s),
+        [Report(WatchdogReport::Started { pgid: PID })]
+    );
     s
 }
 
 #[allow(non_snake_case)]
 fn Finished(code: u8, stopped: Option<StopCause>) -> SupervisorEvent {
-    Report(GuardReport::Finished { code, stopped })
+    Report(WatchdogReport::Finished { code, stopped })
 }
 
 #[test]
@@ -59,7 +62,7 @@ fn a_command_starts_only_with_more_than_the_grace_left() {
 }
 
 #[test]
-fn a_guard_with_no_more_than_the_grace_left_starts_nothing_and_reports_the_lease_lost() {
+fn a_watchdog_with_no_more_than_the_grace_left_starts_nothing_and_reports_the_lease_lost() {
     let t = Instant::now();
     let deadline = ms(t, 10_000);
     let mut s = Supervisor::new(deadline, GRACE, ms(t, 8_500));
@@ -86,7 +89,7 @@ fn a_command_that_cannot_start_is_reported_with_its_own_code() {
 fn the_first_process_is_the_one_whose_pid_is_the_group_id() {
     let t = Instant::now();
     let mut s = started(t, ms(t, 10_000));
-    // A child it left behind, reaped by the guard: nothing changes.
+    // A child it left behind, reaped by the watchdog: nothing changes.
     s.handle_exited(ms(t, 100), PID + 1, 0);
     assert_eq!(drain(&mut s), []);
     assert_eq!(s.stop_cause(), None);
@@ -118,7 +121,7 @@ fn a_failed_timer_kills_the_command_at_once() {
     s.handle_group_empty(ms(t, 9_001));
     assert!(matches!(
         drain(&mut s)[..],
-        [Report(GuardReport::Finished { .. })]
+        [Report(WatchdogReport::Finished { .. })]
     ));
 }
 
@@ -262,11 +265,13 @@ fn the_leaders_code_is_the_one_reported_even_after_a_stop() {
 #[test]
 fn taking_over_a_group_terms_at_once_and_kills_by_the_deadline() {
     let t = Instant::now();
-    let mut s = Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::GuardGone, ms(t, 9_000));
+    let mut s =
+        Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::WatchdogGone, ms(t, 9_000));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)));
     // Already past the deadline: SIGKILL right after SIGTERM.
-    let mut s = Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::GuardGone, ms(t, 11_000));
+    let mut s =
+        Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::WatchdogGone, ms(t, 11_000));
     assert_eq!(drain(&mut s), [Signal(Term), Signal(Kill)]);
 }
 
@@ -276,33 +281,33 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
     let to_clock = |at: Instant| Duration::from_secs(100) + at.duration_since(base);
     let from_clock = |d: Duration| base.checked_add(d.checked_sub(Duration::from_secs(100))?);
     for message in [
-        GuardMessage::Deadline(ms(base, 1_234)),
-        GuardMessage::Lost,
-        GuardMessage::Signal(GroupSignal::Hup),
+        WatchdogMessage::Deadline(ms(base, 1_234)),
+        WatchdogMessage::Lost,
+        WatchdogMessage::Signal(GroupSignal::Hup),
     ] {
         let line = message.to_line(to_clock);
         assert_eq!(
-            GuardMessage::parse(&line, from_clock),
+            WatchdogMessage::parse(&line, from_clock),
             Some(message),
             "{line}"
         );
     }
     assert_eq!(
-        GuardMessage::Deadline(ms(base, 1_234)).to_line(to_clock),
+        WatchdogMessage::Deadline(ms(base, 1_234)).to_line(to_clock),
         "deadline 101.234000000"
     );
     for report in [
-        GuardReport::Started { pgid: 4242 },
-        GuardReport::Finished {
+        WatchdogReport::Started { pgid: 4242 },
+        WatchdogReport::Finished {
             code: 7,
             stopped: None,
         },
-        GuardReport::Finished {
+        WatchdogReport::Finished {
             code: 137,
             stopped: Some(StopCause::DeadlineNear),
         },
     ] {
-        assert_eq!(GuardReport::parse(&report.to_line()), Some(report));
+        assert_eq!(WatchdogReport::parse(&report.to_line()), Some(report));
     }
     for bad in [
         "",
@@ -318,8 +323,8 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
         // Found by the fuzzer: a time past any instant is refused, not a panic.
         "deadline 11244444444444444234.000000001",
     ] {
-        assert_eq!(GuardMessage::parse(bad, from_clock), None, "{bad:?}");
-        assert_eq!(GuardReport::parse(bad), None, "{bad:?}");
+        assert_eq!(WatchdogMessage::parse(bad, from_clock), None, "{bad:?}");
+        assert_eq!(WatchdogReport::parse(bad), None, "{bad:?}");
     }
 }
 
@@ -328,7 +333,7 @@ fn elected_and_started(t: Instant) -> Lock {
     lock.handle_elected(t, Some(ms(t, 10_000)));
     assert_eq!(
         drain_lock(&mut lock),
-        [LockEvent::StartGuard {
+        [LockEvent::StartWatchdog {
             deadline: ms(t, 10_000)
         }]
     );
@@ -361,7 +366,7 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     lock.handle_elected(ms(t, 10), Some(ms(t, 15_000)));
     assert!(matches!(
         drain_lock(&mut lock)[..],
-        [LockEvent::StartGuard { .. }]
+        [LockEvent::StartWatchdog { .. }]
     ));
 }
 
@@ -378,7 +383,7 @@ fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
     lock.handle_deadline(ms(t, 9_000), ms(t, 19_000));
     assert_eq!(
         drain_lock(&mut lock),
-        [LockEvent::StartGuard {
+        [LockEvent::StartWatchdog {
             deadline: ms(t, 19_000)
         }]
     );
@@ -396,7 +401,7 @@ fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
 }
 
 #[test]
-fn lock_passes_deadlines_loss_and_signals_to_the_guard() {
+fn lock_passes_deadlines_loss_and_signals_to_the_watchdog() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
     lock.handle_deadline(ms(t, 3_000), ms(t, 13_000));
@@ -406,22 +411,22 @@ fn lock_passes_deadlines_loss_and_signals_to_the_guard() {
     assert_eq!(
         drain_lock(&mut lock),
         [
-            LockEvent::ToGuard(GuardMessage::Deadline(ms(t, 13_000))),
-            LockEvent::ToGuard(GuardMessage::Signal(GroupSignal::Hup)),
-            LockEvent::ToGuard(GuardMessage::Lost),
+            LockEvent::ToWatchdog(WatchdogMessage::Deadline(ms(t, 13_000))),
+            LockEvent::ToWatchdog(WatchdogMessage::Signal(GroupSignal::Hup)),
+            LockEvent::ToWatchdog(WatchdogMessage::Lost),
         ],
         "no deadline after the loss"
     );
 }
 
 #[test]
-fn lock_releases_only_once_the_guard_saw_the_group_empty() {
+fn lock_releases_only_once_the_watchdog_saw_the_group_empty() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
     lock.handle_report(
         ms(t, 1_000),
-        GuardReport::Finished {
+        WatchdogReport::Finished {
             code: 3,
             stopped: Some(StopCause::LeaderExited),
         },
@@ -429,9 +434,9 @@ fn lock_releases_only_once_the_guard_saw_the_group_empty() {
     assert_eq!(
         drain_lock(&mut lock),
         [],
-        "nothing before the guard is gone"
+        "nothing before the watchdog is gone"
     );
-    lock.handle_guard_gone(ms(t, 1_001));
+    lock.handle_watchdog_gone(ms(t, 1_001));
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
@@ -442,7 +447,7 @@ fn lock_releases_only_once_the_guard_saw_the_group_empty() {
 }
 
 #[test]
-fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
+fn lock_exits_as_lost_when_the_watchdog_stopped_the_command_for_the_lease() {
     let t = Instant::now();
     for (stopped, lost, at) in [
         (Some(StopCause::DeadlineNear), false, 8_100),
@@ -450,13 +455,13 @@ fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
         (None, false, 10_000), // the tool woke past its deadline
     ] {
         let mut lock = elected_and_started(t);
-        lock.handle_report(t, GuardReport::Started { pgid: 77 });
+        lock.handle_report(t, WatchdogReport::Started { pgid: 77 });
         if lost {
             lock.handle_lost(ms(t, 4_000));
             drain_lock(&mut lock);
         }
-        lock.handle_report(ms(t, at), GuardReport::Finished { code: 0, stopped });
-        lock.handle_guard_gone(ms(t, at));
+        lock.handle_report(ms(t, at), WatchdogReport::Finished { code: 0, stopped });
+        lock.handle_watchdog_gone(ms(t, at));
         assert_eq!(
             drain_lock(&mut lock),
             [LockEvent::Exit {
@@ -469,11 +474,11 @@ fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
 }
 
 #[test]
-fn lock_whose_guard_died_stops_the_group_itself_before_releasing() {
+fn lock_whose_watchdog_died_stops_the_group_itself_before_releasing() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
-    lock.handle_guard_gone(ms(t, 5_000));
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
+    lock.handle_watchdog_gone(ms(t, 5_000));
     assert_eq!(
         drain_lock(&mut lock),
         [
@@ -505,31 +510,31 @@ fn lock_whose_guard_died_stops_the_group_itself_before_releasing() {
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
-            exit: LockExit::GuardGone,
+            exit: LockExit::WatchdogGone,
             release: true
         }]
     );
 }
 
 #[test]
-fn lock_whose_guard_died_near_the_deadline_kills_by_the_deadline() {
+fn lock_whose_watchdog_died_near_the_deadline_kills_by_the_deadline() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
-    lock.handle_guard_gone(ms(t, 9_500));
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
+    lock.handle_watchdog_gone(ms(t, 9_500));
     drain_lock(&mut lock);
     assert_eq!(lock.poll_timeout(), Some(ms(t, 10_000)));
 }
 
 #[test]
-fn lock_whose_guard_died_before_naming_the_group_releases_nothing() {
+fn lock_whose_watchdog_died_before_naming_the_group_releases_nothing() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_guard_gone(ms(t, 100));
+    lock.handle_watchdog_gone(ms(t, 100));
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
-            exit: LockExit::GuardGone,
+            exit: LockExit::WatchdogGone,
             release: false
         }]
     );
