@@ -18,9 +18,11 @@
 //!   campaign acquire until it is healthy again.
 //!
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
-//! request to accept) is the core's. This module is one task per member that sends
-//! the machine's requests, feeds back their outcomes, change events and inbox
-//! messages, and sleeps until the machine's next deadline. It runs on any
+//! request to accept, what the metrics count) is the core's. This file holds the
+//! public handles; `driver.rs` is the one task per member that sends the machine's
+//! requests, feeds back their outcomes, change events and inbox messages, records
+//! what its events say, and sleeps until the machine's next deadline; `inbox.rs` is
+//! the application's side of the owner's inbox. The driver runs on any
 //! [`Runtime`]: spawned through it, its timer is the runtime's, and
 //! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
 //! it) waits on the rest.
@@ -69,6 +71,11 @@ use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry;
+
+mod driver;
+mod inbox;
+
+pub use inbox::{ForwardedRequest, Inbox};
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
 /// its outcome, and every event of a key's holder machine. For metrics, tracing, or
@@ -197,9 +204,9 @@ impl Shared {
 }
 
 /// Ends the member's part in the driver when the last clone goes.
-struct Life(Arc<Shared>);
+struct LastHandle(Arc<Shared>);
 
-impl Drop for Life {
+impl Drop for LastHandle {
     fn drop(&mut self) {
         self.0.lock().member_alive = false;
         self.0.wake.notify_one();
@@ -210,7 +217,7 @@ impl Drop for Life {
 #[derive(Clone)]
 pub struct Member {
     shared: Arc<Shared>,
-    _life: Arc<Life>,
+    _last: Arc<LastHandle>,
 }
 
 impl std::fmt::Debug for Member {
@@ -270,7 +277,7 @@ impl Member {
             wake: Notify::new(),
         });
         Ok(Self {
-            _life: Arc::new(Life(shared.clone())),
+            _last: Arc::new(LastHandle(shared.clone())),
             shared,
         })
     }
@@ -450,7 +457,7 @@ impl Member {
         if !state.driver_started {
             state.driver_started = true;
             let shared = self.shared.clone();
-            self.shared.runtime.spawn(drive(shared).boxed());
+            self.shared.runtime.spawn(driver::drive(shared).boxed());
         }
     }
 
@@ -833,310 +840,5 @@ impl Shards {
     /// together, none queued).
     pub async fn stop(mut self) {
         self.group.stop().await;
-    }
-}
-
-/// What came of a request, for the machine.
-struct Answer {
-    id: EffectId,
-    outcome: RequestOutcome,
-}
-
-type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
-type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
-
-/// The one driver loop of a member: sends what the machine wants, feeds back what
-/// comes of it, change events and inbox messages, and wakes at its next deadline.
-async fn drive(shared: Arc<Shared>) {
-    let mut pending = Pending::new();
-    let mut changes: Feed<(String, Message)> = SelectAll::new();
-    // Dropping a key's sender ends its change-event stream (and unsubscribes).
-    let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
-    let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
-    let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
-    // A request in flight ends when its sender is dropped: the campaign cancelled it.
-    let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
-    loop {
-        let (requests, events, wake, new_inboxes, done) = {
-            let mut state = shared.lock();
-            let campaign = &mut state.campaign;
-            let requests: Vec<CampaignTransmit> =
-                std::iter::from_fn(|| campaign.poll_transmit()).collect();
-            let events: Vec<CampaignEvent> =
-                std::iter::from_fn(|| state.campaign.poll_event()).collect();
-            let done = !state.member_alive && state.campaign.is_done();
-            (
-                requests,
-                events,
-                state.campaign.poll_timeout(),
-                std::mem::take(&mut state.inboxes),
-                done,
-            )
-        };
-        for request in requests {
-            let (give_up, given_up) = oneshot::channel();
-            in_flight.insert(request.transmit.id, give_up);
-            pending.push(send(&shared, request, given_up));
-        }
-        let mut others = Vec::new();
-        for event in events {
-            match event {
-                CampaignEvent::Watch { key } => {
-                    // A failed subscribe only loses the early wake-up, never correctness;
-                    // bounded, so that a client stuck reconnecting never holds the driver.
-                    let subscribe = shared.nats.subscribe(changed_subject(&key));
-                    let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                    if let Some(Ok(sub)) =
-                        runtime::until(&*shared.runtime, handoff, subscribe).await
-                    {
-                        let (stop, stopped) = oneshot::channel();
-                        subscribed.insert(key.clone(), stop);
-                        changes.push(Box::pin(
-                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
-                        ));
-                    }
-                }
-                CampaignEvent::Unwatch { key } => {
-                    subscribed.remove(&key);
-                }
-                CampaignEvent::Cancel { id } => {
-                    in_flight.remove(&id);
-                }
-                other => others.push(other),
-            }
-        }
-        dispatch(&shared, others);
-        for feed in new_inboxes {
-            let n = inboxes.len();
-            inboxes.push((feed.accepted, feed.rejected));
-            inbox_msgs.push(Box::pin(feed.subscriber.map(move |m| (n, m))));
-        }
-        let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
-        if done && pending.is_empty() && !inbox_open {
-            break;
-        }
-        let sleep = async {
-            match wake {
-                Some(at) => shared.runtime.sleep_until(at).await,
-                None => futures::future::pending().await,
-            }
-        };
-        tokio::select! {
-            Some(answer) = pending.next(), if !pending.is_empty() => {
-                in_flight.remove(&answer.id);
-                shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
-            }
-            Some((key, message)) = changes.next(), if !changes.is_empty() => {
-                let event = change_event(&message);
-                shared.lock().campaign.handle_change(shared.runtime.now(), &key, &event);
-            }
-            Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
-                let (accepted, rejected) = &inboxes[n];
-                receive(&shared, accepted, rejected, message).await;
-            }
-            _ = sleep => {
-                shared.lock().campaign.handle_timeout(shared.runtime.now());
-            }
-            _ = shared.wake.notified() => {}
-        }
-    }
-}
-
-/// Passes the machine's holder events and group ends on, and records what it
-/// measured ([`telemetry`]).
-fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
-    if events.is_empty() {
-        return;
-    }
-    let now = shared.runtime.now();
-    if let Some(o) = &shared.observer {
-        for event in &events {
-            if let CampaignEvent::Holder { key, event, .. } = event {
-                o.event(key, event, now);
-            }
-        }
-    }
-    let mut state = shared.lock();
-    for event in events {
-        match event {
-            CampaignEvent::Holder { group, key, event } => {
-                let ownership = match event {
-                    HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
-                    HolderEvent::SteppedDown { reason } => {
-                        telemetry::stepped_down(&reason);
-                        Some(Ownership::SteppedDown { reason })
-                    }
-                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
-                    HolderEvent::Failed { kind, message } => {
-                        tracing::error!(key, %kind, message, "the lease service refused this holder");
-                        None
-                    }
-                };
-                if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
-                    let _ = outlet.changes.send(Change { key, ownership });
-                }
-            }
-            CampaignEvent::Finished { group } => {
-                if let Some(outlet) = state.outlets.remove(&group) {
-                    for f in outlet.finished {
-                        let _ = f.send(());
-                    }
-                }
-            }
-            CampaignEvent::Candidate { key } => telemetry::campaigning_for([key.as_str()]),
-            CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
-            CampaignEvent::ElectedAfter { after, .. } => telemetry::elected(after),
-            CampaignEvent::Answered(answered) => telemetry::holder_answered(&answered),
-            // The driver subscribes, unsubscribes and cancels itself.
-            CampaignEvent::Watch { .. }
-            | CampaignEvent::Unwatch { .. }
-            | CampaignEvent::Cancel { .. } => {}
-        }
-    }
-}
-
-/// Sends one of the campaign's requests. Its only deadline is the machine's: when
-/// the campaign times it out, the driver drops `given_up`'s sender and the request
-/// ends `TimedOut` (for the observer; the machine has moved on).
-fn send(
-    shared: &Arc<Shared>,
-    request: CampaignTransmit,
-    given_up: oneshot::Receiver<()>,
-) -> BoxFuture<'static, Answer> {
-    let nats = shared.nats.clone();
-    let observer = shared.observer.clone();
-    let runtime = shared.runtime.clone();
-    async move {
-        let CampaignTransmit {
-            key,
-            endpoint,
-            transmit,
-        } = request;
-        let (id, request) = (transmit.id, transmit.request);
-        let body = observer.as_ref().map(|_| request.payload.clone());
-        let sent = runtime.now();
-        let sending = exec::send_untimed(&nats, request);
-        let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
-            futures::future::Either::Left((outcome, _)) => outcome,
-            futures::future::Either::Right(_) => RequestOutcome::TimedOut,
-        };
-        let answered = runtime.now();
-        if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&ObservedRequest {
-                key: &key,
-                endpoint,
-                body,
-                sent,
-                outcome: &outcome,
-                answered,
-            });
-        }
-        Answer { id, outcome }
-    }
-    .boxed()
-}
-
-/// One message on the inbox: passed on when the machine accepts it, answered
-/// `Dagnats-Lease-Reject: stale` when not.
-async fn receive(
-    shared: &Shared,
-    accepted: &mpsc::UnboundedSender<ForwardedRequest>,
-    rejected: &AtomicU64,
-    message: Message,
-) {
-    let fence = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(HDR_FENCE))
-        .map(|v| v.as_str().to_string());
-    let verdict = shared.lock().campaign.check_inbox(
-        shared.runtime.now(),
-        message.subject.as_str(),
-        fence.as_deref(),
-        !accepted.is_closed(),
-    );
-    match verdict {
-        InboxVerdict::Deliver(ok) => {
-            let _ = accepted.send(ForwardedRequest {
-                key: ok.key,
-                fence: ok.fence,
-                payload: message.payload.to_vec(),
-                reply: message.reply,
-                nats: shared.nats.clone(),
-            });
-        }
-        InboxVerdict::Ignore => {}
-        InboxVerdict::Reject(reason) => {
-            rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(subject = %message.subject, %reason, "forward rejected");
-            if let Some(reply) = message.reply {
-                let (name, value) = RejectReason::reply_header();
-                let mut headers = HeaderMap::new();
-                headers.insert(name, value);
-                let reject = shared
-                    .nats
-                    .publish_with_headers(reply, headers, bytes::Bytes::new());
-                let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                let _ = runtime::until(&*shared.runtime, handoff, reject).await;
-            }
-        }
-    }
-}
-
-/// Requests forwarded to this member as owner (see [`Member::inbox`]).
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut inbox = member.inbox().await?;
-/// while let Some(request) = inbox.next().await {
-///     // Only requests for keys this member owns, with a fence of its tenure, get here.
-///     let answer = format!("handled under fence {}", request.fence);
-///     request.respond(answer).await?;
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Inbox {
-    requests: mpsc::UnboundedReceiver<ForwardedRequest>,
-    rejected: Arc<AtomicU64>,
-}
-
-/// One forwarded request this member accepted as owner: answer it with
-/// [`ForwardedRequest::respond`].
-#[derive(Debug)]
-pub struct ForwardedRequest {
-    /// The key it was forwarded for.
-    pub key: String,
-    /// The fence the service sent: fence the writes this request makes with it.
-    pub fence: u64,
-    /// The request body.
-    pub payload: Vec<u8>,
-    reply: Option<async_nats::Subject>,
-    nats: Client,
-}
-
-impl ForwardedRequest {
-    /// Sends `body` back as the owner's reply.
-    pub async fn respond(self, body: impl Into<bytes::Bytes>) -> Result<(), crate::Error> {
-        if let Some(reply) = self.reply {
-            self.nats
-                .publish(reply, body.into())
-                .await
-                .map_err(|e| crate::Error::new(crate::ErrorKind::Nats, e))?;
-        }
-        Ok(())
-    }
-}
-
-impl Inbox {
-    /// The next request this member should process as owner; rejected ones are
-    /// answered by the member and skipped. `None` when the subscription ends.
-    pub async fn next(&mut self) -> Option<ForwardedRequest> {
-        self.requests.recv().await
-    }
-
-    /// How many forwarded requests were rejected so far.
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
     }
 }
