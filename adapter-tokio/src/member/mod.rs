@@ -252,7 +252,7 @@ impl Member {
         observer: Observer,
         priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
-        let mut campaign = Campaign::new(&holder, runtime.now())?;
+        let mut campaign = Campaign::new(&holder, runtime.now()).map_err(ErrorReply::from)?;
         // The holders' retry jitter: randomness drawn here, never in the core
         // (std's per-process random hash keys are enough for spreading retries).
         campaign.seed_jitter({

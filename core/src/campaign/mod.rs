@@ -122,7 +122,9 @@ use std::time::{Duration, Instant};
 use crate::change::ChangeEvent;
 use crate::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::StepDownReason;
-use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure};
+use crate::holder::{
+    ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
+};
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
@@ -318,8 +320,9 @@ pub struct Campaign {
 impl Campaign {
     /// The campaigns of holder ID `holder` (`[A-Za-z0-9_-]{1,128}`), none yet, at
     /// `now` (taken like every machine's constructor; a campaign starts with no
-    /// deadline).
-    pub fn new(holder: &str, _now: Instant) -> Result<Self, ErrorReply> {
+    /// deadline). `Err` when the holder ID is outside the bounds, as
+    /// [`Holder::new`] for a config.
+    pub fn new(holder: &str, _now: Instant) -> Result<Self, ConfigError> {
         wire::check_name("holder", holder)?;
         Ok(Self {
             holder: holder.to_string(),
