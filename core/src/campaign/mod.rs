@@ -361,6 +361,11 @@ impl Campaign {
 
     /// Feeds back what came of request `id`. Outcomes nobody waits for are ignored.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        // A request not yet polled was never sent: no outcome of it can be real, and
+        // taking its route would leave it queued without one.
+        if self.out.requests.iter().any(|r| r.id == id) {
+            return;
+        }
         self.deliver(now, id, outcome);
         self.settle(now);
     }

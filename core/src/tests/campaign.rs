@@ -1475,3 +1475,18 @@ fn the_candidates_are_a_groups_keys_and_a_semaphores_slots_not_presence_keys() {
     candidates.sort();
     assert_eq!(candidates, ["jobs-0", "jobs-1", "s0", "s1"]);
 }
+
+#[test]
+fn an_outcome_for_a_request_not_yet_polled_is_ignored_and_the_request_still_goes_out() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    // The campaign's own ids start at 0: the acquire waits to be polled under it.
+    let first = crate::io::EffectId(0);
+    run.campaign.handle_outcome(run.at(1), first, granted(3));
+    assert!(answers(&run.bookkeeping()).is_empty());
+    let acquire = run.request();
+    assert_eq!(
+        (acquire.request.id, acquire.request.endpoint),
+        (first, Endpoint::Acquire)
+    );
+}
