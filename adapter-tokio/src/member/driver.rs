@@ -152,7 +152,6 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
                     }
                 }
             }
-            CampaignEvent::Candidate { key } => telemetry::campaigning_for([key.as_str()]),
             CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
             CampaignEvent::ElectedAfter { after, .. } => telemetry::elected(after),
             CampaignEvent::Answered(answered) => telemetry::holder_answered(&answered),

@@ -435,6 +435,8 @@ impl Member {
         let now = self.shared.runtime.now();
         let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
+        // The gauges show at once, before the driver runs.
+        telemetry::campaigning_for(state.campaign.candidates(id));
         state.outlets.insert(
             id,
             Outlet {

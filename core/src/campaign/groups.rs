@@ -18,6 +18,18 @@ pub(super) fn spread_renewals(keys: &mut [HolderConfig]) {
 }
 
 impl Campaign {
+    /// The keys `group` campaigns for as the application's candidate: an elector's
+    /// key, a shard set's shards, a semaphore's slots; none for a balanced set's
+    /// presence group (nor an unknown group). Their leader gauges show from the
+    /// group's start, at 0 until elected.
+    pub fn candidates(&self, group: GroupId) -> impl Iterator<Item = &str> {
+        self.groups
+            .get(&group)
+            .filter(|g| !g.presence)
+            .into_iter()
+            .flat_map(|g| g.keys.iter().map(|c| c.key.as_str()))
+    }
+
     /// Starts campaigning for `keys` (each config's `holder` must be this campaign's),
     /// holding at most `max_held` of them (at least 1). Refused when a config is
     /// outside the bounds, or a key is campaigned for already.
@@ -112,10 +124,6 @@ impl Campaign {
             self.claimed.insert(config.key.clone(), id);
             let key = config.key.clone();
             self.events.push_back(CampaignEvent::Watch { key });
-            if !presence {
-                let key = config.key.clone();
-                self.events.push_back(CampaignEvent::Candidate { key });
-            }
         }
         self.vacancies = true;
         self.groups.insert(

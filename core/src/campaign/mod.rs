@@ -70,7 +70,7 @@
 //!   and time ([`CampaignEvent::Answered`], a renew sent after a renew without a
 //!   clear answer marked a retry), ownership changes ([`CampaignEvent::Leading`]),
 //!   the time a campaign took ([`CampaignEvent::ElectedAfter`], restarted by every
-//!   step-down but a stop) and the keys campaigned for ([`CampaignEvent::Candidate`]).
+//!   step-down but a stop); the keys campaigned for are [`Campaign::candidates`].
 //!   An adapter records them and reads no reply itself.
 //! - **The inbox** ([`Campaign::check_inbox`]) follows every holder's tenure: a
 //!   forwarded request is accepted only for a key owned now, with a fence of this
@@ -182,12 +182,6 @@ pub enum CampaignEvent {
     Cancel {
         /// The request.
         id: EffectId,
-    },
-    /// A group campaigns for `key` (a presence key of a balanced set is not one):
-    /// its leader gauge shows from now on, at 0 until elected.
-    Candidate {
-        /// The key.
-        key: String,
     },
     /// This holder ID began (`owns`) or stopped owning `key`: `Elected`, or a
     /// step-down (or the end of a holder that owned it).

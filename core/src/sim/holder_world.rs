@@ -415,7 +415,6 @@ impl Machine {
                     CampaignEvent::Watch { .. }
                     | CampaignEvent::Unwatch { .. }
                     | CampaignEvent::Cancel { .. }
-                    | CampaignEvent::Candidate { .. }
                     | CampaignEvent::Leading { .. }
                     | CampaignEvent::ElectedAfter { .. }
                     | CampaignEvent::Answered(_) => {}

@@ -49,7 +49,6 @@ fn is_bookkeeping(e: &CampaignEvent) -> bool {
     matches!(
         e,
         CampaignEvent::Cancel { .. }
-            | CampaignEvent::Candidate { .. }
             | CampaignEvent::Leading { .. }
             | CampaignEvent::ElectedAfter { .. }
             | CampaignEvent::Answered(_)
@@ -1458,22 +1457,21 @@ fn elected_after_counts_from_the_group_start_or_its_last_step_down_that_was_not_
 fn the_candidates_are_a_groups_keys_and_a_semaphores_slots_not_presence_keys() {
     let mut run = Run::new();
     let now = run.at(0);
-    run.campaign
+    let set = run
+        .campaign
         .add_balanced_group(now, "set", configs(&["s0", "s1"]))
         .unwrap();
-    run.campaign
+    let jobs = run
+        .campaign
         .add_semaphore(now, HolderConfig::new("jobs", "h1", TTL), 2)
         .unwrap();
-    let mut candidates: Vec<String> = run
-        .bookkeeping()
-        .into_iter()
-        .filter_map(|e| match e {
-            CampaignEvent::Candidate { key } => Some(key),
-            _ => None,
-        })
-        .collect();
-    candidates.sort();
-    assert_eq!(candidates, ["jobs-0", "jobs-1", "s0", "s1"]);
+    let leader = run.group(&["leader"], 1);
+    let of = |g| run.campaign.candidates(g).collect::<Vec<_>>();
+    assert_eq!(of(set), ["s0", "s1"], "no presence key");
+    assert_eq!(of(jobs), ["jobs-0", "jobs-1"]);
+    assert_eq!(of(leader), ["leader"]);
+    // The presence group of the set campaigns for no candidate of the application's.
+    assert_eq!(of(GroupId(set.0 - 1)), Vec::<&str>::new());
 }
 
 #[test]
