@@ -26,13 +26,14 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
-use dagnats_leases_core::acquire_wait::{WaitEvent, WaitingAcquire};
+use dagnats_leases_core::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
     OwnerRequest, ReleaseReply, ReleaseRequest, RenewRequest, Request, Response,
+    forward_client_wait,
 };
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
@@ -281,9 +282,9 @@ impl LeaseClient {
             }
             while let Some(event) = waiting.poll_event() {
                 match event {
-                    WaitEvent::Refused(reply) => refused(&reply),
-                    WaitEvent::Done(reply) => return Ok(reply),
-                    WaitEvent::Failed(outcome) => {
+                    WaitingAcquireEvent::Refused(reply) => refused(&reply),
+                    WaitingAcquireEvent::Done(reply) => return Ok(reply),
+                    WaitingAcquireEvent::Failed(outcome) => {
                         return Err(match reply_of(Endpoint::Acquire, outcome) {
                             Err(e) => e,
                             Ok(other) => Self::unexpected(Endpoint::Acquire, other),
@@ -384,8 +385,7 @@ impl LeaseClient {
             payload: payload.to_vec(),
             timeout_ms: millis(timeout),
         });
-        // The service answers within `timeout`; leave room for the two hops.
-        let wait = timeout + Duration::from_secs(1);
+        let wait = forward_client_wait(timeout);
         match self.call(request, wait).await? {
             Response::Forwarded(r) => {
                 let payload = base64::engine::general_purpose::STANDARD

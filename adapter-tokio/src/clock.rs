@@ -10,7 +10,7 @@
 //! ([`crate::runtime::Runtime::now`]).
 //!
 //! `CLOCK_BOOTTIME` is one clock for every process on the machine, so `lock` hands
-//! its guard process deadlines as absolute readings of it ([`to_boot`],
+//! its watchdog process deadlines as absolute readings of it ([`to_boot`],
 //! [`from_boot`]).
 
 use std::sync::OnceLock;

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shard::{META_SHARDS, ShardMap};
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
 use dagnats_leases_core::subjects::{STREAM, changed_subject};
@@ -328,14 +329,11 @@ async fn watch(
         let Some(message) = sub.next().await else {
             break;
         };
+        // Every subject subscribed to names a key (`changed.<key>`, or `changed.*`).
+        let Some(key) = ChangeEvent::key_of(message.subject.as_str()) else {
+            continue;
+        };
         seen += 1;
-        let key = message
-            .subject
-            .as_str()
-            .rsplit('.')
-            .next()
-            .unwrap_or_default()
-            .to_string();
         let change = crate::client::change_event(&message);
         let (event, revision, holder) = (change.kind.as_str(), change.revision, change.holder);
         let line = if json {
@@ -409,12 +407,10 @@ async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Wr
                 return EXIT_ERROR;
             }
         };
-        let prefix = format!("$KV.{}.", shards.bucket(i));
         keys.extend(
             subjects
                 .iter()
-                .filter_map(|s| s.strip_prefix(prefix.as_str()).map(str::to_string))
-                .filter(|key| !key.contains('.')),
+                .filter_map(|s| shards.lease_key_of(i, s).map(str::to_string)),
         );
     }
     keys.sort();

@@ -7,10 +7,13 @@ use dagnats_leases_core::wire::ErrorKind;
 
 use crate::client::{LeaseError, LeaseErrorKind};
 
+/// The codes `lock`'s machines decide (its watchdog reports them) are the core's.
+pub use dagnats_leases_core::supervise::{
+    EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST,
+};
+
 /// Done.
 pub const EXIT_OK: u8 = 0;
-/// Any error not listed below.
-pub const EXIT_ERROR: u8 = 1;
 /// `serve`: the service could not start (the same code as [`EXIT_ERROR`]).
 pub const EXIT_START_FAILED: u8 = 1;
 /// No NATS server could be reached (clap also uses 2 for bad arguments).
@@ -19,11 +22,6 @@ pub const EXIT_NO_SERVER: u8 = 2;
 pub const EXIT_NOT_HELD: u8 = 3;
 /// `fence_mismatch`: acquire again to learn the current fence.
 pub const EXIT_FENCE_MISMATCH: u8 = 4;
-/// `lock`: the lease was lost while the command ran (the command was sent SIGTERM,
-/// then SIGKILL after the grace period).
-pub const EXIT_LEASE_LOST: u8 = 5;
-/// `lock`: the command could not be started.
-pub const EXIT_CANNOT_RUN: u8 = 127;
 
 /// The exit code of a failed call.
 pub fn exit_code(e: &LeaseError) -> u8 {

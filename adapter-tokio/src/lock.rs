@@ -5,26 +5,26 @@
 //! tool itself cannot act (frozen by SIGSTOP, a long pause, killed):
 //!
 //! - the **tool** holds the lease: it campaigns, renews (the library does), and
-//!   tells the guard every new deadline as an absolute `CLOCK_BOOTTIME` time (one
+//!   tells the watchdog every new deadline as an absolute `CLOCK_BOOTTIME` time (one
 //!   clock for every process on the machine, counting time suspended);
-//! - the **guard** (`dagnats-leases __lock-guard`, started by the tool in a process
+//! - the **watchdog** (`dagnats-leases __lock-watchdog`, started by the tool in a process
 //!   group of its own) runs the command in another process group and keeps the
 //!   deadline: `--grace` before it the command's group gets SIGTERM, SIGKILL at the
 //!   latest at the deadline, which comes before the server can expire the lease.
 //!
 //! Every rule (when to signal, when the command is over, when to release) is a core
-//! machine: [`dagnats_leases_core::supervise`], the guard's [`Supervisor`] and the
+//! machine: [`dagnats_leases_core::supervise`], the watchdog's [`Supervisor`] and the
 //! tool's [`Lock`]. This module is their IO: processes, signals, the channel between
-//! the two processes (a socket pair that is the guard's stdin), and one timer each.
+//! the two processes (a socket pair that is the watchdog's stdin), and one timer each.
 //!
 //! Both processes are child subreapers (`PR_SET_CHILD_SUBREAPER`): a process the
-//! command leaves behind stays the guard's descendant (or the tool's, if the guard
+//! command leaves behind stays the watchdog's descendant (or the tool's, if the watchdog
 //! dies), so "every process of the command is gone" can be known by reaping, and
 //! the lease is released only then. SIGTERM, SIGINT and SIGHUP to either process are
 //! passed on to the command. The command's stdin is `/dev/null`; stdout and stderr
 //! are the tool's.
 //!
-//! What `lock` cannot cover: every process of the tool and the guard killed at once
+//! What `lock` cannot cover: every process of the tool and the watchdog killed at once
 //! (`kill -9` of both), or the whole host paused; the lease then runs out by its TTL
 //! while the command may run on. Fence downstream writes with `DAGNATS_LEASE_FENCE`.
 
@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use dagnats_leases_core::holder::HolderEvent;
 use dagnats_leases_core::supervise::{
-    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    WatchdogMessage, WatchdogReport, lock_grace,
 };
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
@@ -51,11 +51,11 @@ use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
-use crate::member::{CampaignObserver, Change, Elector, Member, Ownership, Semaphore, Tenure};
+use crate::member::{CampaignObserver, Change, Elector, HeldKey, Member, Ownership, Semaphore};
 
-pub use crate::exit::{EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
+pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
-pub const DEFAULT_GRACE_MAX: Duration = Duration::from_secs(5);
+pub use dagnats_leases_core::supervise::DEFAULT_GRACE_MAX;
 
 /// The environment variable naming the key, for the command.
 pub const ENV_KEY: &str = "DAGNATS_LEASE_KEY";
@@ -90,7 +90,7 @@ pub struct LockArgs {
     #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// Between SIGTERM and SIGKILL when the lease is lost (default: ttl/3, at most
-    /// 5s; at most ttl/2).
+    /// 5s; at most ttl/2, else `lock` exits 6).
     #[arg(long, value_parser = parse_duration)]
     pub grace: Option<Duration>,
     /// The command and its arguments, after `--`.
@@ -98,9 +98,9 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
-/// The options of the hidden `__lock-guard` (started by `lock`, never by hand).
+/// The options of the hidden `__lock-watchdog` (started by `lock`, never by hand).
 #[derive(Debug, Clone, clap::Args)]
-pub struct GuardArgs {
+pub struct WatchdogArgs {
     /// Between SIGTERM and SIGKILL, in milliseconds.
     #[arg(long)]
     pub grace_ms: u64,
@@ -127,9 +127,12 @@ impl Campaigner {
     }
 
     /// The key held now (the slot, for a semaphore) and its tenure.
-    fn held(&self) -> Option<(String, Tenure)> {
+    fn held(&self) -> Option<HeldKey> {
         match self {
-            Self::One(e) => e.tenure().map(|t| (e.key().to_string(), t)),
+            Self::One(e) => e.tenure().map(|tenure| HeldKey {
+                key: e.key().to_string(),
+                tenure,
+            }),
             Self::Slots(s) => s.held(),
         }
     }
@@ -340,7 +343,7 @@ fn become_subreaper() {
     }
 }
 
-/// The guard's side of the channel: the tool's socket, which is the guard's stdin.
+/// The watchdog's side of the channel: the tool's socket, which is the watchdog's stdin.
 fn channel_from_stdin() -> io::Result<UnixStream> {
     let fd = io::stdin().as_fd().try_clone_to_owned()?;
     let stream = std::os::unix::net::UnixStream::from(fd);
@@ -353,29 +356,29 @@ async fn send_line(to: &mut OwnedWriteHalf, line: String) {
     let _ = to.write_all(format!("{line}\n").as_bytes()).await;
 }
 
-/// The guard as the tool runs it.
-struct GuardProc {
+/// The watchdog as the tool runs it.
+struct WatchdogProc {
     child: Child,
     to: OwnedWriteHalf,
     from: Lines<BufReader<OwnedReadHalf>>,
 }
 
-/// Starts the guard under `deadline`, the command's environment set.
-fn start_guard(
+/// Starts the watchdog under `deadline`, the command's environment set.
+fn start_watchdog(
     args: &LockArgs,
     grace: Duration,
     deadline: Instant,
     env: [(&str, String); 3],
-) -> io::Result<GuardProc> {
+) -> io::Result<WatchdogProc> {
     let exe = std::env::current_exe()?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let child = Command::new(exe)
-        .arg("__lock-guard")
+        .arg("__lock-watchdog")
         .args(["--grace-ms", &grace.as_millis().to_string()])
         .args([
             "--deadline",
-            &GuardMessage::clock_arg(clock::to_boot(deadline)),
+            &WatchdogMessage::clock_arg(clock::to_boot(deadline)),
         ])
         .arg("--")
         .args(&args.command)
@@ -384,7 +387,7 @@ fn start_guard(
         .process_group(0)
         .spawn()?;
     let (from, to) = UnixStream::from_std(ours)?.into_split();
-    Ok(GuardProc {
+    Ok(WatchdogProc {
         child,
         to,
         from: BufReader::new(from).lines(),
@@ -407,8 +410,8 @@ fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
             EXIT_NOT_HELD
         }
         LockExit::Interrupted(signal) => signal.exit_code(),
-        LockExit::GuardGone => {
-            eprintln!("dagnats-leases: the guard process died: the command was stopped by lock");
+        LockExit::WatchdogGone => {
+            eprintln!("dagnats-leases: the watchdog process died: the command was stopped by lock");
             EXIT_ERROR
         }
     }
@@ -417,16 +420,13 @@ fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
 /// Runs `lock`; returns the exit code. Messages go to stderr.
 pub async fn run(nats: Client, args: LockArgs) -> u8 {
     let ttl = Duration::from_millis(args.ttl_ms);
-    let grace = args
-        .grace
-        .unwrap_or_else(|| (ttl / 3).min(DEFAULT_GRACE_MAX));
-    if grace > ttl / 2 {
-        eprintln!(
-            "dagnats-leases: --grace {grace:?} is more than half the TTL ({ttl:?}): \
-             the command would be stopped while the lease is healthy"
-        );
-        return crate::exit::EXIT_NO_SERVER; // bad arguments, as clap's
-    }
+    let grace = match lock_grace(ttl, args.grace) {
+        Ok(grace) => grace,
+        Err(e) => {
+            eprintln!("dagnats-leases: {e}");
+            return EXIT_BAD_GRACE;
+        }
+    };
     let holder = args
         .holder
         .clone()
@@ -459,19 +459,19 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
-    // Orphans of a guard that died become this process's children.
+    // Orphans of a watchdog that died become this process's children.
     become_subreaper();
 
-    let mut lock = Lock::new(clock::now(), grace, args.wait);
-    let mut guard: Option<GuardProc> = None;
-    // After the guard died: what reaping the command's processes shows.
+    let mut lock = Lock::new(grace, args.wait, clock::now());
+    let mut watchdog: Option<WatchdogProc> = None;
+    // After the watchdog died: what reaping the command's processes shows.
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut held_key = args.key.clone();
     let mut fence = 0;
     loop {
         while let Some(event) = lock.poll_event() {
             match event {
-                LockEvent::StartGuard { deadline } => {
+                LockEvent::StartWatchdog { deadline } => {
                     eprintln!(
                         "dagnats-leases: holding {held_key} as {holder} (fence {fence}); running {}",
                         args.command[0]
@@ -481,17 +481,17 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                         (ENV_HOLDER, holder.clone()),
                         (ENV_FENCE, fence.to_string()),
                     ];
-                    match start_guard(&args, grace, deadline, env) {
-                        Ok(g) => guard = Some(g),
+                    match start_watchdog(&args, grace, deadline, env) {
+                        Ok(g) => watchdog = Some(g),
                         Err(e) => {
                             campaign.stop().await;
-                            eprintln!("dagnats-leases: cannot start the guard: {e}");
+                            eprintln!("dagnats-leases: cannot start the watchdog: {e}");
                             return EXIT_ERROR;
                         }
                     }
                 }
-                LockEvent::ToGuard(message) => {
-                    if let Some(g) = &mut guard {
+                LockEvent::ToWatchdog(message) => {
+                    if let Some(g) = &mut watchdog {
                         send_line(&mut g.to, message.to_line(clock::to_boot)).await;
                     }
                 }
@@ -501,7 +501,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                     let code = exit_code(exit, &held_key, args.wait);
                     if !release {
                         eprintln!(
-                            "dagnats-leases: the guard died before it could name the command's \
+                            "dagnats-leases: the watchdog died before it could name the command's \
                              processes: the lease on {held_key} is left to run out by its TTL"
                         );
                         // Exit now: no release may go out, nor any renewal.
@@ -513,21 +513,23 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
             }
         }
         let wake = lock.poll_timeout();
-        let sleep = tokio::time::sleep(wake.map_or(Duration::from_secs(3600), |at| {
-            at.saturating_duration_since(clock::now())
-        }));
+        let sleep = async {
+            match wake {
+                Some(at) => tokio::time::sleep(at.saturating_duration_since(clock::now())).await,
+                None => futures::future::pending().await,
+            }
+        };
         tokio::select! {
             change = campaign.next() => {
                 let now = clock::now();
                 match change.map(|c| c.ownership) {
-                    Some(Ownership::Elected { fence: f }) => match campaign.held() {
-                        Some((key, tenure)) => {
-                            (held_key, fence) = (key, f);
-                            lock.handle_elected(now, tenure.deadline);
+                    Some(Ownership::Elected { fence: f }) => {
+                        let held = campaign.held();
+                        if let Some(h) = &held {
+                            (held_key, fence) = (h.key.clone(), f);
                         }
-                        // Elected and past the deadline already (a pause right here).
-                        None => lock.handle_lost(now),
-                    },
+                        lock.handle_elected(now, held.map(|h| h.tenure.deadline));
+                    }
                     Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
                     None => {
                         eprintln!("dagnats-leases: the campaign for {} ended", args.key);
@@ -542,22 +544,22 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                 }
                 Observed::Renewed { .. } => {}
             },
-            line = async { guard.as_mut().expect("guarded by the condition").from.next_line().await },
-                if guard.is_some() && reaped.is_none() => match line {
+            line = async { watchdog.as_mut().expect("guarded by the condition").from.next_line().await },
+                if watchdog.is_some() && reaped.is_none() => match line {
                 Ok(Some(line)) => {
-                    if let Some(report) = GuardReport::parse(&line) {
+                    if let Some(report) = WatchdogReport::parse(&line) {
                         lock.handle_report(clock::now(), report);
                     }
                 }
-                // The channel closed: the guard is gone once it has exited (then its
+                // The channel closed: the watchdog is gone once it has exited (then its
                 // orphans, if any, are this process's children).
                 _ => {
-                    if let Some(g) = &mut guard {
+                    if let Some(g) = &mut watchdog {
                         let _ = g.child.wait().await;
                     }
-                    lock.handle_guard_gone(clock::now());
+                    lock.handle_watchdog_gone(clock::now());
                     if reaped.is_none() {
-                        guard = None;
+                        watchdog = None;
                     }
                 }
             },
@@ -573,89 +575,91 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     }
 }
 
-/// Runs `__lock-guard`: the command in its own process group, stopped at the
+/// Runs `__lock-watchdog`: the command in its own process group, stopped at the
 /// deadline; returns the command's code. The caller must then exit the process
 /// without dropping the runtime (`std::process::exit`).
-pub async fn guard(args: GuardArgs) -> u8 {
-    let Some(deadline) = GuardMessage::parse_clock_arg(&args.deadline).and_then(clock::from_boot)
+pub async fn watchdog(args: WatchdogArgs) -> u8 {
+    let Some(deadline) =
+        WatchdogMessage::parse_clock_arg(&args.deadline).and_then(clock::from_boot)
     else {
-        eprintln!("dagnats-leases: __lock-guard: bad --deadline");
+        eprintln!("dagnats-leases: __lock-watchdog: bad --deadline");
         return EXIT_ERROR;
     };
     let grace = Duration::from_millis(args.grace_ms);
     let (from_tool, mut to_tool) = match channel_from_stdin() {
         Ok(stream) => stream.into_split(),
         Err(e) => {
-            eprintln!("dagnats-leases: __lock-guard: stdin is not lock's channel: {e}");
+            eprintln!("dagnats-leases: __lock-watchdog: stdin is not lock's channel: {e}");
             return EXIT_ERROR;
         }
     };
     let (mut signals, mut timer) = match (Signals::new(), BootTimer::new()) {
         (Ok(s), Ok(t)) => (s, t),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("dagnats-leases: __lock-guard: {e}");
+            eprintln!("dagnats-leases: __lock-watchdog: {e}");
             return EXIT_ERROR;
         }
     };
     become_subreaper();
-    let Some(mut supervisor) = Supervisor::new(clock::now(), deadline, grace) else {
-        eprintln!(
-            "dagnats-leases: the lease has no more than --grace left: not starting the command"
-        );
-        let report = GuardReport::Finished {
-            code: EXIT_LEASE_LOST,
-            stopped: Some(StopCause::DeadlineNear),
-        };
-        send_line(&mut to_tool, report.to_line()).await;
-        return EXIT_LEASE_LOST;
-    };
-    let child = std::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .stdin(std::process::Stdio::null())
-        .process_group(0)
-        .spawn();
-    let pgid = match child {
-        Ok(c) => c.id(),
-        Err(e) => {
-            eprintln!("dagnats-leases: cannot run {}: {e}", args.command[0]);
-            let report = GuardReport::Finished {
-                code: EXIT_CANNOT_RUN,
-                stopped: None,
-            };
-            send_line(&mut to_tool, report.to_line()).await;
-            return EXIT_CANNOT_RUN;
-        }
-    };
-    send_line(&mut to_tool, GuardReport::Started { pgid }.to_line()).await;
-    let mut reaped = reap_children();
+    let mut supervisor = Supervisor::new(deadline, grace, clock::now());
+    // The command's first process, whose PID is its group's ID; 0 until started.
+    let mut pgid = 0;
+    let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut lines = BufReader::new(from_tool).lines();
     let mut tool_open = true;
+    let mut armed: Option<Option<Instant>> = None;
     loop {
         while let Some(event) = supervisor.poll_event() {
             match event {
+                SupervisorEvent::Start => {
+                    let child = std::process::Command::new(&args.command[0])
+                        .args(&args.command[1..])
+                        .stdin(std::process::Stdio::null())
+                        .process_group(0)
+                        .spawn();
+                    match child {
+                        Ok(c) => {
+                            pgid = c.id();
+                            reaped = Some(reap_children());
+                            supervisor.handle_started(clock::now(), pgid);
+                        }
+                        Err(e) => {
+                            eprintln!("dagnats-leases: cannot run {}: {e}", args.command[0]);
+                            supervisor.handle_start_failed(clock::now());
+                        }
+                    }
+                }
                 SupervisorEvent::Signal(signal) => signal_command(pgid, signal),
-                SupervisorEvent::Finished { code, stopped } => {
-                    let code = code.unwrap_or(EXIT_ERROR);
-                    send_line(
-                        &mut to_tool,
-                        GuardReport::Finished { code, stopped }.to_line(),
-                    )
-                    .await;
-                    return code;
+                SupervisorEvent::Report(report) => {
+                    send_line(&mut to_tool, report.to_line()).await;
+                    if let WatchdogReport::Finished { code, stopped } = report {
+                        if pgid == 0 && stopped == Some(StopCause::DeadlineNear) {
+                            eprintln!(
+                                "dagnats-leases: the lease has no more than --grace left: \
+                                 not starting the command"
+                            );
+                        }
+                        return code;
+                    }
                 }
             }
         }
-        if let Err(e) = timer.arm(supervisor.poll_timeout()) {
-            // No timer: stop the command now rather than run it unguarded.
-            eprintln!("dagnats-leases: __lock-guard: cannot arm its timer: {e}");
-            signal_command(pgid, GroupSignal::Kill);
+        // Armed once per deadline: a timer that failed is not tried again for it.
+        let wake = supervisor.poll_timeout();
+        if armed != Some(wake) {
+            armed = Some(wake);
+            if let Err(e) = timer.arm(wake) {
+                eprintln!("dagnats-leases: __lock-watchdog: cannot arm its timer: {e}");
+                supervisor.handle_timer_failed(clock::now());
+                continue;
+            }
         }
         tokio::select! {
             line = lines.next_line(), if tool_open => match line {
-                Ok(Some(line)) => match GuardMessage::parse(&line, clock::from_boot) {
-                    Some(GuardMessage::Deadline(at)) => supervisor.handle_deadline(clock::now(), at),
-                    Some(GuardMessage::Lost) => supervisor.handle_lost(clock::now()),
-                    Some(GuardMessage::Signal(s)) => supervisor.handle_signal(clock::now(), s),
+                Ok(Some(line)) => match WatchdogMessage::parse(&line, clock::from_boot) {
+                    Some(WatchdogMessage::Deadline(at)) => supervisor.handle_deadline(clock::now(), at),
+                    Some(WatchdogMessage::Lost) => supervisor.handle_lost(clock::now()),
+                    Some(WatchdogMessage::Signal(s)) => supervisor.handle_signal(clock::now(), s),
                     None => {}
                 },
                 // The tool is gone: nobody renews the lease.
@@ -664,18 +668,16 @@ pub async fn guard(args: GuardArgs) -> u8 {
                     supervisor.handle_tool_gone(clock::now());
                 }
             },
-            Some(seen) = reaped.recv() => match seen {
-                Reaped::Exited { pid, code } if pid == pgid => {
-                    supervisor.handle_leader_exited(clock::now(), code)
-                }
-                Reaped::Exited { .. } => {}
+            Some(seen) = async { reaped.as_mut().expect("guarded by the condition").recv().await },
+                if reaped.is_some() => match seen {
+                Reaped::Exited { pid, code } => supervisor.handle_exited(clock::now(), pid, code),
                 Reaped::None => supervisor.handle_group_empty(clock::now()),
             },
             fired = timer.fired() => match fired {
                 Ok(()) => supervisor.handle_timeout(clock::now()),
                 Err(e) => {
-                    eprintln!("dagnats-leases: __lock-guard: its timer failed: {e}");
-                    signal_command(pgid, GroupSignal::Kill);
+                    eprintln!("dagnats-leases: __lock-watchdog: its timer failed: {e}");
+                    supervisor.handle_timer_failed(clock::now());
                 }
             },
             signal = signals.recv() => supervisor.handle_signal(clock::now(), signal),

@@ -5,7 +5,10 @@
 //!
 //! Every name starts `dagnats_leases_`; labels are lower_snake_case. The machines
 //! of the core record nothing: the adapters record from the effects they carry
-//! out, the outcomes they feed back and the events the machines report.
+//! out, the outcomes they feed back and the events the machines report. The holder
+//! library's metrics come from the campaign's events alone
+//! ([`dagnats_leases_core::campaign::CampaignEvent`]): how an outcome reads, a
+//! renew retry, ownership and the time a campaign took are the machine's to say.
 //!
 //! Service (recorded by [`crate::service`]):
 //!
@@ -30,11 +33,11 @@
 
 use std::time::Duration;
 
-use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::campaign::AnsweredRequest;
 use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::io::Mode;
 use dagnats_leases_core::reply_scope::ReplyRefusal;
-use dagnats_leases_core::wire::{Endpoint, ErrorKind, Response};
+use dagnats_leases_core::wire::{Endpoint, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 /// Counter, labels `endpoint` (`acquire`, `renew`, `release`, `owner`, `forward`)
@@ -78,7 +81,9 @@ pub const STEP_DOWNS: &str = "dagnats_leases_step_downs_total";
 /// Counter, labels `endpoint` (`acquire`, `renew`, `release`) and `reason`:
 /// `renew_retry` (a renew sent while the key's last renew had no clear answer), or
 /// an outcome the holder cannot read as a yes or a no: `timed_out`,
-/// `no_responders`, `request_failed`, `unavailable`, `internal` (as client-go's
+/// `no_responders`, `request_failed`, `unavailable`, `internal` (an `internal`
+/// reply, or one of no endpoint's shape), as the campaign classes it
+/// ([`dagnats_leases_core::holder::OutcomeClass`]; as client-go's
 /// `leader_election_slowpath_total`).
 pub const SLOWPATH: &str = "dagnats_leases_slowpath_total";
 /// Histogram: seconds from a renew's send to its outcome (the renew confirming a
@@ -185,10 +190,6 @@ pub(crate) fn set_mode(mode: Mode) {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 /// Registers the leader gauge of each of `keys` at 0, so that it shows before the
 /// first election.
 pub(crate) fn campaigning_for<'a>(keys: impl IntoIterator<Item = &'a str>) {
@@ -218,42 +219,25 @@ pub(crate) fn elected(after: Duration) {
     histogram!(CAMPAIGN_TO_ELECTED).record(after.as_secs_f64());
 }
 
-/// A holder's request to `endpoint` came back with `outcome` after `took`. Returns
-/// whether the outcome is unknown (neither a yes nor a no), counting it as slow path.
-pub(crate) fn holder_outcome(endpoint: Endpoint, outcome: &RequestOutcome, took: Duration) -> bool {
+/// A holder's request came back (or was timed out), as the campaign read it: its
+/// time for a renew, its class when the slow path, and a renew retry.
+pub(crate) fn holder_answered(answered: &AnsweredRequest) {
+    let endpoint = answered.endpoint;
     if endpoint == Endpoint::Renew {
-        histogram!(RENEW_DURATION).record(took.as_secs_f64());
+        histogram!(RENEW_DURATION).record(answered.took.as_secs_f64());
     }
-    let reason = match outcome {
-        RequestOutcome::TimedOut => "timed_out",
-        RequestOutcome::NoResponders => "no_responders",
-        RequestOutcome::Failed(_) => "request_failed",
-        RequestOutcome::Reply { payload, .. } => {
-            // A holder's replies are small, and carry no quote inside a value (keys
-            // and holder IDs are `[A-Za-z0-9_-]`): the kind shows as it is written.
-            if !contains(payload, b"\"kind\"") {
-                return false;
-            }
-            match Response::decode(endpoint, payload).map(|r| r.error_kind()) {
-                Ok(Some(ErrorKind::Unavailable)) => "unavailable",
-                Ok(Some(ErrorKind::Internal)) => "internal",
-                _ => return false,
-            }
-        }
-    };
-    counter!(SLOWPATH, "endpoint" => endpoint.name(), "reason" => reason).increment(1);
-    true
-}
-
-/// A renew is sent while the key's last renew had an unknown outcome.
-pub(crate) fn renew_retry() {
-    counter!(SLOWPATH, "endpoint" => Endpoint::Renew.name(), "reason" => "renew_retry")
-        .increment(1);
+    if answered.renew_retry {
+        counter!(SLOWPATH, "endpoint" => endpoint.name(), "reason" => "renew_retry").increment(1);
+    }
+    if let Some(reason) = answered.class.label() {
+        counter!(SLOWPATH, "endpoint" => endpoint.name(), "reason" => reason).increment(1);
+    }
 }
 
 #[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
+    use dagnats_leases_core::holder::OutcomeClass;
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     /// What `record` recorded, as Prometheus text.
@@ -265,19 +249,18 @@ mod tests {
     }
 
     #[test]
-    fn holder_outcomes_on_the_slow_path() {
+    fn holder_answers_on_the_slow_path_as_the_campaign_classed_them() {
         let text = recorded(|| {
-            let unavailable = RequestOutcome::reply(r#"{"error":"later","kind":"unavailable"}"#);
-            let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
-            let took = Duration::from_millis(2);
-            assert!(holder_outcome(Endpoint::Renew, &unavailable, took));
-            assert!(!holder_outcome(Endpoint::Renew, &lost, took));
-            assert!(holder_outcome(
-                Endpoint::Acquire,
-                &RequestOutcome::TimedOut,
-                took
-            ));
-            renew_retry();
+            let answered = |endpoint, class, renew_retry| AnsweredRequest {
+                key: "leader".to_string(),
+                endpoint,
+                took: Duration::from_millis(2),
+                class,
+                renew_retry,
+            };
+            holder_answered(&answered(Endpoint::Renew, OutcomeClass::Unavailable, false));
+            holder_answered(&answered(Endpoint::Renew, OutcomeClass::Clear, true));
+            holder_answered(&answered(Endpoint::Acquire, OutcomeClass::TimedOut, false));
         });
         for (endpoint, reason) in [
             ("renew", "unavailable"),

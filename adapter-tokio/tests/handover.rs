@@ -215,7 +215,7 @@ async fn a_member_takes_over_from_a_sigkilled_leader_after_its_ttl() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let mut elector = follower.elect(KEY, ttl).unwrap();
-        // The tool dies at once, mid-tenure: nothing releases the key. (Its guard
+        // The tool dies at once, mid-tenure: nothing releases the key. (Its watchdog
         // stops the command; the lease runs out by its TTL.)
         leader.kill().unwrap();
         let killed = Instant::now();

@@ -1,6 +1,6 @@
 //! `dagnats-leases lock KEY -- CMD` against a real server and the service: mutual
 //! exclusion read from the commands' own stamps, a frozen tool's command stopped by
-//! its guard before anyone else's starts, a lost lease, `--wait`, signals and exit
+//! its watchdog before anyone else's starts, a lost lease, `--wait`, signals and exit
 //! codes.
 
 use std::collections::BTreeSet;
@@ -75,7 +75,7 @@ async fn finish(mut child: Child) -> Output {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    // The guard and the command share the pipe: it ends when the last of them has.
+    // The watchdog and the command share the pipe: it ends when the last of them has.
     let pid = child.id();
     let stderr = tokio::task::spawn_blocking(move || rx.recv_timeout(WAIT))
         .await
@@ -168,7 +168,7 @@ async fn a_frozen_locks_command_is_stopped_before_another_starts() {
         ),
     );
     wait_line(&stamps, "start-a").await;
-    // Freeze the tool: it can neither renew nor signal. Its guard still can.
+    // Freeze the tool: it can neither renew nor signal. Its watchdog still can.
     signal(&a, "STOP");
     let frozen = Instant::now();
     let b = s.lock(
@@ -297,9 +297,12 @@ async fn exit_codes_wait_and_signals() {
     wait_line(&stamps, "term").await;
     assert!(leases.owner("k2").await.unwrap().is_none());
 
-    // --grace above half the TTL is refused.
+    // --grace above half the TTL is refused, with a code of its own.
     let out = finish(s.lock(&["k3", "--ttl-ms", "4000", "--grace", "3s"], "true")).await;
-    assert_eq!(code(out.status), Some(2));
+    assert_eq!(
+        code(out.status),
+        Some(i32::from(dagnats_leases_tokio::lock::EXIT_BAD_GRACE))
+    );
 }
 
 /// `lock --permits 2` by three processes: at most two commands run at once, each
@@ -375,16 +378,16 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The guard process of the `lock` tool `tool` (its one child), once it runs.
-async fn guard_of(tool: &Child) -> u32 {
+/// The watchdog process of the `lock` tool `tool` (its one child), once it runs.
+async fn watchdog_of(tool: &Child) -> u32 {
     let deadline = Instant::now() + WAIT;
     loop {
-        if let [guard] = children_of(tool.id())[..] {
-            return guard;
+        if let [watchdog] = children_of(tool.id())[..] {
+            return watchdog;
         }
         assert!(
             Instant::now() < deadline,
-            "no guard under lock {}",
+            "no watchdog under lock {}",
             tool.id()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -446,15 +449,15 @@ async fn second_lock_finds_none_of_the_first(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_to_the_guard_is_passed_on_and_the_lease_waits_for_the_command() {
+async fn sigterm_to_the_watchdog_is_passed_on_and_the_lease_waits_for_the_command() {
     let s = setup().await;
-    // Before: the guard died of SIGTERM, lock released, and `sleep` ran on.
+    // Before: the watchdog died of SIGTERM, lock released, and `sleep` ran on.
     let first = second_lock_finds_none_of_the_first(
         &s,
         &["--ttl-ms", "6000"],
         "echo $$ >> {pids}; exec sleep 30",
         1,
-        async |tool| signal_pid(guard_of(tool).await, "TERM"),
+        async |tool| signal_pid(watchdog_of(tool).await, "TERM"),
     )
     .await;
     assert_eq!(code(first.status), Some(143), "the command's code: SIGTERM");
@@ -465,7 +468,7 @@ const WRAPPER_OF_A_STUBBORN_WORKER: &str = "sh -c 'trap \"\" TERM; echo $$ >> {p
      echo $$ >> {pids}; wait";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_to_the_guard_makes_lock_stop_the_command_itself_before_releasing() {
+async fn sigkill_to_the_watchdog_makes_lock_stop_the_command_itself_before_releasing() {
     let s = setup().await;
     // The worker ignores SIGTERM: only lock's own SIGKILL after the grace ends it.
     let first = second_lock_finds_none_of_the_first(
@@ -473,12 +476,12 @@ async fn sigkill_to_the_guard_makes_lock_stop_the_command_itself_before_releasin
         &["--ttl-ms", "6000", "--grace", "1s"],
         WRAPPER_OF_A_STUBBORN_WORKER,
         2,
-        async |tool| signal_pid(guard_of(tool).await, "KILL"),
+        async |tool| signal_pid(watchdog_of(tool).await, "KILL"),
     )
     .await;
-    assert_eq!(code(first.status), Some(1), "the guard died");
+    assert_eq!(code(first.status), Some(1), "the watchdog died");
     assert!(
-        String::from_utf8_lossy(&first.stderr).contains("guard process died"),
+        String::from_utf8_lossy(&first.stderr).contains("watchdog process died"),
         "says why"
     );
 }
@@ -518,7 +521,7 @@ async fn a_backgrounded_child_is_stopped_before_the_lease_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_lock_leaves_no_process_of_its_command_to_the_next_holder() {
     let s = setup().await;
-    // SIGSTOP to the tool: it can neither renew nor signal. Its guard kills the
+    // SIGSTOP to the tool: it can neither renew nor signal. Its watchdog kills the
     // command (which ignores SIGTERM, and has a child) by the deadline, before the
     // lease expires on the server and the second lock is granted it.
     let first = second_lock_finds_none_of_the_first(

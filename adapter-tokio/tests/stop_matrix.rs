@@ -421,7 +421,7 @@ async fn lock_cell(nats: Nats) -> Row {
         failure = Some(format!("exit {code:?}, not the command's 143"));
     }
     if failure.is_some() {
-        // Leave nothing behind a failed cell: the command (its guard then ends).
+        // Leave nothing behind a failed cell: the command (its watchdog then ends).
         let pid = std::fs::read_to_string(&started).unwrap_or_default();
         let _ = std::process::Command::new("kill")
             .args(["-KILL", pid.trim()])

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_core::campaign::Campaign;
 use dagnats_leases_core::holder::HolderConfig;
-use dagnats_leases_core::io::{RequestOutcome, TransmitKind};
+use dagnats_leases_core::io::RequestOutcome;
 use dagnats_leases_core::record::format_time;
 use dagnats_leases_core::wire::{AcquireReply, Endpoint, Lease, ReleaseReply, Request, Response};
 use serde::Serialize;
@@ -113,15 +113,13 @@ fn measure(keys: usize) -> (u64, u64, Duration) {
         // Every request is answered at once, in order: the outcomes are inputs.
         let mut answered = 0;
         while let Some(t) = timed(&mut busy, || campaign.poll_transmit()) {
-            let TransmitKind::Lease(endpoint) = t.kind else {
-                unreachable!("a campaign sends only lease calls");
-            };
-            let reply = stand_in.answer(now, endpoint, &t.request.payload);
+            let endpoint = t.endpoint;
+            let reply = stand_in.answer(now, endpoint, &t.transmit.request.payload);
             if endpoint == Endpoint::Renew && measuring_from.is_some() {
                 renewals += 1;
             }
             timed(&mut busy, || {
-                campaign.handle_outcome(now, t.id, RequestOutcome::reply(reply))
+                campaign.handle_outcome(now, t.transmit.id, RequestOutcome::reply(reply))
             });
             answered += 1;
         }

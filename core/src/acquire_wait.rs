@@ -14,7 +14,7 @@ use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Request, Response};
 
 /// What a [`WaitingAcquire`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WaitEvent {
+pub enum WaitingAcquireEvent {
     /// Another holder has the key: waiting for it.
     Refused(AcquireReply),
     /// Over: granted, or the last refusal once the wait ran out.
@@ -50,7 +50,7 @@ pub struct WaitingAcquire {
     last: Option<AcquireReply>,
     next_id: u64,
     transmits: VecDeque<Transmit>,
-    events: VecDeque<WaitEvent>,
+    events: VecDeque<WaitingAcquireEvent>,
 }
 
 impl WaitingAcquire {
@@ -83,7 +83,7 @@ impl WaitingAcquire {
             .push_back(lease_call(id, Endpoint::Acquire, body, self.timeout));
     }
 
-    fn finish(&mut self, event: WaitEvent) {
+    fn finish(&mut self, event: WaitingAcquireEvent) {
         self.phase = Phase::Done;
         self.events.push_back(event);
     }
@@ -95,13 +95,13 @@ impl WaitingAcquire {
         }
         let reply = match &outcome {
             RequestOutcome::Reply { payload, .. } => Response::decode(Endpoint::Acquire, payload),
-            _ => return self.finish(WaitEvent::Failed(outcome)),
+            _ => return self.finish(WaitingAcquireEvent::Failed(outcome)),
         };
         let Ok(Response::Acquired(reply)) = reply else {
-            return self.finish(WaitEvent::Failed(outcome));
+            return self.finish(WaitingAcquireEvent::Failed(outcome));
         };
         if reply.granted || now >= self.deadline {
-            return self.finish(WaitEvent::Done(reply));
+            return self.finish(WaitingAcquireEvent::Done(reply));
         }
         let ttl = Duration::from_millis(reply.lease.ttl_ms);
         self.phase = Phase::Waiting {
@@ -109,7 +109,7 @@ impl WaitingAcquire {
             ttl,
         };
         self.last = Some(reply.clone());
-        self.events.push_back(WaitEvent::Refused(reply));
+        self.events.push_back(WaitingAcquireEvent::Refused(reply));
     }
 
     /// A change event of the key: one that may free it asks again now; any other
@@ -133,7 +133,7 @@ impl WaitingAcquire {
             }
             Phase::Waiting { .. } if now >= self.deadline => {
                 let last = self.last.take().expect("waiting after a refusal");
-                self.finish(WaitEvent::Done(last));
+                self.finish(WaitingAcquireEvent::Done(last));
             }
             Phase::Waiting { until, .. } if now >= until => self.ask(now),
             _ => {}
@@ -146,7 +146,7 @@ impl WaitingAcquire {
     }
 
     /// A refusal waited on, or the end.
-    pub fn poll_event(&mut self) -> Option<WaitEvent> {
+    pub fn poll_event(&mut self) -> Option<WaitingAcquireEvent> {
         self.events.pop_front()
     }
 

@@ -33,7 +33,7 @@
 //!   renewed must have come ([`MAX_EXPIRY_MARKER_LAG`] past the latest end the
 //!   server can have): a renewal that landed after the end is wiped by that
 //!   marker, and so would be any write confirming it before the marker.
-//! - [`Holder::stop`] releases at once; [`Holder::revoke`] (for releases the
+//! - [`Holder::handle_stop`] releases at once; [`Holder::handle_revoke`] (for releases the
 //!   library decides by itself) steps down at once but keeps the lease, unrenewed,
 //!   until the last deadline handed out or a `stop`, so whoever read that deadline
 //!   is done before the key can move.
@@ -203,7 +203,7 @@ impl HolderConfig {
         self
     }
 
-    /// The longest [`Holder::stop`] (or [`Holder::hand_over`]) takes to be done
+    /// The longest [`Holder::handle_stop`] (or [`Holder::handle_hand_over`]) takes to be done
     /// when no request is ever answered (NATS killed, frozen, unreachable): the
     /// request in flight at the stop, then at most [`MAX_STOP_REQUESTS`] more, each
     /// given up at `request_timeout`, none waited between. Elector, shards and
@@ -349,6 +349,61 @@ pub enum HolderEvent {
         /// Its sentence.
         message: String,
     },
+}
+
+/// How a holder reads what came of one of its requests: a clear yes or no, or an
+/// outcome it cannot read as either (the slow path, counted by the holder
+/// library's metrics). The driver feeds outcomes back; it never reads them itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeClass {
+    /// A reply the holder reads as a yes or a no (a grant, a refusal, `lost`, ...).
+    Clear,
+    /// No reply within the request's timeout: it may still be processed.
+    TimedOut,
+    /// Nobody received the request: nothing was written.
+    NoResponders,
+    /// The client could not send it, or its connection failed meanwhile.
+    RequestFailed,
+    /// The service answered `unavailable`: it may have written before it failed.
+    Unavailable,
+    /// The service answered `internal`, or a reply no endpoint's shape reads.
+    Internal,
+}
+
+impl OutcomeClass {
+    /// The class of `outcome`, the reply of a call to `endpoint`, read whole.
+    pub fn of(endpoint: Endpoint, outcome: &RequestOutcome) -> Self {
+        match outcome {
+            RequestOutcome::TimedOut => Self::TimedOut,
+            RequestOutcome::NoResponders => Self::NoResponders,
+            RequestOutcome::Failed(_) => Self::RequestFailed,
+            RequestOutcome::Reply { payload, .. } => {
+                match Response::decode(endpoint, payload).map(|r| r.error_kind()) {
+                    Ok(Some(ErrorKind::Unavailable)) => Self::Unavailable,
+                    Ok(Some(ErrorKind::Internal)) | Err(_) => Self::Internal,
+                    Ok(_) => Self::Clear,
+                }
+            }
+        }
+    }
+
+    /// Whether the holder reads it as a yes or a no.
+    pub fn is_clear(self) -> bool {
+        self == Self::Clear
+    }
+
+    /// Its metrics label (`timed_out`, `no_responders`, `request_failed`,
+    /// `unavailable`, `internal`); `None` for [`OutcomeClass::Clear`].
+    pub fn label(self) -> Option<&'static str> {
+        Some(match self {
+            Self::Clear => return None,
+            Self::TimedOut => "timed_out",
+            Self::NoResponders => "no_responders",
+            Self::RequestFailed => "request_failed",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        })
+    }
 }
 
 /// Where a [`Holder`] is in its life ([`Holder::status`]).
@@ -691,14 +746,14 @@ impl Holder {
 
     /// Stops: steps down now, releases the lease if this holder has one, then is done.
     /// A revoked holder releases now rather than at its deadline.
-    pub fn stop(&mut self, now: Instant) {
+    pub fn handle_stop(&mut self, now: Instant) {
         self.stop_for(now, StepDownReason::Stopped);
     }
 
-    /// Stops as [`Holder::stop`] does, stepping down with
+    /// Stops as [`Holder::handle_stop`] does, stepping down with
     /// [`StepDownReason::HandedOver`]: the campaign (see
-    /// [`crate::campaign::Campaign::hand_over`]) asks for the key again only later.
-    pub fn hand_over(&mut self, now: Instant) {
+    /// [`crate::campaign::Campaign::handle_hand_over`]) asks for the key again only later.
+    pub fn handle_hand_over(&mut self, now: Instant) {
         self.stop_for(now, StepDownReason::HandedOver);
     }
 
@@ -731,8 +786,8 @@ impl Holder {
     /// Stops for a release the library decided by itself (a shard shed, a semaphore
     /// slot given up): steps down now with [`StepDownReason::Revoked`], naming the
     /// last deadline handed out, and keeps the lease until then (no renew) before it
-    /// releases; [`Holder::stop`] releases at once. Not owner (no deadline handed
-    /// out, or it has passed): the same as [`Holder::stop`].
+    /// releases; [`Holder::handle_stop`] releases at once. Not owner (no deadline handed
+    /// out, or it has passed): the same as [`Holder::handle_stop`].
     ///
     /// Why it is safe to move the key then: every deadline handed out is the send of
     /// a write of this tenure plus the TTL, less the drift margin, so the server's
@@ -742,13 +797,13 @@ impl Holder {
     /// never hears of the revocation. A renew in flight still lands, but only
     /// updates the fence to release with: no later deadline is handed out, so none
     /// has to be waited for.
-    pub fn revoke(&mut self, now: Instant) {
+    pub fn handle_revoke(&mut self, now: Instant) {
         self.revoke_for(now, |deadline| StepDownReason::Revoked { deadline });
     }
 
-    /// [`Holder::revoke`] for a member whose health check failed too long: the
+    /// [`Holder::handle_revoke`] for a member whose health check failed too long: the
     /// event is [`StepDownReason::Unhealthy`], the rest is the same.
-    pub fn revoke_unhealthy(&mut self, now: Instant) {
+    pub fn handle_revoke_unhealthy(&mut self, now: Instant) {
         self.revoke_for(now, |deadline| StepDownReason::Unhealthy { deadline });
     }
 
@@ -765,11 +820,11 @@ impl Holder {
                 };
                 self.drive(now);
             }
-            _ => self.stop(now),
+            _ => self.handle_stop(now),
         }
     }
 
-    /// While revoked ([`Holder::revoke`], [`Holder::revoke_unhealthy`]): the
+    /// While revoked ([`Holder::handle_revoke`], [`Holder::handle_revoke_unhealthy`]): the
     /// deadline the lease is kept until.
     pub fn revoked_until(&self) -> Option<Instant> {
         match self.phase {
@@ -781,7 +836,7 @@ impl Holder {
     /// Request `id` was never sent (its driver dropped it, as a [`crate::campaign`]
     /// queue does for a holder that stopped meanwhile): it wrote nothing, so nothing
     /// about it is unknown. A campaign asks again at its next tick.
-    pub fn cancel(&mut self, now: Instant, id: EffectId) {
+    pub fn handle_cancel(&mut self, now: Instant, id: EffectId) {
         if self.in_flight.is_none_or(|f| f.id != id) {
             return;
         }

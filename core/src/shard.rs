@@ -157,6 +157,17 @@ impl ShardMap {
         format!("$JS.API.{verb}.{}", self.stream_of(storage_key))
     }
 
+    /// The lease key shard `i`'s subject names: `<key>` of `$KV.<bucket>.<key>`.
+    /// `None` for any other subject: a read confirmation (`$KV.<bucket>.<key>.read`,
+    /// two tokens after the bucket) or another shard's subject is no lease of `i`.
+    pub fn lease_key_of<'a>(&self, i: u32, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix("$KV.")?
+            .strip_prefix(self.bucket(i).as_str())?
+            .strip_prefix('.')
+            .filter(|k| !k.is_empty() && !k.contains('.'))
+    }
+
     /// The bucket token of a KV subject (`$KV.<bucket>.…`), if it is one: the
     /// coalescer never puts two streams' writes in one atomic batch.
     pub fn bucket_of_subject(subject: &str) -> Option<&str> {

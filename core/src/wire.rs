@@ -14,6 +14,17 @@ pub const MAX_TTL_MS: u64 = 600_000;
 pub const MIN_FORWARD_TIMEOUT_MS: u64 = 100;
 /// Largest accepted forward `timeout_ms`.
 pub const MAX_FORWARD_TIMEOUT_MS: u64 = 30_000;
+/// What a client waits past a forward's `timeout_ms` for its reply: room for the
+/// two hops (client to service, service back), so that the service's own answer
+/// (the owner's reply, or its `timeout` error) reaches the client before the
+/// client gives up on the call.
+pub const FORWARD_HOP_ROOM: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a client waits for the reply to a forward bounded by `timeout`:
+/// `timeout` and [`FORWARD_HOP_ROOM`].
+pub fn forward_client_wait(timeout: std::time::Duration) -> std::time::Duration {
+    timeout + FORWARD_HOP_ROOM
+}
 
 /// The five request/reply subjects of the lease API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

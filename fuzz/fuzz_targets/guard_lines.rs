@@ -1,10 +1,10 @@
-//! The lines `lock` and its guard exchange never panic the reader, and every line
+//! The lines `lock` and its watchdog exchange never panic the reader, and every line
 //! accepted reads back the same after writing it again.
 #![no_main]
 
 use std::time::{Duration, Instant};
 
-use dagnats_leases_core::supervise::{GuardMessage, GuardReport};
+use dagnats_leases_core::supervise::{WatchdogMessage, WatchdogReport};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,11 +12,11 @@ fuzz_target!(|data: &[u8]| {
     let base = Instant::now();
     let to_clock = |at: Instant| at.duration_since(base);
     let from_clock = |d: Duration| base.checked_add(d);
-    if let Some(message) = GuardMessage::parse(line, from_clock) {
+    if let Some(message) = WatchdogMessage::parse(line, from_clock) {
         let again = message.to_line(to_clock);
-        assert_eq!(GuardMessage::parse(&again, from_clock), Some(message), "{line:?}");
+        assert_eq!(WatchdogMessage::parse(&again, from_clock), Some(message), "{line:?}");
     }
-    if let Some(report) = GuardReport::parse(line) {
-        assert_eq!(GuardReport::parse(&report.to_line()), Some(report), "{line:?}");
+    if let Some(report) = WatchdogReport::parse(line) {
+        assert_eq!(WatchdogReport::parse(&report.to_line()), Some(report), "{line:?}");
     }
 });

@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = guard.check(now, &subject, Some(&fence));
         let _ = guard.check(now, "dagnats.lease.inbox.h.k", Some(&fence));
         if op & 0x80 != 0 && op & 0x40 != 0 && rest.len() == 1 {
-            holder.stop(now);
+            holder.handle_stop(now);
         }
     }
 });

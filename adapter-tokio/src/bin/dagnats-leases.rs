@@ -26,8 +26,8 @@ enum Command {
     #[command(flatten)]
     Op(Op),
     /// Started by `lock`: runs its command and stops it at the lease's deadline.
-    #[command(name = "__lock-guard", hide = true)]
-    LockGuard(lock::GuardArgs),
+    #[command(name = "__lock-watchdog", hide = true)]
+    LockWatchdog(lock::WatchdogArgs),
 }
 
 #[tokio::main]
@@ -35,10 +35,10 @@ async fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
-        Command::LockGuard(args) => {
+        Command::LockWatchdog(args) => {
             // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
             // shutdown would wait for it (for the tool's next line) otherwise.
-            let code = lock::guard(args).await;
+            let code = lock::watchdog(args).await;
             std::process::exit(code.into());
         }
     };

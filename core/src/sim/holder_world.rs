@@ -126,7 +126,7 @@ pub enum App {
     None,
     /// Writes every key until its last deadline handed out, ignoring revocation.
     IgnoresRevocation,
-    /// Stops writing a revoked key at once and calls [`Campaign::done`].
+    /// Stops writing a revoked key at once and calls [`Campaign::handle_done`].
     CallsDone,
 }
 
@@ -376,11 +376,7 @@ impl Machine {
             Self::Holder(h) => h.poll_transmit().map(|t| (KEY.to_string(), t.into())),
             Self::Member { campaign, .. } => {
                 let t = campaign.poll_transmit()?;
-                // Read from the body: a request may be timed out before it is polled.
-                let body: serde_json::Value =
-                    serde_json::from_slice(&t.request.payload).expect("a JSON body");
-                let key = body["key"].as_str().expect("a key").to_string();
-                Some((key, t.into()))
+                Some((t.key, t.transmit.into()))
             }
         }
     }
@@ -414,7 +410,14 @@ impl Machine {
             Self::Member { campaign, group } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
-                    CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
+                    // Watches, and what an adapter records or cancels: a world's
+                    // network answers every request, and records its own history.
+                    CampaignEvent::Watch { .. }
+                    | CampaignEvent::Unwatch { .. }
+                    | CampaignEvent::Cancel { .. }
+                    | CampaignEvent::Leading { .. }
+                    | CampaignEvent::ElectedAfter { .. }
+                    | CampaignEvent::Answered(_) => {}
                     CampaignEvent::Finished { group: g } => {
                         if *group == Some(g) {
                             *group = None;
@@ -772,7 +775,7 @@ impl HolderWorld {
             let now = self.holder_now(h, self.t);
             if let Machine::Member { campaign, .. } = &mut self.holders[h].machine {
                 for key in &done {
-                    campaign.done(now, key);
+                    campaign.handle_done(now, key);
                 }
             }
             return self.drain_holder(h);
@@ -969,7 +972,7 @@ impl HolderWorld {
                     group: Some(group),
                 } = &mut self.holders[h].machine
                 {
-                    campaign.stop_group(now, *group);
+                    campaign.handle_stop_group(now, *group);
                     self.stats.leaves += 1;
                 }
                 // The application stopped the group: it writes no more.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
-use crate::acquire_wait::{WaitEvent, WaitingAcquire};
+use crate::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::io::RequestOutcome;
 use crate::test_support::HolderRequest;
@@ -62,7 +62,7 @@ fn asked(w: &mut WaitingAcquire) -> HolderRequest {
 
 /// A waiting acquire of `wait_ms` started at `t0`, its first acquire answered at
 /// 10 ms with `granted`; returns the first event.
-fn first_answer(t0: Instant, wait_ms: u64, granted: bool) -> (WaitingAcquire, WaitEvent) {
+fn first_answer(t0: Instant, wait_ms: u64, granted: bool) -> (WaitingAcquire, WaitingAcquireEvent) {
     let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_millis(wait_ms), t0);
     let r = asked(&mut w);
     w.handle_outcome(ms(t0, 10), r.id, answer(&reply(granted)));
@@ -73,7 +73,7 @@ fn first_answer(t0: Instant, wait_ms: u64, granted: bool) -> (WaitingAcquire, Wa
 #[test]
 fn a_grant_ends_it_at_once() {
     let (w, first) = first_answer(Instant::now(), 5_000, true);
-    assert_eq!(first, WaitEvent::Done(reply(true)));
+    assert_eq!(first, WaitingAcquireEvent::Done(reply(true)));
     assert!(w.is_done());
     assert_eq!(w.poll_timeout(), None);
 }
@@ -81,7 +81,7 @@ fn a_grant_ends_it_at_once() {
 #[test]
 fn a_wait_of_zero_asks_once() {
     let (w, first) = first_answer(Instant::now(), 0, false);
-    assert_eq!(first, WaitEvent::Done(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::Done(reply(false)));
     assert!(w.is_done());
 }
 
@@ -89,7 +89,7 @@ fn a_wait_of_zero_asks_once() {
 fn a_release_event_asks_again_at_once_and_a_renewal_event_pushes_the_fallback() {
     let t0 = Instant::now();
     let (mut w, first) = first_answer(t0, 60_000, false);
-    assert_eq!(first, WaitEvent::Refused(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
     assert_eq!(
         w.poll_timeout(),
         Some(ms(t0, 10 + TTL_MS)),
@@ -101,7 +101,7 @@ fn a_release_event_asks_again_at_once_and_a_renewal_event_pushes_the_fallback() 
     w.handle_change(ms(t0, 2_000), &event(ChangeKind::Released));
     let r = asked(&mut w);
     w.handle_outcome(ms(t0, 2_010), r.id, answer(&reply(true)));
-    assert_eq!(w.poll_event(), Some(WaitEvent::Done(reply(true))));
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Done(reply(true))));
 }
 
 #[test]
@@ -118,10 +118,13 @@ fn without_events_it_asks_again_a_ttl_after_the_last_write_seen() {
 fn the_wait_ends_with_the_last_refusal_even_before_the_fallback() {
     let t0 = Instant::now();
     let (mut w, first) = first_answer(t0, 1_000, false);
-    assert_eq!(first, WaitEvent::Refused(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
     assert_eq!(w.poll_timeout(), Some(ms(t0, 1_000)));
     w.handle_timeout(ms(t0, 1_000));
-    assert_eq!(w.poll_event(), Some(WaitEvent::Done(reply(false))));
+    assert_eq!(
+        w.poll_event(),
+        Some(WaitingAcquireEvent::Done(reply(false)))
+    );
     assert!(w.poll_transmit().is_none() && w.is_done());
     w.handle_change(ms(t0, 1_100), &event(ChangeKind::Released));
     assert!(w.poll_transmit().is_none(), "nothing after the end");
@@ -140,7 +143,7 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
         let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_secs(5), t0);
         let r = asked(&mut w);
         w.handle_outcome(ms(t0, 5), r.id, outcome.clone());
-        assert_eq!(w.poll_event(), Some(WaitEvent::Failed(outcome)));
+        assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Failed(outcome)));
         assert!(w.is_done());
     }
     let t0 = Instant::now();
@@ -154,7 +157,7 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
     w.handle_timeout(t0 + TIMEOUT);
     assert_eq!(
         w.poll_event(),
-        Some(WaitEvent::Failed(RequestOutcome::TimedOut))
+        Some(WaitingAcquireEvent::Failed(RequestOutcome::TimedOut))
     );
     w.handle_outcome(t0 + TIMEOUT, r.id, answer(&reply(true)));
     assert_eq!(w.poll_event(), None);
@@ -191,20 +194,20 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
         }
         while let Some(e) = w.poll_event() {
             match e {
-                WaitEvent::Refused(_) if t >= wait_ms => {
+                WaitingAcquireEvent::Refused(_) if t >= wait_ms => {
                     return Err(format!("t={t}: still waiting past the wait"));
                 }
-                WaitEvent::Refused(_) => {}
-                WaitEvent::Done(r) if r.granted => {
+                WaitingAcquireEvent::Refused(_) => {}
+                WaitingAcquireEvent::Done(r) if r.granted => {
                     if service.held_by(t) != Some("me") {
                         return Err(format!("t={t}: granted but the service says otherwise"));
                     }
                     return Ok(());
                 }
-                WaitEvent::Done(_) if t < wait_ms => {
+                WaitingAcquireEvent::Done(_) if t < wait_ms => {
                     return Err(format!("t={t}: gave up before the wait ended"));
                 }
-                WaitEvent::Done(_) => {
+                WaitingAcquireEvent::Done(_) => {
                     // Freed (released, or expired a TTL later) well before the end: it
                     // must have got it, event or no event.
                     let free_by = if expire {
@@ -217,7 +220,7 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
                     }
                     return Ok(());
                 }
-                WaitEvent::Failed(o) => return Err(format!("t={t}: failed: {o:?}")),
+                WaitingAcquireEvent::Failed(o) => return Err(format!("t={t}: failed: {o:?}")),
             }
         }
         t += 1 + rng.below(50);

@@ -5,11 +5,12 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use crate::campaign::{Campaign, CampaignEvent, GroupId};
+use crate::campaign::{AnsweredRequest, Campaign, CampaignEvent, GroupId, InboxVerdict};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
+use crate::holder::OutcomeClass;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
-use crate::io::RequestOutcome;
+use crate::io::{RequestOutcome, TransmitKind};
 use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind};
 
@@ -38,6 +39,19 @@ fn is_watch(e: &CampaignEvent) -> bool {
                 event: HolderEvent::Refused { .. },
                 ..
             }
+    )
+}
+
+/// What the campaign reports for the adapter's metrics and request bookkeeping
+/// (answers, cancels, ownership gauges, campaign times), which the tests of other
+/// rules leave out.
+fn is_bookkeeping(e: &CampaignEvent) -> bool {
+    matches!(
+        e,
+        CampaignEvent::Cancel { .. }
+            | CampaignEvent::Leading { .. }
+            | CampaignEvent::ElectedAfter { .. }
+            | CampaignEvent::Answered(_)
     )
 }
 
@@ -80,10 +94,10 @@ impl Run {
     fn requests(&mut self) -> Vec<CampaignRequest> {
         std::iter::from_fn(|| {
             let t = self.campaign.poll_transmit()?;
-            let key = self.campaign.key_of(t.id).expect("waited for").to_string();
+            assert_eq!(t.transmit.kind, TransmitKind::Lease(t.endpoint));
             Some(CampaignRequest {
-                key,
-                request: t.into(),
+                key: t.key,
+                request: t.transmit.into(),
             })
         })
         .collect()
@@ -121,13 +135,22 @@ impl Run {
     /// The events but watches and refusals (see [`Run::all_events`]).
     fn events(&mut self) -> Vec<CampaignEvent> {
         std::iter::from_fn(|| self.campaign.poll_event())
-            .filter(|e| !is_watch(e))
+            .filter(|e| !is_watch(e) && !is_bookkeeping(e))
             .collect()
     }
 
-    /// Every event, watches included.
+    /// Every event, watches included (bookkeeping left out).
     fn all_events(&mut self) -> Vec<CampaignEvent> {
-        std::iter::from_fn(|| self.campaign.poll_event()).collect()
+        std::iter::from_fn(|| self.campaign.poll_event())
+            .filter(|e| !is_bookkeeping(e))
+            .collect()
+    }
+
+    /// The bookkeeping events only.
+    fn bookkeeping(&mut self) -> Vec<CampaignEvent> {
+        std::iter::from_fn(|| self.campaign.poll_event())
+            .filter(is_bookkeeping)
+            .collect()
     }
 
     /// Grants `r` at `ms` with `revision` and confirms it with the renew that follows.
@@ -167,7 +190,7 @@ fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
     assert!(dup.is_err(), "a key twice in one group");
     // Stopped with its acquire in flight, the group waits for that answer (it may
     // grant, and then there is something to release).
-    run.campaign.stop_group(run.at(1), first);
+    run.campaign.handle_stop_group(run.at(1), first);
     assert_eq!(run.events(), []);
     assert!(
         run.campaign
@@ -188,7 +211,7 @@ fn a_group_watches_its_keys_until_it_finishes() {
     let group = run.group(&["a", "b"], 1);
     assert_eq!(run.all_events(), [watch("a"), watch("b")]);
     let acquire = run.request();
-    run.campaign.stop_group(run.at(1), group);
+    run.campaign.handle_stop_group(run.at(1), group);
     assert_eq!(
         run.all_events(),
         [],
@@ -338,7 +361,7 @@ fn a_queued_acquire_of_a_stopped_group_is_cancelled_never_sent() {
     let group = run.group(&["s0", "s1"], 1);
     let first = run.request();
     run.elect(0, &first, 3);
-    run.campaign.stop_group(run.at(100), group);
+    run.campaign.handle_stop_group(run.at(100), group);
     // Only the release of s0 goes out; s1's queued acquire never does.
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "s0")]);
@@ -391,10 +414,20 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine() {
     let first = run.request();
     let deadline = run.at(0) + first.request.timeout;
     assert_eq!(run.campaign.poll_timeout(), Some(deadline));
-    assert!(run.campaign.waits_for(first.request.id));
+    run.bookkeeping();
     run.campaign.handle_timeout(deadline);
-    // The adapter may drop it now: no timer of its own bounds the request.
-    assert!(!run.campaign.waits_for(first.request.id));
+    // The adapter drops it now: no timer of its own bounds the request.
+    let cancels: Vec<CampaignEvent> = run
+        .bookkeeping()
+        .into_iter()
+        .filter(|e| matches!(e, CampaignEvent::Cancel { .. }))
+        .collect();
+    assert_eq!(
+        cancels,
+        [CampaignEvent::Cancel {
+            id: first.request.id
+        }]
+    );
     // Timed out: a grant arriving now is for a request nobody waits for.
     run.answer(
         deadline.duration_since(run.t0).as_millis() as u64,
@@ -412,37 +445,62 @@ fn the_inbox_accepts_only_keys_owned_now_with_a_fence_of_the_tenure() {
     let mut run = Run::new();
     let group = run.group(&["leader"], 1);
     let subject = "dagnats.lease.inbox.h1.leader";
+    let reject = |r| InboxVerdict::Reject(r);
     assert_eq!(
-        run.campaign.check_inbox(run.at(0), subject, Some("3")),
-        Err(RejectReason::NotOwner)
+        run.campaign
+            .check_inbox(run.at(0), subject, Some("3"), true),
+        reject(RejectReason::NotOwner)
     );
     let first = run.request();
     run.elect(0, &first, 3);
-    let ok = run
+    let InboxVerdict::Deliver(ok) = run
         .campaign
-        .check_inbox(run.at(1), subject, Some("3"))
-        .unwrap();
+        .check_inbox(run.at(1), subject, Some("3"), true)
+    else {
+        panic!("accepted");
+    };
     assert_eq!((ok.key.as_str(), ok.fence), ("leader", 3));
     assert_eq!(
-        run.campaign.check_inbox(run.at(1), subject, Some("2")),
-        Err(RejectReason::StaleFence)
+        run.campaign
+            .check_inbox(run.at(1), subject, Some("2"), true),
+        reject(RejectReason::StaleFence)
     );
     assert_eq!(
         run.campaign
-            .check_inbox(run.at(1), "dagnats.lease.inbox.h2.leader", Some("3")),
-        Err(RejectReason::WrongSubject)
+            .check_inbox(run.at(1), "dagnats.lease.inbox.h2.leader", Some("3"), true),
+        reject(RejectReason::WrongSubject)
     );
     assert_eq!(run.campaign.held(group, run.at(1)).len(), 1);
     // Past the deadline, with no event yet, the key is no longer owned.
     let late = run.at(15_000);
     assert_eq!(
-        run.campaign.check_inbox(late, subject, Some("3")),
-        Err(RejectReason::NotOwner)
+        run.campaign.check_inbox(late, subject, Some("3"), true),
+        reject(RejectReason::NotOwner)
     );
-    run.campaign.stop_group(run.at(100), group);
+    run.campaign.handle_stop_group(run.at(100), group);
     assert_eq!(
-        run.campaign.check_inbox(run.at(101), subject, Some("3")),
-        Err(RejectReason::NotOwner)
+        run.campaign
+            .check_inbox(run.at(101), subject, Some("3"), true),
+        reject(RejectReason::NotOwner)
+    );
+}
+
+#[test]
+fn an_accepted_forward_nobody_reads_is_dropped_unanswered_and_a_bad_one_still_rejected() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    let subject = "dagnats.lease.inbox.h1.leader";
+    let first = run.request();
+    run.elect(0, &first, 3);
+    assert_eq!(
+        run.campaign
+            .check_inbox(run.at(1), subject, Some("3"), false),
+        InboxVerdict::Ignore
+    );
+    assert_eq!(
+        run.campaign
+            .check_inbox(run.at(1), subject, Some("2"), false),
+        InboxVerdict::Reject(RejectReason::StaleFence)
     );
 }
 
@@ -583,18 +641,19 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
     assert!(!run.campaign.held(group, run.at(200)).contains_key("s3"));
     let subject = "dagnats.lease.inbox.h1.s3";
     assert_eq!(
-        run.campaign.check_inbox(run.at(200), subject, Some("13")),
-        Err(RejectReason::NotOwner)
+        run.campaign
+            .check_inbox(run.at(200), subject, Some("13"), true),
+        InboxVerdict::Reject(RejectReason::NotOwner)
     );
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
     // The machine wakes at the deadline at the latest.
     assert!(run.campaign.poll_timeout().unwrap() <= deadline);
     // `done` for a key not being revoked changes nothing.
-    run.campaign.done(run.at(300), "s0");
+    run.campaign.handle_done(run.at(300), "s0");
     assert_eq!(run.requests(), []);
     assert!(run.campaign.tenure("s0", run.at(300)).is_some());
     // The application is done with s3: released at once, with its fence.
-    run.campaign.done(run.at(400), "s3");
+    run.campaign.handle_done(run.at(400), "s3");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "s3")]);
     assert_eq!(body(&sent[0].request)["revision"], 13);
@@ -665,7 +724,7 @@ fn stopping_a_group_releases_a_revoked_shard_at_once() {
     let (mut run, group, _) = balanced_run_with_a_new_member(100);
     run.campaign.handle_timeout(run.at(200));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
-    run.campaign.stop_group(run.at(300), group);
+    run.campaign.handle_stop_group(run.at(300), group);
     let mut released = releases(&run.requests())
         .into_iter()
         .map(String::from)
@@ -713,7 +772,7 @@ fn a_shed_shard_is_not_asked_for_again_until_a_campaign_interval_after_its_relea
             run.answer(ms + 50, &renew, renewed(next_revision));
             next_revision += 1;
         }
-        run.campaign.done(run.at(ms + 100), key);
+        run.campaign.handle_done(run.at(ms + 100), key);
         let sent = run.requests();
         let release = sent
             .iter()
@@ -802,7 +861,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     assert!(run.campaign.tenure("leader", run.at(4_000)).is_none());
     assert_eq!(run.requests(), []);
     // The application is done with it: released now, with its fence.
-    run.campaign.done(run.at(4_100), "leader");
+    run.campaign.handle_done(run.at(4_100), "leader");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
     assert_eq!(body(&sent[0].request)["revision"], 3);
@@ -943,7 +1002,7 @@ fn a_revoked_shard_stays_revoked_whatever_the_health_and_an_unhealthy_set_leaves
     run.campaign
         .handle_timeout(s3_deadline - Duration::from_millis(1));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
-    run.campaign.done(run.at(1_500), "s3");
+    run.campaign.handle_done(run.at(1_500), "s3");
     assert_eq!(releases(&run.requests()), ["s3"]);
 }
 
@@ -986,7 +1045,7 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
     let acquire = run.request();
     run.elect(0, &acquire, 7);
     run.events();
-    run.campaign.hand_over(run.at(1_000), group);
+    run.campaign.handle_hand_over(run.at(1_000), group);
     assert!(matches!(
         &run.events()[..],
         [CampaignEvent::Holder {
@@ -1057,7 +1116,7 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
             }
             1 if !groups.is_empty() => {
                 let g = groups.remove(usize::from(x) % groups.len());
-                run.campaign.stop_group(now, g);
+                run.campaign.handle_stop_group(now, g);
             }
             2 if !out.is_empty() => {
                 let r = out.remove(usize::from(x) % out.len());
@@ -1070,9 +1129,11 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
             }
             _ => run.campaign.handle_timeout(now),
         }
-        // A group's keys are watched from its start to its end.
-        for e in run.all_events() {
+        // A group's keys are watched from its start to its end; a request the
+        // campaign cancels is dropped.
+        for e in std::iter::from_fn(|| run.campaign.poll_event()).collect::<Vec<_>>() {
             match e {
+                CampaignEvent::Cancel { id } => out.retain(|r| r.request.id != id),
                 CampaignEvent::Watch { key } if !watched.insert(key.clone()) => {
                     return Err(format!("{ms} ms: {key} watched twice"));
                 }
@@ -1088,10 +1149,9 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
             }
             out.push(r);
         }
-        out.retain(|r| run.campaign.waits_for(r.request.id));
     }
     for g in groups {
-        run.campaign.stop_group(run.at(ms), g);
+        run.campaign.handle_stop_group(run.at(ms), g);
     }
     // Answer everything still out as refused, until every group is finished.
     for step in 1..50 {
@@ -1163,4 +1223,268 @@ fn a_campaigns_seed_spreads_its_holders_retries() {
     );
     assert!(a[1] >= Duration::from_secs(2) && b[1] >= Duration::from_secs(2));
     assert_ne!(a[1], b[1], "{a:?} {b:?}");
+}
+
+/// The answers the campaign reported, in order.
+fn answers(events: &[CampaignEvent]) -> Vec<AnsweredRequest> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            CampaignEvent::Answered(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A refusal naming holder `error`: the word quoted in a reply that is no error.
+fn held_by_a_holder_named_error() -> RequestOutcome {
+    let RequestOutcome::Reply { payload, .. } = refused(4) else {
+        unreachable!("a reply");
+    };
+    let body = String::from_utf8(payload).expect("UTF-8");
+    assert!(body.contains("\"h2\""), "{body}");
+    RequestOutcome::reply(body.replace("\"h2\"", "\"error\""))
+}
+
+#[test]
+fn every_answer_is_reported_with_its_class_read_whole_and_the_time_it_took() {
+    use super::holder::error;
+    let cases = [
+        (RequestOutcome::TimedOut, OutcomeClass::TimedOut),
+        (RequestOutcome::NoResponders, OutcomeClass::NoResponders),
+        (
+            RequestOutcome::Failed("closed".to_string()),
+            OutcomeClass::RequestFailed,
+        ),
+        (error("unavailable"), OutcomeClass::Unavailable),
+        (error("internal"), OutcomeClass::Internal),
+        // A reply no endpoint's shape reads: the holder cannot read it as yes or no.
+        (RequestOutcome::reply("not json"), OutcomeClass::Internal),
+        (refused(4), OutcomeClass::Clear),
+        // A reply whose value says "error" but is a refusal: read whole, not searched.
+        (held_by_a_holder_named_error(), OutcomeClass::Clear),
+    ];
+    for (outcome, class) in cases {
+        let mut run = Run::new();
+        run.group(&["leader"], 1);
+        let first = run.request();
+        run.bookkeeping();
+        run.answer(40, &first, outcome.clone());
+        assert_eq!(
+            answers(&run.bookkeeping()),
+            [AnsweredRequest {
+                key: "leader".to_string(),
+                endpoint: Endpoint::Acquire,
+                took: Duration::from_millis(40),
+                class,
+                renew_retry: false,
+            }],
+            "{outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn a_request_the_machine_times_out_is_answered_timed_out_at_its_deadline() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    let first = run.request();
+    run.bookkeeping();
+    let deadline = run.at(0) + first.request.timeout;
+    run.campaign.handle_timeout(deadline);
+    let answered = answers(&run.bookkeeping());
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(
+        (answered[0].class, answered[0].took),
+        (OutcomeClass::TimedOut, first.request.timeout)
+    );
+}
+
+#[test]
+fn a_request_due_before_it_was_polled_was_never_sent_and_is_withdrawn_not_timed_out() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    // The acquire is ready but the driver has not polled it by its deadline.
+    let timeout = HolderConfig::new("leader", "h1", TTL).request_timeout;
+    run.bookkeeping();
+    run.campaign.handle_timeout(run.at(0) + timeout);
+    let after = run.bookkeeping();
+    assert!(answers(&after).is_empty(), "{after:?}");
+    assert!(
+        !after
+            .iter()
+            .any(|e| matches!(e, CampaignEvent::Cancel { .. })),
+        "{after:?}"
+    );
+    // Whatever is polled now has its key: nothing is dropped by the driver.
+    for r in run.requests() {
+        assert_eq!(r.key, "leader");
+    }
+}
+
+/// Elects `leader` at 0 with revision 3 and returns the first renew of the tenure.
+fn first_renew(run: &mut Run) -> CampaignRequest {
+    run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    next_renew(run)
+}
+
+/// Runs the clock to the next request, a renew.
+fn next_renew(run: &mut Run) -> CampaignRequest {
+    loop {
+        let at = run.campaign.poll_timeout().expect("a renew is due");
+        run.campaign.handle_timeout(at);
+        let requests = run.requests();
+        if let Some(r) = requests.into_iter().next() {
+            assert_eq!(r.request.endpoint, Endpoint::Renew);
+            return r;
+        }
+    }
+}
+
+#[test]
+fn a_renew_after_a_renew_without_a_clear_answer_is_a_retry_and_after_a_clear_one_is_not() {
+    use super::holder::error;
+    for (unclear, retry) in [
+        (RequestOutcome::TimedOut, true),
+        (RequestOutcome::NoResponders, true),
+        (error("unavailable"), true),
+        (renewed(4), false),
+    ] {
+        let mut run = Run::new();
+        let renew = first_renew(&mut run);
+        run.bookkeeping();
+        let ms = run
+            .campaign
+            .poll_timeout()
+            .map_or(5_000, |t| t.duration_since(run.t0).as_millis() as u64)
+            .min(5_100);
+        run.answer(ms, &renew, unclear.clone());
+        assert_eq!(
+            answers(&run.bookkeeping())
+                .iter()
+                .map(|a| a.renew_retry)
+                .collect::<Vec<_>>(),
+            [false],
+            "the first renew is no retry"
+        );
+        let again = next_renew(&mut run);
+        let at = run.campaign.poll_timeout().expect("a deadline");
+        run.campaign
+            .handle_outcome(at, again.request.id, renewed(5));
+        let answered = answers(&run.bookkeeping());
+        assert_eq!(
+            answered.last().map(|a| a.renew_retry),
+            Some(retry),
+            "after {unclear:?}"
+        );
+        // A clear answer ends the retries.
+        let third = next_renew(&mut run);
+        let at = run.campaign.poll_timeout().expect("a deadline");
+        run.campaign
+            .handle_outcome(at, third.request.id, renewed(6));
+        assert_eq!(
+            answers(&run.bookkeeping()).last().map(|a| a.renew_retry),
+            Some(false)
+        );
+    }
+}
+
+#[test]
+fn leading_follows_the_holders_elections_and_step_downs() {
+    let mut run = Run::new();
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.bookkeeping();
+    run.elect(10, &first, 3);
+    let leading = |events: Vec<CampaignEvent>| -> Vec<bool> {
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                CampaignEvent::Leading { key, owns } if key == "leader" => Some(owns),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(leading(run.bookkeeping()), [true]);
+    run.campaign.handle_stop_group(run.at(20), group);
+    assert_eq!(leading(run.bookkeeping()), [false]);
+}
+
+#[test]
+fn elected_after_counts_from_the_group_start_or_its_last_step_down_that_was_not_a_stop() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    let first = run.request();
+    run.bookkeeping();
+    run.elect(300, &first, 3);
+    let after = |events: Vec<CampaignEvent>| -> Vec<Duration> {
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                CampaignEvent::ElectedAfter { after, .. } => Some(after),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(after(run.bookkeeping()), [Duration::from_millis(300)]);
+    // Lost at 5 s: the campaign begins again then.
+    let renew = next_renew(&mut run);
+    let lost_at = run.campaign.poll_timeout().expect("a deadline");
+    run.campaign
+        .handle_outcome(lost_at, renew.request.id, super::holder::error("lost"));
+    run.bookkeeping();
+    let again = loop {
+        // Quiet a while first (the lost renew's expiry marker may still come).
+        let at = run.campaign.poll_timeout().expect("a campaign tick");
+        run.campaign.handle_timeout(at);
+        if let Some(r) = run.requests().into_iter().next() {
+            break r;
+        }
+    };
+    let asked = run.campaign.poll_timeout().expect("the acquire's deadline") - run.t0;
+    let ms = (asked - again.request.timeout).as_millis() as u64;
+    run.elect(ms + 700, &again, 9);
+    let lost_ms = lost_at.duration_since(run.t0).as_millis() as u64;
+    assert_eq!(
+        after(run.bookkeeping()),
+        [Duration::from_millis(ms + 700 - lost_ms)]
+    );
+}
+
+#[test]
+fn the_candidates_are_a_groups_keys_and_a_semaphores_slots_not_presence_keys() {
+    let mut run = Run::new();
+    let now = run.at(0);
+    let set = run
+        .campaign
+        .add_balanced_group(now, "set", configs(&["s0", "s1"]))
+        .unwrap();
+    let jobs = run
+        .campaign
+        .add_semaphore(now, HolderConfig::new("jobs", "h1", TTL), 2)
+        .unwrap();
+    let leader = run.group(&["leader"], 1);
+    let of = |g| run.campaign.candidates(g).collect::<Vec<_>>();
+    assert_eq!(of(set), ["s0", "s1"], "no presence key");
+    assert_eq!(of(jobs), ["jobs-0", "jobs-1"]);
+    assert_eq!(of(leader), ["leader"]);
+    // The presence group of the set campaigns for no candidate of the application's.
+    assert_eq!(of(GroupId(set.0 - 1)), Vec::<&str>::new());
+}
+
+#[test]
+fn an_outcome_for_a_request_not_yet_polled_is_ignored_and_the_request_still_goes_out() {
+    let mut run = Run::new();
+    run.group(&["leader"], 1);
+    // The campaign's own ids start at 0: the acquire waits to be polled under it.
+    let first = crate::io::EffectId(0);
+    run.campaign.handle_outcome(run.at(1), first, granted(3));
+    assert!(answers(&run.bookkeeping()).is_empty());
+    let acquire = run.request();
+    assert_eq!(
+        (acquire.request.id, acquire.request.endpoint),
+        (first, Endpoint::Acquire)
+    );
 }

@@ -834,7 +834,7 @@ fn a_change_event_that_cannot_free_the_key_does_not_wake_the_holder() {
 #[test]
 fn stop_steps_down_first_then_releases_with_the_current_fence() {
     let mut run = Run::elected(config(), 7, 1);
-    run.holder.stop(run.at(10));
+    run.holder.handle_stop(run.at(10));
     assert_eq!(
         run.events(),
         [HolderEvent::SteppedDown {
@@ -859,7 +859,7 @@ fn stop_steps_down_first_then_releases_with_the_current_fence() {
 fn revoke_steps_down_at_once_and_keeps_the_lease_until_the_deadline_handed_out() {
     let mut run = Run::elected(config(), 7, 1);
     let deadline = run.at(0) + span();
-    run.holder.revoke(run.at(10));
+    run.holder.handle_revoke(run.at(10));
     assert_eq!(
         run.events(),
         [HolderEvent::SteppedDown {
@@ -883,9 +883,9 @@ fn revoke_steps_down_at_once_and_keeps_the_lease_until_the_deadline_handed_out()
 #[test]
 fn stop_of_a_revoked_holder_releases_at_once() {
     let mut run = Run::elected(config(), 7, 1);
-    run.holder.revoke(run.at(10));
+    run.holder.handle_revoke(run.at(10));
     run.events();
-    run.holder.stop(run.at(20));
+    run.holder.handle_stop(run.at(20));
     assert_eq!(run.events(), [], "it stepped down already");
     let r = run.request();
     assert_eq!(r.endpoint, Endpoint::Release);
@@ -898,7 +898,7 @@ fn revoke_before_any_deadline_was_handed_out_is_a_stop() {
     let acquire = run.request();
     run.answer(1, &acquire, granted(5));
     let _confirm = run.request();
-    run.holder.revoke(run.at(2));
+    run.holder.handle_revoke(run.at(2));
     assert_eq!(run.events(), []);
     assert_eq!(run.holder.revoked_until(), None);
 }
@@ -907,7 +907,7 @@ fn revoke_before_any_deadline_was_handed_out_is_a_stop() {
 fn stop_with_an_acquire_in_flight_releases_what_it_grants() {
     let mut run = Run::new(config());
     let acquire = run.request();
-    run.holder.stop(run.at(1));
+    run.holder.handle_stop(run.at(1));
     run.no_request();
     run.answer(2, &acquire, granted(5));
     assert_eq!(run.events(), [], "never elected while stopping");
@@ -933,7 +933,7 @@ fn a_stop_that_hears_nothing_is_done_within_the_stop_bound() {
             5001
         }),
         ("revoked, holding until the deadline", |run| {
-            run.holder.revoke(run.at(10));
+            run.holder.handle_revoke(run.at(10));
             20
         }),
         ("owner, the renew's reply lost", |run| {
@@ -956,7 +956,7 @@ fn a_stop_that_hears_nothing_is_done_within_the_stop_bound() {
         let mut run = Run::elected(config(), 7, 1);
         let stop_ms = setup(&mut run);
         let stopped = run.at(stop_ms);
-        run.holder.stop(stopped);
+        run.holder.handle_stop(stopped);
         let mut now = stopped;
         let mut sent = 0;
         // Only time passes: whatever is sent is never answered.

@@ -1,11 +1,11 @@
-//! A world of `lock` runs: tools (the real [`Holder`] and [`Lock`]) with guards (the
+//! A world of `lock` runs: tools (the real [`Holder`] and [`Lock`]) with watchdogs (the
 //! real [`Supervisor`]) and simulated commands, campaigning for one key against a
 //! **stand-in lease service** (an in-memory lease table with the contract's
 //! acquire, renew and release, its TTL counted from when a write arrives). The
 //! holder's own safety against the real service is the holder worlds' job; this
 //! world checks what `lock` adds: no process of a command runs while the server
 //! does not hold the lease for its tool, and a tool releases only once every
-//! process of its command is gone. Faults: tools frozen (SIGSTOP) or killed, guards
+//! process of its command is gone. Faults: tools frozen (SIGSTOP) or killed, watchdogs
 //! killed, requests and replies lost or slow, commands that ignore SIGTERM or leave
 //! children behind.
 
@@ -16,8 +16,8 @@ use super::stand_in::{Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent};
 use crate::io::{EffectId, RequestOutcome};
 use crate::supervise::{
-    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    WatchdogMessage, WatchdogReport,
 };
 use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
@@ -37,8 +37,8 @@ enum Fault {
     KillTool {
         at: u64,
     },
-    /// The guard is SIGKILLed at `at`.
-    KillGuard {
+    /// The watchdog is SIGKILLed at `at`.
+    KillWatchdog {
         at: u64,
     },
 }
@@ -50,10 +50,10 @@ struct Proc {
     dies_at: Option<u64>,
 }
 
-struct Guard {
+struct Watchdog {
     supervisor: Supervisor,
     alive: bool,
-    inbox: VecDeque<(u64, GuardMessage)>,
+    inbox: VecDeque<(u64, WatchdogMessage)>,
     leader_seen: bool,
     tool_gone_seen: bool,
 }
@@ -64,10 +64,10 @@ struct Tool {
     lock: Lock,
     fault: Fault,
     dead: bool,
-    guard: Option<Guard>,
-    /// Reports on their way from the guard.
-    reports: VecDeque<(u64, GuardReport)>,
-    guard_gone_told: bool,
+    watchdog: Option<Watchdog>,
+    /// Reports on their way from the watchdog.
+    reports: VecDeque<(u64, WatchdogReport)>,
+    watchdog_gone_told: bool,
     watching: bool,
     /// The command's processes; the first is the leader.
     procs: Vec<Proc>,
@@ -82,7 +82,7 @@ struct Stats {
     commands: u64,
     kills: u64,
     stopped_at_deadline: u64,
-    guard_takeovers: u64,
+    watchdog_takeovers: u64,
     tools_killed: u64,
     exits: std::collections::BTreeMap<String, u64>,
 }
@@ -136,18 +136,18 @@ impl World {
                 for_ms: 500 + self.rng.below(2 * TTL_MS),
             },
             1 => Fault::KillTool { at },
-            2 => Fault::KillGuard { at },
+            2 => Fault::KillWatchdog { at },
             _ => Fault::None,
         };
         self.tools.push(Tool {
             holder: Holder::new(config, now).expect("a valid config"),
-            lock: Lock::new(now, GRACE, None),
+            lock: Lock::new(GRACE, None, now),
             name,
             fault,
             dead: false,
-            guard: None,
+            watchdog: None,
             reports: VecDeque::new(),
-            guard_gone_told: false,
+            watchdog_gone_told: false,
             watching: false,
             procs: Vec::new(),
             leader_exits_at: None,
@@ -176,7 +176,7 @@ impl World {
             self.deliver_requests();
             for i in 0..self.tools.len() {
                 self.step_procs(i);
-                self.step_guard(i);
+                self.step_watchdog(i);
                 self.step_tool(i)?;
             }
             self.check()?;
@@ -239,10 +239,10 @@ impl World {
         }
     }
 
-    fn step_guard(&mut self, i: usize) {
+    fn step_watchdog(&mut self, i: usize) {
         let (t, now) = (self.t, self.now());
-        if matches!(self.tools[i].fault, Fault::KillGuard { at } if t >= at)
-            && let Some(g) = &mut self.tools[i].guard
+        if matches!(self.tools[i].fault, Fault::KillWatchdog { at } if t >= at)
+            && let Some(g) = &mut self.tools[i].watchdog
             && g.alive
         {
             g.alive = false;
@@ -251,14 +251,14 @@ impl World {
         let tool_gone = tool.dead;
         let leader_code = tool.procs.first().filter(|p| !p.alive).map(|_| 0);
         let empty = tool.procs.iter().all(|p| !p.alive);
-        let Some(g) = tool.guard.as_mut().filter(|g| g.alive) else {
+        let Some(g) = tool.watchdog.as_mut().filter(|g| g.alive) else {
             return;
         };
         while g.inbox.front().is_some_and(|m| m.0 <= t) {
             match g.inbox.pop_front().expect("a message").1 {
-                GuardMessage::Deadline(d) => g.supervisor.handle_deadline(now, d),
-                GuardMessage::Lost => g.supervisor.handle_lost(now),
-                GuardMessage::Signal(s) => g.supervisor.handle_signal(now, s),
+                WatchdogMessage::Deadline(d) => g.supervisor.handle_deadline(now, d),
+                WatchdogMessage::Lost => g.supervisor.handle_lost(now),
+                WatchdogMessage::Signal(s) => g.supervisor.handle_signal(now, s),
             }
         }
         if tool_gone && !g.tool_gone_seen {
@@ -282,16 +282,16 @@ impl World {
         while let Some(event) = g.supervisor.poll_event() {
             match event {
                 SupervisorEvent::Signal(s) => signals.push(s),
-                SupervisorEvent::Finished { code, stopped } => {
-                    finished = Some(GuardReport::Finished {
-                        code: code.unwrap_or(0),
-                        stopped,
-                    })
+                SupervisorEvent::Report(report @ WatchdogReport::Finished { .. }) => {
+                    finished = Some(report)
                 }
+                // Started before the world's watchdog runs (see `LockEvent::StartWatchdog`).
+                SupervisorEvent::Start
+                | SupervisorEvent::Report(WatchdogReport::Started { .. }) => {}
             }
         }
         if let Some(report) = finished {
-            if let GuardReport::Finished {
+            if let WatchdogReport::Finished {
                 stopped: Some(StopCause::DeadlineNear),
                 ..
             } = report
@@ -338,10 +338,10 @@ impl World {
             let report = tool.reports.pop_front().expect("a report").1;
             tool.lock.handle_report(now, report);
         }
-        let guard_gone = tool.guard.as_ref().is_some_and(|g| !g.alive);
-        if guard_gone && tool.reports.is_empty() && !tool.guard_gone_told {
-            tool.guard_gone_told = true;
-            tool.lock.handle_guard_gone(now);
+        let watchdog_gone = tool.watchdog.as_ref().is_some_and(|g| !g.alive);
+        if watchdog_gone && tool.reports.is_empty() && !tool.watchdog_gone_told {
+            tool.watchdog_gone_told = true;
+            tool.lock.handle_watchdog_gone(now);
         }
         if tool.watching && tool.procs.iter().all(|p| !p.alive) {
             tool.lock.handle_group_empty(now);
@@ -354,7 +354,9 @@ impl World {
         }
         while let Some(event) = tool.holder.poll_event() {
             match event {
-                HolderEvent::Elected { deadline, .. } => tool.lock.handle_elected(now, deadline),
+                HolderEvent::Elected { deadline, .. } => {
+                    tool.lock.handle_elected(now, Some(deadline))
+                }
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
                 HolderEvent::Refused { .. } => tool.lock.handle_refused(now),
@@ -366,10 +368,12 @@ impl World {
         let mut signals = Vec::new();
         while let Some(event) = tool.lock.poll_event() {
             match event {
-                LockEvent::StartGuard { deadline } => {
-                    let supervisor = Supervisor::new(now, deadline, GRACE)
-                        .ok_or_else(|| format!("{} started with too little left", tool.name))?;
-                    tool.guard = Some(Guard {
+                LockEvent::StartWatchdog { deadline } => {
+                    let mut supervisor = Supervisor::new(deadline, GRACE, now);
+                    if supervisor.poll_event() != Some(SupervisorEvent::Start) {
+                        return Err(format!("{} started with too little left", tool.name));
+                    }
+                    tool.watchdog = Some(Watchdog {
                         supervisor,
                         alive: true,
                         inbox: VecDeque::new(),
@@ -388,21 +392,21 @@ impl World {
                         (!rng.chance(40)).then(|| t + 100 + rng.below(3 * TTL_MS));
                     tool.reports.push_back((
                         t + 1,
-                        GuardReport::Started {
+                        WatchdogReport::Started {
                             pgid: 100 + i as u32,
                         },
                     ));
                     stats.commands += 1;
                 }
-                LockEvent::ToGuard(m) => {
-                    if let Some(g) = &mut tool.guard {
+                LockEvent::ToWatchdog(m) => {
+                    if let Some(g) = &mut tool.watchdog {
                         g.inbox.push_back((t + 1, m));
                     }
                 }
                 LockEvent::Signal { signal, .. } => signals.push(signal),
                 LockEvent::WatchGroup { .. } => {
                     tool.watching = true;
-                    stats.guard_takeovers += 1;
+                    stats.watchdog_takeovers += 1;
                 }
                 LockEvent::Exit { exit, release } => {
                     if release && tool.procs.iter().any(|p| p.alive) {
@@ -414,7 +418,7 @@ impl World {
                     tool.exited = Some(exit);
                     *stats.exits.entry(format!("{exit:?}")).or_default() += 1;
                     if release {
-                        tool.holder.stop(now);
+                        tool.holder.handle_stop(now);
                     } else {
                         tool.dead = true;
                     }
@@ -466,7 +470,7 @@ fn no_command_runs_past_its_lease_and_none_is_released_while_one_runs() {
         total.commands += s.commands;
         total.kills += s.kills;
         total.stopped_at_deadline += s.stopped_at_deadline;
-        total.guard_takeovers += s.guard_takeovers;
+        total.watchdog_takeovers += s.watchdog_takeovers;
         total.tools_killed += s.tools_killed;
         for (k, v) in s.exits {
             *total.exits.entry(k).or_default() += v;
@@ -477,9 +481,9 @@ fn no_command_runs_past_its_lease_and_none_is_released_while_one_runs() {
     assert!(total.commands >= 100, "{total:?}");
     assert!(total.kills > 0, "{total:?}");
     assert!(total.stopped_at_deadline > 0, "{total:?}");
-    assert!(total.guard_takeovers > 0, "{total:?}");
+    assert!(total.watchdog_takeovers > 0, "{total:?}");
     assert!(total.tools_killed > 0, "{total:?}");
-    for exit in ["LeaseLost", "GuardGone", "Command(0)"] {
+    for exit in ["LeaseLost", "WatchdogGone", "Command(0)"] {
         assert!(total.exits.contains_key(exit), "no {exit} exit: {total:?}");
     }
 }

@@ -214,7 +214,7 @@ impl World {
         }
         if c.release_at.is_some_and(|at| t >= at) {
             c.release_at = None;
-            holder.stop(now);
+            holder.handle_stop(now);
         }
         while let Some(event) = holder.poll_event() {
             if let HolderEvent::Elected { .. } = event {

@@ -111,3 +111,27 @@ fn the_layout_guard_subject_overlaps_the_one_stream_layout_and_is_no_key() {
         vec!["$KV.leases.>".to_string()]
     );
 }
+
+/// Listing keys reads lease subjects only: a read confirmation, another shard's
+/// key or another bucket's is no lease key of shard `i`.
+#[test]
+fn only_a_one_token_subject_of_the_shards_own_bucket_is_a_lease_key() {
+    let one = ShardMap::SINGLE;
+    assert_eq!(one.lease_key_of(0, &kv_subject("job")), Some("job"));
+    assert_eq!(one.lease_key_of(0, &confirm_subject("job")), None);
+    for other in [
+        "$KV.leases.",
+        "$KV.leases_0.job",
+        "$KV.other.job",
+        "$KV.leasesX.job",
+        "dagnats.lease.changed.job",
+        "",
+    ] {
+        assert_eq!(one.lease_key_of(0, other), None, "{other}");
+    }
+    let three = ShardMap::new(3).unwrap();
+    assert_eq!(three.lease_key_of(1, "$KV.leases_1.job"), Some("job"));
+    assert_eq!(three.lease_key_of(1, "$KV.leases_1.job.read"), None);
+    assert_eq!(three.lease_key_of(1, "$KV.leases_2.job"), None);
+    assert_eq!(three.lease_key_of(1, "$KV.leases.job"), None);
+}

@@ -3,8 +3,9 @@
 use std::time::{Duration, Instant};
 
 use crate::supervise::{
-    GroupSignal, GuardMessage, GuardReport, Lock, LockEvent, LockExit, StopCause, Supervisor,
-    SupervisorEvent, may_start,
+    DEFAULT_GRACE_MAX, EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST, GraceTooLong,
+    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    WatchdogMessage, WatchdogReport, lock_grace, may_start,
 };
 
 const GRACE: Duration = Duration::from_secs(2);
@@ -22,7 +23,27 @@ fn drain_lock(l: &mut Lock) -> Vec<LockEvent> {
 }
 
 use GroupSignal::{Kill, Term};
-use SupervisorEvent::{Finished, Signal};
+use SupervisorEvent::{Report, Signal};
+
+/// The watchdog's command's first process.
+const PID: u32 = 4242;
+
+/// A supervisor whose command started at `t` under `deadline`.
+fn started(t: Instant, deadline: Instant) -> Supervisor {
+    let mut s = Supervisor::new(deadline, GRACE, t);
+    assert_eq!(drain(&mut s), [SupervisorEvent::Start]);
+    s.handle_started(t, PID);
+    assert_eq!(
+        drain(&mut s),
+        [Report(WatchdogReport::Started { pgid: PID })]
+    );
+    s
+}
+
+#[allow(non_snake_case)]
+fn Finished(code: u8, stopped: Option<StopCause>) -> SupervisorEvent {
+    Report(WatchdogReport::Finished { code, stopped })
+}
 
 #[test]
 fn a_command_starts_only_with_more_than_the_grace_left() {
@@ -38,14 +59,100 @@ fn a_command_starts_only_with_more_than_the_grace_left() {
         !may_start(ms(t, 11_000), deadline, GRACE),
         "past the deadline"
     );
-    assert!(Supervisor::new(ms(t, 8_500), deadline, GRACE).is_none());
-    assert!(Supervisor::new(t, deadline, GRACE).is_some());
+}
+
+#[test]
+fn a_watchdog_with_no_more_than_the_grace_left_starts_nothing_and_reports_the_lease_lost() {
+    let t = Instant::now();
+    let deadline = ms(t, 10_000);
+    let mut s = Supervisor::new(deadline, GRACE, ms(t, 8_500));
+    assert_eq!(
+        drain(&mut s),
+        [Finished(EXIT_LEASE_LOST, Some(StopCause::DeadlineNear))]
+    );
+    assert!(s.is_done());
+    let mut s = Supervisor::new(deadline, GRACE, t);
+    assert_eq!(drain(&mut s), [SupervisorEvent::Start]);
+}
+
+#[test]
+fn a_command_that_cannot_start_is_reported_with_its_own_code() {
+    let t = Instant::now();
+    let mut s = Supervisor::new(ms(t, 10_000), GRACE, t);
+    drain(&mut s);
+    s.handle_start_failed(ms(t, 1));
+    assert_eq!(drain(&mut s), [Finished(EXIT_CANNOT_RUN, None)]);
+    assert!(s.is_done());
+}
+
+#[test]
+fn the_first_process_is_the_one_whose_pid_is_the_group_id() {
+    let t = Instant::now();
+    let mut s = started(t, ms(t, 10_000));
+    // A child it left behind, reaped by the watchdog: nothing changes.
+    s.handle_exited(ms(t, 100), PID + 1, 0);
+    assert_eq!(drain(&mut s), []);
+    assert_eq!(s.stop_cause(), None);
+    s.handle_exited(ms(t, 200), PID, 3);
+    assert_eq!(drain(&mut s), [Signal(Term)]);
+    s.handle_group_empty(ms(t, 300));
+    assert_eq!(drain(&mut s), [Finished(3, Some(StopCause::LeaderExited))]);
+}
+
+#[test]
+fn a_group_gone_without_its_first_process_seen_reports_the_error_code() {
+    let t = Instant::now();
+    let mut s = started(t, ms(t, 10_000));
+    s.handle_group_empty(ms(t, 300));
+    assert_eq!(drain(&mut s), [Finished(EXIT_ERROR, None)]);
+}
+
+#[test]
+fn a_failed_timer_kills_the_command_at_once() {
+    let t = Instant::now();
+    let mut s = started(t, ms(t, 10_000));
+    s.handle_timer_failed(ms(t, 100));
+    assert_eq!(drain(&mut s), [Signal(Kill)]);
+    assert_eq!(s.poll_timeout(), None, "nothing more to wait for");
+    s.handle_timer_failed(ms(t, 200));
+    assert_eq!(drain(&mut s), [], "one SIGKILL");
+    s.handle_timeout(ms(t, 9_000));
+    assert_eq!(drain(&mut s), [], "killed already");
+    s.handle_group_empty(ms(t, 9_001));
+    assert!(matches!(
+        drain(&mut s)[..],
+        [Report(WatchdogReport::Finished { .. })]
+    ));
+}
+
+#[test]
+fn grace_defaults_to_a_third_of_the_ttl_at_most_five_seconds_and_never_over_half() {
+    let s = Duration::from_secs;
+    for (ttl, requested, grace) in [
+        (s(15), None, Ok(s(5))),
+        (s(6), None, Ok(s(2))),
+        (s(60), None, Ok(DEFAULT_GRACE_MAX)),
+        (s(4), Some(s(2)), Ok(s(2))),
+        (s(4), Some(Duration::ZERO), Ok(Duration::ZERO)),
+        (
+            s(4),
+            Some(s(3)),
+            Err(GraceTooLong {
+                grace: s(3),
+                ttl: s(4),
+            }),
+        ),
+    ] {
+        assert_eq!(lock_grace(ttl, requested), grace, "{ttl:?} {requested:?}");
+    }
+    assert_eq!(EXIT_BAD_GRACE, 6, "a code of its own");
+    assert!(![EXIT_ERROR, EXIT_LEASE_LOST, EXIT_CANNOT_RUN].contains(&EXIT_BAD_GRACE));
 }
 
 #[test]
 fn term_at_grace_before_the_deadline_and_kill_at_the_deadline() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     assert_eq!(s.poll_timeout(), Some(ms(t, 8_000)));
     s.handle_timeout(ms(t, 7_999));
     assert_eq!(drain(&mut s), []);
@@ -64,7 +171,7 @@ fn term_at_grace_before_the_deadline_and_kill_at_the_deadline() {
 fn a_late_wake_past_the_deadline_terms_and_kills_at_once() {
     // A timer that fired late (a suspend): nothing may run past the deadline.
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_timeout(ms(t, 30_000));
     assert_eq!(drain(&mut s), [Signal(Term), Signal(Kill)]);
 }
@@ -72,7 +179,7 @@ fn a_late_wake_past_the_deadline_terms_and_kills_at_once() {
 #[test]
 fn a_renewal_moves_the_deadline_on_but_never_takes_a_stop_back() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_deadline(ms(t, 3_000), ms(t, 13_000));
     assert_eq!(s.poll_timeout(), Some(ms(t, 11_000)));
     s.handle_timeout(ms(t, 11_000));
@@ -86,17 +193,17 @@ fn a_renewal_moves_the_deadline_on_but_never_takes_a_stop_back() {
 #[test]
 fn a_lost_lease_terms_now_and_kills_at_the_earlier_of_grace_and_deadline() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_lost(ms(t, 1_000));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.poll_timeout(), Some(ms(t, 3_000)), "now + grace");
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_deadline(ms(t, 1_000), ms(t, 10_000));
     s.handle_lost(ms(t, 7_500));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.poll_timeout(), Some(ms(t, 9_500)));
     // Lost after the TERM time already passed unnoticed: the deadline bounds SIGKILL.
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_lost(ms(t, 9_000));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)), "the deadline");
@@ -105,7 +212,7 @@ fn a_lost_lease_terms_now_and_kills_at_the_earlier_of_grace_and_deadline() {
 #[test]
 fn the_tool_gone_stops_the_command() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_tool_gone(ms(t, 500));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.stop_cause(), Some(StopCause::ToolGone));
@@ -116,7 +223,7 @@ fn the_tool_gone_stops_the_command() {
 #[test]
 fn signals_are_passed_on_and_stop_nothing_by_themselves() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     for sig in [GroupSignal::Term, GroupSignal::Int, GroupSignal::Hup] {
         s.handle_signal(ms(t, 100), sig);
         assert_eq!(drain(&mut s), [Signal(sig)]);
@@ -128,20 +235,14 @@ fn signals_are_passed_on_and_stop_nothing_by_themselves() {
 #[test]
 fn when_the_leader_exits_the_rest_of_its_group_is_stopped_before_finishing() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_leader_exited(ms(t, 1_000), 0);
     assert_eq!(drain(&mut s), [Signal(Term)], "the rest of the group");
     assert!(!s.is_done(), "not finished while the group has processes");
     s.handle_timeout(ms(t, 3_000));
     assert_eq!(drain(&mut s), [Signal(Kill)]);
     s.handle_group_empty(ms(t, 3_001));
-    assert_eq!(
-        drain(&mut s),
-        [Finished {
-            code: Some(0),
-            stopped: Some(StopCause::LeaderExited)
-        }]
-    );
+    assert_eq!(drain(&mut s), [Finished(0, Some(StopCause::LeaderExited))]);
     assert!(s.is_done());
     assert_eq!(s.poll_timeout(), None);
 }
@@ -149,19 +250,13 @@ fn when_the_leader_exits_the_rest_of_its_group_is_stopped_before_finishing() {
 #[test]
 fn the_leaders_code_is_the_one_reported_even_after_a_stop() {
     let t = Instant::now();
-    let mut s = Supervisor::new(t, ms(t, 10_000), GRACE).unwrap();
+    let mut s = started(t, ms(t, 10_000));
     s.handle_lost(ms(t, 100));
     s.handle_leader_exited(ms(t, 200), 143);
     s.handle_group_empty(ms(t, 200));
     assert_eq!(
         drain(&mut s),
-        [
-            Signal(Term),
-            Finished {
-                code: Some(143),
-                stopped: Some(StopCause::Lost)
-            }
-        ]
+        [Signal(Term), Finished(143, Some(StopCause::Lost))]
     );
     s.handle_signal(ms(t, 300), GroupSignal::Term);
     assert_eq!(drain(&mut s), [], "nothing to signal once finished");
@@ -170,11 +265,13 @@ fn the_leaders_code_is_the_one_reported_even_after_a_stop() {
 #[test]
 fn taking_over_a_group_terms_at_once_and_kills_by_the_deadline() {
     let t = Instant::now();
-    let mut s = Supervisor::stopping_now(ms(t, 9_000), ms(t, 10_000), GRACE, StopCause::GuardGone);
+    let mut s =
+        Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::WatchdogGone, ms(t, 9_000));
     assert_eq!(drain(&mut s), [Signal(Term)]);
     assert_eq!(s.poll_timeout(), Some(ms(t, 10_000)));
     // Already past the deadline: SIGKILL right after SIGTERM.
-    let mut s = Supervisor::stopping_now(ms(t, 11_000), ms(t, 10_000), GRACE, StopCause::GuardGone);
+    let mut s =
+        Supervisor::stopping_now(ms(t, 10_000), GRACE, StopCause::WatchdogGone, ms(t, 11_000));
     assert_eq!(drain(&mut s), [Signal(Term), Signal(Kill)]);
 }
 
@@ -184,33 +281,33 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
     let to_clock = |at: Instant| Duration::from_secs(100) + at.duration_since(base);
     let from_clock = |d: Duration| base.checked_add(d.checked_sub(Duration::from_secs(100))?);
     for message in [
-        GuardMessage::Deadline(ms(base, 1_234)),
-        GuardMessage::Lost,
-        GuardMessage::Signal(GroupSignal::Hup),
+        WatchdogMessage::Deadline(ms(base, 1_234)),
+        WatchdogMessage::Lost,
+        WatchdogMessage::Signal(GroupSignal::Hup),
     ] {
         let line = message.to_line(to_clock);
         assert_eq!(
-            GuardMessage::parse(&line, from_clock),
+            WatchdogMessage::parse(&line, from_clock),
             Some(message),
             "{line}"
         );
     }
     assert_eq!(
-        GuardMessage::Deadline(ms(base, 1_234)).to_line(to_clock),
+        WatchdogMessage::Deadline(ms(base, 1_234)).to_line(to_clock),
         "deadline 101.234000000"
     );
     for report in [
-        GuardReport::Started { pgid: 4242 },
-        GuardReport::Finished {
+        WatchdogReport::Started { pgid: 4242 },
+        WatchdogReport::Finished {
             code: 7,
             stopped: None,
         },
-        GuardReport::Finished {
+        WatchdogReport::Finished {
             code: 137,
             stopped: Some(StopCause::DeadlineNear),
         },
     ] {
-        assert_eq!(GuardReport::parse(&report.to_line()), Some(report));
+        assert_eq!(WatchdogReport::parse(&report.to_line()), Some(report));
     }
     for bad in [
         "",
@@ -226,17 +323,17 @@ fn the_channel_lines_read_back_and_refuse_anything_else() {
         // Found by the fuzzer: a time past any instant is refused, not a panic.
         "deadline 11244444444444444234.000000001",
     ] {
-        assert_eq!(GuardMessage::parse(bad, from_clock), None, "{bad:?}");
-        assert_eq!(GuardReport::parse(bad), None, "{bad:?}");
+        assert_eq!(WatchdogMessage::parse(bad, from_clock), None, "{bad:?}");
+        assert_eq!(WatchdogReport::parse(bad), None, "{bad:?}");
     }
 }
 
 fn elected_and_started(t: Instant) -> Lock {
-    let mut lock = Lock::new(t, GRACE, None);
-    lock.handle_elected(t, ms(t, 10_000));
+    let mut lock = Lock::new(GRACE, None, t);
+    lock.handle_elected(t, Some(ms(t, 10_000)));
     assert_eq!(
         drain_lock(&mut lock),
-        [LockEvent::StartGuard {
+        [LockEvent::StartWatchdog {
             deadline: ms(t, 10_000)
         }]
     );
@@ -246,7 +343,7 @@ fn elected_and_started(t: Instant) -> Lock {
 #[test]
 fn lock_waits_out_wait_only_after_a_refusal() {
     let t = Instant::now();
-    let mut lock = Lock::new(t, GRACE, Some(Duration::from_millis(500)));
+    let mut lock = Lock::new(GRACE, Some(Duration::from_millis(500)), t);
     assert_eq!(lock.poll_timeout(), Some(ms(t, 500)));
     lock.handle_refused(ms(t, 10));
     assert_eq!(drain_lock(&mut lock), []);
@@ -258,26 +355,26 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     assert_eq!(drain_lock(&mut lock), [exit]);
     // The wait passes with no answer yet: the next refusal ends it; an election
     // does not.
-    let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
+    let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
     lock.handle_timeout(t);
     assert_eq!(drain_lock(&mut lock), []);
     lock.handle_refused(ms(t, 10));
     assert_eq!(drain_lock(&mut lock), [exit]);
     assert!(lock.is_done());
-    let mut lock = Lock::new(t, GRACE, Some(Duration::ZERO));
+    let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
     lock.handle_timeout(t);
-    lock.handle_elected(ms(t, 10), ms(t, 15_000));
+    lock.handle_elected(ms(t, 10), Some(ms(t, 15_000)));
     assert!(matches!(
         drain_lock(&mut lock)[..],
-        [LockEvent::StartGuard { .. }]
+        [LockEvent::StartWatchdog { .. }]
     ));
 }
 
 #[test]
 fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
     let t = Instant::now();
-    let mut lock = Lock::new(t, GRACE, None);
-    lock.handle_elected(ms(t, 8_500), ms(t, 10_000));
+    let mut lock = Lock::new(GRACE, None, t);
+    lock.handle_elected(ms(t, 8_500), Some(ms(t, 10_000)));
     assert_eq!(
         drain_lock(&mut lock),
         [],
@@ -286,13 +383,13 @@ fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
     lock.handle_deadline(ms(t, 9_000), ms(t, 19_000));
     assert_eq!(
         drain_lock(&mut lock),
-        [LockEvent::StartGuard {
+        [LockEvent::StartWatchdog {
             deadline: ms(t, 19_000)
         }]
     );
     // Or loses the lease first: nothing ran, so release and exit as lost.
-    let mut lock = Lock::new(t, GRACE, None);
-    lock.handle_elected(ms(t, 8_500), ms(t, 10_000));
+    let mut lock = Lock::new(GRACE, None, t);
+    lock.handle_elected(ms(t, 8_500), Some(ms(t, 10_000)));
     lock.handle_lost(ms(t, 10_000));
     assert_eq!(
         drain_lock(&mut lock),
@@ -304,7 +401,7 @@ fn lock_elected_with_too_little_time_left_waits_for_a_renewal() {
 }
 
 #[test]
-fn lock_passes_deadlines_loss_and_signals_to_the_guard() {
+fn lock_passes_deadlines_loss_and_signals_to_the_watchdog() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
     lock.handle_deadline(ms(t, 3_000), ms(t, 13_000));
@@ -314,22 +411,22 @@ fn lock_passes_deadlines_loss_and_signals_to_the_guard() {
     assert_eq!(
         drain_lock(&mut lock),
         [
-            LockEvent::ToGuard(GuardMessage::Deadline(ms(t, 13_000))),
-            LockEvent::ToGuard(GuardMessage::Signal(GroupSignal::Hup)),
-            LockEvent::ToGuard(GuardMessage::Lost),
+            LockEvent::ToWatchdog(WatchdogMessage::Deadline(ms(t, 13_000))),
+            LockEvent::ToWatchdog(WatchdogMessage::Signal(GroupSignal::Hup)),
+            LockEvent::ToWatchdog(WatchdogMessage::Lost),
         ],
         "no deadline after the loss"
     );
 }
 
 #[test]
-fn lock_releases_only_once_the_guard_saw_the_group_empty() {
+fn lock_releases_only_once_the_watchdog_saw_the_group_empty() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
     lock.handle_report(
         ms(t, 1_000),
-        GuardReport::Finished {
+        WatchdogReport::Finished {
             code: 3,
             stopped: Some(StopCause::LeaderExited),
         },
@@ -337,9 +434,9 @@ fn lock_releases_only_once_the_guard_saw_the_group_empty() {
     assert_eq!(
         drain_lock(&mut lock),
         [],
-        "nothing before the guard is gone"
+        "nothing before the watchdog is gone"
     );
-    lock.handle_guard_gone(ms(t, 1_001));
+    lock.handle_watchdog_gone(ms(t, 1_001));
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
@@ -350,7 +447,7 @@ fn lock_releases_only_once_the_guard_saw_the_group_empty() {
 }
 
 #[test]
-fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
+fn lock_exits_as_lost_when_the_watchdog_stopped_the_command_for_the_lease() {
     let t = Instant::now();
     for (stopped, lost, at) in [
         (Some(StopCause::DeadlineNear), false, 8_100),
@@ -358,13 +455,13 @@ fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
         (None, false, 10_000), // the tool woke past its deadline
     ] {
         let mut lock = elected_and_started(t);
-        lock.handle_report(t, GuardReport::Started { pgid: 77 });
+        lock.handle_report(t, WatchdogReport::Started { pgid: 77 });
         if lost {
             lock.handle_lost(ms(t, 4_000));
             drain_lock(&mut lock);
         }
-        lock.handle_report(ms(t, at), GuardReport::Finished { code: 0, stopped });
-        lock.handle_guard_gone(ms(t, at));
+        lock.handle_report(ms(t, at), WatchdogReport::Finished { code: 0, stopped });
+        lock.handle_watchdog_gone(ms(t, at));
         assert_eq!(
             drain_lock(&mut lock),
             [LockEvent::Exit {
@@ -377,11 +474,11 @@ fn lock_exits_as_lost_when_the_guard_stopped_the_command_for_the_lease() {
 }
 
 #[test]
-fn lock_whose_guard_died_stops_the_group_itself_before_releasing() {
+fn lock_whose_watchdog_died_stops_the_group_itself_before_releasing() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
-    lock.handle_guard_gone(ms(t, 5_000));
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
+    lock.handle_watchdog_gone(ms(t, 5_000));
     assert_eq!(
         drain_lock(&mut lock),
         [
@@ -413,31 +510,31 @@ fn lock_whose_guard_died_stops_the_group_itself_before_releasing() {
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
-            exit: LockExit::GuardGone,
+            exit: LockExit::WatchdogGone,
             release: true
         }]
     );
 }
 
 #[test]
-fn lock_whose_guard_died_near_the_deadline_kills_by_the_deadline() {
+fn lock_whose_watchdog_died_near_the_deadline_kills_by_the_deadline() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_report(ms(t, 10), GuardReport::Started { pgid: 77 });
-    lock.handle_guard_gone(ms(t, 9_500));
+    lock.handle_report(ms(t, 10), WatchdogReport::Started { pgid: 77 });
+    lock.handle_watchdog_gone(ms(t, 9_500));
     drain_lock(&mut lock);
     assert_eq!(lock.poll_timeout(), Some(ms(t, 10_000)));
 }
 
 #[test]
-fn lock_whose_guard_died_before_naming_the_group_releases_nothing() {
+fn lock_whose_watchdog_died_before_naming_the_group_releases_nothing() {
     let t = Instant::now();
     let mut lock = elected_and_started(t);
-    lock.handle_guard_gone(ms(t, 100));
+    lock.handle_watchdog_gone(ms(t, 100));
     assert_eq!(
         drain_lock(&mut lock),
         [LockEvent::Exit {
-            exit: LockExit::GuardGone,
+            exit: LockExit::WatchdogGone,
             release: false
         }]
     );
@@ -446,7 +543,7 @@ fn lock_whose_guard_died_before_naming_the_group_releases_nothing() {
 #[test]
 fn lock_signalled_before_the_command_started_releases_and_exits() {
     let t = Instant::now();
-    let mut lock = Lock::new(t, GRACE, None);
+    let mut lock = Lock::new(GRACE, None, t);
     lock.handle_signal(ms(t, 10), GroupSignal::Term);
     assert_eq!(
         drain_lock(&mut lock),
@@ -457,4 +554,19 @@ fn lock_signalled_before_the_command_started_releases_and_exits() {
     );
     assert_eq!(GroupSignal::Term.exit_code(), 143);
     assert_eq!(GroupSignal::Int.exit_code(), 130);
+}
+
+#[test]
+fn lock_elected_with_the_tenure_over_already_is_a_lost_lease() {
+    let t = Instant::now();
+    let mut lock = Lock::new(GRACE, None, t);
+    // The campaign elected, but its tenure had ended by the time it was read.
+    lock.handle_elected(ms(t, 100), None);
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::LeaseLost,
+            release: true
+        }]
+    );
 }

@@ -300,3 +300,19 @@ fn timestamps_are_rfc3339_utc() {
     let t = t + std::time::Duration::from_micros(1_234_567);
     assert_eq!(crate::record::format_time(t), "2026-10-18T12:00:01.234Z");
 }
+
+#[test]
+fn a_client_waits_for_a_forward_past_its_timeout_by_the_two_hops_room() {
+    use crate::wire::{FORWARD_HOP_ROOM, forward_client_wait};
+    use std::time::Duration;
+    for ms in [100, 2_000, 30_000] {
+        let timeout = Duration::from_millis(ms);
+        let wait = forward_client_wait(timeout);
+        assert!(
+            wait > timeout,
+            "the service answers by {timeout:?}: heard first"
+        );
+        assert_eq!(wait - timeout, FORWARD_HOP_ROOM);
+    }
+    assert_eq!(FORWARD_HOP_ROOM, Duration::from_secs(1));
+}

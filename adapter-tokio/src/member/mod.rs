@@ -18,9 +18,11 @@
 //!   campaign acquire until it is healthy again.
 //!
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
-//! request to accept) is the core's. This module is one task per member that sends
-//! the machine's requests, feeds back their outcomes, change events and inbox
-//! messages, and sleeps until the machine's next deadline. It runs on any
+//! request to accept, what the metrics count) is the core's. This file holds the
+//! public handles; `driver.rs` is the one task per member that sends the machine's
+//! requests, feeds back their outcomes, change events and inbox messages, records
+//! what its events say, and sleeps until the machine's next deadline; `inbox.rs` is
+//! the application's side of the owner's inbox. The driver runs on any
 //! [`Runtime`]: spawned through it, its timer is the runtime's, and
 //! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
 //! it) waits on the rest.
@@ -42,7 +44,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, GroupId, MAX_PERMITS, semaphore_slot,
+    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
@@ -59,7 +61,7 @@ use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use dagnats_leases_core::{EffectId, RequestOutcome};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -69,6 +71,11 @@ use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry;
+
+mod driver;
+mod inbox;
+
+pub use inbox::{ForwardedRequest, Inbox};
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
 /// its outcome, and every event of a key's holder machine. For metrics, tracing, or
@@ -132,13 +139,19 @@ pub struct Change {
 /// What a running campaign knows of a key it holds: the core's tenure.
 pub use dagnats_leases_core::holder::Tenure;
 
+/// A key held now and its tenure: a semaphore's slot ([`Semaphore::held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    /// The lease key (for a semaphore, the slot: `<name>-<i>`).
+    pub key: String,
+    /// Its tenure.
+    pub tenure: Tenure,
+}
+
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
     changes: mpsc::UnboundedSender<Change>,
     finished: Vec<oneshot::Sender<()>>,
-    /// When the group's campaign began, or its last step-down (not a stop): the
-    /// start of [`telemetry::CAMPAIGN_TO_ELECTED`].
-    campaigning_since: Instant,
 }
 
 /// An inbox subscription and where its accepted requests go.
@@ -156,8 +169,6 @@ struct State {
     outlets: BTreeMap<GroupId, Outlet>,
     inboxes: Vec<InboxFeed>,
     driver_started: bool,
-    /// The keys this member owns, for the [`telemetry::LEADER`] gauge.
-    owned: BTreeSet<String>,
     /// False once every clone of the [`Member`] is gone: the driver ends when its
     /// groups and inboxes have too.
     member_alive: bool,
@@ -186,16 +197,16 @@ impl Shared {
             Some(outlet) => outlet.finished.extend(finished),
             None => return,
         }
-        state.campaign.stop_group(self.runtime.now(), group);
+        state.campaign.handle_stop_group(self.runtime.now(), group);
         drop(state);
         self.wake.notify_one();
     }
 }
 
 /// Ends the member's part in the driver when the last clone goes.
-struct Life(Arc<Shared>);
+struct LastHandle(Arc<Shared>);
 
-impl Drop for Life {
+impl Drop for LastHandle {
     fn drop(&mut self) {
         self.0.lock().member_alive = false;
         self.0.wake.notify_one();
@@ -206,7 +217,7 @@ impl Drop for Life {
 #[derive(Clone)]
 pub struct Member {
     shared: Arc<Shared>,
-    _life: Arc<Life>,
+    _last: Arc<LastHandle>,
 }
 
 impl std::fmt::Debug for Member {
@@ -241,7 +252,7 @@ impl Member {
         observer: Observer,
         priority: Option<u8>,
     ) -> Result<Self, LeaseError> {
-        let mut campaign = Campaign::new(&holder, runtime.now())?;
+        let mut campaign = Campaign::new(&holder, runtime.now()).map_err(ErrorReply::from)?;
         // The holders' retry jitter: randomness drawn here, never in the core
         // (std's per-process random hash keys are enough for spreading retries).
         campaign.seed_jitter({
@@ -261,13 +272,12 @@ impl Member {
                 outlets: BTreeMap::new(),
                 inboxes: Vec::new(),
                 driver_started: false,
-                owned: BTreeSet::new(),
                 member_alive: true,
             }),
             wake: Notify::new(),
         });
         Ok(Self {
-            _life: Arc::new(Life(shared.clone())),
+            _last: Arc::new(LastHandle(shared.clone())),
             shared,
         })
     }
@@ -353,7 +363,6 @@ impl Member {
     pub fn elect_with(&self, mut config: HolderConfig) -> Result<Elector, LeaseError> {
         config.holder = self.shared.holder.clone();
         let key = config.key.clone();
-        telemetry::campaigning_for([key.as_str()]);
         Ok(Elector {
             key,
             group: self.start(vec![config], 1)?,
@@ -370,7 +379,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs = keys.iter().map(|k| self.config(k, ttl)).collect();
-        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.start(configs, max_held)?,
         })
@@ -390,7 +398,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Shards, LeaseError> {
         let configs: Vec<HolderConfig> = keys.iter().map(|k| self.config(k, ttl)).collect();
-        telemetry::campaigning_for(keys.iter().copied());
         Ok(Shards {
             group: self.begin(|c, now| c.add_balanced_group(now, set, configs))?,
         })
@@ -407,10 +414,6 @@ impl Member {
         ttl: Duration,
     ) -> Result<Semaphore, LeaseError> {
         let config = self.config(name, ttl);
-        let slots: Vec<String> = (0..permits.min(MAX_PERMITS))
-            .map(|i| semaphore_slot(name, i))
-            .collect();
-        telemetry::campaigning_for(slots.iter().map(String::as_str));
         Ok(Semaphore {
             name: name.to_string(),
             group: self.begin(|c, now| c.add_semaphore(now, config, permits))?,
@@ -432,12 +435,13 @@ impl Member {
         let now = self.shared.runtime.now();
         let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
+        // The gauges show at once, before the driver runs.
+        telemetry::campaigning_for(state.campaign.candidates(id));
         state.outlets.insert(
             id,
             Outlet {
                 changes: changes_tx,
                 finished: Vec::new(),
-                campaigning_since: now,
             },
         );
         self.ensure_driver(&mut state);
@@ -455,7 +459,7 @@ impl Member {
         if !state.driver_started {
             state.driver_started = true;
             let shared = self.shared.clone();
-            self.shared.runtime.spawn(drive(shared).boxed());
+            self.shared.runtime.spawn(driver::drive(shared).boxed());
         }
     }
 
@@ -504,7 +508,7 @@ impl std::fmt::Debug for Group {
 impl Group {
     fn hand_over(&self) {
         let now = self.shared.runtime.now();
-        self.shared.lock().campaign.hand_over(now, self.id);
+        self.shared.lock().campaign.handle_hand_over(now, self.id);
         self.shared.wake.notify_one();
     }
 
@@ -522,7 +526,7 @@ impl Group {
         self.shared
             .lock()
             .campaign
-            .done(self.shared.runtime.now(), key);
+            .handle_done(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -725,8 +729,9 @@ impl Semaphore {
     }
 
     /// The slot this process holds right now, with its tenure.
-    pub fn held(&self) -> Option<(String, Tenure)> {
-        self.group.held().into_iter().next()
+    pub fn held(&self) -> Option<HeldKey> {
+        let (key, tenure) = self.group.held().into_iter().next()?;
+        Some(HeldKey { key, tenure })
     }
 
     /// The semaphore's name.
@@ -837,358 +842,5 @@ impl Shards {
     /// together, none queued).
     pub async fn stop(mut self) {
         self.group.stop().await;
-    }
-}
-
-/// What came of a request, for the machine.
-struct Answer {
-    id: EffectId,
-    outcome: RequestOutcome,
-    key: String,
-    endpoint: Endpoint,
-    /// Neither a yes nor a no (timed out, unavailable, ...).
-    unknown: bool,
-}
-
-type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
-type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
-
-/// The one driver loop of a member: sends what the machine wants, feeds back what
-/// comes of it, change events and inbox messages, and wakes at its next deadline.
-async fn drive(shared: Arc<Shared>) {
-    let mut pending = Pending::new();
-    let mut changes: Feed<(String, Message)> = SelectAll::new();
-    // Dropping a key's sender ends its change-event stream (and unsubscribes).
-    let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
-    let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
-    let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
-    // A request in flight ends when its sender is dropped: the campaign timed it out.
-    let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
-    // Keys whose last renew had an unknown outcome: a renew sent now is a retry.
-    let mut renew_unknown: BTreeSet<String> = BTreeSet::new();
-    loop {
-        let (requests, events, wake, new_inboxes, done) = {
-            let mut state = shared.lock();
-            in_flight.retain(|id, _| state.campaign.waits_for(*id));
-            // Each with the key whose holder sends it (none for a request the
-            // campaign no longer waits for: it is not sent).
-            let campaign = &mut state.campaign;
-            let requests: Vec<(String, Transmit)> = std::iter::from_fn(|| {
-                let t = campaign.poll_transmit()?;
-                Some(campaign.key_of(t.id).map(|k| (k.to_string(), t)))
-            })
-            .flatten()
-            .collect();
-            let events: Vec<CampaignEvent> =
-                std::iter::from_fn(|| state.campaign.poll_event()).collect();
-            let done = !state.member_alive && state.campaign.is_done();
-            (
-                requests,
-                events,
-                state.campaign.poll_timeout(),
-                std::mem::take(&mut state.inboxes),
-                done,
-            )
-        };
-        for (key, transmit) in requests {
-            if transmit.kind == TransmitKind::Lease(Endpoint::Renew) && renew_unknown.contains(&key)
-            {
-                telemetry::renew_retry();
-            }
-            let (give_up, given_up) = oneshot::channel();
-            in_flight.insert(transmit.id, give_up);
-            pending.push(send(&shared, key, transmit, given_up));
-        }
-        let mut others = Vec::new();
-        for event in events {
-            match event {
-                CampaignEvent::Watch { key } => {
-                    // A failed subscribe only loses the early wake-up, never correctness;
-                    // bounded, so that a client stuck reconnecting never holds the driver.
-                    let subscribe = shared.nats.subscribe(changed_subject(&key));
-                    let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                    if let Some(Ok(sub)) =
-                        runtime::until(&*shared.runtime, handoff, subscribe).await
-                    {
-                        let (stop, stopped) = oneshot::channel();
-                        subscribed.insert(key.clone(), stop);
-                        changes.push(Box::pin(
-                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
-                        ));
-                    }
-                }
-                CampaignEvent::Unwatch { key } => {
-                    subscribed.remove(&key);
-                }
-                other => others.push(other),
-            }
-        }
-        dispatch(&shared, others);
-        for feed in new_inboxes {
-            let n = inboxes.len();
-            inboxes.push((feed.accepted, feed.rejected));
-            inbox_msgs.push(Box::pin(feed.subscriber.map(move |m| (n, m))));
-        }
-        let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
-        if done && pending.is_empty() && !inbox_open {
-            for key in std::mem::take(&mut shared.lock().owned) {
-                telemetry::leading(&key, false);
-            }
-            break;
-        }
-        let sleep = async {
-            match wake {
-                Some(at) => shared.runtime.sleep_until(at).await,
-                None => futures::future::pending().await,
-            }
-        };
-        tokio::select! {
-            Some(answer) = pending.next(), if !pending.is_empty() => {
-                if answer.endpoint == Endpoint::Renew {
-                    if answer.unknown {
-                        renew_unknown.insert(answer.key);
-                    } else {
-                        renew_unknown.remove(&answer.key);
-                    }
-                }
-                shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
-            }
-            Some((key, message)) = changes.next(), if !changes.is_empty() => {
-                let event = change_event(&message);
-                shared.lock().campaign.handle_change(shared.runtime.now(), &key, &event);
-            }
-            Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
-                let (accepted, rejected) = &inboxes[n];
-                receive(&shared, accepted, rejected, message).await;
-            }
-            _ = sleep => {
-                shared.lock().campaign.handle_timeout(shared.runtime.now());
-            }
-            _ = shared.wake.notified() => {}
-        }
-    }
-}
-
-/// Passes the machine's holder events and group ends on.
-fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
-    if events.is_empty() {
-        return;
-    }
-    let now = shared.runtime.now();
-    if let Some(o) = &shared.observer {
-        for event in &events {
-            if let CampaignEvent::Holder { key, event, .. } = event {
-                o.event(key, event, now);
-            }
-        }
-    }
-    let mut state = shared.lock();
-    for event in events {
-        match event {
-            CampaignEvent::Holder { group, key, event } => {
-                record(&mut state, now, group, &key, &event);
-                let ownership = match event {
-                    HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
-                    HolderEvent::SteppedDown { reason } => Some(Ownership::SteppedDown { reason }),
-                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
-                    HolderEvent::Failed { kind, message } => {
-                        tracing::error!(key, %kind, message, "the lease service refused this holder");
-                        None
-                    }
-                };
-                if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
-                    let _ = outlet.changes.send(Change { key, ownership });
-                }
-            }
-            CampaignEvent::Finished { group } => {
-                if let Some(outlet) = state.outlets.remove(&group) {
-                    for f in outlet.finished {
-                        let _ = f.send(());
-                    }
-                }
-            }
-            // The driver subscribes and unsubscribes itself.
-            CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. } => {}
-        }
-    }
-}
-
-/// Records a holder event in the metrics ([`telemetry`]).
-fn record(state: &mut State, now: Instant, group: GroupId, key: &str, event: &HolderEvent) {
-    match event {
-        HolderEvent::Elected { .. } => {
-            if state.owned.insert(key.to_string()) {
-                telemetry::leading(key, true);
-            }
-            if let Some(outlet) = state.outlets.get(&group) {
-                telemetry::elected(now.saturating_duration_since(outlet.campaigning_since));
-            }
-        }
-        HolderEvent::SteppedDown { reason } => {
-            telemetry::stepped_down(reason);
-            if state.owned.remove(key) {
-                telemetry::leading(key, false);
-            }
-            if *reason != StepDownReason::Stopped
-                && let Some(outlet) = state.outlets.get_mut(&group)
-            {
-                outlet.campaigning_since = now;
-            }
-        }
-        HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } | HolderEvent::Failed { .. } => {}
-    }
-}
-
-/// Sends one of the campaign's requests. Its only deadline is the machine's: when
-/// the campaign times it out, the driver drops `given_up`'s sender and the request
-/// ends `TimedOut` (for the observer; the machine has moved on).
-fn send(
-    shared: &Arc<Shared>,
-    key: String,
-    transmit: Transmit,
-    given_up: oneshot::Receiver<()>,
-) -> BoxFuture<'static, Answer> {
-    let nats = shared.nats.clone();
-    let observer = shared.observer.clone();
-    let runtime = shared.runtime.clone();
-    async move {
-        let Transmit {
-            id, kind, request, ..
-        } = transmit;
-        let TransmitKind::Lease(endpoint) = kind else {
-            unreachable!("a campaign sends only lease calls");
-        };
-        let body = observer.as_ref().map(|_| request.payload.clone());
-        let sent = runtime.now();
-        let sending = exec::send_untimed(&nats, request);
-        let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
-            futures::future::Either::Left((outcome, _)) => outcome,
-            futures::future::Either::Right(_) => RequestOutcome::TimedOut,
-        };
-        let answered = runtime.now();
-        let unknown =
-            telemetry::holder_outcome(endpoint, &outcome, answered.saturating_duration_since(sent));
-        if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&ObservedRequest {
-                key: &key,
-                endpoint,
-                body,
-                sent,
-                outcome: &outcome,
-                answered,
-            });
-        }
-        Answer {
-            id,
-            outcome,
-            key,
-            endpoint,
-            unknown,
-        }
-    }
-    .boxed()
-}
-
-/// One message on the inbox: passed on when the machine accepts it, answered
-/// `Dagnats-Lease-Reject: stale` when not.
-async fn receive(
-    shared: &Shared,
-    accepted: &mpsc::UnboundedSender<ForwardedRequest>,
-    rejected: &AtomicU64,
-    message: Message,
-) {
-    let fence = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(HDR_FENCE))
-        .map(|v| v.as_str().to_string());
-    let verdict = shared.lock().campaign.check_inbox(
-        shared.runtime.now(),
-        message.subject.as_str(),
-        fence.as_deref(),
-    );
-    match verdict {
-        Ok(ok) if !accepted.is_closed() => {
-            let _ = accepted.send(ForwardedRequest {
-                key: ok.key,
-                fence: ok.fence,
-                payload: message.payload.to_vec(),
-                reply: message.reply,
-                nats: shared.nats.clone(),
-            });
-        }
-        Ok(_) => {}
-        Err(reason) => {
-            rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(subject = %message.subject, %reason, "forward rejected");
-            if let Some(reply) = message.reply {
-                let (name, value) = RejectReason::reply_header();
-                let mut headers = HeaderMap::new();
-                headers.insert(name, value);
-                let reject = shared
-                    .nats
-                    .publish_with_headers(reply, headers, bytes::Bytes::new());
-                let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                let _ = runtime::until(&*shared.runtime, handoff, reject).await;
-            }
-        }
-    }
-}
-
-/// Requests forwarded to this member as owner (see [`Member::inbox`]).
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut inbox = member.inbox().await?;
-/// while let Some(request) = inbox.next().await {
-///     // Only requests for keys this member owns, with a fence of its tenure, get here.
-///     let answer = format!("handled under fence {}", request.fence);
-///     request.respond(answer).await?;
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Inbox {
-    requests: mpsc::UnboundedReceiver<ForwardedRequest>,
-    rejected: Arc<AtomicU64>,
-}
-
-/// One forwarded request this member accepted as owner: answer it with
-/// [`ForwardedRequest::respond`].
-#[derive(Debug)]
-pub struct ForwardedRequest {
-    /// The key it was forwarded for.
-    pub key: String,
-    /// The fence the service sent: fence the writes this request makes with it.
-    pub fence: u64,
-    /// The request body.
-    pub payload: Vec<u8>,
-    reply: Option<async_nats::Subject>,
-    nats: Client,
-}
-
-impl ForwardedRequest {
-    /// Sends `body` back as the owner's reply.
-    pub async fn respond(self, body: impl Into<bytes::Bytes>) -> Result<(), crate::Error> {
-        if let Some(reply) = self.reply {
-            self.nats
-                .publish(reply, body.into())
-                .await
-                .map_err(|e| crate::Error::new(crate::ErrorKind::Nats, e))?;
-        }
-        Ok(())
-    }
-}
-
-impl Inbox {
-    /// The next request this member should process as owner; rejected ones are
-    /// answered by the member and skipped. `None` when the subscription ends.
-    pub async fn next(&mut self) -> Option<ForwardedRequest> {
-        self.requests.recv().await
-    }
-
-    /// How many forwarded requests were rejected so far.
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
     }
 }

@@ -1,0 +1,252 @@
+//! The one driver task of a member: sends what the campaign wants, subscribes and
+//! cancels as its events say, feeds back outcomes, change events and inbox
+//! messages, records the metrics the events carry, and sleeps until the machine's
+//! next deadline. Every branch here is IO.
+
+use super::*;
+
+/// What came of a request, for the machine.
+struct Answer {
+    id: EffectId,
+    outcome: RequestOutcome,
+}
+
+type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
+type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
+
+/// The one driver loop of a member: sends what the machine wants, feeds back what
+/// comes of it, change events and inbox messages, and wakes at its next deadline.
+pub(super) async fn drive(shared: Arc<Shared>) {
+    let mut pending = Pending::new();
+    let mut changes: Feed<(String, Message)> = SelectAll::new();
+    // Dropping a key's sender ends its change-event stream (and unsubscribes).
+    let mut subscribed: BTreeMap<String, oneshot::Sender<()>> = BTreeMap::new();
+    let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
+    let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
+    // A request in flight ends when its sender is dropped: the campaign cancelled it.
+    let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
+    loop {
+        let (requests, events, wake, new_inboxes, done) = {
+            let mut state = shared.lock();
+            let campaign = &mut state.campaign;
+            let requests: Vec<CampaignTransmit> =
+                std::iter::from_fn(|| campaign.poll_transmit()).collect();
+            let events: Vec<CampaignEvent> =
+                std::iter::from_fn(|| state.campaign.poll_event()).collect();
+            let done = !state.member_alive && state.campaign.is_done();
+            (
+                requests,
+                events,
+                state.campaign.poll_timeout(),
+                std::mem::take(&mut state.inboxes),
+                done,
+            )
+        };
+        for request in requests {
+            let (give_up, given_up) = oneshot::channel();
+            in_flight.insert(request.transmit.id, give_up);
+            pending.push(send(&shared, request, given_up));
+        }
+        let mut others = Vec::new();
+        for event in events {
+            match event {
+                CampaignEvent::Watch { key } => {
+                    // A failed subscribe only loses the early wake-up, never correctness;
+                    // bounded, so that a client stuck reconnecting never holds the driver.
+                    let subscribe = shared.nats.subscribe(changed_subject(&key));
+                    let handoff = shared.runtime.now() + HANDOFF_BOUND;
+                    if let Some(Ok(sub)) =
+                        runtime::until(&*shared.runtime, handoff, subscribe).await
+                    {
+                        let (stop, stopped) = oneshot::channel();
+                        subscribed.insert(key.clone(), stop);
+                        changes.push(Box::pin(
+                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
+                        ));
+                    }
+                }
+                CampaignEvent::Unwatch { key } => {
+                    subscribed.remove(&key);
+                }
+                CampaignEvent::Cancel { id } => {
+                    in_flight.remove(&id);
+                }
+                other => others.push(other),
+            }
+        }
+        dispatch(&shared, others);
+        for feed in new_inboxes {
+            let n = inboxes.len();
+            inboxes.push((feed.accepted, feed.rejected));
+            inbox_msgs.push(Box::pin(feed.subscriber.map(move |m| (n, m))));
+        }
+        let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
+        if done && pending.is_empty() && !inbox_open {
+            break;
+        }
+        let sleep = async {
+            match wake {
+                Some(at) => shared.runtime.sleep_until(at).await,
+                None => futures::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(answer) = pending.next(), if !pending.is_empty() => {
+                in_flight.remove(&answer.id);
+                shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
+            }
+            Some((key, message)) = changes.next(), if !changes.is_empty() => {
+                let event = change_event(&message);
+                shared.lock().campaign.handle_change(shared.runtime.now(), &key, &event);
+            }
+            Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
+                let (accepted, rejected) = &inboxes[n];
+                receive(&shared, accepted, rejected, message).await;
+            }
+            _ = sleep => {
+                shared.lock().campaign.handle_timeout(shared.runtime.now());
+            }
+            _ = shared.wake.notified() => {}
+        }
+    }
+}
+
+/// Passes the machine's holder events and group ends on, and records what it
+/// measured ([`telemetry`]).
+fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
+    if events.is_empty() {
+        return;
+    }
+    let now = shared.runtime.now();
+    if let Some(o) = &shared.observer {
+        for event in &events {
+            if let CampaignEvent::Holder { key, event, .. } = event {
+                o.event(key, event, now);
+            }
+        }
+    }
+    let mut state = shared.lock();
+    for event in events {
+        match event {
+            CampaignEvent::Holder { group, key, event } => {
+                let ownership = match event {
+                    HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
+                    HolderEvent::SteppedDown { reason } => {
+                        telemetry::stepped_down(&reason);
+                        Some(Ownership::SteppedDown { reason })
+                    }
+                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
+                    HolderEvent::Failed { kind, message } => {
+                        tracing::error!(key, %kind, message, "the lease service refused this holder");
+                        None
+                    }
+                };
+                if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
+                    let _ = outlet.changes.send(Change { key, ownership });
+                }
+            }
+            CampaignEvent::Finished { group } => {
+                if let Some(outlet) = state.outlets.remove(&group) {
+                    for f in outlet.finished {
+                        let _ = f.send(());
+                    }
+                }
+            }
+            CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
+            CampaignEvent::ElectedAfter { after, .. } => telemetry::elected(after),
+            CampaignEvent::Answered(answered) => telemetry::holder_answered(&answered),
+            // The driver subscribes, unsubscribes and cancels itself.
+            CampaignEvent::Watch { .. }
+            | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::Cancel { .. } => {}
+        }
+    }
+}
+
+/// Sends one of the campaign's requests. Its only deadline is the machine's: when
+/// the campaign times it out, the driver drops `given_up`'s sender and the request
+/// ends `TimedOut` (for the observer; the machine has moved on).
+fn send(
+    shared: &Arc<Shared>,
+    request: CampaignTransmit,
+    given_up: oneshot::Receiver<()>,
+) -> BoxFuture<'static, Answer> {
+    let nats = shared.nats.clone();
+    let observer = shared.observer.clone();
+    let runtime = shared.runtime.clone();
+    async move {
+        let CampaignTransmit {
+            key,
+            endpoint,
+            transmit,
+        } = request;
+        let (id, request) = (transmit.id, transmit.request);
+        let body = observer.as_ref().map(|_| request.payload.clone());
+        let sent = runtime.now();
+        let sending = exec::send_untimed(&nats, request);
+        let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
+            futures::future::Either::Left((outcome, _)) => outcome,
+            futures::future::Either::Right(_) => RequestOutcome::TimedOut,
+        };
+        let answered = runtime.now();
+        if let (Some(o), Some(body)) = (&observer, &body) {
+            o.request(&ObservedRequest {
+                key: &key,
+                endpoint,
+                body,
+                sent,
+                outcome: &outcome,
+                answered,
+            });
+        }
+        Answer { id, outcome }
+    }
+    .boxed()
+}
+
+/// One message on the inbox: passed on when the machine accepts it, answered
+/// `Dagnats-Lease-Reject: stale` when not.
+async fn receive(
+    shared: &Shared,
+    accepted: &mpsc::UnboundedSender<ForwardedRequest>,
+    rejected: &AtomicU64,
+    message: Message,
+) {
+    let fence = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HDR_FENCE))
+        .map(|v| v.as_str().to_string());
+    let verdict = shared.lock().campaign.check_inbox(
+        shared.runtime.now(),
+        message.subject.as_str(),
+        fence.as_deref(),
+        !accepted.is_closed(),
+    );
+    match verdict {
+        InboxVerdict::Deliver(ok) => {
+            let _ = accepted.send(ForwardedRequest {
+                key: ok.key,
+                fence: ok.fence,
+                payload: message.payload.to_vec(),
+                reply: message.reply,
+                nats: shared.nats.clone(),
+            });
+        }
+        InboxVerdict::Ignore => {}
+        InboxVerdict::Reject(reason) => {
+            rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(subject = %message.subject, %reason, "forward rejected");
+            if let Some(reply) = message.reply {
+                let (name, value) = RejectReason::reply_header();
+                let mut headers = HeaderMap::new();
+                headers.insert(name, value);
+                let reject = shared
+                    .nats
+                    .publish_with_headers(reply, headers, bytes::Bytes::new());
+                let handoff = shared.runtime.now() + HANDOFF_BOUND;
+                let _ = runtime::until(&*shared.runtime, handoff, reject).await;
+            }
+        }
+    }
+}

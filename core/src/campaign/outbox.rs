@@ -1,0 +1,133 @@
+//! Requests out: each holder's request under an id of the campaign's own, its
+//! deadline, and what comes back (answered, timed out, or withdrawn unsent).
+
+use super::*;
+
+#[derive(Debug)]
+pub(super) struct Route {
+    pub(super) key: String,
+    pub(super) serial: u64,
+    pub(super) inner: EffectId,
+    pub(super) group: GroupId,
+    pub(super) gated: bool,
+    pub(super) deadline: Instant,
+    pub(super) endpoint: Endpoint,
+    pub(super) sent: Instant,
+    pub(super) renew_retry: bool,
+}
+
+/// Requests sent and waiting for their outcome, and those ready to send.
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    pub(super) routes: BTreeMap<EffectId, Route>,
+    /// The routes' deadlines, in order.
+    pub(super) deadlines: BTreeSet<(Instant, EffectId)>,
+    pub(super) requests: VecDeque<Transmit>,
+    pub(super) next_request: u64,
+}
+
+impl Outbox {
+    /// Takes the route of request `id` (answered, timed out or recalled).
+    pub(super) fn take(&mut self, id: EffectId) -> Option<Route> {
+        let route = self.routes.remove(&id)?;
+        self.deadlines.remove(&(route.deadline, id));
+        Some(route)
+    }
+
+    /// Takes request `id` back if it is still waiting to be polled: then it was
+    /// never sent.
+    pub(super) fn unqueue(&mut self, id: EffectId) -> bool {
+        let before = self.requests.len();
+        self.requests.retain(|r| r.id != id);
+        self.requests.len() != before
+    }
+
+    /// Sends a holder's request under an id of the campaign's own.
+    pub(super) fn send(
+        &mut self,
+        now: Instant,
+        key: &str,
+        candidacy: &Candidacy,
+        gated: bool,
+        renew_unclear: &BTreeSet<String>,
+        request: Transmit,
+    ) {
+        let id = EffectId(self.next_request);
+        self.next_request += 1;
+        let endpoint = match request.kind {
+            TransmitKind::Lease(endpoint) => endpoint,
+            // A holder sends only lease calls.
+            _ => Endpoint::Acquire,
+        };
+        self.routes.insert(
+            id,
+            Route {
+                key: key.to_string(),
+                serial: candidacy.serial,
+                inner: request.id,
+                group: candidacy.group,
+                gated,
+                deadline: now + request.request.timeout,
+                endpoint,
+                sent: now,
+                renew_retry: endpoint == Endpoint::Renew && renew_unclear.contains(key),
+            },
+        );
+        self.deadlines.insert((now + request.request.timeout, id));
+        self.requests.push_back(Transmit { id, ..request });
+    }
+}
+
+impl Campaign {
+    /// Request `id`, taken back before it was polled, was never sent: its holder
+    /// hears so ([`Holder::handle_cancel`]), not that it timed out.
+    pub(super) fn withdraw(&mut self, now: Instant, id: EffectId) {
+        let Some(route) = self.out.take(id) else {
+            return;
+        };
+        if route.gated
+            && let Some(g) = self.groups.get_mut(&route.group)
+        {
+            g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
+        }
+        if let Some(candidacy) = self.candidacies.get_mut(&route.key)
+            && candidacy.serial == route.serial
+        {
+            candidacy.holder.handle_cancel(now, route.inner);
+            self.touched.insert(route.key);
+        }
+    }
+
+    pub(super) fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let Some(route) = self.out.take(id) else {
+            return;
+        };
+        let class = OutcomeClass::of(route.endpoint, &outcome);
+        if route.endpoint == Endpoint::Renew {
+            if class.is_clear() {
+                self.renew_unclear.remove(&route.key);
+            } else {
+                self.renew_unclear.insert(route.key.clone());
+            }
+        }
+        self.events
+            .push_back(CampaignEvent::Answered(AnsweredRequest {
+                key: route.key.clone(),
+                endpoint: route.endpoint,
+                took: now.saturating_duration_since(route.sent),
+                class,
+                renew_retry: route.renew_retry,
+            }));
+        if route.gated
+            && let Some(g) = self.groups.get_mut(&route.group)
+        {
+            g.gated_in_flight = g.gated_in_flight.saturating_sub(1);
+        }
+        if let Some(candidacy) = self.candidacies.get_mut(&route.key)
+            && candidacy.serial == route.serial
+        {
+            candidacy.holder.handle_outcome(now, route.inner, outcome);
+            self.touched.insert(route.key);
+        }
+    }
+}

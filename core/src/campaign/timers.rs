@@ -1,0 +1,81 @@
+//! The timer index: every holder's next deadline in order, so that a timeout feeds
+//! only the holders due, and the campaign's one wake-up.
+
+use super::*;
+
+impl Campaign {
+    /// When to call [`Campaign::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let holders = self.timers.first().map(|(at, _)| *at);
+        let requests = self.out.deadlines.first().map(|(at, _)| *at);
+        let cooldowns = self.cooldown.values().copied();
+        // An unhealthy group holding keys steps down at its deadline.
+        let health = self.groups.iter().filter_map(|(id, g)| {
+            let at = g.health.step_down_at()?;
+            self.candidacies
+                .values()
+                .any(|s| {
+                    s.group == *id
+                        && matches!(
+                            s.holder.status(),
+                            HolderStatus::Owner | HolderStatus::Confirming
+                        )
+                })
+                .then_some(at)
+        });
+        holders
+            .into_iter()
+            .chain(requests)
+            .chain(cooldowns)
+            .chain(health)
+            .min()
+    }
+
+    /// Indexes the deadlines of the holders drained in this settle again.
+    pub(super) fn index_timers(&mut self) {
+        for key in std::mem::take(&mut self.drained) {
+            // A candidacy gone took its entry with it (`remove_finished`).
+            let Some(candidacy) = self.candidacies.get_mut(&key) else {
+                continue;
+            };
+            let next = candidacy.holder.poll_timeout();
+            if next == candidacy.timer {
+                continue;
+            }
+            if let Some(at) = candidacy.timer {
+                self.timers.remove(&(at, key.clone()));
+            }
+            if let Some(at) = next {
+                self.timers.insert((at, key));
+            }
+            candidacy.timer = next;
+        }
+        #[cfg(debug_assertions)]
+        for (key, candidacy) in &self.candidacies {
+            debug_assert!(
+                !candidacy.holder.has_output(),
+                "{key}: a holder fed without being marked touched"
+            );
+            debug_assert_eq!(
+                candidacy.timer,
+                candidacy.holder.poll_timeout(),
+                "{key}: a deadline not indexed"
+            );
+            debug_assert!(
+                candidacy
+                    .timer
+                    .is_none_or(|at| self.timers.contains(&(at, key.clone()))),
+                "{key}: its deadline is not in the index"
+            );
+        }
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            self.timers.len(),
+            self.candidacies
+                .values()
+                .filter(|s| s.timer.is_some())
+                .count(),
+            "an index entry of a candidacy gone"
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! The tool's machine: campaign, start the watchdog, pass deadlines, loss and
+//! signals on, and release only once every process of the command is gone.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::{
+    GroupSignal, StopCause, Supervisor, SupervisorEvent, WatchdogMessage, WatchdogReport, may_start,
+};
+
+/// How `lock` ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockExit {
+    /// The command ran under the lease and exited with this code.
+    Command(u8),
+    /// The lease was lost, or its deadline came, while the command ran (or before it
+    /// could start): the command was stopped.
+    LeaseLost,
+    /// `--wait` passed and the key was still another holder's.
+    NotHeld,
+    /// A signal arrived before the command started.
+    Interrupted(GroupSignal),
+    /// The watchdog died: the tool stopped the command itself, or could not tell
+    /// whether it still runs (then nothing was released).
+    WatchdogGone,
+}
+
+/// What a [`Lock`] wants done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockEvent {
+    /// Start the watchdog (and through it the command) under `deadline`.
+    StartWatchdog {
+        /// The lease's deadline now.
+        deadline: Instant,
+    },
+    /// Tell the watchdog this.
+    ToWatchdog(WatchdogMessage),
+    /// The watchdog is gone: signal every process of the command (group `pgid`) from
+    /// the tool itself.
+    Signal {
+        /// The command's process group.
+        pgid: u32,
+        /// The signal.
+        signal: GroupSignal,
+    },
+    /// The watchdog is gone: wait until every process of the command has ended (the
+    /// tool reaps them as their subreaper), then feed [`Lock::handle_group_empty`].
+    WatchGroup {
+        /// The command's process group.
+        pgid: u32,
+    },
+    /// Stop campaigning and exit `lock` with `exit`, releasing the lease first when
+    /// `release` is true (no process of the command is left, or none started).
+    Exit {
+        /// How `lock` ends.
+        exit: LockExit,
+        /// Whether to release the lease (stop the campaign) before exiting.
+        release: bool,
+    },
+}
+
+#[derive(Debug)]
+enum LockPhase {
+    /// Not holding the key yet.
+    Campaigning {
+        wait_until: Option<Instant>,
+        refused: bool,
+        waited_out: bool,
+    },
+    /// Elected, but with no more than the grace period left: wait for a renewal.
+    Elected,
+    /// The watchdog runs the command.
+    Running {
+        pgid: Option<u32>,
+        finished: Option<(u8, Option<StopCause>)>,
+    },
+    /// The watchdog died; the tool stops the command's group itself.
+    TakingOver {
+        pgid: u32,
+        supervisor: Supervisor,
+    },
+    Done,
+}
+
+/// The tool's side of `lock`: campaign until elected (or until `--wait` has
+/// passed), start the watchdog, pass deadlines, loss and signals on, and release only
+/// once every process of the command is gone. See the [module docs](crate::supervise).
+#[derive(Debug)]
+pub struct Lock {
+    grace: Duration,
+    phase: LockPhase,
+    /// The tenure's deadline, as the holder last handed it out.
+    deadline: Option<Instant>,
+    lost: bool,
+    events: VecDeque<LockEvent>,
+}
+
+impl Lock {
+    /// A `lock` that campaigns, giving up after `wait` if the key stays another's
+    /// (`None`: for ever; zero: after the first refusal).
+    pub fn new(grace: Duration, wait: Option<Duration>, now: Instant) -> Self {
+        Self {
+            grace,
+            phase: LockPhase::Campaigning {
+                wait_until: wait.map(|w| now + w),
+                refused: false,
+                waited_out: false,
+            },
+            deadline: None,
+            lost: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The holder's acquire did not win the key ([`HolderEvent::Refused`]): `--wait`
+    /// gives up once it has passed and an acquire was refused since the start.
+    ///
+    /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
+    pub fn handle_refused(&mut self, now: Instant) {
+        if let LockPhase::Campaigning {
+            refused,
+            waited_out,
+            ..
+        } = &mut self.phase
+        {
+            *refused = true;
+            if *waited_out {
+                self.exit(LockExit::NotHeld, true);
+                return;
+            }
+        }
+        self.handle_timeout(now);
+    }
+
+    /// Elected, with the tenure's deadline as the campaign holds it now: `None`
+    /// when the tenure is over already (its deadline passed between the election
+    /// and this call, a pause right there): that is a loss.
+    pub fn handle_elected(&mut self, now: Instant, deadline: Option<Instant>) {
+        if matches!(self.phase, LockPhase::Campaigning { .. }) {
+            self.phase = LockPhase::Elected;
+        }
+        match deadline {
+            Some(deadline) => self.handle_deadline(now, deadline),
+            None => self.handle_lost(now),
+        }
+    }
+
+    /// The holder handed out a new deadline (a renewal).
+    pub fn handle_deadline(&mut self, now: Instant, deadline: Instant) {
+        match self.phase {
+            LockPhase::Elected => {
+                self.deadline = Some(deadline);
+                if may_start(now, deadline, self.grace) {
+                    self.phase = LockPhase::Running {
+                        pgid: None,
+                        finished: None,
+                    };
+                    self.events.push_back(LockEvent::StartWatchdog { deadline });
+                }
+            }
+            LockPhase::Running { .. } if !self.lost => {
+                self.deadline = Some(deadline);
+                self.events
+                    .push_back(LockEvent::ToWatchdog(WatchdogMessage::Deadline(deadline)));
+            }
+            _ => {}
+        }
+    }
+
+    /// The campaign stepped down: the lease is lost.
+    pub fn handle_lost(&mut self, now: Instant) {
+        match &mut self.phase {
+            LockPhase::Elected => self.exit(LockExit::LeaseLost, true),
+            LockPhase::Running { .. } if !self.lost => {
+                self.lost = true;
+                self.events
+                    .push_back(LockEvent::ToWatchdog(WatchdogMessage::Lost));
+            }
+            LockPhase::TakingOver { supervisor, .. } => {
+                self.lost = true;
+                supervisor.handle_lost(now);
+                self.drain_supervisor();
+            }
+            _ => {}
+        }
+    }
+
+    /// SIGTERM, SIGINT or SIGHUP arrived at the tool.
+    pub fn handle_signal(&mut self, now: Instant, signal: GroupSignal) {
+        match &mut self.phase {
+            LockPhase::Campaigning { .. } | LockPhase::Elected => {
+                self.exit(LockExit::Interrupted(signal), true)
+            }
+            LockPhase::Running { .. } => self
+                .events
+                .push_back(LockEvent::ToWatchdog(WatchdogMessage::Signal(signal))),
+            LockPhase::TakingOver { supervisor, .. } => {
+                supervisor.handle_signal(now, signal);
+                self.drain_supervisor();
+            }
+            LockPhase::Done => {}
+        }
+    }
+
+    /// A line from the watchdog.
+    pub fn handle_report(&mut self, _now: Instant, report: WatchdogReport) {
+        if let LockPhase::Running { pgid, finished } = &mut self.phase {
+            match report {
+                WatchdogReport::Started { pgid: group } => *pgid = Some(group),
+                WatchdogReport::Finished { code, stopped } => *finished = Some((code, stopped)),
+            }
+        }
+    }
+
+    /// The watchdog has exited and its channel is closed.
+    pub fn handle_watchdog_gone(&mut self, now: Instant) {
+        let LockPhase::Running { pgid, finished } = self.phase else {
+            return;
+        };
+        let deadline = self.deadline.unwrap_or(now);
+        match (finished, pgid) {
+            // The watchdog saw every process of the command gone.
+            (Some((code, stopped)), _) => {
+                let lease_ended =
+                    self.lost || now >= deadline || stopped.is_some_and(StopCause::ends_the_lease);
+                let exit = if lease_ended {
+                    LockExit::LeaseLost
+                } else {
+                    LockExit::Command(code)
+                };
+                self.exit(exit, true);
+            }
+            // It died with the command running: stop the group from here.
+            (None, Some(pgid)) => {
+                let supervisor =
+                    Supervisor::stopping_now(deadline, self.grace, StopCause::WatchdogGone, now);
+                self.phase = LockPhase::TakingOver { pgid, supervisor };
+                self.events.push_back(LockEvent::WatchGroup { pgid });
+                self.drain_supervisor();
+            }
+            // It died before naming the group: whether the command runs cannot be
+            // told, so nothing is released; the lease runs out by its TTL.
+            (None, None) => self.exit(LockExit::WatchdogGone, false),
+        }
+    }
+
+    /// After the watchdog died: no process of the command is left.
+    pub fn handle_group_empty(&mut self, now: Instant) {
+        if let LockPhase::TakingOver { supervisor, .. } = &mut self.phase {
+            supervisor.handle_group_empty(now);
+            self.drain_supervisor();
+        }
+    }
+
+    /// Acts on the time: `--wait` passing, and the SIGKILL due after a watchdog died.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.phase {
+            LockPhase::Campaigning {
+                wait_until: Some(at),
+                refused,
+                waited_out,
+            } if now >= *at && !*waited_out => {
+                *waited_out = true;
+                if *refused {
+                    self.exit(LockExit::NotHeld, true);
+                }
+            }
+            LockPhase::TakingOver { supervisor, .. } => {
+                supervisor.handle_timeout(now);
+                self.drain_supervisor();
+            }
+            _ => {}
+        }
+    }
+
+    /// When to call [`Lock::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.phase {
+            LockPhase::Campaigning {
+                wait_until,
+                waited_out: false,
+                ..
+            } => *wait_until,
+            LockPhase::TakingOver { supervisor, .. } => supervisor.poll_timeout(),
+            _ => None,
+        }
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_event(&mut self) -> Option<LockEvent> {
+        self.events.pop_front()
+    }
+
+    /// Whether `lock` has decided how it ends and every event is drained.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, LockPhase::Done) && self.events.is_empty()
+    }
+
+    fn drain_supervisor(&mut self) {
+        let LockPhase::TakingOver { pgid, supervisor } = &mut self.phase else {
+            return;
+        };
+        let pgid = *pgid;
+        let mut finished = false;
+        while let Some(event) = supervisor.poll_event() {
+            match event {
+                SupervisorEvent::Signal(signal) => {
+                    self.events.push_back(LockEvent::Signal { pgid, signal })
+                }
+                SupervisorEvent::Report(WatchdogReport::Finished { .. }) => finished = true,
+                // A supervisor taking over starts nothing and reports to nobody.
+                SupervisorEvent::Start
+                | SupervisorEvent::Report(WatchdogReport::Started { .. }) => {}
+            }
+        }
+        if finished {
+            self.exit(LockExit::WatchdogGone, true);
+        }
+    }
+
+    fn exit(&mut self, exit: LockExit, release: bool) {
+        if matches!(self.phase, LockPhase::Done) {
+            return;
+        }
+        self.phase = LockPhase::Done;
+        self.events.push_back(LockEvent::Exit { exit, release });
+    }
+}
+
+impl StopCause {
+    /// Whether the command was stopped because the lease ended, rather than because
+    /// it chose to end.
+    fn ends_the_lease(self) -> bool {
+        !matches!(self, Self::LeaderExited)
+    }
+}
