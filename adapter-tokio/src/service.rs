@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use dagnats_leases_core::admit::{Admission, Admit};
 use dagnats_leases_core::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 use dagnats_leases_core::change::ChangeEvent;
-use dagnats_leases_core::coalesce::{self, Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use dagnats_leases_core::coalesce::{
+    self, CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, WriteId,
+};
 use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
@@ -69,10 +71,11 @@ pub struct ServiceOptions {
     /// Whether the calls' writes go through one write coalescer
     /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
     /// flight they gather into atomic batches when the stream allows it
-    /// (nats-server 2.12+). Off by default: `scripts/bench` measured no gain in
-    /// throughput on one server and a loss on a three-node cluster (see
+    /// (nats-server 2.12+). `Auto` by default: on for a single-replica bucket
+    /// only ([`coalesce::coalesce_on`]), where `scripts/bench` measured batches
+    /// winning with many writes in flight; on a three-node cluster they lost (see
     /// docs/benchmarks.md).
-    pub coalesce_writes: bool,
+    pub coalesce_writes: CoalesceWrites,
     /// Single writes in flight before writes gather into batches.
     pub batch_after: usize,
     /// The smallest batch the coalescer sends; fewer gathered writes wait for a
@@ -124,7 +127,7 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: false,
+            coalesce_writes: CoalesceWrites::Auto,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),
@@ -325,7 +328,17 @@ pub async fn prepare(
     {
         tracing::warn!("{warning}");
     }
-    let atomic = atomic && options.coalesce_writes;
+    // Whether writes go through the coalescer: the setting, the bucket's replicas
+    // and whether the stream takes batches decide; the serve loop reads the answer.
+    let atomic = coalesce::coalesce_on(options.coalesce_writes, replicas, atomic);
+    let options = ServiceOptions {
+        coalesce_writes: if atomic {
+            CoalesceWrites::On
+        } else {
+            CoalesceWrites::Off
+        },
+        ..options
+    };
     let base = CallConfig { mode, ..starting };
     let config = options.call_config(base, replicas);
     tracing::info!(
@@ -448,7 +461,7 @@ async fn serve(
         mut gate,
         mut micro,
     } = intake;
-    let writes = options.coalesce_writes.then(|| writer.sink.clone());
+    let writes = (options.coalesce_writes == CoalesceWrites::On).then(|| writer.sink.clone());
     // Tenancy: every tenant's change events, for its count of live leases.
     let mut tenant_leases = TenantLeases::new(options.max_leases_per_tenant);
     let mut changes = match options.tenancy {

@@ -4,14 +4,16 @@
 //!
 //! Each implementation gets a fresh server (and service) and a ramp of steps
 //! (`--capacity-steps`, coarse: 25,000 more leases a step by default). A step adds
-//! the leases it lacks, waits until all are held (at most [`RAMP_BOUND`]), then
+//! the leases it lacks (the service's a member at a time, each once the one
+//! before holds its set), waits until all are held (at most [`RAMP_BOUND`]), then
 //! holds them for `--capacity-hold-secs` (60); the ramp stops at the first step
 //! that loses a lease (or does not get them all held), and the implementation's
 //! figure is the last step before it.
 //!
 //! - The service (`tokio-fsync`: one server with `sync_interval: always`;
 //!   `tokio-r3`: the three-node cluster, an R3 bucket; `-shardsN`: `serve --shards
-//!   N`; `tokio-batched-*`: the write coalescer on) is held by the holder library as
+//!   N`; `tokio-batched-*` / `tokio-single-*`: the write coalescer forced on / off)
+//!   is held by the holder library as
 //!   in `--scale` ([`crate::scale::Holders`]: members of 1,000 keys, one connection
 //!   each). A lease is lost when its holder steps down (the library renews at
 //!   ttl/3 and gives a lease up once it can no longer renew it before its end).
@@ -29,6 +31,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use dagnats_leases_core::coalesce::CoalesceWrites;
 use serde::Serialize;
 
 use crate::procs::{self, Impl};
@@ -36,7 +39,9 @@ use crate::scale::{Holders, TTL, cpu_s, sample};
 use crate::servers;
 
 /// How long a step may take to get every lease held.
-pub const RAMP_BOUND: Duration = Duration::from_secs(90);
+pub const RAMP_BOUND: Duration = Duration::from_secs(120);
+/// How long a step waits for a member's leases before the next member joins.
+pub const MEMBER_BOUND: Duration = Duration::from_secs(15);
 /// Keys in each holder-library member's shard set.
 pub const PER_MEMBER: usize = 1_000;
 /// Keepalive streams (each on its own connection) for etcd's leases.
@@ -130,8 +135,9 @@ pub enum Kind {
         cluster: bool,
         /// `serve --shards N`, if given.
         shards: Option<usize>,
-        /// `serve --coalesce-writes true`.
-        batched: bool,
+        /// `serve --coalesce-writes`: `auto` as it ships (`tokio-`), `true`
+        /// (`tokio-batched-`) or `false` (`tokio-single-`).
+        coalesce: CoalesceWrites,
     },
     /// etcd with this many members.
     Etcd {
@@ -141,7 +147,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// `tokio[-batched](-fsync|-r3)[-shardsN]`, `etcd` or `etcd-r3`.
+    /// `tokio[-batched|-single](-fsync|-r3)[-shardsN]`, `etcd` or `etcd-r3`.
     pub fn parse(name: &str) -> Result<Kind, String> {
         match name {
             "etcd" => return Ok(Kind::Etcd { members: 1 }),
@@ -151,16 +157,22 @@ impl Kind {
         let bad = || {
             format!(
                 "--capacity-impls: `{name}` is not an implementation (tokio-fsync, tokio-r3, \
-                 tokio-batched-fsync, tokio-fsync-shards4, etcd, etcd-r3)"
+                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, etcd, etcd-r3)"
             )
         };
         let (rest, shards) = match name.rsplit_once("-shards") {
             Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
             None => (name, None),
         };
-        let (batched, place) = match rest.strip_prefix("tokio-batched-") {
-            Some(p) => (true, p),
-            None => (false, rest.strip_prefix("tokio-").ok_or_else(bad)?),
+        let (coalesce, place) = if let Some(p) = rest.strip_prefix("tokio-batched-") {
+            (CoalesceWrites::On, p)
+        } else if let Some(p) = rest.strip_prefix("tokio-single-") {
+            (CoalesceWrites::Off, p)
+        } else {
+            (
+                CoalesceWrites::Auto,
+                rest.strip_prefix("tokio-").ok_or_else(bad)?,
+            )
         };
         let cluster = match place {
             "fsync" => false,
@@ -170,7 +182,7 @@ impl Kind {
         Ok(Kind::Service {
             cluster,
             shards,
-            batched,
+            coalesce,
         })
     }
 }
@@ -211,8 +223,8 @@ pub async fn run(out: &Path, options: &Options) {
             Kind::Service {
                 cluster,
                 shards,
-                batched,
-            } => service(out, &name, cluster, shards, batched, options, &handle).await,
+                coalesce,
+            } => service(out, &name, cluster, shards, coalesce, options, &handle).await,
             Kind::Etcd { members } => etcd(out, &name, members, options).await,
         };
         println!(
@@ -273,11 +285,13 @@ async fn window(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let secs = w0.elapsed().as_secs_f64();
+    // No window (the ramp failed): no rates, rather than ticks over nothing.
+    let per_s = |d: f64| if hold_s == 0 { f64::NAN } else { d / secs };
     Window {
         secs,
-        cpu_service: service.map(cpu_s).zip(c0.0).map(|(b, a)| (b - a) / secs),
-        cpu_server: (cpu_of(servers) - c0.1) / secs,
-        cpu_members: (cpu_s(me) - c0.2) / secs,
+        cpu_service: service.map(cpu_s).zip(c0.0).map(|(b, a)| per_s(b - a)),
+        cpu_server: per_s(cpu_of(servers) - c0.1),
+        cpu_members: per_s(cpu_s(me) - c0.2),
     }
 }
 
@@ -356,7 +370,7 @@ async fn service(
     name: &str,
     cluster: bool,
     shards: Option<usize>,
-    batched: bool,
+    coalesce: CoalesceWrites,
     options: &Options,
     handle: &metrics_exporter_prometheus::PrometheusHandle,
 ) -> Capacity {
@@ -366,10 +380,10 @@ async fn service(
     } else {
         servers::Server::Single(servers::Nats::start_sync(servers::Sync::Always))
     };
-    let imp = if batched {
-        Impl::TokioBatched
-    } else {
-        Impl::Tokio
+    let imp = match coalesce {
+        CoalesceWrites::Auto => Impl::Tokio,
+        CoalesceWrites::On => Impl::TokioBatched,
+        CoalesceWrites::Off => Impl::TokioSingle,
     };
     let account = Impl::Tokio.name();
     let admin = server.connect(account).await;
@@ -404,10 +418,10 @@ async fn service(
             "one server (R1)"
         },
         shards.map_or(String::new(), |n| format!(", --shards {n}")),
-        if batched {
-            ", --coalesce-writes true"
-        } else {
-            ""
+        match coalesce {
+            CoalesceWrites::Auto => ", --coalesce-writes auto (as it ships)",
+            CoalesceWrites::On => ", --coalesce-writes true",
+            CoalesceWrites::Off => ", --coalesce-writes false",
         },
     );
     println!("capacity {name}: {setup}");
@@ -426,16 +440,20 @@ async fn service(
     for &target in &options.steps {
         let lost0 = lost.load(Ordering::Relaxed);
         let t0 = Instant::now();
-        while have < target {
+        // Members join one after another, the next once the leases so far are
+        // held (as `--scale-gradual`), so a step is not one burst of acquires.
+        while have < target && t0.elapsed() < RAMP_BOUND && lost.load(Ordering::Relaxed) == lost0 {
             let upto = (have + PER_MEMBER).min(target);
             holders.add_member(have..upto).await;
             have = upto;
-        }
-        while (held.load(Ordering::Relaxed) as usize) < target
-            && t0.elapsed() < RAMP_BOUND
-            && lost.load(Ordering::Relaxed) == lost0
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let joined = Instant::now();
+            while (held.load(Ordering::Relaxed) as usize) < have
+                && joined.elapsed() < MEMBER_BOUND
+                && t0.elapsed() < RAMP_BOUND
+                && lost.load(Ordering::Relaxed) == lost0
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         let ramp_s = t0.elapsed().as_secs_f64();
         let ramped = held.load(Ordering::Relaxed) as usize >= target;
@@ -481,10 +499,10 @@ async fn service(
             held_now,
             lost_now,
             &w,
-            if w.secs > 0.0 {
+            if ramped && w.secs > 0.0 {
                 (renews() - r0) / w.secs
             } else {
-                0.0
+                f64::NAN
             },
             (q("0.5"), q("0.99")),
             why,
@@ -605,7 +623,7 @@ async fn etcd(out: &Path, name: &str, members: usize, options: &Options) -> Capa
             if w.secs > 0.0 {
                 (counts.replies.load(Ordering::Relaxed) - r0) as f64 / w.secs
             } else {
-                0.0
+                f64::NAN
             },
             (pick(0.5), pick(0.99)),
             why,
@@ -625,17 +643,19 @@ mod tests {
 
     #[test]
     fn implementation_names_parse_as_in_vs_etcd() {
-        let svc = |cluster, shards, batched| Kind::Service {
+        use super::CoalesceWrites::{Auto, Off, On};
+        let svc = |cluster, shards, coalesce| Kind::Service {
             cluster,
             shards,
-            batched,
+            coalesce,
         };
         let table = [
-            ("tokio-fsync", Ok(svc(false, None, false))),
-            ("tokio-r3", Ok(svc(true, None, false))),
-            ("tokio-batched-fsync", Ok(svc(false, None, true))),
-            ("tokio-fsync-shards4", Ok(svc(false, Some(4), false))),
-            ("tokio-r3-shards2", Ok(svc(true, Some(2), false))),
+            ("tokio-fsync", Ok(svc(false, None, Auto))),
+            ("tokio-r3", Ok(svc(true, None, Auto))),
+            ("tokio-batched-r3", Ok(svc(true, None, On))),
+            ("tokio-single-fsync", Ok(svc(false, None, Off))),
+            ("tokio-fsync-shards4", Ok(svc(false, Some(4), Auto))),
+            ("tokio-r3-shards2", Ok(svc(true, Some(2), Auto))),
             ("etcd", Ok(Kind::Etcd { members: 1 })),
             ("etcd-r3", Ok(Kind::Etcd { members: 3 })),
         ];

@@ -175,7 +175,7 @@ pub struct RunArgs {
     /// Only the capacity ramp (`--capacity`), no benchmark.
     #[arg(long)]
     pub capacity_only: bool,
-    /// The ramp's lease counts (default 25,000 to 150,000 by 25,000; with
+    /// The ramp's lease counts (default 10,000, then 25,000 to 150,000 by 25,000; with
     /// `--quick` 1,000 and 2,000).
     #[arg(long, value_delimiter = ',')]
     pub capacity_steps: Vec<usize>,
@@ -184,7 +184,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub capacity_hold_secs: Option<u64>,
     /// Implementations ramped, in order: `tokio-fsync`, `tokio-r3`,
-    /// `tokio-batched-fsync`, `tokio-fsync-shardsN` (`serve --shards N`), `etcd`,
+    /// `tokio-single-fsync` (coalescer off), `tokio-batched-r3` (coalescer on),
+    /// `tokio-fsync-shardsN` (`serve --shards N`), `etcd`,
     /// `etcd-r3` (default: tokio-fsync and etcd, and with `--r3` tokio-r3 and
     /// etcd-r3; etcd's left out with `--no-etcd`).
     #[arg(long, value_delimiter = ',')]
@@ -358,14 +359,17 @@ async fn run(args: RunArgs) {
     if sync != SyncMode::Always {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
+    // The write coalescer on over off: on one server `tokio` has it on (as it
+    // ships) and `tokio-single` off; on the cluster `tokio` has it off and
+    // `tokio-batched` on.
     match sync {
         SyncMode::Always => plan.push((
             Place::Fsync,
-            [&Impl::ALL[..], &[Impl::TokioBatched]].concat(),
+            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
         )),
         SyncMode::Both => plan.push((
             Place::Fsync,
-            vec![Impl::Baseline, Impl::Tokio, Impl::TokioBatched],
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
         )),
         SyncMode::Default => {}
     }
@@ -637,7 +641,9 @@ fn capacity_options(args: &RunArgs) -> capacity::Options {
     } else if args.quick {
         vec![1_000, 2_000]
     } else {
-        (1..=6).map(|i| i * 25_000).collect()
+        std::iter::once(10_000)
+            .chain((1..=6).map(|i| i * 25_000))
+            .collect()
     };
     let impls = if !args.capacity_impls.is_empty() {
         args.capacity_impls.clone()
