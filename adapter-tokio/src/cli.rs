@@ -40,6 +40,17 @@ pub struct ServeArgs {
     /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
     #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
     pub replicas: Option<usize>,
+    /// How many streams the leases bucket's keys are spread over (1: the one stream
+    /// `KV_leases`; N > 1: `KV_leases_0 .. KV_leases_<N-1>`, a key's shard fixed by
+    /// its name). The bucket keeps the count it was made with: a service started
+    /// with another refuses to start (docs/architecture.md, "Sharded bucket").
+    #[arg(
+        long,
+        env = "DAGNATS_LEASES_SHARDS",
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub shards: u32,
     /// Bound on each JetStream request, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub kv_timeout_ms: u64,
@@ -170,6 +181,8 @@ impl ServeArgs {
             reply_scope,
             tenancy: self.tenancy,
             max_leases_per_tenant: self.max_leases_per_tenant,
+            shards: dagnats_leases_core::shard::ShardMap::new(self.shards)
+                .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?,
             ..ServiceOptions::default()
         })
     }

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use async_nats::Client;
 use base64::Engine as _;
+use dagnats_leases_core::shard::{META_SHARDS, ShardMap};
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
-use dagnats_leases_core::subjects::{LEASE_SUBJECTS, STREAM, changed_subject, kv_subject};
+use dagnats_leases_core::subjects::{STREAM, changed_subject};
 use dagnats_leases_core::wire::Lease;
 use futures::StreamExt;
 use serde_json::json;
@@ -353,38 +354,69 @@ async fn watch(
 
 async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Write + Send)) -> u8 {
     let js = async_nats::jetstream::new(nats.clone());
-    let stream = match js.get_stream(STREAM).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("dagnats-leases: no leases bucket: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    // Lease keys only: `$KV.leases.<key>.read` holds read confirmations.
-    let subjects = match stream.info_with_subjects(LEASE_SUBJECTS).await {
-        Ok(mut info) => {
-            let mut all = Vec::new();
-            while let Some(page) = info.next().await {
-                match page {
-                    Ok((subject, _)) => all.push(subject),
-                    Err(e) => {
-                        eprintln!("dagnats-leases: cannot list keys: {e}");
-                        return EXIT_ERROR;
-                    }
+    // The one-stream bucket, or a sharded one: its shard 0 records the count.
+    let shards = match js.get_stream(STREAM).await {
+        Ok(_) => ShardMap::SINGLE,
+        Err(single) => {
+            let first = ShardMap::new(2).map(|m| m.stream(0)).unwrap_or_default();
+            let count = match js.get_stream(&first).await {
+                Ok(s) => s
+                    .cached_info()
+                    .config
+                    .metadata
+                    .get(META_SHARDS)
+                    .and_then(|n| n.parse::<u32>().ok()),
+                Err(_) => {
+                    eprintln!("dagnats-leases: no leases bucket: {single}");
+                    return EXIT_ERROR;
+                }
+            };
+            match count.map(ShardMap::new) {
+                Some(Ok(map)) => map,
+                _ => {
+                    eprintln!("dagnats-leases: {first} has no valid {META_SHARDS} in its metadata");
+                    return EXIT_ERROR;
                 }
             }
-            all
-        }
-        Err(e) => {
-            eprintln!("dagnats-leases: cannot list keys: {e}");
-            return EXIT_ERROR;
         }
     };
-    let mut keys: Vec<String> = subjects
-        .iter()
-        .filter_map(|s| s.strip_prefix(kv_subject("").as_str()).map(str::to_string))
-        .filter(|key| !key.contains('.'))
-        .collect();
+    let mut keys: Vec<String> = Vec::new();
+    for i in shards.indexes() {
+        let stream = match js.get_stream(shards.stream(i)).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("dagnats-leases: no stream {}: {e}", shards.stream(i));
+                return EXIT_ERROR;
+            }
+        };
+        // Lease keys only: `$KV.<bucket>.<key>.read` holds read confirmations.
+        let subjects = match stream.info_with_subjects(shards.lease_subjects(i)).await {
+            Ok(mut info) => {
+                let mut all = Vec::new();
+                while let Some(page) = info.next().await {
+                    match page {
+                        Ok((subject, _)) => all.push(subject),
+                        Err(e) => {
+                            eprintln!("dagnats-leases: cannot list keys: {e}");
+                            return EXIT_ERROR;
+                        }
+                    }
+                }
+                all
+            }
+            Err(e) => {
+                eprintln!("dagnats-leases: cannot list keys: {e}");
+                return EXIT_ERROR;
+            }
+        };
+        let prefix = format!("$KV.{}.", shards.bucket(i));
+        keys.extend(
+            subjects
+                .iter()
+                .filter_map(|s| s.strip_prefix(prefix.as_str()).map(str::to_string))
+                .filter(|key| !key.contains('.')),
+        );
+    }
     keys.sort();
     let mut held = 0;
     for key in keys {

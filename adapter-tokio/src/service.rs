@@ -23,6 +23,7 @@ use dagnats_leases_core::io::{EffectId, Mode, Transmit};
 use dagnats_leases_core::micro::MicroService;
 use dagnats_leases_core::replicas::{ReplicasCheck, ReplicasEvent};
 use dagnats_leases_core::reply_scope::ReplyScope;
+use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::shutdown::{Shutdown, StopEvent, StopPhase};
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use dagnats_leases_core::subjects::{QUEUE_GROUP, TENANT_CHANGED_SUBJECTS};
@@ -97,6 +98,9 @@ pub struct ServiceOptions {
     /// one conditional write and no read. 0: nothing remembered, no subscription,
     /// every renew and release reads first.
     pub known_capacity: usize,
+    /// How many streams the bucket's keys are spread over (`serve --shards`,
+    /// [`dagnats_leases_core::shard`]); one is the one-stream layout.
+    pub shards: ShardMap,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -134,6 +138,7 @@ impl Default for ServiceOptions {
             tenancy: Tenancy::Single,
             max_leases_per_tenant: None,
             known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
+            shards: ShardMap::SINGLE,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -293,13 +298,14 @@ pub async fn prepare(
         max_payload: info.max_payload,
         kv_timeout: options.kv_timeout,
         confirm_reads: false,
+        shards: options.shards,
     };
     let (mode, replicas, atomic) = {
         let ensure = ensure_bucket(&*runtime, &client, &options, &info.version);
         tokio::pin!(ensure);
         loop {
             tokio::select! {
-                settled = &mut ensure => break settled,
+                settled = &mut ensure => break settled.map_err(|refused| Error::new(ServiceErrorKind::Config, refused))?,
                 Some((source, message)) = requests.next() => {
                     let Some(request) = gate.admit(runtime.now(), source, message) else { continue };
                     let body = match source {
@@ -360,6 +366,7 @@ pub async fn prepare(
             replicas,
             runtime.now(),
         )
+        .with_shards(options.shards)
     });
     let known = (options.known_capacity > 0).then(|| KnownCache::new(options.known_capacity));
     let watch = known
@@ -410,16 +417,18 @@ async fn watching(
     futures::future::select(watch, serve).await;
 }
 
-/// The mode to serve in, the stream's replicas, and whether it takes atomic batches.
+/// The mode to serve in, the stream's replicas, and whether it takes atomic
+/// batches; or why the service must not start (the bucket has another layout).
 async fn ensure_bucket(
     runtime: &dyn Runtime,
     client: &Client,
     options: &ServiceOptions,
     version: &str,
-) -> (Mode, usize, bool) {
+) -> Result<(Mode, usize, bool), String> {
     let bucket = BucketOptions {
         replicas: options.replicas,
         tenancy: options.tenancy,
+        shards: options.shards,
     };
     let mut startup = Startup::new(bucket, version, options.kv_timeout, runtime.now());
     loop {
@@ -427,8 +436,9 @@ async fn ensure_bucket(
             match event {
                 StartupEvent::Log(line) => tracing::warn!("{line}"),
                 StartupEvent::Done(mode) => {
-                    return (mode, startup.replicas(), startup.atomic());
+                    return Ok((mode, startup.replicas(), startup.atomic()));
                 }
+                StartupEvent::Refused(why) => return Err(why),
             }
         }
         if let Some(t) = startup.poll_transmit() {
@@ -485,7 +495,8 @@ async fn serve(
     )> = None;
     // Each release's tombstone is purged after its reply
     // ([`dagnats_leases_core::sweep`]): one purge out at a time.
-    let mut sweep = TombstoneSweep::new(options.kv_timeout, runtime.now());
+    let mut sweep =
+        TombstoneSweep::new(options.kv_timeout, runtime.now()).with_shards(options.shards);
     let mut purging: Option<(
         EffectId,
         futures::future::BoxFuture<'static, RequestOutcome>,

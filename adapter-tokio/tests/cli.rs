@@ -199,6 +199,43 @@ async fn list_shows_the_held_leases() {
     assert!(String::from_utf8_lossy(&out.stdout).ends_with("2 held\n"));
 }
 
+/// On a sharded bucket (`serve --shards 3`) list finds the count in shard 0's
+/// metadata and lists the held keys of every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_reads_every_shard_of_a_sharded_bucket() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let shards = dagnats_leases_core::shard::ShardMap::new(3).unwrap();
+    let options = ServiceOptions {
+        shards,
+        ..ServiceOptions::default()
+    };
+    let _service = service::start(client, options).await.unwrap();
+    let cli = Cli { url: server.url() };
+    let keys: Vec<String> = (0..12).map(|n| format!("s{n}")).collect();
+    let spread: std::collections::BTreeSet<u32> = keys.iter().map(|k| shards.shard_of(k)).collect();
+    assert_eq!(spread.len(), 3, "the keys cover every shard");
+    for key in &keys {
+        let (code, _) = cli.json(&["acquire", key, "--holder", "h"]).await;
+        assert_eq!(code, 0);
+    }
+    let out = cli.run(&["list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    listed.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(listed, want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_prints_each_change_and_an_expiry_as_expired() {
     use tokio::io::AsyncBufReadExt;

@@ -37,6 +37,11 @@ async fn deployment() -> (NatsServer, Served) {
 async fn deployment_with(extra: &[&str]) -> (NatsServer, Served) {
     let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/tenants.conf");
     let text = std::fs::read_to_string(conf).expect("scripts/tenants.conf");
+    deployment_of(text, extra).await
+}
+
+/// The service with `extra` arguments on a server with config `text`.
+async fn deployment_of(text: String, extra: &[&str]) -> (NatsServer, Served) {
     let server = NatsServer::builder().config(text).start();
     let mut args = vec![
         "--tenancy",
@@ -425,4 +430,68 @@ async fn one_tenants_forwards_to_a_silent_owner_do_not_hold_every_slot() {
     );
     drop(forwards);
     assert_eq!(served.stop().await, Some(0));
+}
+
+/// Tenancy on a bucket of three shards (`--shards 3`): the storage key
+/// `<account>.<key>` picks the shard, so TA's and TB's `job` may live in different
+/// streams; each tenant holds its keys apart and sees only its own events, from
+/// every shard. The example's backend user is given every shard's subjects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_on_three_shards_hold_their_keys_apart() {
+    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/tenants.conf");
+    let text = std::fs::read_to_string(conf).expect("scripts/tenants.conf");
+    let start = text
+        .find("publish: {allow: [\"$JS.API.INFO\"")
+        .expect("the writer's list");
+    let end = start + text[start..].find("]},").expect("its end");
+    let text = format!(
+        "{}publish: {{allow: [\"$JS.API.>\", \"$KV.>\", \"dagnats.lease.inbox.>\"{}",
+        &text[..start],
+        &text[end..]
+    );
+    let (server, _served) = deployment_of(text, &["--shards", "3"]).await;
+    let shards = dagnats_leases_core::shard::ShardMap::new(3).unwrap();
+    let keys: Vec<String> = (0..6).map(|n| format!("t{n}")).collect();
+    let spread: std::collections::BTreeSet<u32> = ["TA", "TB"]
+        .iter()
+        .flat_map(|acc| {
+            keys.iter()
+                .map(move |k| shards.shard_of(&format!("{acc}.{k}")))
+        })
+        .collect();
+    assert_eq!(spread.len(), 3, "the tenants' keys cover every shard");
+    let (a1, b1) = (connect(&server, "a1").await, connect(&server, "b1").await);
+    let mut a1_events = a1.subscribe("dagnats.lease.changed.>").await.unwrap();
+    let mut b1_events = b1.subscribe("dagnats.lease.changed.>").await.unwrap();
+    call(&b1, "owner", json!({"key": "probe"})).await;
+    call(&a1, "owner", json!({"key": "probe"})).await;
+    for key in &keys {
+        for (client, events, holder) in [(&a1, &mut a1_events, "ta"), (&b1, &mut b1_events, "tb")] {
+            let got = call(
+                client,
+                "acquire",
+                json!({"key": key, "holder": holder, "ttl_ms": 30000}),
+            )
+            .await;
+            assert_eq!(got["granted"], true, "{holder} {key}: {got}");
+            // The next event this tenant sees is its own write, on its own subject.
+            let ev = within("the tenant's event", events.next()).await.unwrap();
+            assert_eq!(ev.subject.as_str(), format!("dagnats.lease.changed.{key}"));
+            assert_eq!(
+                change_event(&ev).revision,
+                got["revision"].as_u64().unwrap(),
+                "{holder} saw another tenant's write"
+            );
+        }
+    }
+    for key in &keys {
+        assert_eq!(
+            call(&a1, "owner", json!({"key": key})).await["holder"],
+            "ta"
+        );
+        assert_eq!(
+            call(&b1, "owner", json!({"key": key})).await["holder"],
+            "tb"
+        );
+    }
 }

@@ -51,6 +51,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::shard::ShardMap;
 use crate::subjects::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
 
 /// ADR-50's batch id header.
@@ -406,9 +407,18 @@ impl Coalescer {
                 rest.extend(self.queue.drain(..));
                 break;
             }
-            if batch.iter().any(|b| {
-                b.checked_subject() == w.checked_subject() || b.request.subject == w.request.subject
-            }) {
+            // An atomic batch is one stream's: a sharded bucket's writes to another
+            // shard wait for a batch of their own.
+            let other_stream = batch.first().is_some_and(|b| {
+                ShardMap::bucket_of_subject(&b.request.subject)
+                    != ShardMap::bucket_of_subject(&w.request.subject)
+            });
+            if other_stream
+                || batch.iter().any(|b| {
+                    b.checked_subject() == w.checked_subject()
+                        || b.request.subject == w.request.subject
+                })
+            {
                 rest.push_back(w);
             } else {
                 batch.push(w);

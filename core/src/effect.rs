@@ -8,10 +8,10 @@ use crate::js::{self};
 
 use crate::io::{EffectId, NatsRequest, Transmit, TransmitKind};
 use crate::record::{LeaseEvent, ttl_header};
+use crate::shard::ShardMap;
 use crate::subjects::{
     CONFIRM_TTL_MS, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, INBOX_PREFIX, confirm_subject,
-    inbox_subject, kv_subject,
+    HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL, INBOX_PREFIX, inbox_subject,
 };
 
 /// A leader read of a key.
@@ -73,8 +73,14 @@ pub struct ConfirmRead {
 impl ConfirmRead {
     /// The JetStream publish that confirms the read: empty, with a 1 s TTL.
     pub fn nats_request(&self) -> NatsRequest {
+        self.nats_request_at(&ShardMap::SINGLE)
+    }
+
+    /// The same, in the key's shard of `shards` (a confirmation checks a subject
+    /// of its own stream: it goes to the stream that holds the key).
+    pub fn nats_request_at(&self, shards: &ShardMap) -> NatsRequest {
         NatsRequest {
-            subject: confirm_subject(&self.key),
+            subject: shards.confirm_subject(&self.key),
             headers: vec![
                 (
                     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -82,7 +88,7 @@ impl ConfirmRead {
                 ),
                 (
                     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-                    kv_subject(&self.key),
+                    shards.kv_subject(&self.key),
                 ),
                 (HDR_TTL, ttl_header(CONFIRM_TTL_MS)),
             ],
@@ -145,8 +151,15 @@ impl Effect {
     /// (and its `.read`), an owner's inbox `dagnats.lease.inbox.<account>.<holder>.<key>`
     /// (the service account's import of the tenant's inboxes).
     pub fn into_transmit_in(self, account: Option<&str>) -> Transmit {
+        self.into_transmit_sharded(account, &ShardMap::SINGLE)
+    }
+
+    /// [`Effect::into_transmit_in`] on a sharded bucket: a read, write or
+    /// confirmation goes to the stream of the key's shard, chosen from the storage
+    /// key (the account's prefix included).
+    pub fn into_transmit_sharded(self, account: Option<&str>, shards: &ShardMap) -> Transmit {
         let Some(account) = account else {
-            return self.into_transmit();
+            return self.into_transmit_at(shards);
         };
         let scoped = |key: String| format!("{account}.{key}");
         match self {
@@ -154,17 +167,17 @@ impl Effect {
                 key: scoped(r.key),
                 ..r
             })
-            .into_transmit(),
+            .into_transmit_at(shards),
             Self::KvWrite(w) => Self::KvWrite(KvWrite {
                 key: scoped(w.key),
                 ..w
             })
-            .into_transmit(),
+            .into_transmit_at(shards),
             Self::ConfirmRead(c) => Self::ConfirmRead(ConfirmRead {
                 key: scoped(c.key),
                 ..c
             })
-            .into_transmit(),
+            .into_transmit_at(shards),
             Self::InboxRequest(i) => {
                 let mut t = Self::InboxRequest(i).into_transmit();
                 t.request.subject = format!(
@@ -178,14 +191,23 @@ impl Effect {
 
     /// The effect as an adapter sends it; the payload moves, not copied.
     pub fn into_transmit(self) -> Transmit {
+        self.into_transmit_at(&ShardMap::SINGLE)
+    }
+
+    /// The effect as an adapter sends it to the stream of the key's shard.
+    pub fn into_transmit_at(self, shards: &ShardMap) -> Transmit {
         match self {
             Self::KvRead(r) => Transmit::new(
                 r.id,
                 TransmitKind::Read,
-                js::read_request(&r.key, r.timeout),
+                js::read_request_at(&r.key, r.timeout, shards),
             ),
-            Self::KvWrite(w) => Transmit::new(w.id, TransmitKind::Write, w.into_nats_request()),
-            Self::ConfirmRead(c) => Transmit::new(c.id, TransmitKind::Confirm, c.nats_request()),
+            Self::KvWrite(w) => {
+                Transmit::new(w.id, TransmitKind::Write, w.into_nats_request_at(shards))
+            }
+            Self::ConfirmRead(c) => {
+                Transmit::new(c.id, TransmitKind::Confirm, c.nats_request_at(shards))
+            }
             Self::InboxRequest(i) => {
                 Transmit::new(i.id, TransmitKind::Inbox, i.into_nats_request())
             }
@@ -201,6 +223,11 @@ impl KvWrite {
 
     /// The JetStream publish that makes this write, taking the write.
     pub fn into_nats_request(self) -> NatsRequest {
+        self.into_nats_request_at(&ShardMap::SINGLE)
+    }
+
+    /// The same, to the key's shard of `shards`.
+    pub fn into_nats_request_at(self, shards: &ShardMap) -> NatsRequest {
         let mut headers = vec![
             (
                 HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -215,7 +242,7 @@ impl KvWrite {
             headers.push((HDR_KV_OPERATION, "DEL".to_string()));
         }
         NatsRequest {
-            subject: kv_subject(&self.key),
+            subject: shards.kv_subject(&self.key),
             headers,
             payload: self.value,
             timeout: self.timeout,

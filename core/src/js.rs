@@ -13,7 +13,8 @@ use time::OffsetDateTime;
 
 use crate::io::{NatsRequest, RequestOutcome};
 use crate::record::LeaseRecord;
-use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON, STREAM, kv_subject};
+use crate::shard::ShardMap;
+use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON};
 use crate::wire::ErrorKind;
 
 /// JetStream's error code for a failed expected-last-sequence check.
@@ -189,19 +190,24 @@ impl KeyState {
 
 /// The leader read of a key: `$JS.API.STREAM.MSG.GET.KV_leases` with `last_by_subj`.
 pub fn read_request(key: &str, timeout: Duration) -> NatsRequest {
+    read_request_at(key, timeout, &ShardMap::SINGLE)
+}
+
+/// The leader read of a storage key in its shard's stream.
+pub fn read_request_at(key: &str, timeout: Duration, shards: &ShardMap) -> NatsRequest {
     // Serialised straight from a struct: a `json!` value built a map first (a
     // profile showed it as a tenth of the service's own cost on an owner call).
     #[derive(serde::Serialize)]
     struct LastBySubject<'a> {
         last_by_subj: &'a str,
     }
-    let subject = kv_subject(key);
+    let subject = shards.kv_subject(key);
     let payload = serde_json::to_vec(&LastBySubject {
         last_by_subj: &subject,
     })
     .expect("a string always serialises");
     NatsRequest {
-        subject: format!("$JS.API.STREAM.MSG.GET.{STREAM}"),
+        subject: shards.api_subject("STREAM.MSG.GET", key),
         headers: Vec::new(),
         payload,
         timeout,

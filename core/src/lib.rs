@@ -100,6 +100,7 @@ pub mod micro;
 pub mod record;
 pub mod replicas;
 pub mod reply_scope;
+pub mod shard;
 pub mod shutdown;
 pub mod startup;
 pub mod subjects;

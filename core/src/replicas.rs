@@ -8,6 +8,11 @@
 //! so what the service knew of its keys' revisions ([`crate::known`]) is then
 //! forgotten ([`ReplicasEvent::StreamReplaced`]).
 //!
+//! On a sharded bucket ([`crate::shard`]) each period asks every shard's stream,
+//! one after another: reads are confirmed while any has more than one replica,
+//! and any stream made anew says [`ReplicasEvent::StreamReplaced`] (the service
+//! then forgets every known revision: more than needed, never less).
+//!
 //! A request unanswered within its timeout, or answered without the replicas (an
 //! error, JetStream unavailable), keeps what was known; the next check comes a
 //! period after the last one was sent, so at most one is in flight.
@@ -17,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
-use crate::startup::{replicas_from_reply, stream_info_request};
+use crate::shard::ShardMap;
+use crate::startup::{replicas_from_reply, stream_info_request_of};
 
 /// What the re-check reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +50,10 @@ pub struct ReplicasCheck {
     waiting: Option<(EffectId, Instant)>,
     next_id: u64,
     confirm_reads: bool,
-    /// The stream's `created` time as last seen.
-    created: Option<String>,
+    /// Each shard's stream, its `created` time as last seen, and its replicas.
+    streams: Vec<(String, Option<String>, usize)>,
+    /// The shard asked next in this round.
+    cursor: usize,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ReplicasEvent>,
 }
@@ -61,9 +69,23 @@ impl ReplicasCheck {
             waiting: None,
             next_id: 0,
             confirm_reads: replicas > 1,
-            created: None,
+            streams: vec![(ShardMap::SINGLE.stream(0), None, replicas)],
+            cursor: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+        }
+    }
+
+    /// The same check over every shard's stream of `shards`.
+    pub fn with_shards(self, shards: ShardMap) -> Self {
+        let replicas = self.streams.first().map_or(1, |s| s.2);
+        Self {
+            streams: shards
+                .indexes()
+                .map(|i| (shards.stream(i), None, replicas))
+                .collect(),
+            cursor: 0,
+            ..self
         }
     }
 
@@ -80,37 +102,51 @@ impl ReplicasCheck {
             self.handle_outcome(now, id, RequestOutcome::TimedOut);
         }
         if self.waiting.is_none() && now >= self.next_at {
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
-            self.waiting = Some((id, now + self.timeout));
             self.next_at = now + self.every;
-            let request = stream_info_request(self.timeout);
-            self.transmits
-                .push_back(Transmit::new(id, TransmitKind::Api, request));
+            self.cursor = 0;
+            self.ask(now);
         }
     }
 
+    /// Asks the stream at the cursor.
+    fn ask(&mut self, now: Instant) {
+        self.next_id += 1;
+        let id = EffectId(self.next_id);
+        self.waiting = Some((id, now + self.timeout));
+        let request = stream_info_request_of(&self.streams[self.cursor].0, self.timeout);
+        self.transmits
+            .push_back(Transmit::new(id, TransmitKind::Api, request));
+    }
+
     /// The answer to a check: an event when the replicas cross one.
-    pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         if self.waiting.map(|(w, _)| w) != Some(id) {
             return;
         }
         self.waiting = None;
+        let asked = self.cursor;
+        self.cursor += 1;
+        if self.cursor < self.streams.len() {
+            self.ask(now);
+        } else {
+            self.cursor = 0;
+        }
+        let known = &mut self.streams[asked].1;
         match js::parse_api_reply(&outcome) {
             Ok(Ok(info)) => {
                 let created = info
                     .get("created")
                     .and_then(|c| c.as_str())
                     .map(str::to_string);
-                if created.is_some() && self.created.is_some() && created != self.created {
+                if created.is_some() && known.is_some() && created != *known {
                     self.events.push_back(ReplicasEvent::StreamReplaced);
                 }
                 if created.is_some() {
-                    self.created = created;
+                    *known = created;
                 }
             }
-            Ok(Err(e)) if e.err_code == js::ERR_STREAM_NOT_FOUND && self.created.is_some() => {
-                self.created = None;
+            Ok(Err(e)) if e.err_code == js::ERR_STREAM_NOT_FOUND && known.is_some() => {
+                *known = None;
                 self.events.push_back(ReplicasEvent::StreamReplaced);
             }
             _ => {}
@@ -118,6 +154,8 @@ impl ReplicasCheck {
         let Some(replicas) = replicas_from_reply(&outcome) else {
             return;
         };
+        self.streams[asked].2 = replicas;
+        let replicas = self.streams.iter().map(|s| s.2).max().unwrap_or(replicas);
         let on = replicas > 1;
         if on != self.confirm_reads {
             self.confirm_reads = on;

@@ -9,10 +9,8 @@ use serde_json::{Value, json};
 
 use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js::{self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsFailure};
-use crate::subjects::{
-    LEASE_SUBJECTS, REPUBLISH_DEST, STREAM, STREAM_SUBJECTS, TENANT_LEASE_SUBJECTS,
-    TENANT_REPUBLISH_DEST,
-};
+use crate::shard::{META_SHARD, META_SHARDS, ShardMap};
+use crate::subjects::{REPUBLISH_DEST, STREAM, TENANT_REPUBLISH_DEST};
 use crate::tenant::Tenancy;
 use crate::wire::ErrorKind;
 
@@ -40,13 +38,22 @@ pub struct BucketOptions {
     /// One namespace, or one per tenant account: the republish follows it. A
     /// stream has one republish, so a bucket serves one layout at a time.
     pub tenancy: Tenancy,
+    /// How many streams keys are spread over (`--shards`); one is today's layout.
+    pub shards: ShardMap,
 }
 
 /// The stream config the bucket is created with (contract.md, "Server and bucket").
 pub fn stream_config(replicas: usize) -> Value {
-    json!({
-        "name": STREAM,
-        "subjects": [STREAM_SUBJECTS],
+    shard_stream_config(&ShardMap::SINGLE, 0, replicas)
+}
+
+/// The config of shard `i`'s stream: with one shard exactly [`stream_config`];
+/// with more, its own name and subjects, and `metadata` recording the shard count
+/// and the shard's index, so that a service started with another count refuses.
+pub fn shard_stream_config(shards: &ShardMap, i: u32, replicas: usize) -> Value {
+    let mut config = json!({
+        "name": shards.stream(i),
+        "subjects": [shards.stream_subjects(i)],
         "retention": "limits",
         "max_consumers": -1,
         "max_msgs": -1,
@@ -65,8 +72,15 @@ pub fn stream_config(replicas: usize) -> Value {
         "mirror_direct": false,
         "allow_msg_ttl": true,
         "subject_delete_marker_ttl": MARKER_TTL_NS,
-        "republish": republish(),
-    })
+        "republish": republish_at(shards, i, Tenancy::Single),
+    });
+    if !shards.is_single() {
+        config["metadata"] = json!({
+            META_SHARDS: shards.count().to_string(),
+            META_SHARD: i.to_string(),
+        });
+    }
+    config
 }
 
 /// [`stream_config`], with `allow_atomic: true` when the server takes atomic
@@ -82,20 +96,26 @@ pub fn stream_config_for(replicas: usize, atomic: bool) -> Value {
 /// RePublish of the lease keys only: read confirmations and their markers are
 /// stream messages too, and must never become change events.
 fn republish() -> Value {
-    json!({ "src": LEASE_SUBJECTS, "dest": REPUBLISH_DEST })
+    republish_at(&ShardMap::SINGLE, 0, Tenancy::Single)
+}
+
+/// The republish of shard `i`'s lease keys: every shard goes out on the same
+/// client subjects (nats-server takes one RePublish destination on many streams).
+pub fn republish_at(shards: &ShardMap, i: u32, tenancy: Tenancy) -> Value {
+    match tenancy {
+        Tenancy::Single => json!({ "src": shards.lease_subjects(i), "dest": REPUBLISH_DEST }),
+        Tenancy::Accounts => json!({
+            "src": shards.tenant_lease_subjects(i),
+            "dest": TENANT_REPUBLISH_DEST,
+        }),
+    }
 }
 
 /// The republish of a layout: a tenant's key `$KV.leases.<account>.<key>` goes
 /// out on `dagnats.lease.changed.<account>.<key>`, which the tenant imports as
 /// `dagnats.lease.changed.<key>` (`account_token_position` keeps it to its own).
 pub fn republish_for(tenancy: Tenancy) -> Value {
-    match tenancy {
-        Tenancy::Single => republish(),
-        Tenancy::Accounts => json!({
-            "src": TENANT_LEASE_SUBJECTS,
-            "dest": TENANT_REPUBLISH_DEST,
-        }),
-    }
+    republish_at(&ShardMap::SINGLE, 0, tenancy)
 }
 
 /// The fields startup makes right on an existing stream, and their wanted values.
@@ -113,7 +133,12 @@ fn managed_fields() -> Vec<(&'static str, Value)> {
 
 /// `$JS.API.STREAM.INFO.KV_leases`: asked again while serving, for the replicas.
 pub fn stream_info_request(timeout: Duration) -> NatsRequest {
-    js::api_request(format!("$JS.API.STREAM.INFO.{STREAM}"), &json!({}), timeout)
+    stream_info_request_of(STREAM, timeout)
+}
+
+/// `$JS.API.STREAM.INFO.<stream>`.
+pub fn stream_info_request_of(stream: &str, timeout: Duration) -> NatsRequest {
+    js::api_request(format!("$JS.API.STREAM.INFO.{stream}"), &json!({}), timeout)
 }
 
 /// The stream's replicas from a reply to [`stream_info_request`]; `None` when the
@@ -146,11 +171,18 @@ pub enum StartupEvent {
     Log(String),
     /// Startup is over: serve in this mode.
     Done(Mode),
+    /// The bucket exists with another layout (another `--shards`): serving would
+    /// move keys to other streams and restart their fences, so the service must not
+    /// start. The sentence says which count the bucket has.
+    Refused(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Info,
+    /// Before creating the first stream: asking whether the other layout's first
+    /// stream exists.
+    Layout,
     Create,
     Update,
     Wait(Instant),
@@ -179,6 +211,12 @@ pub struct Startup {
     atomic: bool,
     transmits: VecDeque<Transmit>,
     events: VecDeque<StartupEvent>,
+    /// The shard being ensured, one after another from 0.
+    shard: u32,
+    /// Whether the other layout was found absent (asked once, before a create).
+    layout_checked: bool,
+    /// Whether every stream so far says `allow_msg_ttl: true`.
+    ttl: bool,
 }
 
 impl Startup {
@@ -206,6 +244,9 @@ impl Startup {
             atomic: false,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            shard: 0,
+            layout_checked: false,
+            ttl: true,
         };
         match parse_version(server_version) {
             Some(v) if v >= MIN_SERVER_VERSION => s.ask_info(),
@@ -221,14 +262,14 @@ impl Startup {
         s
     }
 
-    /// The stream's replicas as the server returned them (1 until known): reads
-    /// are confirmed when there are more than one.
+    /// The stream's replicas as the server returned them (1 until known), the
+    /// most of any shard's: reads are confirmed when there are more than one.
     pub fn replicas(&self) -> usize {
         self.replicas
     }
 
-    /// Whether the stream takes ADR-50 atomic batches: the server is 2.12+ and the
-    /// config it returned says `allow_atomic: true`.
+    /// Whether the streams take ADR-50 atomic batches: the server is 2.12+ and the
+    /// config it returned says `allow_atomic: true` for every shard.
     pub fn atomic(&self) -> bool {
         self.atomic
     }
@@ -290,16 +331,40 @@ impl Startup {
         self.waiting = None;
         let reply = match js::parse_api_reply(&outcome) {
             Ok(reply) => reply,
+            Err(failure) if self.step == Step::Layout => {
+                // Never created blind: a bucket of the other layout would lose its
+                // fences. A user not allowed to ask gets no answer: say so.
+                let other = self.other_layout_stream();
+                self.log(format!(
+                    "no answer to $JS.API.STREAM.INFO.{other} ({}): startup must know that no \
+                     bucket of another --shards exists before it creates one; the backend \
+                     user needs publish permission on that subject (docs/security.md)",
+                    failure.detail
+                ));
+                return self.retry_later(now, failure);
+            }
             Err(failure) => return self.retry_later(now, failure),
         };
         match (&self.step, reply) {
-            (Step::Info, Err(e)) if e.err_code == ERR_STREAM_NOT_FOUND => self.create(),
+            (Step::Info, Err(e)) if e.err_code == ERR_STREAM_NOT_FOUND => {
+                if self.layout_checked {
+                    self.create()
+                } else {
+                    self.ask_layout()
+                }
+            }
+            (Step::Layout, Err(e)) if e.err_code == ERR_STREAM_NOT_FOUND => {
+                self.layout_checked = true;
+                self.create();
+            }
+            (Step::Layout, Ok(_)) => self.refuse_layout(),
             (Step::Create, Err(e)) if e.err_code == ERR_STREAM_NAME_IN_USE => {
                 self.races += 1;
                 if self.races > MAX_CREATE_RACES {
+                    let stream = self.stream();
                     self.fail_internal(
                         now,
-                        format!("creating {STREAM} keeps failing: {}", e.description),
+                        format!("creating {stream} keeps failing: {}", e.description),
                     );
                 } else {
                     self.ask_info();
@@ -333,21 +398,74 @@ impl Startup {
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
+    /// The stream being ensured now.
+    fn stream(&self) -> String {
+        self.options.shards.stream(self.shard)
+    }
+
     fn ask_info(&mut self) {
         let id = self.id();
         self.step = Step::Info;
         self.waiting = Some((id, self.now + self.timeout));
-        let request = stream_info_request(self.timeout);
+        let request = stream_info_request_of(&self.stream(), self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
+    /// The other layout's first stream: `KV_leases_0` for one shard, `KV_leases`
+    /// for several. Found, the bucket was made with another `--shards`.
+    fn other_layout_stream(&self) -> String {
+        if self.options.shards.is_single() {
+            ShardMap::new(2).map_or_else(|_| String::new(), |m| m.stream(0))
+        } else {
+            STREAM.to_string()
+        }
+    }
+
+    fn ask_layout(&mut self) {
+        let id = self.id();
+        self.step = Step::Layout;
+        self.waiting = Some((id, self.now + self.timeout));
+        let request = stream_info_request_of(&self.other_layout_stream(), self.timeout);
+        self.transmits
+            .push_back(Transmit::new(id, TransmitKind::Api, request));
+    }
+
+    fn refuse_layout(&mut self) {
+        let other = self.other_layout_stream();
+        let count = self.options.shards.count();
+        let theirs = if self.options.shards.is_single() {
+            "more than one shard"
+        } else {
+            "--shards 1"
+        };
+        self.refuse(format!(
+            "stream {other} exists: the leases bucket was made with {theirs}, and this service \
+             was started with --shards {count}; keys would move to other streams and their \
+             fences restart. Start it with the bucket's --shards (stream metadata \
+             {META_SHARDS} tells the count)"
+        ));
+    }
+
+    fn refuse(&mut self, sentence: String) {
+        self.step = Step::Done;
+        self.events.push_back(StartupEvent::Refused(sentence));
+    }
+
     fn create(&mut self) {
-        let mut config = stream_config_for(self.options.replicas.unwrap_or(1), self.atomic_wanted);
-        config["republish"] = republish_for(self.options.tenancy);
+        let mut config = shard_stream_config(
+            &self.options.shards,
+            self.shard,
+            self.options.replicas.unwrap_or(1),
+        );
+        if self.atomic_wanted {
+            config["allow_atomic"] = json!(true);
+        }
+        config["republish"] = republish_at(&self.options.shards, self.shard, self.options.tenancy);
+        let stream = self.stream();
         self.send(
             Step::Create,
-            format!("$JS.API.STREAM.CREATE.{STREAM}"),
+            format!("$JS.API.STREAM.CREATE.{stream}"),
             config,
         );
     }
@@ -356,12 +474,32 @@ impl Startup {
         let Some(config) = info.get("config").and_then(Value::as_object) else {
             return self.fail_internal(now, "stream info without a config".to_string());
         };
+        let shards = self.options.shards;
+        let stream = self.stream();
+        if !shards.is_single() {
+            let theirs = config
+                .get("metadata")
+                .and_then(|m| m.get(META_SHARDS))
+                .and_then(Value::as_str);
+            if theirs != Some(shards.count().to_string().as_str()) {
+                let theirs = theirs.map_or_else(
+                    || format!("no {META_SHARDS} in its metadata"),
+                    |n| format!("{META_SHARDS} {n} in its metadata"),
+                );
+                return self.refuse(format!(
+                    "stream {stream} has {theirs}, and this service was started with --shards \
+                     {}; keys would move to other streams and their fences restart. Start it \
+                     with the bucket's --shards",
+                    shards.count()
+                ));
+            }
+        }
         let mut wanted = config.clone();
         let mut differs = false;
         let mut fields = managed_fields();
         for (field, value) in &mut fields {
             if *field == "republish" {
-                *value = republish_for(self.options.tenancy);
+                *value = republish_at(&shards, self.shard, self.options.tenancy);
             }
         }
         if self.atomic_wanted {
@@ -370,7 +508,7 @@ impl Startup {
         for (field, value) in fields {
             if config.get(field) != Some(&value) {
                 self.log(format!(
-                    "{STREAM}: {field} is {}, setting it to {value}",
+                    "{stream}: {field} is {}, setting it to {value}",
                     config
                         .get(field)
                         .map_or("unset".to_string(), Value::to_string)
@@ -383,19 +521,19 @@ impl Startup {
             let have = config.get("num_replicas").and_then(Value::as_u64);
             if have != Some(r as u64) {
                 self.log(format!(
-                    "{STREAM}: num_replicas is {have:?}, setting it to {r}"
+                    "{stream}: num_replicas is {have:?}, setting it to {r}"
                 ));
                 wanted.insert("num_replicas".to_string(), json!(r));
                 differs = true;
             }
         }
         for (field, value) in [
-            ("subjects", json!([STREAM_SUBJECTS])),
+            ("subjects", json!([shards.stream_subjects(self.shard)])),
             ("storage", json!("file")),
         ] {
             if config.get(field) != Some(&value) {
                 self.log(format!(
-                    "{STREAM}: {field} is {}, expected {value}; left as it is",
+                    "{stream}: {field} is {}, expected {value}; left as it is",
                     config
                         .get(field)
                         .map_or("unset".to_string(), Value::to_string)
@@ -405,7 +543,7 @@ impl Startup {
         if differs {
             self.send(
                 Step::Update,
-                format!("$JS.API.STREAM.UPDATE.{STREAM}"),
+                format!("$JS.API.STREAM.UPDATE.{stream}"),
                 Value::Object(wanted),
             );
         } else {
@@ -414,9 +552,10 @@ impl Startup {
     }
 
     /// The server's own word on the config decides: no `allow_msg_ttl: true`, no leases.
+    /// Every shard's stream is judged in turn; the last one ends startup.
     fn check_final(&mut self, info: Value) {
-        self.replicas = replicas_in(&info).unwrap_or(1);
-        self.atomic = self.atomic_wanted
+        let replicas = replicas_in(&info).unwrap_or(1);
+        let atomic = self.atomic_wanted
             && info
                 .get("config")
                 .and_then(|c| c.get("allow_atomic"))
@@ -427,13 +566,29 @@ impl Startup {
             .and_then(|c| c.get("allow_msg_ttl"))
             .and_then(Value::as_bool)
             == Some(true);
-        if ttl {
-            self.finish(Mode::Ready);
+        if self.shard == 0 {
+            self.replicas = replicas;
+            self.atomic = atomic;
         } else {
+            self.replicas = self.replicas.max(replicas);
+            self.atomic &= atomic;
+        }
+        if !ttl {
+            let stream = self.stream();
             self.log(format!(
-                "the server accepted {STREAM} but its config does not say allow_msg_ttl: true, so \
+                "the server accepted {stream} but its config does not say allow_msg_ttl: true, so \
                  leases would never expire; every lease call replies `unsupported`"
             ));
+            self.ttl = false;
+        }
+        if self.shard + 1 < self.options.shards.count() {
+            self.shard += 1;
+            self.races = 0;
+            return self.ask_info();
+        }
+        if self.ttl {
+            self.finish(Mode::Ready);
+        } else {
             self.finish(Mode::Unsupported);
         }
     }

@@ -27,7 +27,7 @@ use serde_json::json;
 
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
-use crate::subjects::{STREAM, kv_subject};
+use crate::shard::ShardMap;
 
 /// Tombstones waiting to be purged, at most.
 pub const MAX_PENDING: usize = 4096;
@@ -67,6 +67,7 @@ pub struct TombstoneSweep {
     in_flight: Option<(EffectId, String, u64)>,
     next_id: u64,
     events: VecDeque<SweepEvent>,
+    shards: ShardMap,
 }
 
 impl TombstoneSweep {
@@ -78,7 +79,14 @@ impl TombstoneSweep {
             in_flight: None,
             next_id: 0,
             events: VecDeque::new(),
+            shards: ShardMap::SINGLE,
         }
+    }
+
+    /// The same sweep on a sharded bucket: each purge goes to the stream of its
+    /// key's shard, filtered to the key.
+    pub fn with_shards(self, shards: ShardMap) -> Self {
+        Self { shards, ..self }
     }
 
     /// A release stored its tombstone for `key` at `revision`.
@@ -126,7 +134,7 @@ impl TombstoneSweep {
         let (key, revision) = self.pending.pop_front()?;
         self.next_id += 1;
         let id = EffectId(self.next_id);
-        let request = purge_request(&key, revision, self.timeout);
+        let request = purge_request_at(&key, revision, self.timeout, &self.shards);
         self.in_flight = Some((id, key, revision));
         Some(Transmit::new(id, TransmitKind::Api, request))
     }
@@ -145,9 +153,19 @@ impl TombstoneSweep {
 /// Purges `key`'s messages below `revision + 1`: the tombstone at `revision`,
 /// never a later record.
 pub fn purge_request(key: &str, revision: u64, timeout: Duration) -> NatsRequest {
+    purge_request_at(key, revision, timeout, &ShardMap::SINGLE)
+}
+
+/// [`purge_request`] to the stream of the storage key's shard.
+pub fn purge_request_at(
+    key: &str,
+    revision: u64,
+    timeout: Duration,
+    shards: &ShardMap,
+) -> NatsRequest {
     js::api_request(
-        format!("$JS.API.STREAM.PURGE.{STREAM}"),
-        &json!({ "filter": kv_subject(key), "seq": revision.saturating_add(1) }),
+        shards.api_subject("STREAM.PURGE", key),
+        &json!({ "filter": shards.kv_subject(key), "seq": revision.saturating_add(1) }),
         timeout,
     )
 }

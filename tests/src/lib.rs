@@ -36,4 +36,20 @@ pub mod secure;
 pub mod server;
 
 pub use cluster::NatsCluster;
+
+/// The environment variable naming the shard count the suites run the service
+/// with (`serve --shards`); unset, one.
+pub const ENV_SHARDS: &str = "DAGNATS_TEST_SHARDS";
+
+/// The shard count [`ENV_SHARDS`] names (default 1): `scripts/test` runs the
+/// scenario, fault and read-confirmation suites again with several shards.
+pub fn test_shards() -> dagnats_leases_core::shard::ShardMap {
+    let Some(n) = std::env::var(ENV_SHARDS).ok().filter(|v| !v.is_empty()) else {
+        return dagnats_leases_core::shard::ShardMap::SINGLE;
+    };
+    let count: u32 = n
+        .parse()
+        .unwrap_or_else(|e| panic!("{ENV_SHARDS}={n:?} is no count: {e}"));
+    dagnats_leases_core::shard::ShardMap::new(count).unwrap_or_else(|e| panic!("{ENV_SHARDS}: {e}"))
+}
 pub use server::*;

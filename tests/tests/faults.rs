@@ -24,10 +24,16 @@ use serde_json::{Value, json};
 
 const TTL_MS: u64 = 2_000;
 const HOLDERS: usize = 6;
-const STREAM: &str = "KV_leases";
 const WAIT: Duration = Duration::from_secs(30);
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The stream whose leader the faults aim at: the bucket's, or with several
+/// shards (`DAGNATS_TEST_SHARDS`) shard 0's (the keys spread over every shard, so
+/// calls to the other shards run on beside the fault).
+fn stream() -> String {
+    dagnats_leases_tests::test_shards().stream(0)
+}
 
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().await
@@ -59,6 +65,7 @@ async fn start_service(url: String) -> ServiceHandle {
         .expect("connect the service");
     let options = ServiceOptions {
         replicas: Some(3),
+        shards: dagnats_leases_tests::test_shards(),
         ..ServiceOptions::default()
     };
     service::start(client, options)
@@ -86,7 +93,7 @@ impl Fx {
     }
 
     fn leader(&mut self) -> usize {
-        self.cluster.wait_stream_leader(STREAM, WAIT)
+        self.cluster.wait_stream_leader(&stream(), WAIT)
     }
 
     /// The load: holders (holder `h` on a client given every node, node `h % 3`
@@ -637,10 +644,18 @@ async fn call_ok(client: &async_nats::Client, endpoint: &str, body: Value) -> Va
     }
 }
 
-/// The highest revision any answer in the history showed.
-fn max_revision(records: &[Record]) -> u64 {
+/// The highest revision any answer in the history showed for a key of `key`'s
+/// stream (with one shard: of any key).
+fn max_revision(records: &[Record], key: &str) -> u64 {
+    let shards = dagnats_leases_tests::test_shards();
+    let stream = shards.stream_of(key);
     records
         .iter()
+        .filter(|r| match r {
+            Record::Call(c) => shards.stream_of(&c.key) == stream,
+            Record::Expiry(e) => shards.stream_of(&e.key) == stream,
+            _ => false,
+        })
         .filter_map(|r| match r {
             Record::Call(c) => match &c.outcome {
                 Outcome::Granted { revision, .. }
@@ -682,7 +697,7 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
         fx.cluster.restart_all();
         fx.leader();
     });
-    let seen_before = max_revision(&load.history.records());
+    let records_before = load.history.records();
     // Held leases kept their holder and revision.
     for (key, r) in held.iter().zip(&before) {
         let v = call_ok(&keeper, "owner", json!({"key": key})).await;
@@ -707,15 +722,31 @@ async fn whole_cluster_restart_keeps_leases_and_revisions() {
     }
     load.stop().await;
     let records = load.history.records();
-    assert!(
-        after.iter().all(|&r| r > seen_before),
-        "renewals after the restart {after:?} must exceed {seen_before}"
-    );
-    let mut all = after.clone();
-    all.extend(&before);
+    for (key, r) in held.iter().zip(&after) {
+        let seen_before = max_revision(&records_before, key);
+        assert!(
+            *r > seen_before,
+            "{key}'s renewal after the restart ({r}) must exceed {seen_before}, the \
+             highest revision of its stream handed out before the crash"
+        );
+    }
+    // A revision is its stream's: with several shards, two streams may each hand
+    // out the same number.
+    let shards = dagnats_leases_tests::test_shards();
+    let mut all: Vec<(String, u64)> = held
+        .iter()
+        .zip(&after)
+        .chain(held.iter().zip(&before))
+        .map(|(key, r)| (shards.stream_of(key), *r))
+        .collect();
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 2 * held.len(), "a revision handed out twice");
+    let seen_before = held
+        .iter()
+        .map(|key| max_revision(&records_before, key))
+        .max()
+        .unwrap_or(0);
     println!(
         "faults: cluster_restart: {} held leases kept holder and revision; renewals after it got {}..={} (highest before: {seen_before})",
         held.len(),
@@ -769,6 +800,7 @@ async fn without_read_confirmation_the_partition_shows_stale_reads() {
         let options = ServiceOptions {
             replicas: Some(3),
             unconfirmed_reads_for_tests: true,
+            shards: dagnats_leases_tests::test_shards(),
             ..ServiceOptions::default()
         };
         fx.services.push(
@@ -833,7 +865,7 @@ async fn partition_history(mut fx: Fx) -> (Vec<Record>, Nanos, Nanos, usize) {
     eventually("the majority elects a new leader", || {
         let got = others.iter().any(|&i| {
             fx.cluster
-                .stream_leader_via(i, STREAM)
+                .stream_leader_via(i, &stream())
                 .is_some_and(|l| l != leader)
         });
         async move { got }
@@ -866,7 +898,7 @@ async fn change_events_arrive_once_per_write_on_every_node() {
         .cluster
         .js_api(
             leader,
-            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}"),
+            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", stream()),
             &json!({}),
         )
         .expect("stepdown");

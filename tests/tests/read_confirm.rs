@@ -2,14 +2,16 @@
 //! answers from is confirmed by a conditional write to `$KV.leases.<key>.read`;
 //! those writes (and their expiry markers) never become change events and leave
 //! nothing behind; a single replica confirms nothing; an older bucket's RePublish
-//! source is migrated; and the service follows the stream's replicas.
+//! source is migrated; and the service follows the stream's replicas. With
+//! `DAGNATS_TEST_SHARDS` the same runs on a sharded bucket: each key's
+//! confirmations go to its own shard's stream.
 
 mod common;
 
 use std::time::Duration;
 
 use async_nats::Client;
-use common::{call_raw, kind, next_within};
+use common::{call_raw, kind, next_within, test_shards};
 use dagnats_leases_tests::{NatsCluster, NatsServer};
 use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
 use serde_json::{Value, json};
@@ -28,10 +30,15 @@ async fn call(client: &Client, endpoint: &str, body: Value) -> Value {
     call_raw(client, endpoint, body.to_string().into_bytes()).await
 }
 
-async fn stream_info(client: &Client, subjects_filter: &str) -> Value {
+/// The info of the stream that holds `key`.
+async fn stream_info(client: &Client, key: &str, subjects_filter: &str) -> Value {
+    stream_info_of(client, &test_shards().stream_of(key), subjects_filter).await
+}
+
+async fn stream_info_of(client: &Client, stream: &str, subjects_filter: &str) -> Value {
     let reply = client
         .request(
-            "$JS.API.STREAM.INFO.KV_leases",
+            format!("$JS.API.STREAM.INFO.{stream}"),
             json!({ "subjects_filter": subjects_filter })
                 .to_string()
                 .into(),
@@ -41,22 +48,34 @@ async fn stream_info(client: &Client, subjects_filter: &str) -> Value {
     serde_json::from_slice(&reply.payload).expect("JSON")
 }
 
+/// The bucket's last sequences, summed over every shard's stream: it grows by one
+/// per message stored anywhere in the bucket.
 async fn last_seq(client: &Client) -> u64 {
-    stream_info(client, "")
-        .await
-        .pointer("/state/last_seq")
-        .and_then(Value::as_u64)
-        .expect("last_seq")
+    let shards = test_shards();
+    let mut sum = 0;
+    for i in shards.indexes() {
+        sum += stream_info_of(client, &shards.stream(i), "")
+            .await
+            .pointer("/state/last_seq")
+            .and_then(Value::as_u64)
+            .expect("last_seq");
+    }
+    sum
 }
 
-/// The subjects the stream holds messages on now.
+/// The subjects the bucket's streams hold messages on now.
 async fn subjects(client: &Client) -> Vec<String> {
-    let info = stream_info(client, "$KV.leases.>").await;
-    let mut all: Vec<String> = info
-        .pointer("/state/subjects")
-        .and_then(Value::as_object)
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default();
+    let shards = test_shards();
+    let mut all: Vec<String> = Vec::new();
+    for i in shards.indexes() {
+        let info = stream_info_of(client, &shards.stream(i), &shards.stream_subjects(i)).await;
+        all.extend(
+            info.pointer("/state/subjects")
+                .and_then(Value::as_object)
+                .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+    }
     all.sort();
     all
 }
@@ -77,7 +96,12 @@ where
     }
 }
 
+/// The service with `options`, on `DAGNATS_TEST_SHARDS` shards.
 async fn start_service(url: String, options: ServiceOptions) -> ServiceHandle {
+    let options = ServiceOptions {
+        shards: test_shards(),
+        ..options
+    };
     service::start(client(url).await, options)
         .await
         .expect("service starts")
@@ -165,18 +189,16 @@ async fn a_replicated_bucket_confirms_reads_and_they_never_become_events() {
         "one confirmation per call answered from a read"
     );
     let held = subjects(&c).await;
-    assert!(held.contains(&"$KV.leases.k.read".to_string()), "{held:?}");
-    assert!(
-        held.contains(&"$KV.leases.never.read".to_string()),
-        "{held:?}"
-    );
+    let shards = test_shards();
+    assert!(held.contains(&shards.confirm_subject("k")), "{held:?}");
+    assert!(held.contains(&shards.confirm_subject("never")), "{held:?}");
     println!(
         "read confirm: 7 calls answered from reads wrote {confirmations} confirmations; subjects {held:?}"
     );
 
     // They do not pile up: each expires (1 s) and its marker expires in turn.
     until("the confirmations and their markers are gone", || async {
-        subjects(&c).await == ["$KV.leases.k"]
+        subjects(&c).await == [test_shards().kv_subject("k")]
     })
     .await;
     // A write after that: its event is the next one, so no confirmation or marker
@@ -226,39 +248,61 @@ async fn a_single_replica_bucket_answers_reads_without_writing() {
 async fn an_older_buckets_republish_source_is_migrated() {
     let server = NatsServer::start();
     let c = client(server.url()).await;
-    // The bucket as the service made it before read confirmation.
-    let mut old = dagnats_leases_core::startup::stream_config(1);
-    old["republish"] = json!({"src": "$KV.leases.>", "dest": "dagnats.lease.changed.>"});
+    // The bucket as the service made it before read confirmation (with shards,
+    // shard 0's stream so, and a key of that shard).
+    let shards = test_shards();
+    let key = (0..)
+        .map(|n| {
+            if n == 0 {
+                "x".to_string()
+            } else {
+                format!("x{n}")
+            }
+        })
+        .find(|k| shards.shard_of(k) == 0)
+        .unwrap();
+    let mut old = dagnats_leases_core::startup::shard_stream_config(&shards, 0, 1);
+    old["republish"] = json!({"src": shards.stream_subjects(0), "dest": "dagnats.lease.changed.>"});
     let made = c
-        .request("$JS.API.STREAM.CREATE.KV_leases", old.to_string().into())
+        .request(
+            format!("$JS.API.STREAM.CREATE.{}", shards.stream(0)),
+            old.to_string().into(),
+        )
         .await
         .unwrap();
     let made: Value = serde_json::from_slice(&made.payload).unwrap();
-    assert_eq!(made["config"]["republish"]["src"], "$KV.leases.>", "{made}");
+    assert_eq!(
+        made["config"]["republish"]["src"],
+        shards.stream_subjects(0),
+        "{made}"
+    );
 
     let svc = start_service(server.url(), ServiceOptions::default()).await;
-    let info = stream_info(&c, "").await;
+    let info = stream_info(&c, &key, "").await;
     assert_eq!(
         info["config"]["republish"],
-        json!({"src": "$KV.leases.*", "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
+        json!({"src": shards.lease_subjects(0), "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
     );
     // A message on a confirmation subject is not republished; a lease write is.
     let mut events = c.subscribe("dagnats.lease.changed.>").await.unwrap();
     c.flush().await.unwrap();
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-TTL", "1s");
-    c.request_with_headers("$KV.leases.x.read", headers, "".into())
+    c.request_with_headers(shards.confirm_subject(&key), headers, "".into())
         .await
         .unwrap();
     let got = call(
         &c,
         "acquire",
-        json!({"key": "x", "holder": "a", "ttl_ms": 30_000}),
+        json!({"key": key, "holder": "a", "ttl_ms": 30_000}),
     )
     .await;
     assert_eq!(got["granted"], true, "{got}");
     let next = next_within(&mut events, 10).await;
-    assert_eq!(next.subject.as_str(), "dagnats.lease.changed.x");
+    assert_eq!(
+        next.subject.as_str(),
+        format!("dagnats.lease.changed.{key}")
+    );
     svc.shutdown().await;
 }
 
@@ -284,11 +328,14 @@ async fn confirmation_follows_the_streams_replicas() {
     call(&c, "owner", json!({"key": "k"})).await;
     assert_eq!(last_seq(&c).await, before, "an R1 bucket confirms nothing");
 
-    // The operator scales the stream to three replicas.
-    let mut config = stream_info(&c, "").await["config"].clone();
+    // The operator scales the stream (with shards: the key's) to three replicas.
+    let mut config = stream_info(&c, "k", "").await["config"].clone();
     config["num_replicas"] = json!(3);
     let updated = c
-        .request("$JS.API.STREAM.UPDATE.KV_leases", config.to_string().into())
+        .request(
+            format!("$JS.API.STREAM.UPDATE.{}", test_shards().stream_of("k")),
+            config.to_string().into(),
+        )
         .await
         .unwrap();
     let updated: Value = serde_json::from_slice(&updated.payload).unwrap();

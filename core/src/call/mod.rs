@@ -50,6 +50,9 @@ pub struct CallConfig {
     /// deposed stream leader's stale state never reaches a caller. On when the
     /// bucket has more than one replica; with one there is no other leader.
     pub confirm_reads: bool,
+    /// How keys are spread over streams: a call's reads, writes and confirmations
+    /// go to the stream of its key's shard.
+    pub shards: ShardMap,
 }
 
 impl CallConfig {
@@ -60,6 +63,7 @@ impl CallConfig {
             max_payload,
             kv_timeout: DEFAULT_KV_TIMEOUT,
             confirm_reads: false,
+            shards: ShardMap::SINGLE,
         }
     }
 
@@ -73,6 +77,7 @@ impl CallConfig {
 }
 
 pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
+use crate::shard::ShardMap;
 
 #[derive(Debug)]
 enum Waiting {
@@ -295,7 +300,7 @@ impl Call {
         let account = self.scope.as_ref().map(|c| c.account.as_str());
         self.effects
             .pop_front()
-            .map(|effect| effect.into_transmit_in(account))
+            .map(|effect| effect.into_transmit_sharded(account, &self.config.shards))
     }
 
     /// The reply, once the call has one: its one event.

@@ -682,3 +682,47 @@ fn coalesce_writes_parses_its_words() {
         "{err}"
     );
 }
+
+/// An ADR-50 batch is one stream's: on a sharded bucket, writes of two shards
+/// never share a batch; each shard's writes go together, in arrival order.
+#[test]
+fn writes_of_two_shards_never_share_a_batch() {
+    let shards = crate::shard::ShardMap::new(2).unwrap();
+    let keys: Vec<String> = (0..40).map(|n| format!("k{n}")).collect();
+    let of = |i: u32| -> Vec<&String> {
+        keys.iter()
+            .filter(|k| shards.shard_of(k) == i)
+            .take(3)
+            .collect()
+    };
+    let (zero, one) = (of(0), of(1));
+    let now = Instant::now();
+    let mut c = with_min_batch(3);
+    fill_the_single_window(&mut c, now);
+    let mut id = 1;
+    for (a, b) in zero.iter().zip(&one) {
+        for key in [a, b] {
+            let mut w = write(key, 0);
+            w.subject = shards.kv_subject(key);
+            c.handle_write(now, WriteId(id), w);
+            id += 1;
+        }
+    }
+    let (sends, _) = drain(&mut c);
+    let subjects: Vec<String> = sends[0]
+        .publish
+        .iter()
+        .chain([&sends[0].request])
+        .map(|r| r.subject.clone())
+        .collect();
+    let first = zero
+        .iter()
+        .map(|k| shards.kv_subject(k))
+        .collect::<Vec<_>>();
+    assert!(subjects.len() >= 2, "a batch went: {subjects:?}");
+    assert_eq!(
+        subjects[..],
+        first[..subjects.len()],
+        "shard 0's writes alone, in order"
+    );
+}

@@ -16,6 +16,7 @@ mod properties;
 mod replicas;
 mod reply_scope;
 mod rules;
+mod shard;
 mod stand_in;
 mod startup;
 mod supervise;

@@ -172,3 +172,44 @@ fn a_stream_made_anew_or_gone_says_forget_what_was_known_of_its_revisions() {
     c.handle_outcome(t0 + 5 * EVERY, id, RequestOutcome::TimedOut);
     assert_eq!(c.poll_event(), None);
 }
+
+/// On a sharded bucket each period asks every shard's stream in turn; one with
+/// more than one replica turns confirmation on, and one made anew says so.
+#[test]
+fn every_shards_stream_is_asked_each_period() {
+    let t0 = Instant::now();
+    let shards = crate::shard::ShardMap::new(3).unwrap();
+    let mut c = ReplicasCheck::new(EVERY, T, 1, t0).with_shards(shards);
+    let created = |replicas: u64, at: &str| {
+        RequestOutcome::reply(
+            json!({"config": {"num_replicas": replicas}, "created": at, "state": {}}).to_string(),
+        )
+    };
+    for round in 0..2 {
+        let at = t0 + EVERY * (round + 1);
+        c.handle_timeout(at);
+        for i in 0..3 {
+            let t = c.poll_transmit().expect("the next shard is asked");
+            assert_eq!(
+                t.request.subject,
+                format!("$JS.API.STREAM.INFO.KV_leases_{i}")
+            );
+            assert!(c.poll_transmit().is_none(), "one at a time");
+            let (replicas, made) = match (round, i) {
+                (1, 1) => (3, "later"),
+                _ => (1, "first"),
+            };
+            c.handle_outcome(at, t.id, created(replicas, made));
+        }
+        assert!(c.poll_transmit().is_none(), "the round is over");
+        assert_eq!(c.poll_timeout(), Some(at + EVERY));
+    }
+    assert_eq!(c.poll_event(), Some(ReplicasEvent::StreamReplaced));
+    assert_eq!(
+        c.poll_event(),
+        Some(ReplicasEvent::ConfirmReads {
+            replicas: 3,
+            on: true
+        })
+    );
+}

@@ -23,6 +23,7 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
         match e {
             StartupEvent::Log(l) => logs.push(l),
             StartupEvent::Done(m) => panic!("done early: {m:?}"),
+            StartupEvent::Refused(r) => panic!("refused: {r}"),
         }
     }
     let t = s.poll_transmit().expect("startup wants something");
@@ -42,8 +43,27 @@ fn done(s: &mut Startup) -> (Mode, Vec<String>) {
                 assert!(s.is_done());
                 return (m, logs);
             }
+            StartupEvent::Refused(r) => panic!("refused: {r}"),
         }
     }
+}
+
+/// Answers the stream info asked as `id` with "not found", then the question
+/// startup asks before it creates anything (does the other layout's first stream,
+/// `KV_leases_0`, exist?) with "not found" too: a create comes next.
+fn absent(s: &mut Startup, id: EffectId) {
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, r) = next_request(s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
 }
 
 fn info(config: Value) -> RequestOutcome {
@@ -63,11 +83,7 @@ fn a_missing_bucket_is_created_with_the_contract_config() {
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    s.handle_outcome(
-        Instant::now(),
-        id,
-        api_error(404, 10059, "stream not found"),
-    );
+    absent(&mut s, id);
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.CREATE.KV_leases");
     let config: Value = serde_json::from_slice(&r.payload).unwrap();
@@ -90,11 +106,7 @@ fn a_create_the_server_accepts_but_whose_config_lacks_allow_msg_ttl_is_unsupport
     // What a 2.9 server does: accepts the create and drops the fields it does not know.
     let mut s = Startup::new(BucketOptions::default(), "2.11.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(
-        Instant::now(),
-        id,
-        api_error(404, 10059, "stream not found"),
-    );
+    absent(&mut s, id);
     let (id, r) = next_request(&mut s);
     let mut config: Value = serde_json::from_slice(&r.payload).unwrap();
     config.as_object_mut().unwrap().remove("allow_msg_ttl");
@@ -163,11 +175,7 @@ fn a_create_racing_another_instance_reads_the_config_again() {
         Instant::now(),
     );
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(
-        Instant::now(),
-        id,
-        api_error(404, 10059, "stream not found"),
-    );
+    absent(&mut s, id);
     let (id, _) = next_request(&mut s);
     s.handle_outcome(
         Instant::now(),
@@ -259,7 +267,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
     assert_eq!(served(&s), Some(ErrorKind::Unavailable));
     s.handle_timeout(t0 + STARTUP_RETRY);
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
+    absent(&mut s, id);
     let (id, _) = next_request(&mut s);
     assert_eq!(s.mode(), Mode::Starting, "creating the bucket");
     s.handle_outcome(t0, id, info(stream_config_for(1, true)));
@@ -302,11 +310,7 @@ fn allow_atomic_is_set_from_2_12_and_read_back_from_the_servers_config() {
     for (v, wanted) in [("2.11.4", false), ("2.12.0", true), ("v2.15.1", true)] {
         let mut s = Startup::new(BucketOptions::default(), v, T, Instant::now());
         let (id, _) = next_request(&mut s);
-        s.handle_outcome(
-            Instant::now(),
-            id,
-            api_error(404, 10059, "stream not found"),
-        );
+        absent(&mut s, id);
         let (id, r) = next_request(&mut s);
         let config: Value = serde_json::from_slice(&r.payload).unwrap();
         assert_eq!(config.get("allow_atomic").is_some(), wanted, "{v}");
@@ -342,11 +346,7 @@ fn tenancy_creates_the_per_account_republish_and_moves_an_existing_bucket_to_it(
     // No bucket yet: created with the tenants' republish.
     let mut s = Startup::new(tenants, "2.15.1", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(
-        Instant::now(),
-        id,
-        api_error(404, 10059, "stream not found"),
-    );
+    absent(&mut s, id);
     let (_, create) = next_request(&mut s);
     let body: Value = serde_json::from_slice(&create.payload).unwrap();
     assert_eq!(body["republish"], wanted);
@@ -363,4 +363,186 @@ fn tenancy_creates_the_per_account_republish_and_moves_an_existing_bucket_to_it(
     let body: Value = serde_json::from_slice(&update.payload).unwrap();
     assert_eq!(body["republish"], wanted);
     assert!(logs.iter().any(|l| l.contains("republish")), "{logs:?}");
+}
+
+fn sharded(count: u32) -> BucketOptions {
+    BucketOptions {
+        shards: crate::shard::ShardMap::new(count).unwrap(),
+        ..BucketOptions::default()
+    }
+}
+
+fn refused(s: &mut Startup) -> String {
+    assert!(s.poll_transmit().is_none());
+    loop {
+        match s.poll_event().expect("startup should have ended") {
+            StartupEvent::Log(_) => {}
+            StartupEvent::Done(m) => panic!("served in {m:?}, not refused"),
+            StartupEvent::Refused(r) => return r,
+        }
+    }
+}
+
+/// Three shards: after asking that the one-stream layout is absent, each shard's
+/// stream is created with its own subjects, the shared republish destination and
+/// metadata recording the count and its index.
+#[test]
+fn three_shards_create_three_streams_recording_the_count() {
+    let mut s = Startup::new(sharded(3), "2.15.1", T, Instant::now());
+    for i in 0..3 {
+        let (id, r) = next_request(&mut s);
+        assert_eq!(r.subject, format!("$JS.API.STREAM.INFO.KV_leases_{i}"));
+        s.handle_outcome(
+            Instant::now(),
+            id,
+            api_error(404, 10059, "stream not found"),
+        );
+        if i == 0 {
+            let (id, r) = next_request(&mut s);
+            assert_eq!(
+                r.subject, "$JS.API.STREAM.INFO.KV_leases",
+                "the other layout"
+            );
+            s.handle_outcome(
+                Instant::now(),
+                id,
+                api_error(404, 10059, "stream not found"),
+            );
+        }
+        let (id, r) = next_request(&mut s);
+        assert_eq!(r.subject, format!("$JS.API.STREAM.CREATE.KV_leases_{i}"));
+        let config: Value = serde_json::from_slice(&r.payload).unwrap();
+        assert_eq!(config["name"], format!("KV_leases_{i}"));
+        assert_eq!(config["subjects"], json!([format!("$KV.leases_{i}.>")]));
+        assert_eq!(
+            config["republish"],
+            json!({"src": format!("$KV.leases_{i}.*"), "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
+        );
+        assert_eq!(config["metadata"]["dagnats_shards"], "3");
+        assert_eq!(config["metadata"]["dagnats_shard"], i.to_string());
+        assert_eq!(config["subject_delete_marker_ttl"], 1_000_000_000u64);
+        s.handle_outcome(Instant::now(), id, info(config));
+    }
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}
+
+/// The one-stream bucket exists: a service started with three shards refuses,
+/// naming `--shards`, and creates nothing.
+#[test]
+fn shards_over_a_one_stream_bucket_are_refused() {
+    let mut s = Startup::new(sharded(3), "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
+    s.handle_outcome(Instant::now(), id, info(stream_config(1)));
+    let why = refused(&mut s);
+    assert!(
+        why.contains("--shards 1") && why.contains("--shards 3"),
+        "{why}"
+    );
+}
+
+/// A sharded bucket exists: one shard is refused (its first stream is found), and
+/// so is another count (the first stream's metadata says how many).
+#[test]
+fn another_shard_count_than_the_buckets_is_refused() {
+    let mut s = Startup::new(BucketOptions::default(), "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(
+        Instant::now(),
+        id,
+        api_error(404, 10059, "stream not found"),
+    );
+    let (id, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let made = crate::startup::shard_stream_config(&two, 0, 1);
+    s.handle_outcome(Instant::now(), id, info(made.clone()));
+    let why = refused(&mut s);
+    assert!(why.contains("--shards 1"), "{why}");
+
+    for count in [3, 4] {
+        let mut s = Startup::new(sharded(count), "2.15.1", T, Instant::now());
+        let (id, _) = next_request(&mut s);
+        s.handle_outcome(Instant::now(), id, info(made.clone()));
+        let why = refused(&mut s);
+        assert!(
+            why.contains(&format!("--shards {count}")) && why.contains("dagnats_shards 2"),
+            "{why}"
+        );
+    }
+    // A stream of the right name that no sharded service made: refused too.
+    let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
+    let (id, _) = next_request(&mut s);
+    let mut foreign = made;
+    foreign.as_object_mut().unwrap().remove("metadata");
+    s.handle_outcome(Instant::now(), id, info(foreign));
+    assert!(refused(&mut s).contains("no dagnats_shards"));
+}
+
+/// Replicas are the most of any shard's: one R3 shard is enough to confirm reads.
+#[test]
+fn replicas_are_the_most_of_any_shard() {
+    let two = crate::shard::ShardMap::new(2).unwrap();
+    let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
+    for (i, r) in [(0, 1), (1, 3)] {
+        let (id, _) = next_request(&mut s);
+        let mut config = crate::startup::shard_stream_config(&two, i, r);
+        config["allow_atomic"] = json!(true);
+        s.handle_outcome(Instant::now(), id, info(config));
+    }
+    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(s.replicas(), 3);
+}
+
+/// Before a create, the other layout's first stream must be answered for: no
+/// answer (a backend user without the permission gets none) is never taken for
+/// "absent"; the log names the subject, and startup asks again later.
+#[test]
+fn an_unanswered_layout_question_never_creates_blind() {
+    let t0 = Instant::now();
+    let mut s = Startup::new(BucketOptions::default(), "2.15.1", T, t0);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
+    let (_, r) = next_request(&mut s);
+    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
+    s.handle_timeout(t0 + T);
+    let mut logs = Vec::new();
+    while let Some(e) = s.poll_event() {
+        match e {
+            StartupEvent::Log(l) => logs.push(l),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("$JS.API.STREAM.INFO.KV_leases_0") && l.contains("permission")),
+        "{logs:?}"
+    );
+    assert!(s.poll_transmit().is_none(), "nothing created");
+    s.handle_timeout(t0 + T + STARTUP_RETRY);
+    let (_, again) = next_request(&mut s);
+    assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
+    assert_eq!(s.mode(), Mode::Starting);
+}
+
+/// Tenancy on three shards: each shard's tenant keys go out on the tenants' one
+/// client subject, `dagnats.lease.changed.<account>.<key>`.
+#[test]
+fn tenancy_on_shards_republishes_each_shard_to_the_tenant_subject() {
+    let three = crate::shard::ShardMap::new(3).unwrap();
+    for i in three.indexes() {
+        assert_eq!(
+            crate::startup::republish_at(&three, i, crate::tenant::Tenancy::Accounts),
+            json!({
+                "src": format!("$KV.leases_{i}.*.*"),
+                "dest": "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}",
+            })
+        );
+    }
 }

@@ -96,3 +96,26 @@ fn past_the_bound_the_oldest_tombstone_is_dropped_unpurged() {
     let t = s.poll_transmit().unwrap();
     assert!(String::from_utf8_lossy(&t.request.payload).contains("$KV.leases.k1\""));
 }
+
+/// On a sharded bucket a tombstone is purged in its key's own stream.
+#[test]
+fn a_purge_goes_to_the_stream_of_the_keys_shard() {
+    let shards = crate::shard::ShardMap::new(4).unwrap();
+    let t0 = Instant::now();
+    let mut s = TombstoneSweep::new(Duration::from_secs(1), t0).with_shards(shards);
+    for key in ["a", "b", "c", "d", "e"] {
+        s.handle_released(t0, key.to_string(), 7);
+        let t = s.poll_transmit().unwrap();
+        assert_eq!(
+            t.request.subject,
+            format!("$JS.API.STREAM.PURGE.{}", shards.stream_of(key))
+        );
+        let body: serde_json::Value = serde_json::from_slice(&t.request.payload).unwrap();
+        assert_eq!(body["filter"], shards.kv_subject(key));
+        s.handle_outcome(
+            t0,
+            t.id,
+            RequestOutcome::reply(r#"{"success":true,"purged":1}"#),
+        );
+    }
+}

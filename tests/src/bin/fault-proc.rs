@@ -49,6 +49,8 @@ async fn main() {
                 .expect("connect");
             let options = ServiceOptions {
                 replicas: Some(replicas),
+                // Inherited from the fault suite: `DAGNATS_TEST_SHARDS`.
+                shards: dagnats_leases_tests::test_shards(),
                 ..ServiceOptions::default()
             };
             let handle = service::start(client, options)

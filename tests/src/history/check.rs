@@ -380,9 +380,12 @@ fn check_reuse(key: &str, recs: &KeyRecords, out: &mut Vec<Violation>) {
     }
 }
 
-/// (b1) across keys: a revision is a stream sequence, so one write of one key owns it.
+/// (b1) across keys: a revision is a stream sequence, so one write of one key owns
+/// it in its stream. With several shards (`DAGNATS_TEST_SHARDS`) each stream
+/// numbers its own, and keys of different shards may share a revision.
 fn check_global_reuse(records: &[Record], out: &mut Vec<Violation>) {
-    let mut owner: HashMap<u64, (&str, &str)> = HashMap::new();
+    let shards = crate::test_shards();
+    let mut owner: HashMap<(u32, u64), (&str, &str)> = HashMap::new();
     let writes = records.iter().filter_map(|r| match r {
         Record::Call(c) => match c.outcome {
             Outcome::Granted { revision, .. }
@@ -394,7 +397,8 @@ fn check_global_reuse(records: &[Record], out: &mut Vec<Violation>) {
         _ => None,
     });
     for (rev, key, who) in writes {
-        match owner.get(&rev) {
+        let at = (shards.shard_of(key), rev);
+        match owner.get(&at) {
             Some(&(k, _)) if k != key => push(
                 out,
                 Rule::ReusedRevision,
@@ -403,7 +407,7 @@ fn check_global_reuse(records: &[Record], out: &mut Vec<Violation>) {
             ),
             Some(_) => {} // the same key: the per-key check tells holders apart
             None => {
-                owner.insert(rev, (key, who));
+                owner.insert(at, (key, who));
             }
         }
     }

@@ -134,8 +134,14 @@ pub async fn start_service(server: &NatsServer) -> Service {
     start_service_with(server, ServiceOptions::default()).await
 }
 
-/// The service with these options, on the runtime the suite runs.
-pub async fn start_service_with(server: &NatsServer, options: ServiceOptions) -> Service {
+pub use dagnats_leases_tests::test_shards;
+
+/// The service with these options, on the runtime the suite runs; with the
+/// one-stream layout asked for, on `DAGNATS_TEST_SHARDS` shards instead.
+pub async fn start_service_with(server: &NatsServer, mut options: ServiceOptions) -> Service {
+    if options.shards.is_single() {
+        options.shards = test_shards();
+    }
     match runtime().as_str() {
         "tokio" => {
             let client = connect(server).await;

@@ -1,0 +1,203 @@
+//! The sharded bucket on a real three-node cluster: three R3 shards whose leaders
+//! are spread one per node (moved there by a leader step-down with a preferred
+//! successor, as docs/operations.md tells operators), then the node leading one
+//! shard is killed. While that shard elects a new leader, the keys of the other two
+//! shards keep being answered; the calls against the killed shard that went
+//! unanswered (timed out, or answered `unavailable`) are counted and printed.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use dagnats_leases_core::shard::ShardMap;
+use dagnats_leases_tests::NatsCluster;
+use dagnats_leases_tests::cluster::NODES;
+use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// How long the test waits for one call's reply: past the service's own bound on a
+/// JetStream request (`kv_timeout`), so a call the service gave up on is answered.
+const CALL: Duration = Duration::from_secs(4);
+const KV_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn shards() -> ShardMap {
+    ShardMap::new(3).unwrap()
+}
+
+/// One key per shard: `keys[i]` lives in shard `i`.
+fn key_per_shard(shards: ShardMap) -> Vec<String> {
+    (0..shards.count())
+        .map(|i| {
+            (0..)
+                .map(|n| format!("spread-{n}"))
+                .find(|k| shards.shard_of(k) == i)
+                .unwrap()
+        })
+        .collect()
+}
+
+async fn start_service(url: String) -> ServiceHandle {
+    let client = async_nats::ConnectOptions::new()
+        .connect(url)
+        .await
+        .expect("connect the service");
+    let options = ServiceOptions {
+        replicas: Some(3),
+        shards: shards(),
+        kv_timeout: KV_TIMEOUT,
+        ..ServiceOptions::default()
+    };
+    service::start(client, options)
+        .await
+        .expect("service starts")
+}
+
+/// Moves the leader of `stream` to node `want`: a step-down naming it as the
+/// preferred successor, asked again while the election goes elsewhere.
+fn move_leader(cluster: &NatsCluster, stream: &str, want: usize) {
+    let deadline = Instant::now() + WAIT;
+    let body = json!({"placement": {"preferred": NatsCluster::name_of(want)}});
+    loop {
+        let now = (0..NODES).find_map(|via| cluster.stream_leader_via(via, stream));
+        if now == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader of {stream} did not move to node {want} (it is {now:?})"
+        );
+        if let Some(leader) = now {
+            let _ = cluster.js_api(
+                leader,
+                &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                &body,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Whether a call was answered: a reply that is not `unavailable` in time.
+async fn answered(client: &async_nats::Client, endpoint: &str, body: Value) -> bool {
+    let request = client.request(format!("api.leases.{endpoint}"), body.to_string().into());
+    match tokio::time::timeout(CALL, request).await {
+        Ok(Ok(reply)) => {
+            let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+            v["kind"] != "unavailable"
+        }
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_leaders_spread_over_nodes_and_one_nodes_loss_stalls_only_its_shard() {
+    let cluster = tokio::task::spawn_blocking(NatsCluster::start)
+        .await
+        .unwrap();
+    let shards = shards();
+    let mut services = Vec::new();
+    for i in 0..NODES {
+        services.push(start_service(cluster.url(i)).await);
+    }
+    // Shard i's leader on node i: one pipeline per node.
+    let cluster = tokio::task::spawn_blocking(move || {
+        for i in shards.indexes() {
+            move_leader(&cluster, &shards.stream(i), i as usize);
+        }
+        cluster
+    })
+    .await
+    .unwrap();
+    let leaders: Vec<usize> = shards
+        .indexes()
+        .map(|i| {
+            (0..NODES)
+                .find_map(|via| cluster.stream_leader_via(via, &shards.stream(i)))
+                .unwrap()
+        })
+        .collect();
+    let spread: BTreeSet<usize> = leaders.iter().copied().collect();
+    assert_eq!(
+        spread.len(),
+        NODES,
+        "one shard leader per node: {leaders:?}"
+    );
+    println!("shard cluster: leaders of KV_leases_0..2 on nodes {leaders:?}");
+
+    // The node leading shard 1 goes; callers and services on the other two stay.
+    let killed_shard = 1usize;
+    let victim = leaders[killed_shard];
+    let urls: Vec<String> = (0..NODES)
+        .filter(|&i| i != victim)
+        .map(|i| cluster.url(i))
+        .collect();
+    let client = async_nats::ConnectOptions::new()
+        .connect(urls.as_slice())
+        .await
+        .expect("connect a caller");
+    let keys = key_per_shard(shards);
+    for key in &keys {
+        // Granted once the shard's new leader settled after the moves.
+        let deadline = Instant::now() + WAIT;
+        while !answered(
+            &client,
+            "acquire",
+            json!({"key": key, "holder": "h", "ttl_ms": 60_000}),
+        )
+        .await
+        {
+            assert!(Instant::now() < deadline, "{key} was never granted");
+        }
+    }
+    let mut cluster = cluster;
+    cluster.kill(victim);
+    drop(services.remove(victim));
+
+    // Rounds of one owner call and one idempotent acquire per shard, at once,
+    // until the killed shard has answered three rounds in a row.
+    let deadline = Instant::now() + WAIT;
+    let mut unanswered = vec![0usize; keys.len()];
+    let mut calls = vec![0usize; keys.len()];
+    let mut in_a_row = 0;
+    while in_a_row < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "shard {killed_shard} never answered again: {unanswered:?}"
+        );
+        let round = futures::future::join_all(keys.iter().map(|key| {
+            let client = client.clone();
+            async move {
+                let owner = answered(&client, "owner", json!({"key": key})).await;
+                let acquire = answered(
+                    &client,
+                    "acquire",
+                    json!({"key": key, "holder": "h", "ttl_ms": 60_000}),
+                )
+                .await;
+                [owner, acquire]
+            }
+        }))
+        .await;
+        for (i, outcomes) in round.iter().enumerate() {
+            calls[i] += outcomes.len();
+            unanswered[i] += outcomes.iter().filter(|ok| !**ok).count();
+        }
+        in_a_row = if round[killed_shard].iter().all(|ok| *ok) {
+            in_a_row + 1
+        } else {
+            0
+        };
+    }
+    println!(
+        "shard cluster: node {victim} (leader of shard {killed_shard}) killed; calls \
+         unanswered per shard {unanswered:?} of {calls:?}"
+    );
+    for (i, n) in unanswered.iter().enumerate() {
+        if i != killed_shard {
+            assert_eq!(*n, 0, "shard {i}'s keys went unanswered: {unanswered:?}");
+        }
+    }
+    for s in services {
+        s.shutdown().await;
+    }
+}
