@@ -455,6 +455,13 @@ async fn service(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        // Every member has joined: the last sets get until the ramp's bound.
+        while (held.load(Ordering::Relaxed) as usize) < target
+            && t0.elapsed() < RAMP_BOUND
+            && lost.load(Ordering::Relaxed) == lost0
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let ramp_s = t0.elapsed().as_secs_f64();
         let ramped = held.load(Ordering::Relaxed) as usize >= target;
         let r0 = renews();
