@@ -576,7 +576,8 @@ async fn etcd(out: &Path, name: &str, members: usize, options: &Options) -> Capa
         let ramp_s = t0.elapsed().as_secs_f64();
         let r0 = counts.replies.load(Ordering::Relaxed);
         counts.take_latencies();
-        let w = if counts.expired.load(Ordering::Relaxed) == lost0 {
+        let windowed = counts.expired.load(Ordering::Relaxed) == lost0;
+        let w = if windowed {
             window(
                 options.hold_s,
                 None,
@@ -627,7 +628,7 @@ async fn etcd(out: &Path, name: &str, members: usize, options: &Options) -> Capa
             live,
             lost_now,
             &w,
-            if w.secs > 0.0 {
+            if windowed && w.secs > 0.0 {
                 (counts.replies.load(Ordering::Relaxed) - r0) as f64 / w.secs
             } else {
                 f64::NAN
