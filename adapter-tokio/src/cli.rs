@@ -65,10 +65,11 @@ pub struct ServeArgs {
     /// release); past that a request is answered `unavailable` at once.
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
-    /// Gather the calls' writes into atomic batches under load (nats-server 2.12+);
-    /// off by default, every write alone (measured no faster; see docs/benchmarks.md).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub coalesce_writes: bool,
+    /// Gather the calls' writes into atomic batches under load (nats-server 2.12+):
+    /// `auto` (on for a single-replica bucket only, where it was measured to win;
+    /// see docs/benchmarks.md), `true` or `false`.
+    #[arg(long, default_value = "auto", value_name = "auto|true|false")]
+    pub coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites,
     /// Single writes in flight before writes start to gather into batches.
     #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]
     pub batch_after: usize,

@@ -2,7 +2,10 @@
 //! call, exactly the JetStream operations the service does for it, and replies:
 //! acquire one create, renew and release one conditional write at the caller's
 //! revision (the service knows the revision it granted or saw in a change event,
-//! so it does not read first), owner and forward one read first.
+//! so it does not read first), owner and forward one read first. After a
+//! release's reply, like the service's tombstone sweep (`core/src/sweep.rs`), it
+//! purges the key below the tombstone, one purge out at a time: the server does
+//! that work for every release of the service too.
 //!
 //! It checks nothing (no validation, no holder or fence check, no error kinds) and
 //! its replies carry only what the load generator needs (the new revision), so no
@@ -15,11 +18,13 @@ use std::time::Duration;
 use async_nats::{Client, HeaderMap, Message};
 use base64::Engine as _;
 use bytes::Bytes;
+use dagnats_leases_core::io::NatsRequest;
 use dagnats_leases_core::record::format_time;
 use dagnats_leases_core::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL,
     QUEUE_GROUP, STREAM, inbox_subject, kv_subject,
 };
+use dagnats_leases_core::sweep::purge_request;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde::Deserialize;
@@ -63,17 +68,27 @@ pub async fn serve(url: &str, user: &str, password: &str) {
     client.flush().await.expect("flush");
     let mut requests = futures::stream::select_all(subs);
     let mut calls = FuturesUnordered::new();
+    // The sweep's one purge out at a time.
+    let sweep = std::sync::Arc::new(tokio::sync::Mutex::new(()));
     loop {
         tokio::select! {
             next = requests.next() => {
                 let Some((name, msg)) = next else { break };
                 let client = client.clone();
+                let sweep = sweep.clone();
                 calls.push(async move {
                     let Some(reply_to) = msg.reply.clone() else { return };
-                    let body = handle(&client, name, &msg)
-                        .await
-                        .unwrap_or_else(|e| format!(r#"{{"error":"{e}","kind":"internal"}}"#));
+                    let (body, purge) = match handle(&client, name, &msg).await {
+                        Ok(reply) => reply,
+                        Err(e) => (format!(r#"{{"error":"{e}","kind":"internal"}}"#), None),
+                    };
                     let _ = client.publish(reply_to, Bytes::from(body)).await;
+                    if let Some(request) = purge {
+                        let _one = sweep.lock().await;
+                        let _ = client
+                            .request(request.subject, request.payload.into())
+                            .await;
+                    }
                 });
             }
             Some(()) = calls.next(), if !calls.is_empty() => {}
@@ -81,7 +96,12 @@ pub async fn serve(url: &str, user: &str, password: &str) {
     }
 }
 
-async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, String> {
+/// The reply's body, and for a release the purge the service's sweep sends after it.
+async fn handle(
+    client: &Client,
+    name: &str,
+    msg: &Message,
+) -> Result<(String, Option<NatsRequest>), String> {
     let body: Body = serde_json::from_slice(&msg.payload).map_err(|e| e.to_string())?;
     let subject = kv_subject(body.key);
     let ttl_ms = body.ttl_ms.unwrap_or(15_000);
@@ -103,7 +123,7 @@ async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, St
                 record().into(),
             )
             .await?;
-            Ok(format!(r#"{{"granted":true,"revision":{seq}}}"#))
+            Ok((format!(r#"{{"granted":true,"revision":{seq}}}"#), None))
         }
         "renew" => {
             let expected = body.revision.ok_or("no revision")?;
@@ -116,18 +136,19 @@ async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, St
                 record().into(),
             )
             .await?;
-            Ok(format!(r#"{{"held":true,"revision":{seq}}}"#))
+            Ok((format!(r#"{{"held":true,"revision":{seq}}}"#), None))
         }
         "release" => {
             let expected = body.revision.ok_or("no revision")?;
             let seq = write(client, subject, expected, None, "released", Bytes::new()).await?;
-            Ok(format!(
-                r#"{{"released":true,"held":false,"revision":{seq}}}"#
+            Ok((
+                format!(r#"{{"released":true,"held":false,"revision":{seq}}}"#),
+                Some(purge_request(body.key, seq, KV_TIMEOUT)),
             ))
         }
         "owner" => match read(client, &subject).await? {
-            Some((seq, _)) => Ok(format!(r#"{{"held":true,"revision":{seq}}}"#)),
-            None => Ok(r#"{"held":false}"#.to_string()),
+            Some((seq, _)) => Ok((format!(r#"{{"held":true,"revision":{seq}}}"#), None)),
+            None => Ok((r#"{"held":false}"#.to_string(), None)),
         },
         "forward" => {
             let (seq, data) = read(client, &subject).await?.ok_or("not held")?;
@@ -152,9 +173,12 @@ async fn handle(client: &Client, name: &str, msg: &Message) -> Result<String, St
                 .send_request(inbox_subject(record.holder, body.key), request)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(format!(
-                r#"{{"payload":"{}","revision":{seq}}}"#,
-                b64.encode(&reply.payload)
+            Ok((
+                format!(
+                    r#"{{"payload":"{}","revision":{seq}}}"#,
+                    b64.encode(&reply.payload)
+                ),
+                None,
             ))
         }
         _ => Err("unknown subject".into()),

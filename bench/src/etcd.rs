@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -161,6 +162,11 @@ impl Etcd {
         }
     }
 
+    /// The process ids of the members.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+
     /// What `etcd --version` says.
     pub fn version(&self) -> String {
         let out = Command::new("etcd").arg("--version").output();
@@ -187,8 +193,13 @@ impl Drop for Etcd {
 
 /// A key held under a lease of its own; returns the lease id.
 async fn hold(client: &Client, key: String) -> i64 {
+    hold_for(client, key, TTL_S).await
+}
+
+/// A key held under a lease of its own of `ttl_s` seconds; returns the lease id.
+pub async fn hold_for(client: &Client, key: String, ttl_s: i64) -> i64 {
     let mut c = client.clone();
-    let lease = c.lease_grant(TTL_S, None).await.expect("grant").id();
+    let lease = c.lease_grant(ttl_s, None).await.expect("grant").id();
     c.put(key, load::HOLDER, Some(PutOptions::new().with_lease(lease)))
         .await
         .expect("put");
@@ -323,5 +334,176 @@ impl load::Target for EtcdTarget {
             }
             lat
         })
+    }
+}
+
+/// `etcdserverpb.LeaseKeepAliveRequest`: the lease to keep alive.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveRequest {
+    /// The lease id.
+    #[prost(int64, tag = "1")]
+    id: i64,
+}
+
+/// `etcdserverpb.LeaseKeepAliveResponse`, without its header.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveResponse {
+    /// The lease id.
+    #[prost(int64, tag = "2")]
+    id: i64,
+    /// Its new TTL, seconds; 0 or less when etcd no longer has the lease.
+    #[prost(int64, tag = "3")]
+    ttl: i64,
+}
+
+/// What the keepalive streams counted.
+#[derive(Default)]
+pub struct KeepAliveCounts {
+    /// Leases etcd answered with a TTL of 0 (expired or unknown): lost, each
+    /// counted once.
+    pub expired: AtomicU64,
+    /// Keepalive replies received.
+    pub replies: AtomicU64,
+    /// Streams that ended or failed.
+    pub broken: AtomicU64,
+    /// Microseconds from each keepalive sent to its reply, since last taken.
+    latencies_us: std::sync::Mutex<Vec<u32>>,
+}
+
+impl KeepAliveCounts {
+    /// The latencies recorded since the last call, microseconds.
+    pub fn take_latencies(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.latencies_us.lock().expect("latencies"))
+    }
+}
+
+/// Keeps many etcd leases alive, each every `every`, over a few `LeaseKeepAlive`
+/// streams that each carry many lease ids, as etcd's Go client keeps all of a
+/// client's leases on one stream. (etcd-client's `lease_keep_alive` opens one
+/// stream per lease and its keeper sends only that lease's id, so the streams are
+/// opened here over tonic with the two messages declared above.)
+pub struct KeepAlives {
+    adders: Vec<futures::channel::mpsc::UnboundedSender<i64>>,
+    next: usize,
+    /// What the streams counted.
+    pub counts: Arc<KeepAliveCounts>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl KeepAlives {
+    /// `streams` streams to `url`, each on a connection of its own.
+    pub async fn open(url: &str, streams: usize, every: Duration) -> KeepAlives {
+        let counts = Arc::new(KeepAliveCounts::default());
+        let (mut adders, mut tasks) = (Vec::new(), Vec::new());
+        for _ in 0..streams.max(1) {
+            let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+                .expect("etcd url")
+                .connect()
+                .await
+                .expect("connect to etcd");
+            let (tx, rx) = futures::channel::mpsc::unbounded();
+            adders.push(tx);
+            tasks.push(tokio::spawn(keep(channel, rx, every, counts.clone())));
+        }
+        KeepAlives {
+            adders,
+            next: 0,
+            counts,
+            tasks,
+        }
+    }
+
+    /// Keeps `lease` alive from now on (its first keepalive in `every`), on the
+    /// streams in turn.
+    pub fn add(&mut self, lease: i64) {
+        let i = self.next % self.adders.len();
+        self.next += 1;
+        let _ = self.adders[i].unbounded_send(lease);
+    }
+
+    /// Stops every stream.
+    pub fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// One stream: each lease it was given is sent again `every` after its last send,
+/// in the order they fell due; a reply with a TTL of 0 marks its lease lost (and
+/// no longer sent).
+async fn keep(
+    channel: tonic::transport::Channel,
+    mut add: futures::channel::mpsc::UnboundedReceiver<i64>,
+    every: Duration,
+    counts: Arc<KeepAliveCounts>,
+) {
+    use std::collections::{HashMap, HashSet, VecDeque};
+    use std::sync::atomic::Ordering;
+    // etcd answers the call once it has a reply to send: the stream opens with
+    // its first lease's keepalive already queued.
+    let Some(first) = add.next().await else {
+        return;
+    };
+    let (tx, rx) = futures::channel::mpsc::unbounded::<KeepAliveRequest>();
+    let mut due: VecDeque<(Instant, i64)> = VecDeque::new();
+    let mut sent: HashMap<i64, Instant> = HashMap::new();
+    let mut dead: HashSet<i64> = HashSet::new();
+    let now = Instant::now();
+    let _ = tx.unbounded_send(KeepAliveRequest { id: first });
+    sent.insert(first, now);
+    due.push_back((now + every, first));
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let broken = || {
+        counts.broken.fetch_add(1, Ordering::Relaxed);
+    };
+    if grpc.ready().await.is_err() {
+        return broken();
+    }
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/etcdserverpb.Lease/LeaseKeepAlive");
+    let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveResponse>::default();
+    let mut inbound = match grpc.streaming(tonic::Request::new(rx), path, codec).await {
+        Ok(r) => r.into_inner(),
+        Err(_) => return broken(),
+    };
+    loop {
+        let next_due = due
+            .front()
+            .map_or_else(|| Instant::now() + Duration::from_secs(3600), |d| d.0);
+        tokio::select! {
+            lease = add.next() => match lease {
+                // Due after every lease already here: the queue stays in order.
+                Some(lease) => due.push_back((Instant::now() + every, lease)),
+                None => return,
+            },
+            reply = inbound.message() => match reply {
+                Ok(Some(r)) => {
+                    counts.replies.fetch_add(1, Ordering::Relaxed);
+                    if let Some(t) = sent.remove(&r.id) {
+                        let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                        counts.latencies_us.lock().expect("latencies").push(us);
+                    }
+                    if r.ttl <= 0 && dead.insert(r.id) {
+                        counts.expired.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ => return broken(),
+            },
+            _ = tokio::time::sleep_until(next_due.into()) => {
+                let now = Instant::now();
+                while let Some(&(t, id)) = due.front()
+                    && t <= now
+                {
+                    due.pop_front();
+                    if dead.contains(&id) {
+                        continue;
+                    }
+                    let _ = tx.unbounded_send(KeepAliveRequest { id });
+                    sent.insert(id, now);
+                    due.push_back((now + every, id));
+                }
+            }
+        }
     }
 }

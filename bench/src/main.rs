@@ -10,6 +10,7 @@
 mod baseline;
 mod burst;
 mod campaign_cost;
+mod capacity;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod load;
@@ -165,6 +166,30 @@ pub struct RunArgs {
     /// Keys in each member's shard set in `--scale`.
     #[arg(long, default_value_t = 1_000)]
     pub scale_per_member: usize,
+    /// After the benchmark (or instead of it, with `--capacity-only`): the lease
+    /// capacity of each of `--capacity-impls`, side by side: the largest count of
+    /// leases of TTL 20 s, renewed at ttl/3, held for `--capacity-hold-secs` with
+    /// none lost, ramped by `--capacity-steps`; `capacity` in report.json.
+    #[arg(long)]
+    pub capacity: bool,
+    /// Only the capacity ramp (`--capacity`), no benchmark.
+    #[arg(long)]
+    pub capacity_only: bool,
+    /// The ramp's lease counts (default 10,000, then 25,000 to 150,000 by 25,000; with
+    /// `--quick` 1,000 and 2,000).
+    #[arg(long, value_delimiter = ',')]
+    pub capacity_steps: Vec<usize>,
+    /// Seconds each step holds once all its leases are held (default 60; 10 with
+    /// `--quick`).
+    #[arg(long)]
+    pub capacity_hold_secs: Option<u64>,
+    /// Implementations ramped, in order: `tokio-fsync`, `tokio-r3`,
+    /// `tokio-single-fsync` (coalescer off), `tokio-batched-r3` (coalescer on),
+    /// `tokio-fsync-shardsN` (`serve --shards N`), `etcd`,
+    /// `etcd-r3` (default: tokio-fsync and etcd, and with `--r3` tokio-r3 and
+    /// etcd-r3; etcd's left out with `--no-etcd`).
+    #[arg(long, value_delimiter = ',')]
+    pub capacity_impls: Vec<String>,
 }
 
 /// Which nats-servers a run starts (see `--sync`).
@@ -224,11 +249,14 @@ impl Place {
     /// with half the calls at 16 and 64 (each write waits for an fsync, one at a
     /// time); the cluster measures everything (confirmation is a write) with a
     /// quarter of the calls at 16 and 64 (each write waits for a replica's ack and
-    /// fsyncs on every node, about 1,600 writes/s here). The full run stays within
+    /// fsyncs on every node, about 1,600 writes/s here). At 256 in flight the
+    /// cluster measures every operation but forward and the fsync server the
+    /// writes (where the write coalescer's batches form). The full run stays within
     /// about 6 minutes; `--r3` adds 2 to 3.
     fn calls(self, sync: SyncMode, op: Op, c: usize, n: usize) -> Option<usize> {
         match self {
             Place::R3 if c == R3_WIDE && op != Op::Forward => Some(n),
+            Place::Fsync if c == R3_WIDE && op.writes() => Some(n),
             _ if c == R3_WIDE => None,
             Place::Fsync if sync == SyncMode::Both && !op.writes() => None,
             Place::Fsync if sync == SyncMode::Both && c > 1 => Some(n / 2),
@@ -297,6 +325,10 @@ async fn run(args: RunArgs) {
         burst::write(&out, &burst);
         return;
     }
+    if args.capacity_only {
+        capacity::run(&out, &capacity_options(&args)).await;
+        return;
+    }
     if let Some(n) = args.scale {
         let scale = scale::run(
             &out,
@@ -327,14 +359,17 @@ async fn run(args: RunArgs) {
     if sync != SyncMode::Always {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
+    // The write coalescer on over off: on one server `tokio` has it on (as it
+    // ships) and `tokio-single` off; on the cluster `tokio` has it off and
+    // `tokio-batched` on.
     match sync {
         SyncMode::Always => plan.push((
             Place::Fsync,
-            [&Impl::ALL[..], &[Impl::TokioBatched]].concat(),
+            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
         )),
         SyncMode::Both => plan.push((
             Place::Fsync,
-            vec![Impl::Baseline, Impl::Tokio, Impl::TokioBatched],
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
         )),
         SyncMode::Default => {}
     }
@@ -436,8 +471,10 @@ async fn run(args: RunArgs) {
         println!("etcd left out: this build lacks the `etcd` feature (scripts/bench turns it on)");
     }
 
+    // 256 in flight: on the cluster, and on the fsync server for the writes (where
+    // the write coalescer's batches would form).
     let mut concurrencies = CONCURRENCIES.to_vec();
-    if args.r3 {
+    if args.r3 || sync != SyncMode::Default {
         concurrencies.push(R3_WIDE);
     }
     let mut results: Results = BTreeMap::new();
@@ -589,4 +626,45 @@ async fn run(args: RunArgs) {
     let svg = out.join("latency.svg");
     std::fs::write(&svg, report::plot(&report)).expect("write plot");
     println!("wrote {} and {}", json.display(), svg.display());
+    if args.capacity {
+        capacity::run(&out, &capacity_options(&args)).await;
+    }
+}
+
+/// The capacity ramp's options from the command line.
+fn capacity_options(args: &RunArgs) -> capacity::Options {
+    let steps = if !args.capacity_steps.is_empty() {
+        let mut s = args.capacity_steps.clone();
+        s.sort_unstable();
+        s.dedup();
+        s
+    } else if args.quick {
+        vec![1_000, 2_000]
+    } else {
+        std::iter::once(10_000)
+            .chain((1..=6).map(|i| i * 25_000))
+            .collect()
+    };
+    let impls = if !args.capacity_impls.is_empty() {
+        args.capacity_impls.clone()
+    } else {
+        let mut v = vec!["tokio-fsync".to_string()];
+        if args.r3 {
+            v.push("tokio-r3".to_string());
+        }
+        if !args.no_etcd {
+            v.push("etcd".to_string());
+            if args.r3 {
+                v.push("etcd-r3".to_string());
+            }
+        }
+        v
+    };
+    capacity::Options {
+        steps,
+        hold_s: args
+            .capacity_hold_secs
+            .unwrap_or(if args.quick { 10 } else { 60 }),
+        impls,
+    }
 }

@@ -25,9 +25,13 @@ pub enum Impl {
     /// `dagnats-leases serve --unconfirmed-reads-for-tests`: no read confirmation
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
-    /// `dagnats-leases serve --coalesce-writes true`: the write coalescer on,
-    /// against `tokio`'s every write alone.
+    /// `dagnats-leases serve --coalesce-writes true`: the write coalescer on
+    /// wherever the stream takes batches (`tokio`, as it ships, has it on for a
+    /// single-replica bucket only), against `tokio` on the cluster.
     TokioBatched,
+    /// `dagnats-leases serve --coalesce-writes false`: every write alone, against
+    /// `tokio` (coalescer on) on one server.
+    TokioSingle,
 }
 
 impl Impl {
@@ -35,13 +39,14 @@ impl Impl {
     pub const ALL: [Impl; 3] = [Impl::Baseline, Impl::Tokio, Impl::Smol];
     /// Every implementation, each with an account on the benchmark's servers.
     #[cfg(test)]
-    const EVERY: [Impl; 6] = [
+    const EVERY: [Impl; 7] = [
         Impl::Baseline,
         Impl::Tokio,
         Impl::Smol,
         Impl::TokioPrev,
         Impl::TokioUnconfirmed,
         Impl::TokioBatched,
+        Impl::TokioSingle,
     ];
 
     /// The name in tables and the report, and the account it runs in.
@@ -53,6 +58,7 @@ impl Impl {
             Impl::TokioPrev => "tokio-prev",
             Impl::TokioUnconfirmed => "tokio-unconfirmed",
             Impl::TokioBatched => "tokio-batched",
+            Impl::TokioSingle => "tokio-single",
         }
     }
 }
@@ -144,7 +150,7 @@ pub async fn start_with(
     let dir = bin_dir();
     let (bin, first): (PathBuf, &str) = match imp {
         Impl::Baseline => (std::env::current_exe().expect("exe"), "baseline"),
-        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioBatched => {
+        Impl::Tokio | Impl::TokioUnconfirmed | Impl::TokioBatched | Impl::TokioSingle => {
             (dir.join("dagnats-leases"), "serve")
         }
         Impl::Smol => (dir.join("dagnats-leases-smol"), "serve"),
@@ -174,6 +180,9 @@ pub async fn start_with(
     }
     if imp == Impl::TokioBatched {
         args.extend(["--coalesce-writes", "true"].map(String::from));
+    }
+    if imp == Impl::TokioSingle {
+        args.extend(["--coalesce-writes", "false"].map(String::from));
     }
     args.extend(options.extra_args.iter().cloned());
     assert!(

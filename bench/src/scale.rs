@@ -18,7 +18,7 @@ use crate::procs::{self, Impl};
 use crate::servers::{self, PASSWORD};
 
 /// The leases' TTL.
-const TTL: Duration = Duration::from_secs(20);
+pub(crate) const TTL: Duration = Duration::from_secs(20);
 
 /// What the window showed.
 #[derive(Debug, Clone, Serialize)]
@@ -71,7 +71,7 @@ pub struct Scale {
 }
 
 /// utime + stime of `pid`, seconds.
-fn cpu_s(pid: u32) -> f64 {
+pub(crate) fn cpu_s(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -90,7 +90,7 @@ fn clk_tck() -> f64 {
 }
 
 /// A sample's value from Prometheus text: the first line starting with `prefix`.
-fn sample(text: &str, prefix: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit(' ').next())
@@ -106,6 +106,81 @@ fn total(text: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
         .sum()
+}
+
+/// Members of the holder library (`Member::shards`, one connection each), each
+/// holding its own range of keys `<prefix>-<i>` at [`TTL`]: how many leases are
+/// held now, and how many were lost (step-downs, any reason) since they began.
+pub(crate) struct Holders {
+    url: String,
+    account: String,
+    prefix: String,
+    members: usize,
+    /// Leases held now.
+    pub held: Arc<AtomicI64>,
+    /// Step-downs so far.
+    pub lost: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Holders {
+    /// No members yet; they will connect to `url` as `account`.
+    pub fn new(url: &str, account: &str, prefix: &str) -> Holders {
+        Holders {
+            url: url.to_string(),
+            account: account.to_string(),
+            prefix: prefix.to_string(),
+            members: 0,
+            held: Arc::new(AtomicI64::new(0)),
+            lost: Arc::new(AtomicU64::new(0)),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Starts one more member, on a connection of its own, campaigning for every
+    /// key numbered in `keys` (its shard set).
+    pub async fn add_member(&mut self, keys: std::ops::Range<usize>) {
+        let client = async_nats::ConnectOptions::new()
+            .user_and_password(self.account.clone(), PASSWORD.to_string())
+            .connect(self.url.as_str())
+            .await
+            .expect("connect");
+        let member =
+            Member::new(client, format!("{}-{}", self.prefix, self.members)).expect("member");
+        self.members += 1;
+        let mine: Vec<String> = keys.map(|i| format!("{}-{i}", self.prefix)).collect();
+        let mine: Vec<&str> = mine.iter().map(String::as_str).collect();
+        let mut shards = member.shards(&mine, mine.len(), TTL).expect("shards");
+        let (held, lost) = (self.held.clone(), self.lost.clone());
+        self.tasks.push(tokio::spawn(async move {
+            let _member = member;
+            while let Some(change) = shards.next().await {
+                match change.ownership {
+                    Ownership::Elected { .. } => {
+                        held.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ownership::SteppedDown { .. } => {
+                        held.fetch_sub(1, Ordering::Relaxed);
+                        lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                    #[allow(unreachable_patterns)]
+                    _ => {}
+                }
+            }
+        }));
+    }
+
+    /// Members started so far.
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
+    /// Stops every member (their connections close).
+    pub fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
 }
 
 /// Holds `n` leases for `secs` once all are held, and prints the figures.
@@ -127,49 +202,19 @@ pub async fn run(out: &Path, n: usize, secs: u64, per_member: usize, gradual: bo
         server.version,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let held = Arc::new(AtomicI64::new(0));
-    let lost = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    let keys: Vec<String> = (0..n).map(|i| format!("scale-{i}")).collect();
+    let mut holders = Holders::new(&server.url(), imp.name(), "scale");
+    let (held, lost) = (holders.held.clone(), holders.lost.clone());
     let start = Instant::now();
     for m in 0..members {
-        let client = async_nats::ConnectOptions::new()
-            .user_and_password(imp.name().to_string(), PASSWORD.to_string())
-            .connect(server.url())
-            .await
-            .expect("connect");
-        let member = Member::new(client, format!("scale-{m}")).expect("member");
-        let mine: Vec<&str> = keys[m * per_member..((m + 1) * per_member).min(n)]
-            .iter()
-            .map(String::as_str)
-            .collect();
-        let mut shards = member.shards(&mine, mine.len(), TTL).expect("shards");
-        let (held_c, lost) = (held.clone(), lost.clone());
-        let held_now = held.clone();
-        let held = held_c;
-        tasks.push(tokio::spawn(async move {
-            let _member = member;
-            while let Some(change) = shards.next().await {
-                match change.ownership {
-                    Ownership::Elected { .. } => {
-                        held.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ownership::SteppedDown { .. } => {
-                        held.fetch_sub(1, Ordering::Relaxed);
-                        lost.fetch_add(1, Ordering::Relaxed);
-                    }
-                    #[allow(unreachable_patterns)]
-                    _ => {}
-                }
-            }
-        }));
+        holders
+            .add_member(m * per_member..((m + 1) * per_member).min(n))
+            .await;
         // Members join one after another: the next once this one holds its set
         // (or after 15 s), so no one campaigns for every key at once.
         if gradual {
             let want = ((m + 1) * per_member).min(n) as i64;
             let joined = Instant::now();
-            while held_now.load(Ordering::Relaxed) < want
-                && joined.elapsed() < Duration::from_secs(15)
+            while held.load(Ordering::Relaxed) < want && joined.elapsed() < Duration::from_secs(15)
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -274,9 +319,7 @@ pub async fn run(out: &Path, n: usize, secs: u64, per_member: usize, gradual: bo
         scale.rss_server_kib,
         scale.rss_members_kib
     );
-    for t in tasks {
-        t.abort();
-    }
+    holders.stop();
     running.stop();
     scale
 }

@@ -11,13 +11,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The accounts of the benchmark's nats-server, one per implementation.
-pub const ACCOUNTS: [&str; 6] = [
+pub const ACCOUNTS: [&str; 7] = [
     "baseline",
     "tokio",
     "smol",
     "tokio-prev",
     "tokio-unconfirmed",
     "tokio-batched",
+    "tokio-single",
 ];
 /// Every account user's password.
 pub const PASSWORD: &str = "bench";

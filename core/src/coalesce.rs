@@ -83,6 +83,55 @@ pub const DEFAULT_MIN_BATCH: usize = 16;
 /// The default number of batches out at once.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
 
+/// Whether a service sends its writes through the coalescer (`serve
+/// --coalesce-writes`): `auto` (the default) where it is measured to win, or
+/// always, or never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CoalesceWrites {
+    /// As [`coalesce_on`] decides from the bucket.
+    #[default]
+    Auto,
+    /// On whenever the stream takes atomic batches.
+    On,
+    /// Every write alone, straight.
+    Off,
+}
+
+impl std::str::FromStr for CoalesceWrites {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "true" | "on" => Ok(Self::On),
+            "false" | "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "--coalesce-writes: `{s}` is not one of auto, true (on), false (off)"
+            )),
+        }
+    }
+}
+
+/// Whether writes go through the coalescer, for a stream of `replicas` that does
+/// (`atomic`) or does not take atomic batches.
+///
+/// `Auto` turns it on for a single-replica stream only. Measured with
+/// `scripts/bench` (docs/benchmarks.md, issue 29): on one server with
+/// `sync_interval: always` every write is its own fsync, and with 256 writes in
+/// flight batches lifted acquire, renew and release 1.8 to 2.5 times; with 16 or 64
+/// in flight the window ([`DEFAULT_SINGLE_WINDOW`] singles, then batches of at
+/// least [`DEFAULT_MIN_BATCH`]) keeps most writes single, so nothing is lost there.
+/// On a replicated stream the Raft log already groups queued writes into one
+/// append, and batches cost 0.73 to 0.86 of single writes at 64 and 256 in flight.
+pub fn coalesce_on(setting: CoalesceWrites, replicas: usize, atomic: bool) -> bool {
+    atomic
+        && match setting {
+            CoalesceWrites::On => true,
+            CoalesceWrites::Off => false,
+            CoalesceWrites::Auto => replicas <= 1,
+        }
+}
+
 /// Names one write handed to the coalescer; its result comes back with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WriteId(pub u64);

@@ -25,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     let mut config = ServiceConfig::new("2.14.0", 1 << 20);
     config.max_calls_in_flight = usize::from(shape[0] % 6) + 1;
     config.max_calls_waiting = usize::from(shape[1] % 6);
-    config.coalesce_writes = shape[2] % 2 == 1;
+    config.coalesce_writes = match shape[2] % 3 {
+        0 => dagnats_leases_core::coalesce::CoalesceWrites::Off,
+        1 => dagnats_leases_core::coalesce::CoalesceWrites::On,
+        _ => dagnats_leases_core::coalesce::CoalesceWrites::Auto,
+    };
     config.batch_after = usize::from(shape[2] / 2 % 4) + 1;
     config.min_batch = usize::from(shape[3] % 4) + 1;
     config.shutdown_timeout = Duration::from_millis(u64::from(shape[4]) * 40);

@@ -26,7 +26,7 @@
 //!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
 //!   rule living in [`ReplicasCheck`] only; the check runs only when serving;
 //! - writes gather into atomic batches only when the stream takes them and the
-//!   operator asked for it (`coalesce_writes`);
+//!   setting says so (`coalesce_writes`: `auto` on a one-replica bucket only);
 //! - a write still queued in the coalescer whose call gave up (timed out, cut off)
 //!   is never sent;
 //! - a stop drains: unsubscribe, answer every request already delivered, wait for
@@ -46,7 +46,8 @@ use crate::admit::{Admission, AdmissionEvent};
 use crate::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
 use crate::change::ChangeEvent;
 use crate::coalesce::{
-    Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW, WriteId,
+    CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
+    DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
@@ -86,8 +87,9 @@ pub struct ServiceConfig {
     pub max_calls_in_flight: usize,
     /// At most this many requests wait for a call to end.
     pub max_calls_waiting: usize,
-    /// Whether the calls' writes go through the write [`Coalescer`].
-    pub coalesce_writes: bool,
+    /// Whether the calls' writes go through the write [`Coalescer`]: `Auto` as
+    /// [`coalesce_on`](crate::coalesce::coalesce_on) decides from the bucket.
+    pub coalesce_writes: CoalesceWrites,
     /// Single writes in flight before writes gather into batches.
     pub batch_after: usize,
     /// The smallest batch the coalescer sends.
@@ -122,7 +124,7 @@ impl ServiceConfig {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: false,
+            coalesce_writes: CoalesceWrites::Auto,
             batch_after: DEFAULT_SINGLE_WINDOW,
             min_batch: DEFAULT_MIN_BATCH,
             instance_id: "service".to_string(),
@@ -1037,17 +1039,15 @@ impl Service {
                 line: warning,
             });
         }
-        let atomic = atomic && self.config.coalesce_writes;
-        if self.config.coalesce_writes {
-            let config = if atomic {
-                CoalescerConfig {
-                    single_window: self.config.batch_after,
-                    min_batch: self.config.min_batch,
-                    // Unique per process: the server keys open batches by id.
-                    ..CoalescerConfig::atomic(format!("{}-", self.config.instance_id))
-                }
-            } else {
-                CoalescerConfig::single()
+        // Writes gather into batches where the setting and the bucket say so
+        // (`coalesce_on`: `Auto` on one replica only, where it was measured to win).
+        let atomic = coalesce_on(self.config.coalesce_writes, replicas, atomic);
+        if atomic {
+            let config = CoalescerConfig {
+                single_window: self.config.batch_after,
+                min_batch: self.config.min_batch,
+                // Unique per process: the server keys open batches by id.
+                ..CoalescerConfig::atomic(format!("{}-", self.config.instance_id))
             };
             self.coalescer = Some(Coalescer::new(config, now));
         }

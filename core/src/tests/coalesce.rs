@@ -4,8 +4,8 @@ use crate::coalesce::BatchCounts;
 use std::time::{Duration, Instant};
 
 use crate::coalesce::{
-    Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE,
-    WriteId,
+    CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID,
+    HDR_BATCH_SEQUENCE, WriteId, coalesce_on,
 };
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js::{PublishResult, parse_pub_ack};
@@ -641,6 +641,51 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     let (_, done) = drain(&mut c);
     assert_eq!(done.len(), 4);
     assert!(c.is_done());
+}
+
+/// `auto` turns the coalescer on where it was measured to win: a single-replica
+/// stream that takes atomic batches; never without atomic batches.
+#[test]
+fn the_coalescer_is_on_where_it_was_measured_to_win() {
+    use CoalesceWrites::{Auto, Off, On};
+    let table = [
+        // (setting, replicas, atomic) -> on
+        ((Auto, 1, true), true),
+        ((Auto, 3, true), false),
+        ((Auto, 5, true), false),
+        ((Auto, 1, false), false),
+        ((On, 1, true), true),
+        ((On, 3, true), true),
+        ((On, 1, false), false),
+        ((Off, 1, true), false),
+        ((Off, 3, true), false),
+    ];
+    for ((setting, replicas, atomic), want) in table {
+        assert_eq!(
+            coalesce_on(setting, replicas, atomic),
+            want,
+            "{setting:?}, {replicas} replicas, atomic {atomic}"
+        );
+    }
+}
+
+/// The command line's words for the setting; anything else is refused by name.
+#[test]
+fn coalesce_writes_parses_its_words() {
+    for (word, want) in [
+        ("auto", CoalesceWrites::Auto),
+        ("true", CoalesceWrites::On),
+        ("on", CoalesceWrites::On),
+        ("false", CoalesceWrites::Off),
+        ("off", CoalesceWrites::Off),
+    ] {
+        assert_eq!(word.parse::<CoalesceWrites>(), Ok(want), "{word}");
+    }
+    let err = "yes".parse::<CoalesceWrites>().expect_err("not a setting");
+    assert!(
+        err.contains("--coalesce-writes") && err.contains("yes"),
+        "{err}"
+    );
 }
 
 /// An ADR-50 batch is one stream's: on a sharded bucket, writes of two shards

@@ -14,8 +14,12 @@ use crate::shutdown::{FLUSH_BOUND, REPLY_BOUND, StopPhase};
 use crate::sim::service_world::ServiceWorld;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
+/// Every write alone unless a test turns the coalescer on: the rules below are
+/// about the calls, not about batches.
 fn config() -> ServiceConfig {
-    ServiceConfig::new("2.14.0", 1 << 20)
+    let mut c = ServiceConfig::new("2.14.0", 1 << 20);
+    c.coalesce_writes = crate::coalesce::CoalesceWrites::Off;
+    c
 }
 
 /// A world serving once startup's stream info is answered.
@@ -228,24 +232,32 @@ fn the_replicas_check_runs_only_when_serving_leases() {
 }
 
 #[test]
-fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_operator_asks() {
-    for (coalesce, atomic) in [(false, false), (true, true)] {
+fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_setting_says() {
+    use crate::coalesce::CoalesceWrites::{Auto, Off, On};
+    // (setting, replicas, batches): `auto` is on for one replica only.
+    for (coalesce, replicas, atomic) in [
+        (Off, 1, false),
+        (On, 1, true),
+        (On, 3, true),
+        (Auto, 1, true),
+        (Auto, 3, false),
+    ] {
         let mut c = config();
         c.coalesce_writes = coalesce;
-        let w = serving(c, 1);
+        let w = serving(c, replicas);
         let batches: Vec<_> = events(&w, |e| matches!(e, ServiceEvent::Serving(_)));
         assert!(
             matches!(batches[..], [ServiceEvent::Serving(s)] if s.atomic_batches == atomic),
-            "coalesce {coalesce}: {batches:?}"
+            "coalesce {coalesce:?} on {replicas}: {batches:?}"
         );
-        assert_eq!(w.service.coalescer().is_some(), coalesce);
+        assert_eq!(w.service.coalescer().is_some(), atomic);
     }
 }
 
 #[test]
 fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
     let mut c = config();
-    c.coalesce_writes = true;
+    c.coalesce_writes = crate::coalesce::CoalesceWrites::On;
     c.batch_after = 1;
     c.min_batch = 2;
     let mut w = serving(c, 1);
@@ -410,7 +422,11 @@ proptest! {
         c.shutdown_timeout = Duration::from_millis(2000);
         c.max_calls_in_flight = 4;
         c.max_calls_waiting = 4;
-        c.coalesce_writes = script.first().is_some_and(|b| b % 2 == 1);
+        c.coalesce_writes = if script.first().is_some_and(|b| b % 2 == 1) {
+            crate::coalesce::CoalesceWrites::On
+        } else {
+            crate::coalesce::CoalesceWrites::Off
+        };
         c.batch_after = 1;
         c.min_batch = 2;
         let mut w = ServiceWorld::new(c, 1);
