@@ -1,5 +1,5 @@
 //! The lease service's IO loop around the core's
-//! [`Service`](dagnats_leases_core::service::Service) machine, one serving future
+//! [`Service`] machine, one serving future
 //! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
 //! machine asks, feeds it every message, outcome, timer and the stop, sends its
 //! requests, publishes its replies, unsubscribes and flushes when it says, and

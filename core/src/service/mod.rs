@@ -88,7 +88,7 @@ pub struct ServiceConfig {
     /// At most this many requests wait for a call to end.
     pub max_calls_waiting: usize,
     /// Whether the calls' writes go through the write [`Coalescer`]: `Auto` as
-    /// [`coalesce_on`](crate::coalesce::coalesce_on) decides from the bucket.
+    /// [`coalesce_on`] decides from the bucket.
     pub coalesce_writes: CoalesceWrites,
     /// Single writes in flight before writes gather into batches.
     pub batch_after: usize,
