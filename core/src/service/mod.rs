@@ -680,8 +680,12 @@ impl Service {
     }
 
     /// Starts what admission starts and answers what it refuses.
-    fn admit(&mut self, now: Instant) {
+    /// Starts or refuses what admission says; whether it said anything (a call
+    /// started may have handed the coalescer a write to move along).
+    fn admit(&mut self, now: Instant) -> bool {
+        let mut any = false;
         while let Some(event) = self.admission.poll_event() {
+            any = true;
             match event {
                 AdmissionEvent::Start(endpoint, pending) => self.start(now, endpoint, pending),
                 AdmissionEvent::Refuse(endpoint, pending, response) => {
@@ -692,6 +696,7 @@ impl Service {
                 }
             }
         }
+        any
     }
 
     fn start(&mut self, now: Instant, endpoint: Endpoint, pending: Pending) {
@@ -927,7 +932,8 @@ impl Service {
                     .insert(id, Route::Coalescer { inner: t.id, due });
                 self.transmits.push_back(Transmit { id, ..t });
             }
-            self.admit(now);
+            // A call admitted now may hand the coalescer a write: go round again.
+            moved |= self.admit(now);
             if !moved {
                 break;
             }

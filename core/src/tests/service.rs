@@ -767,3 +767,28 @@ fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_cou
     );
     assert_eq!(s.mode(), Mode::Starting);
 }
+
+/// A call started by a request hands its write to the coalescer, and that write
+/// goes out with the same input: it does not wait for the next one (a timer, the
+/// call's own deadline) to move along. Broken, an acquire through the coalescer
+/// waits for its deadline and is answered `unavailable`.
+#[test]
+fn a_write_handed_to_the_coalescer_by_a_call_just_started_goes_out_at_once() {
+    let mut c = config();
+    c.coalesce_writes = crate::coalesce::CoalesceWrites::On;
+    let mut w = serving(c, 1);
+    let reply = w.request(
+        Endpoint::Acquire,
+        json!({"key": "k", "holder": "a", "ttl_ms": 5000}),
+        true,
+    );
+    w.settle().unwrap();
+    assert_eq!(w.in_flight(), vec!["$KV.leases.k"], "the create is out");
+    w.deliver(0);
+    w.settle().unwrap();
+    assert!(
+        matches!(w.reply_to(&reply), Some(Response::Acquired(a)) if a.granted),
+        "{:?}",
+        w.reply_to(&reply)
+    );
+}
