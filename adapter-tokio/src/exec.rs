@@ -35,16 +35,7 @@ pub async fn send_untimed(client: &Client, request: NatsRequest) -> RequestOutco
     let reply = client.send_request(request.subject, nats_request).await;
     match reply {
         Ok(message) => RequestOutcome::Reply {
-            headers: message
-                .headers
-                .iter()
-                .flat_map(|h| h.iter())
-                .flat_map(|(name, values)| {
-                    values
-                        .iter()
-                        .map(move |v| (name.to_string(), v.as_str().to_string()))
-                })
-                .collect(),
+            headers: header_pairs(message.headers.as_ref()),
             payload: message.payload.to_vec(),
         },
         Err(e) => match e.kind() {
@@ -53,4 +44,17 @@ pub async fn send_untimed(client: &Client, request: NatsRequest) -> RequestOutco
             _ => RequestOutcome::Failed(e.to_string()),
         },
     }
+}
+
+/// A message's headers as the core reads them: each value of each name, in order.
+pub fn header_pairs(headers: Option<&HeaderMap>) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |v| (name.to_string(), v.as_str().to_string()))
+        })
+        .collect()
 }

@@ -608,16 +608,7 @@ fn received(m: Message) -> Received {
     Received {
         subject: m.subject.to_string(),
         reply: m.reply.map(|r| r.to_string()),
-        headers: m
-            .headers
-            .iter()
-            .flat_map(|h| h.iter())
-            .flat_map(|(name, values)| {
-                values
-                    .iter()
-                    .map(move |v| (name.to_string(), v.as_str().to_string()))
-            })
-            .collect(),
+        headers: crate::exec::header_pairs(m.headers.as_ref()),
         payload: m.payload.to_vec(),
     }
 }

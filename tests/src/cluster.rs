@@ -268,3 +268,22 @@ impl NatsCluster {
         }
     }
 }
+
+/// A lease service connected to the node at `url`, its bucket R3, the rest as
+/// `options` says: how the cluster suites start one instance per node.
+pub async fn start_r3_service(
+    url: String,
+    options: dagnats_leases_tokio::service::ServiceOptions,
+) -> dagnats_leases_tokio::service::ServiceHandle {
+    let client = async_nats::ConnectOptions::new()
+        .connect(url)
+        .await
+        .expect("connect the service");
+    let options = dagnats_leases_tokio::service::ServiceOptions {
+        replicas: Some(3),
+        ..options
+    };
+    dagnats_leases_tokio::service::start(client, options)
+        .await
+        .expect("service starts")
+}

@@ -59,18 +59,11 @@ struct Fx {
 }
 
 async fn start_service(url: String) -> ServiceHandle {
-    let client = async_nats::ConnectOptions::new()
-        .connect(url)
-        .await
-        .expect("connect the service");
     let options = ServiceOptions {
-        replicas: Some(3),
         shards: dagnats_leases_tests::test_shards(),
         ..ServiceOptions::default()
     };
-    service::start(client, options)
-        .await
-        .expect("service starts")
+    dagnats_leases_tests::cluster::start_r3_service(url, options).await
 }
 
 impl Fx {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_tests::NatsCluster;
 use dagnats_leases_tests::cluster::NODES;
-use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{ServiceHandle, ServiceOptions};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -37,19 +37,12 @@ fn key_per_shard(shards: ShardMap) -> Vec<String> {
 }
 
 async fn start_service(url: String) -> ServiceHandle {
-    let client = async_nats::ConnectOptions::new()
-        .connect(url)
-        .await
-        .expect("connect the service");
     let options = ServiceOptions {
-        replicas: Some(3),
         shards: shards(),
         kv_timeout: KV_TIMEOUT,
         ..ServiceOptions::default()
     };
-    service::start(client, options)
-        .await
-        .expect("service starts")
+    dagnats_leases_tests::cluster::start_r3_service(url, options).await
 }
 
 /// Moves the leader of `stream` to node `want`: a step-down naming it as the

@@ -693,14 +693,7 @@ fn coalesce_writes_parses_its_words() {
 #[test]
 fn writes_of_two_shards_never_share_a_batch() {
     let shards = crate::shard::ShardMap::new(2).unwrap();
-    let keys: Vec<String> = (0..40).map(|n| format!("k{n}")).collect();
-    let of = |i: u32| -> Vec<&String> {
-        keys.iter()
-            .filter(|k| shards.shard_of(k) == i)
-            .take(3)
-            .collect()
-    };
-    let (zero, one) = (of(0), of(1));
+    let (zero, one) = (keys_of_shard(shards, 0), keys_of_shard(shards, 1));
     let now = Instant::now();
     let mut c = with_min_batch(3);
     fill_the_single_window(&mut c, now);
@@ -732,6 +725,15 @@ fn writes_of_two_shards_never_share_a_batch() {
     );
 }
 
+/// Three keys that `shards` puts in shard `i`.
+fn keys_of_shard(shards: crate::shard::ShardMap, i: u32) -> Vec<String> {
+    (0..)
+        .map(|n| format!("k{n}"))
+        .filter(|k| shards.shard_of(k) == i)
+        .take(3)
+        .collect()
+}
+
 /// [`Coalescer::pending`] as the table rows above write it.
 fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
     crate::coalesce::WritesPending { queued, sent }
@@ -743,14 +745,7 @@ fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
 #[test]
 fn a_batch_holds_min_batch_writes_of_its_own_shard() {
     let shards = crate::shard::ShardMap::new(2).unwrap();
-    let keys: Vec<String> = (0..40).map(|n| format!("k{n}")).collect();
-    let of = |i: u32| -> Vec<&String> {
-        keys.iter()
-            .filter(|k| shards.shard_of(k) == i)
-            .take(3)
-            .collect()
-    };
-    let (zero, one) = (of(0), of(1));
+    let (zero, one) = (keys_of_shard(shards, 0), keys_of_shard(shards, 1));
     let now = Instant::now();
     let mut c = with_min_batch(3);
     fill_the_single_window(&mut c, now);
@@ -770,7 +765,7 @@ fn a_batch_holds_min_batch_writes_of_its_own_shard() {
         sends.is_empty(),
         "four queued, two of each shard, min_batch 3: no batch of two"
     );
-    send(&mut c, zero[2]);
+    send(&mut c, &zero[2]);
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1, "one batch");
     let subjects: Vec<String> = sends[0]

@@ -75,8 +75,18 @@ fn absent(s: &mut Startup, id: EffectId) {
         id,
         api_error(404, 10059, "stream not found"),
     );
+    other_layout_absent(s, "KV_leases_0");
+}
+
+/// Answers startup's question whether the other layout's first stream, `stream`,
+/// exists: "not found".
+fn other_layout_absent(s: &mut Startup, stream: &str) {
     let (id, r) = next_request(s);
-    assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
+    assert_eq!(
+        r.subject,
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        "the other layout"
+    );
     s.handle_outcome(
         Instant::now(),
         id,
@@ -417,16 +427,7 @@ fn three_shards_create_three_streams_recording_the_count() {
             api_error(404, 10059, "stream not found"),
         );
         if i == 0 {
-            let (id, r) = next_request(&mut s);
-            assert_eq!(
-                r.subject, "$JS.API.STREAM.INFO.KV_leases",
-                "the other layout"
-            );
-            s.handle_outcome(
-                Instant::now(),
-                id,
-                api_error(404, 10059, "stream not found"),
-            );
+            other_layout_absent(&mut s, "KV_leases");
         }
         let (id, r) = next_request(&mut s);
         assert_eq!(r.subject, format!("$JS.API.STREAM.CREATE.KV_leases_{i}"));
@@ -538,16 +539,7 @@ fn replicas_are_the_most_of_any_shard() {
         config["allow_atomic"] = json!(true);
         s.handle_outcome(Instant::now(), id, info(config));
         if i == 0 {
-            let (id, r) = next_request(&mut s);
-            assert_eq!(
-                r.subject, "$JS.API.STREAM.INFO.KV_leases",
-                "the other layout"
-            );
-            s.handle_outcome(
-                Instant::now(),
-                id,
-                api_error(404, 10059, "stream not found"),
-            );
+            other_layout_absent(&mut s, "KV_leases");
         }
     }
     assert_eq!(done(&mut s).0, Mode::Ready);
