@@ -392,7 +392,9 @@ impl Io {
             // bound: a server that is gone must not hold the stop.
             self.unsubscribe = false;
             self.changes = None;
-            let deadline = service.poll_timeout().unwrap_or_else(now);
+            // The drain phase's bound, not the next deadline of anything (a
+            // call's may be a millisecond away and cut the unsubscribes short).
+            let deadline = service.stop_phase_ends().unwrap_or_else(now);
             let _ =
                 runtime::until(&*self.runtime, deadline, intake::drain(&mut self.requests)).await;
         }

@@ -256,6 +256,9 @@ pub struct Coalescer {
     events: VecDeque<CoalescerEvent>,
     batches_sent: u64,
     batches_failed: u64,
+    /// Writes cancelled while out in a batch: if the batch fails they are not
+    /// sent again alone (their call gave up and was answered).
+    cancelled: std::collections::HashSet<WriteId>,
 }
 
 impl Coalescer {
@@ -282,6 +285,7 @@ impl Coalescer {
             events: VecDeque::new(),
             batches_sent: 0,
             batches_failed: 0,
+            cancelled: std::collections::HashSet::new(),
         }
     }
 
@@ -308,7 +312,15 @@ impl Coalescer {
     /// dropped if it has not gone out yet, and then no result comes for it; once
     /// sent it runs its course and its result comes as usual.
     pub fn handle_cancel(&mut self, _now: Instant, id: WriteId) {
+        let queued = self.queue.len();
         self.queue.retain(|w| w.id != id);
+        let out_in_a_batch = self.in_flight.values().any(|f| match f {
+            Flight::Batch(writes) => writes.iter().any(|w| w.id == id),
+            _ => false,
+        });
+        if self.queue.len() == queued && out_in_a_batch {
+            self.cancelled.insert(id);
+        }
     }
 
     /// The outcome of a transmit's `request`.
@@ -372,6 +384,7 @@ impl Coalescer {
     }
 
     fn done(&mut self, write: WriteId, outcome: RequestOutcome) {
+        self.cancelled.remove(&write);
         self.events
             .push_back(CoalescerEvent::Done { write, outcome });
     }
@@ -536,7 +549,12 @@ impl Coalescer {
                     self.config.atomic = false;
                 }
                 for w in writes {
-                    self.send_single(w, true);
+                    if self.cancelled.remove(&w.id) {
+                        // Its call gave up: finished unsent, never out again.
+                        self.done(w.id, RequestOutcome::TimedOut);
+                    } else {
+                        self.send_single(w, true);
+                    }
                 }
             }
             Some(BatchAck {

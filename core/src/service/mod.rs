@@ -503,6 +503,12 @@ impl Service {
         self.stop.as_ref().map(Shutdown::phase)
     }
 
+    /// When the stop's current phase ends (the drain's bound while draining):
+    /// how long the adapter may spend on that phase's wait, such as unsubscribing.
+    pub fn stop_phase_ends(&self) -> Option<Instant> {
+        self.stop.as_ref().and_then(Shutdown::poll_timeout)
+    }
+
     /// How long a stop waits for the calls in flight.
     pub fn shutdown_timeout(&self) -> Duration {
         self.config.shutdown_timeout

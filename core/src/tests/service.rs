@@ -792,3 +792,16 @@ fn a_write_handed_to_the_coalescer_by_a_call_just_started_goes_out_at_once() {
         w.reply_to(&reply)
     );
 }
+
+/// The adapter's wait on the unsubscribes is bounded by the drain phase's end
+/// (`shutdown_timeout` after the stop), not by whatever deadline comes next.
+#[test]
+fn the_unsubscribes_may_take_until_the_drain_phase_ends() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.shutdown_timeout = Duration::from_millis(3000);
+    let (mut s, _) = ready(c, t0);
+    assert_eq!(s.stop_phase_ends(), None, "no stop yet");
+    s.handle_stop(t0);
+    assert_eq!(s.stop_phase_ends(), Some(t0 + Duration::from_millis(3000)));
+}
