@@ -61,10 +61,11 @@ pub struct ServiceOptions {
     /// Whether the calls' writes go through one write coalescer
     /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
     /// flight they gather into atomic batches when the stream allows it
-    /// (nats-server 2.12+). `Auto` by default: on for a single-replica bucket
-    /// only ([`coalesce::coalesce_on`]), where `scripts/bench` measured batches
-    /// winning with many writes in flight; on a three-node cluster they lost (see
-    /// docs/benchmarks.md).
+    /// (nats-server 2.12+). Off by default; `Auto` turns it on for a
+    /// single-replica bucket ([`coalesce::coalesce_on`]), for a server with
+    /// `sync_interval: always`, where `scripts/bench` measured batches winning
+    /// with many writes in flight (on the default lazy sync they lost, and on a
+    /// three-node cluster too; see docs/benchmarks.md).
     pub coalesce_writes: coalesce::CoalesceWrites,
     /// Single writes in flight before writes gather into batches.
     pub batch_after: usize,
@@ -141,7 +142,7 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: coalesce::CoalesceWrites::Auto,
+            coalesce_writes: coalesce::CoalesceWrites::Off,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),

@@ -137,7 +137,7 @@ pub enum Kind {
         cluster: bool,
         /// `serve --shards N`, if given.
         shards: Option<usize>,
-        /// `serve --coalesce-writes`: `auto` as it ships (`tokio-`), `true`
+        /// `serve --coalesce-writes`: `auto` (`tokio-`, as the runs of record), `true`
         /// (`tokio-batched-`) or `false` (`tokio-single-`).
         coalesce: CoalesceWrites,
     },
@@ -390,6 +390,10 @@ async fn service(
     let account = Impl::Tokio.name();
     let admin = server.connect(account).await;
     let mut extra_args = Vec::new();
+    if coalesce == CoalesceWrites::Auto {
+        // The capacity runs of record ran `auto` (then the default; off since).
+        extra_args.extend(["--coalesce-writes".to_string(), "auto".to_string()]);
+    }
     if let Some(n) = shards {
         extra_args.extend(["--shards".to_string(), n.to_string()]);
     }

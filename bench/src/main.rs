@@ -359,17 +359,16 @@ async fn run(args: RunArgs) {
     if sync != SyncMode::Always {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
-    // The write coalescer on over off: on one server `tokio` has it on (as it
-    // ships) and `tokio-single` off; on the cluster `tokio` has it off and
-    // `tokio-batched` on.
+    // The write coalescer on over off: `tokio` has it off (as it ships) and
+    // `tokio-batched` on, on the fsync server and on the cluster.
     match sync {
         SyncMode::Always => plan.push((
             Place::Fsync,
-            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
+            [&Impl::ALL[..], &[Impl::TokioBatched]].concat(),
         )),
         SyncMode::Both => plan.push((
             Place::Fsync,
-            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioBatched],
         )),
         SyncMode::Default => {}
     }

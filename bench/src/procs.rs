@@ -26,11 +26,10 @@ pub enum Impl {
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
     /// `dagnats-leases serve --coalesce-writes true`: the write coalescer on
-    /// wherever the stream takes batches (`tokio`, as it ships, has it on for a
-    /// single-replica bucket only), against `tokio` on the cluster.
+    /// wherever the stream takes batches, against `tokio` (off, as it ships).
     TokioBatched,
-    /// `dagnats-leases serve --coalesce-writes false`: every write alone, against
-    /// `tokio` (coalescer on) on one server.
+    /// `dagnats-leases serve --coalesce-writes false`: every write alone (the
+    /// capacity ramp's `tokio-single-*`).
     TokioSingle,
 }
 

@@ -92,9 +92,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub r3_confirm: BTreeMap<String, Pair>,
     /// The write coalescer on over off on each `sync_interval: always` server:
-    /// `tokio-fsync` (on, as it ships for one replica) over `tokio-single-fsync`
-    /// (`--coalesce-writes false`), and `tokio-batched-r3` (`--coalesce-writes
-    /// true`) over `tokio-r3` (off, as it ships for three): keyed by the first,
+    /// `tokio-batched-fsync` and `tokio-batched-r3` (`--coalesce-writes true`)
+    /// over `tokio-fsync` and `tokio-r3` (off, as it ships): keyed by the first,
     /// then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
     /// one call in flight; reported, not asserted).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -339,7 +338,7 @@ impl Report {
         let coalesce = Pair::per_server(
             results,
             &[
-                ("tokio-fsync", "tokio-single-fsync"),
+                ("tokio-batched-fsync", "tokio-fsync"),
                 ("tokio-batched-r3", "tokio-r3"),
             ],
         );
@@ -767,8 +766,8 @@ mod tests {
     fn an_r3_run_gives_the_cluster_rows_against_etcd_r3_and_the_coalescer_pairs() {
         let results = results(&[
             ("baseline-fsync", 1000.0),
-            ("tokio-fsync", 1200.0),
-            ("tokio-single-fsync", 600.0),
+            ("tokio-fsync", 600.0),
+            ("tokio-batched-fsync", 1200.0),
             ("etcd", 800.0),
             ("tokio-r3", 3000.0),
             ("tokio-unconfirmed-r3", 4000.0),
@@ -782,11 +781,11 @@ mod tests {
         assert_eq!(r3.ops_per_s_c64_over_etcd, 3.0);
         assert_eq!(r3.ops_per_s_c256_over_etcd, Some(3.0));
         assert_eq!(acquire["tokio-fsync"].against, "etcd");
-        assert_eq!(acquire["tokio-fsync"].ops_per_s_c16_over_etcd, 1.5);
-        let fsync = &report.coalesce["tokio-fsync"]["renew"];
+        assert_eq!(acquire["tokio-fsync"].ops_per_s_c16_over_etcd, 0.75);
+        let fsync = &report.coalesce["tokio-batched-fsync"]["renew"];
         assert_eq!(
             (fsync.this.as_str(), fsync.over.as_str()),
-            ("tokio-fsync", "tokio-single-fsync")
+            ("tokio-batched-fsync", "tokio-fsync")
         );
         assert_eq!(fsync.ops_per_s_c64, 2.0);
         assert_eq!(fsync.p50_c1, 0.5);

@@ -84,16 +84,19 @@ pub const DEFAULT_MIN_BATCH: usize = 16;
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Whether a service sends its writes through the coalescer (`serve
-/// --coalesce-writes`): `auto` (the default) where it is measured to win, or
-/// always, or never.
+/// --coalesce-writes`): never (the default), `auto` on a single-replica bucket,
+/// or always. Off by default because the server's sync is not visible to the
+/// service: on a server with the default lazy sync, `auto` cut write throughput at
+/// 64 in flight to a third (docs/benchmarks.md); `auto` is for a single server
+/// with `sync_interval: always`, where it was measured to win.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CoalesceWrites {
     /// As [`coalesce_on`] decides from the bucket.
-    #[default]
     Auto,
     /// On whenever the stream takes atomic batches.
     On,
     /// Every write alone, straight.
+    #[default]
     Off,
 }
 
@@ -115,7 +118,8 @@ impl std::str::FromStr for CoalesceWrites {
 /// Whether writes go through the coalescer, for a stream of `replicas` that does
 /// (`atomic`) or does not take atomic batches.
 ///
-/// `Auto` turns it on for a single-replica stream only. Measured with
+/// `Auto` turns it on for a single-replica stream only (not the default: see
+/// [`CoalesceWrites`]). Measured with
 /// `scripts/bench` (docs/benchmarks.md, issue 29): on one server with
 /// `sync_interval: always` every write is its own fsync, and with 256 writes in
 /// flight batches lifted acquire, renew and release 1.8 to 2.5 times; with 16 or 64

@@ -1081,12 +1081,11 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     eprintln!("{batched} of {n} acquires stored by a batch");
 }
 
-/// With the coalescer off (`--coalesce-writes false`), many writes at once each
-/// go alone, even with windows that would batch them.
+/// By default the coalescer is off (`--coalesce-writes false`): many writes at
+/// once each go alone, even with windows that would batch them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_coalescer_off_every_write_goes_alone() {
+async fn by_default_every_write_goes_alone() {
     let options = ServiceOptions {
-        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::Off,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1096,21 +1095,18 @@ async fn with_the_coalescer_off_every_write_goes_alone() {
     assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
 }
 
-/// By default (`auto`) the coalescer is on for a single-replica bucket, where it
-/// was measured to win: with narrowed windows many writes at once go partly in
-/// batches on a 2.12+ server. (A replicated bucket leaves it off: the core's
-/// `coalesce_on` table test.)
+/// With `auto` the coalescer is on for a single-replica bucket (for a server with
+/// `sync_interval: always`, where it was measured to win): with narrowed windows
+/// many writes at once go partly in batches on a 2.12+ server. (A replicated
+/// bucket leaves it off: the core's `coalesce_on` table test. Off is the default.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn by_default_a_single_replica_bucket_batches_under_load() {
+async fn with_auto_a_single_replica_bucket_batches_under_load() {
     let options = ServiceOptions {
+        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::Auto,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
     };
-    assert_eq!(
-        options.coalesce_writes,
-        dagnats_leases_core::coalesce::CoalesceWrites::Auto
-    );
     let fx = Fx::on_with(NatsServer::start(), options).await;
     let (keys, _) = acquire_at_once(&fx, "auto", 48).await;
     let batched = stored_by_a_batch(&fx.client, &keys).await;
