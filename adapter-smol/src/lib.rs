@@ -1,9 +1,10 @@
 //! The dagnats lease service on smol.
 //!
 //! Nothing here is a copy: the service loop, [`LeaseClient`], [`Member`] and
-//! [`ServiceHandle`] are the tokio adapter's own (`dagnats-leases-tokio`, used with
-//! `default-features = false`, so without its CLI), run on [`SmolRuntime`], which
-//! spawns on smol's global executor and sleeps on smol's timer.
+//! [`ServiceHandle`] are the runtime-neutral crate's (`dagnats-leases-nats`, used
+//! without its `runtime-tokio` feature, so with no tokio runtime or timer and
+//! without the tokio adapter), run on [`SmolRuntime`], which spawns on smol's
+//! global executor and sleeps on smol's timer.
 //!
 //! ```no_run
 //! smol::block_on(async {
@@ -52,7 +53,7 @@
 //! it runs a `smol::LocalExecutor` inside the `block_on` of a tokio
 //! current-thread runtime, connects there (the connection task is spawned on that
 //! runtime, on the same thread) and polls the service's serving future
-//! ([`dagnats_leases_tokio::service::prepare`]) on the executor. An application
+//! ([`dagnats_leases_nats::service::prepare`]) on the executor. An application
 //! can lay itself out the same way.
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
@@ -62,15 +63,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_compat::Compat;
-pub use dagnats_leases_tokio::client::{Forwarded, LeaseClient, LeaseError, LeaseErrorKind};
-pub use dagnats_leases_tokio::member::{
+pub use dagnats_leases_nats::client::{Forwarded, LeaseClient, LeaseError, LeaseErrorKind};
+pub use dagnats_leases_nats::member::{
     CampaignObserver, Change, Elector, ForwardedRequest, Health, Inbox, Member, ObservedRequest,
     Ownership, Semaphore, Shards, StepDownReason, Tenure,
 };
-pub use dagnats_leases_tokio::runtime::Runtime;
-use dagnats_leases_tokio::runtime::{Sleep, Task};
-pub use dagnats_leases_tokio::service::{ServiceHandle, ServiceOptions};
-pub use dagnats_leases_tokio::{Error, ErrorKind};
+pub use dagnats_leases_nats::runtime::Runtime;
+use dagnats_leases_nats::runtime::{Sleep, Task};
+pub use dagnats_leases_nats::service::{ServiceHandle, ServiceOptions};
+pub use dagnats_leases_nats::{Error, ErrorKind};
 
 /// Runs the shared async code on smol: [`smol::spawn`] (detached) and
 /// [`smol::Timer::after`].
@@ -113,7 +114,7 @@ pub async fn start(
     client: async_nats::Client,
     options: ServiceOptions,
 ) -> Result<ServiceHandle, Error> {
-    Compat::new(dagnats_leases_tokio::service::start_on(
+    Compat::new(dagnats_leases_nats::service::start_on(
         SmolRuntime::shared(),
         client,
         options,

@@ -1,16 +1,11 @@
-//! The dagnats lease service on tokio.
+//! The dagnats lease service on tokio: the `dagnats-leases` binary.
 //!
-//! It drives the sans-IO machines of [`dagnats_leases_core`] with async-nats: every
-//! effect is one NATS request ([`exec::send`]), every request to `api.leases.*` runs
-//! its own call machine in its own task, so a slow forward never holds up an
-//! acquire. No lease logic lives here: checks, retries and replies come from the core.
-//!
-//! The service loop, [`client`] and [`member`] reach their executor only through
-//! [`runtime::Runtime`] (spawn, sleep until an instant): [`runtime::TokioRuntime`]
-//! here, `SmolRuntime` in `dagnats-leases-smol`, which uses this crate with
-//! `default-features = false`. The default feature `cli` adds the `dagnats-leases`
-//! binary and what only it needs ([`cli`], [`commands`], [`connect`]: clap,
-//! tracing-subscriber, tokio's signal handling and multi-thread scheduler).
+//! The service loop, the typed client and the holder library are
+//! `dagnats-leases-nats`'s, runtime-neutral, re-exported here under the same paths
+//! with its `runtime-tokio` feature on ([`runtime::TokioRuntime`],
+//! [`member::Member::new`], [`client::LeaseClient::new`], [`service::start`]). This
+//! crate adds what only the tokio binary has: its commands ([`commands`]) and
+//! `lock` ([`lock`]), which use tokio's processes, stdin and signals.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,68 +19,13 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
+pub use dagnats_leases_nats::{
+    Error, ErrorKind, client, clock, exec, member, runtime, service, telemetry,
+};
 #[cfg(feature = "cli")]
-pub mod cli;
-pub mod client;
-pub mod clock;
+pub use dagnats_leases_nats::{cli, connect, exit};
+
 #[cfg(feature = "cli")]
 pub mod commands;
 #[cfg(feature = "cli")]
-pub mod connect;
-pub mod exec;
-#[cfg(feature = "cli")]
-pub mod exit;
-mod intake;
-#[cfg(feature = "cli")]
 pub mod lock;
-pub mod member;
-pub mod runtime;
-pub mod service;
-pub mod telemetry;
-
-/// What went wrong in the adapter (not a lease outcome: those are replies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// Connecting to or talking to NATS failed.
-    Nats,
-    /// The options given are not usable.
-    Config,
-}
-
-/// An adapter error in async-nats' style: a kind and its source.
-#[derive(Debug)]
-pub struct Error {
-    kind: ErrorKind,
-    source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl Error {
-    /// An error of `kind` caused by `source`.
-    pub fn new(
-        kind: ErrorKind,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Self {
-            kind,
-            source: source.into(),
-        }
-    }
-
-    /// What kind of error this is.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.kind, self.source)
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
-    }
-}

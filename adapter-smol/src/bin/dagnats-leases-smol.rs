@@ -11,9 +11,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dagnats_leases_core::shutdown::Shutdown;
+use dagnats_leases_nats::cli::{self, ServeArgs};
+use dagnats_leases_nats::service::prepare;
 use dagnats_leases_smol::SmolRuntime;
-use dagnats_leases_tokio::cli::{self, ServeArgs};
-use dagnats_leases_tokio::service::prepare;
 
 #[derive(Parser)]
 #[command(

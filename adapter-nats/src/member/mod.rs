@@ -30,7 +30,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use dagnats_leases_tokio::member::{Member, Ownership};
+//! use dagnats_leases_nats::member::{Member, Ownership};
 //!
 //! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
 //! let member = Member::new(nats, "notify-7f3a")?;
@@ -69,7 +69,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::exec;
-use crate::runtime::{self, Runtime, TokioRuntime};
+#[cfg(feature = "runtime-tokio")]
+use crate::runtime::TokioRuntime;
+use crate::runtime::{self, Runtime};
 use crate::telemetry;
 
 mod driver;
@@ -231,6 +233,7 @@ impl std::fmt::Debug for Member {
 impl Member {
     /// A member with holder ID `holder` (`[A-Za-z0-9_-]{1,128}`, unique per process),
     /// running its background work on tokio.
+    #[cfg(feature = "runtime-tokio")]
     pub fn new(nats: Client, holder: impl Into<String>) -> Result<Self, LeaseError> {
         Self::with_runtime(nats, holder, TokioRuntime::shared())
     }
@@ -307,7 +310,7 @@ impl Member {
     /// ```no_run
     /// # async fn run(nats: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use dagnats_leases_tokio::member::Member;
+    /// use dagnats_leases_nats::member::Member;
     /// // The replica in the primary zone leads whenever it is up.
     /// let member = Member::new(nats, Member::unique_id("zone-a"))?.with_priority(10);
     /// let mut elector = member.elect("exporter-leader", Duration::from_secs(15))?;
@@ -574,9 +577,9 @@ impl Drop for Group {
 /// - healthy again, it campaigns at once.
 ///
 /// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use dagnats_leases_tokio::member::{Ownership, StepDownReason};
+/// use dagnats_leases_nats::member::{Ownership, StepDownReason};
 /// # async fn database_answers() -> bool { true }
 /// let mut elector = member.elect("notify-leader", Duration::from_secs(15))?;
 /// let health = elector.health();
@@ -707,7 +710,7 @@ impl Elector {
 /// releases); dropping it does the same in the background.
 ///
 /// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// // At most three exporters run at once, whatever the number of replicas.
 /// let mut permit = member.semaphore("exporter", 3, Duration::from_secs(15))?;
@@ -766,7 +769,7 @@ impl Semaphore {
 /// Holds up to N of a set of shard keys. Stop it with [`Shards::stop`].
 ///
 /// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// // Three replicas, six shards: each holds at most two.
 /// let keys = ["shard-0", "shard-1", "shard-2", "shard-3", "shard-4", "shard-5"];
@@ -782,9 +785,9 @@ impl Semaphore {
 /// at the deadline it was last given).
 ///
 /// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use dagnats_leases_tokio::member::{Ownership, StepDownReason};
+/// use dagnats_leases_nats::member::{Ownership, StepDownReason};
 /// let keys = ["shard-0", "shard-1", "shard-2", "shard-3"];
 /// let mut shards = member.balanced_shards("orders", &keys, Duration::from_secs(15))?;
 /// while let Some(change) = shards.next().await {

@@ -5,7 +5,7 @@ use super::*;
 /// Requests forwarded to this member as owner (see [`Member::inbox`]).
 ///
 /// ```no_run
-/// # async fn run(member: dagnats_leases_tokio::member::Member) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut inbox = member.inbox().await?;
 /// while let Some(request) = inbox.next().await {
 ///     // Only requests for keys this member owns, with a fence of its tenure, get here.

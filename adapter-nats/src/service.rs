@@ -32,7 +32,9 @@ use tokio::sync::{oneshot, watch};
 
 use crate::exec;
 use crate::intake;
-use crate::runtime::{self, Runtime, TokioRuntime};
+#[cfg(feature = "runtime-tokio")]
+use crate::runtime::TokioRuntime;
+use crate::runtime::{self, Runtime};
 use crate::telemetry;
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
@@ -215,6 +217,7 @@ impl From<Client> for Clients {
 
 /// Ensures the bucket (waiting while JetStream is not ready, and answering every
 /// call `unavailable` meanwhile), then serves on tokio.
+#[cfg(feature = "runtime-tokio")]
 pub async fn start(
     clients: impl Into<Clients>,
     options: ServiceOptions,

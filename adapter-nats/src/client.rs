@@ -8,7 +8,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::{Duration, Instant};
-//! use dagnats_leases_tokio::client::LeaseClient;
+//! use dagnats_leases_nats::client::LeaseClient;
 //!
 //! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
 //! let leases = LeaseClient::new(nats);
@@ -39,7 +39,9 @@ use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
 
 use crate::exec;
-use crate::runtime::{self, Runtime, TokioRuntime};
+#[cfg(feature = "runtime-tokio")]
+use crate::runtime::TokioRuntime;
+use crate::runtime::{self, Runtime};
 
 /// How long a call waits for the service by default.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -155,6 +157,7 @@ pub struct LeaseClient {
 
 impl LeaseClient {
     /// A client with the default call timeout (10 s), timing its calls on tokio.
+    #[cfg(feature = "runtime-tokio")]
     pub fn new(nats: Client) -> Self {
         Self::with_runtime(nats, TokioRuntime::shared())
     }
@@ -241,7 +244,7 @@ impl LeaseClient {
     }
 
     /// [`Self::acquire_waiting`], calling `refused` with each `granted: false` it waits on.
-    pub(crate) async fn acquire_waiting_noting(
+    pub async fn acquire_waiting_noting(
         &self,
         key: &str,
         holder: &str,

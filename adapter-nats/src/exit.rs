@@ -1,6 +1,6 @@
 //! The exit codes of the `dagnats-leases` and `dagnats-leases-smol` binaries, in
 //! one place, and the code of a failed call ([`exit_code`], which the commands and
-//! `lock` both return). [`crate::commands`], [`crate::lock`] and [`crate::cli`]
+//! `lock` both return). The tokio crate's `commands` and `lock`, and [`crate::cli`],
 //! re-export the ones they return.
 
 use dagnats_leases_core::wire::ErrorKind;

@@ -2,8 +2,9 @@
 //! [`Instant`]. Nothing more is asked of an executor.
 //!
 //! The service loop, the typed client and the holder library reach their executor
-//! only through [`Runtime`], so one body of code runs on tokio ([`TokioRuntime`],
-//! here) and on smol (`dagnats_leases_smol::SmolRuntime`). Their timers are this
+//! only through [`Runtime`], so one body of code runs on tokio (`TokioRuntime`,
+//! here, with the default feature `runtime-tokio`) and on smol
+//! (`dagnats_leases_smol::SmolRuntime`). Their timers are this
 //! trait's too: every NATS request is sent without async-nats' own timeout (which
 //! needs tokio's timer in the polling task) and raced against
 //! [`Runtime::sleep_until`] instead. The model is quinn's `Runtime`: an object-safe
@@ -17,6 +18,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(feature = "runtime-tokio")]
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,9 +49,11 @@ pub trait Runtime: Send + Sync + Debug + 'static {
 
 /// Runs on the tokio runtime of the calling task ([`tokio::spawn`],
 /// [`tokio::time::sleep`]): spawn and sleep panic outside one.
+#[cfg(feature = "runtime-tokio")]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TokioRuntime;
 
+#[cfg(feature = "runtime-tokio")]
 impl TokioRuntime {
     /// The runtime as the shared code holds it.
     pub fn shared() -> Arc<dyn Runtime> {
@@ -57,6 +61,7 @@ impl TokioRuntime {
     }
 }
 
+#[cfg(feature = "runtime-tokio")]
 impl Runtime for TokioRuntime {
     fn spawn(&self, future: Task) {
         tokio::spawn(future);
