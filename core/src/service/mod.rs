@@ -1141,6 +1141,14 @@ impl Service {
             running.call.handle_timeout(now);
             self.drive(now, token);
         }
+        // A stop's phase at its bound next, for the same reason: the calls it cuts
+        // off give up their queued writes before a send timing out makes room.
+        if let Some(stop) = &mut self.stop
+            && stop.poll_timeout().is_some_and(|at| at <= now)
+        {
+            stop.handle_timeout(now);
+            self.stop_events(now);
+        }
         while let Some(&(due, id)) = self.sends_due.first() {
             if due > now {
                 break;
@@ -1164,12 +1172,6 @@ impl Service {
             && check.poll_timeout().is_some_and(|at| at <= now)
         {
             check.handle_timeout(now);
-        }
-        if let Some(stop) = &mut self.stop
-            && stop.poll_timeout().is_some_and(|at| at <= now)
-        {
-            stop.handle_timeout(now);
-            self.stop_events(now);
         }
         self.pump(now);
     }
