@@ -65,6 +65,7 @@ fn it_subscribes_to_the_endpoints_in_the_queue_group_the_verbs_and_the_changes()
                 subject,
                 queue,
                 kind,
+                ..
             } => Some((subject, queue, kind)),
             _ => None,
         })
@@ -99,6 +100,60 @@ fn it_subscribes_to_the_endpoints_in_the_queue_group_the_verbs_and_the_changes()
         )),
         "nothing known, no change events"
     );
+}
+
+/// The change events are subscribed to only where something reads them (the
+/// known-revisions map, tenancy's cap), and the warning for a subscription the
+/// server refuses names what this configuration loses, and nothing else: no
+/// "read first" without the known map, no cap without one.
+#[test]
+fn the_change_subscriptions_warning_names_only_what_this_configuration_loses() {
+    use crate::tenant::Tenancy::{Accounts, Single};
+    // (tenancy, known capacity, cap, subscribed, names the reads, names the cap)
+    let table = [
+        (Single, 64, None, true, true, false),
+        (Single, 0, None, false, false, false),
+        (Single, 0, Some(5), false, false, false),
+        (Single, 64, Some(5), true, true, false),
+        (Accounts, 64, None, true, true, false),
+        (Accounts, 0, None, false, false, false),
+        (Accounts, 0, Some(5), true, false, true),
+        (Accounts, 64, Some(5), true, true, true),
+    ];
+    for (tenancy, capacity, cap, subscribed, reads, capped) in table {
+        let name = format!("{tenancy:?}, known {capacity}, cap {cap:?}");
+        let mut c = config();
+        c.bucket.tenancy = tenancy;
+        c.known_capacity = capacity;
+        c.max_leases_per_tenant = cap;
+        let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+        let mut warnings = Vec::new();
+        for event in std::iter::from_fn(|| s.poll_event()) {
+            if let ServiceEvent::Subscribe {
+                kind, unwatched, ..
+            } = event
+            {
+                assert_eq!(
+                    unwatched.is_some(),
+                    kind == SubscriptionKind::Changes,
+                    "{name}: only the change events may fail softly"
+                );
+                warnings.extend(unwatched);
+            }
+        }
+        assert_eq!(
+            warnings.len(),
+            usize::from(subscribed),
+            "{name}: {warnings:?}"
+        );
+        let warning = warnings.concat();
+        assert_eq!(warning.contains("read first"), reads, "{name}: {warning}");
+        assert_eq!(
+            warning.contains("per-tenant cap of 5"),
+            capped,
+            "{name}: {warning}"
+        );
+    }
 }
 
 #[test]
