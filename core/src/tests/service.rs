@@ -519,21 +519,27 @@ fn busy_script() -> impl Strategy<Value = Vec<u8>> {
         .prop_map(|steps| steps.into_iter().flat_map(|(s, a)| [s, a]).collect())
 }
 
-/// The service world's options for a script: the coalescer on when its first
-/// byte is odd.
-fn world_config(script: &[u8]) -> ServiceConfig {
+/// The service world for a script: the coalescer on when its first byte is odd,
+/// the stream on three replicas (reads confirmed) when its second is, no known
+/// revisions when its fourth is a multiple of four.
+fn world_of(script: &[u8]) -> ServiceWorld {
+    let byte = |i: usize| script.get(i).copied().unwrap_or(0);
     let mut c = config();
     c.shutdown_timeout = Duration::from_millis(2000);
     c.max_calls_in_flight = 4;
     c.max_calls_waiting = 4;
-    c.coalesce_writes = if script.first().is_some_and(|b| b % 2 == 1) {
+    c.coalesce_writes = if byte(0) % 2 == 1 {
         crate::coalesce::CoalesceWrites::On
     } else {
         crate::coalesce::CoalesceWrites::Off
     };
     c.batch_after = 1;
     c.min_batch = 2;
-    c
+    if byte(3) % 4 == 0 {
+        c.known_capacity = 0;
+    }
+    let replicas = if byte(1) % 2 == 1 { 3 } else { 1 };
+    ServiceWorld::new(c, replicas)
 }
 
 proptest! {
@@ -541,7 +547,7 @@ proptest! {
 
     #[test]
     fn the_service_world_keeps_every_rule(script in proptest::collection::vec(any::<u8>(), 0..400)) {
-        let mut w = ServiceWorld::new(world_config(&script), 1);
+        let mut w = world_of(&script);
         if let Err(e) = w.run(&script) {
             prop_assert!(false, "{e}");
         }
@@ -549,7 +555,7 @@ proptest! {
 
     #[test]
     fn the_service_world_keeps_every_rule_while_busy(script in busy_script()) {
-        let mut w = ServiceWorld::new(world_config(&script), 1);
+        let mut w = world_of(&script);
         if let Err(e) = w.run(&script) {
             prop_assert!(false, "{e}");
         }
