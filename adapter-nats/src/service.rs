@@ -515,14 +515,16 @@ impl Io {
                 subject,
                 queue,
                 kind,
+                unwatched,
             } => {
                 let subscribed = match (kind, queue) {
                     (SubscriptionKind::Changes, _) => {
                         match self.backend.subscribe(subject).await {
                             Ok(s) => self.changes = Some(s),
+                            // The machine's sentence: what this configuration loses.
                             Err(e) => tracing::warn!(
-                                "change events not watched ({e}): renew and release read \
-                                 first, and no per-tenant lease counts"
+                                "{} (the server said: {e})",
+                                unwatched.as_deref().unwrap_or("change events not watched")
                             ),
                         }
                         return Ok(());

@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_nats::Client;
 use base64::Engine as _;
 use dagnats_leases_core::change::ChangeEvent;
-use dagnats_leases_core::shard::{META_SHARDS, ShardMap};
+use dagnats_leases_core::shard::{BucketStreams, META_SHARDS, ShardMap};
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
 use dagnats_leases_core::subjects::{STREAM, changed_subject};
 use dagnats_leases_core::wire::Lease;
@@ -352,30 +352,34 @@ async fn watch(
 
 async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Write + Send)) -> u8 {
     let js = async_nats::jetstream::new(nats.clone());
-    // The one-stream bucket, or a sharded one: its shard 0 records the count.
-    let shards = match js.get_stream(STREAM).await {
-        Ok(_) => ShardMap::SINGLE,
-        Err(single) => {
-            let first = ShardMap::new(2).map(|m| m.stream(0)).unwrap_or_default();
-            let count = match js.get_stream(&first).await {
-                Ok(s) => s
-                    .cached_info()
-                    .config
-                    .metadata
-                    .get(META_SHARDS)
-                    .and_then(|n| n.parse::<u32>().ok()),
-                Err(_) => {
-                    eprintln!("dagnats-leases: no leases bucket: {single}");
-                    return EXIT_ERROR;
+    // Ask what the bucket's streams say of its layout; the core reads it.
+    let single = js.get_stream(STREAM).await;
+    let shard_zero = match &single {
+        Ok(_) => None,
+        Err(_) => js.get_stream(ShardMap::first_sharded_stream()).await.ok(),
+    };
+    let found = match (&single, &shard_zero) {
+        (Ok(_), _) => BucketStreams::OneStream,
+        (Err(_), Some(stream)) => BucketStreams::ShardZero {
+            shards: stream
+                .cached_info()
+                .config
+                .metadata
+                .get(META_SHARDS)
+                .map(String::as_str),
+        },
+        (Err(_), None) => BucketStreams::Neither,
+    };
+    let shards = match ShardMap::of_bucket(found) {
+        Ok(map) => map,
+        Err(why) => {
+            match single {
+                Err(e) if found == BucketStreams::Neither => {
+                    eprintln!("dagnats-leases: {why} ({STREAM}: {e})")
                 }
-            };
-            match count.map(ShardMap::new) {
-                Some(Ok(map)) => map,
-                _ => {
-                    eprintln!("dagnats-leases: {first} has no valid {META_SHARDS} in its metadata");
-                    return EXIT_ERROR;
-                }
+                _ => eprintln!("dagnats-leases: {why}"),
             }
+            return EXIT_ERROR;
         }
     };
     let mut keys: Vec<String> = Vec::new();

@@ -43,6 +43,24 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// What a bucket's streams say of its layout, as a tool that did not start the
+/// service finds them (`list`): ask for `KV_leases` first, then, if it is not
+/// there, for shard 0 of a sharded layout ([`ShardMap::first_sharded_stream`]),
+/// and hand the answers to [`ShardMap::of_bucket`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketStreams<'a> {
+    /// `KV_leases` exists: the one-stream layout.
+    OneStream,
+    /// `KV_leases` does not exist and shard 0 does, its [`META_SHARDS`] metadata
+    /// this value (`None`: it has none).
+    ShardZero {
+        /// The value of [`META_SHARDS`] in shard 0's metadata.
+        shards: Option<&'a str>,
+    },
+    /// Neither exists: there is no leases bucket.
+    Neither,
+}
+
 /// How keys are spread over streams. See the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShardMap {
@@ -68,6 +86,39 @@ impl ShardMap {
             ));
         }
         Ok(Self { count })
+    }
+
+    /// Shard 0 of every sharded layout, `KV_leases_0`: the stream whose metadata
+    /// records the shard count, and whose existence says a bucket is sharded.
+    pub fn first_sharded_stream() -> String {
+        format!("KV_{BUCKET}_0")
+    }
+
+    /// The layout of a bucket as its streams say ([`BucketStreams`]): one stream
+    /// when `KV_leases` exists; else as many shards as shard 0's [`META_SHARDS`]
+    /// records, which must be a count a sharded layout can have (2 to
+    /// [`MAX_SHARDS`]: one shard is `KV_leases`, never `KV_leases_0`). The error
+    /// is the sentence to show.
+    pub fn of_bucket(found: BucketStreams<'_>) -> Result<Self, String> {
+        match found {
+            BucketStreams::OneStream => Ok(Self::SINGLE),
+            BucketStreams::Neither => Err(format!(
+                "no leases bucket: neither stream KV_{BUCKET} nor {} exists",
+                Self::first_sharded_stream()
+            )),
+            BucketStreams::ShardZero { shards } => shards
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| (2..=MAX_SHARDS).contains(n))
+                .map(|count| Self { count })
+                .ok_or_else(|| {
+                    format!(
+                        "{} has no valid {META_SHARDS} in its metadata (a count from 2 to \
+                         {MAX_SHARDS}; it has {})",
+                        Self::first_sharded_stream(),
+                        shards.map_or_else(|| "none".to_string(), |n| format!("{n:?}"))
+                    )
+                }),
+        }
     }
 
     /// How many shards.

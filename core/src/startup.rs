@@ -438,7 +438,7 @@ impl Startup {
     /// for several. Found, the bucket was made with another `--shards`.
     fn other_layout_stream(&self) -> String {
         if self.options.shards.is_single() {
-            ShardMap::new(2).map_or_else(|_| String::new(), |m| m.stream(0))
+            ShardMap::first_sharded_stream()
         } else {
             STREAM.to_string()
         }

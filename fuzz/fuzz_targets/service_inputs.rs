@@ -4,8 +4,10 @@
 //! good and bad reply subjects, `$SRV` verbs, outcomes delivered out of order or
 //! lost, timers, the replicas flipping, the stream made anew, a stop). After every
 //! step the world checks: no panic, replies only to subjects the reply rule lets
-//! through and at most one per request, grants and renewals backed by the stream;
-//! and at the end that the stop is done within its bound and a bounded number of
+//! through and at most one per request, grants, renewals and releases backed by the
+//! stream, no tombstone over a lease its holder did not release, no write sent for a
+//! call already answered (one sent before its call gave up may still land); and at
+//! the end that the stop is done within its bound and a bounded number of
 //! steps, every request let through answered.
 #![no_main]
 

@@ -234,6 +234,11 @@ pub enum ServiceEvent {
         queue: Option<&'static str>,
         /// What it is for.
         kind: SubscriptionKind,
+        /// Set for a subscription the service serves on without (the change
+        /// events): the warning to log, with the server's error, if it cannot be
+        /// made; it names what this configuration loses. `None`: the service
+        /// cannot serve without it.
+        unwatched: Option<String>,
     },
     /// Publish `body` to `to`: a reply, its subject checked by the reply rule.
     Reply {
@@ -308,6 +313,29 @@ pub enum ServiceEvent {
     Flush,
     /// The stop is over: nothing more to do.
     Stopped,
+}
+
+/// What a service loses when its change subscription cannot be made, by what the
+/// change events are for in its configuration: the known-revisions map
+/// (`known`), the tenants' cap (`cap`, tenancy only). `None` when nothing reads
+/// them: then the service does not subscribe to them.
+fn changes_unwatched_warning(known: bool, cap: Option<usize>) -> Option<String> {
+    let mut lost = Vec::new();
+    if known {
+        lost.push(
+            "renew and release go straight to their conditional write only for revisions \
+             this instance wrote itself; one another instance wrote is read first"
+                .to_string(),
+        );
+    }
+    if let Some(cap) = cap {
+        lost.push(format!(
+            "the per-tenant cap of {cap} live leases counts only what this instance granted \
+             and released: expiries and other instances' grants go unseen, so a tenant may be \
+             refused below its cap or pass it"
+        ));
+    }
+    (!lost.is_empty()).then(|| format!("change events not watched: {}", lost.join("; and ")))
 }
 
 /// Who asked for a request: what its outcome goes to.
@@ -466,6 +494,7 @@ impl Service {
                 subject: endpoint.subject(),
                 queue: Some(QUEUE_GROUP),
                 kind: SubscriptionKind::Api,
+                unwatched: None,
             });
         }
         for subject in self.micro.subjects() {
@@ -473,10 +502,18 @@ impl Service {
                 subject,
                 queue: None,
                 kind: SubscriptionKind::Srv,
+                unwatched: None,
             });
         }
+        // Change events only where something reads them: the known map, or
+        // tenancy's cap (the tenants' counts decide nothing without one).
         let tenancy = self.config.bucket.tenancy;
-        if self.known.is_some() || tenancy == Tenancy::Accounts {
+        let known = self.known.is_some();
+        let cap = self
+            .config
+            .max_leases_per_tenant
+            .filter(|_| tenancy == Tenancy::Accounts);
+        if let Some(warning) = changes_unwatched_warning(known, cap) {
             let subject = match tenancy {
                 Tenancy::Single => changed_subject("*"),
                 Tenancy::Accounts => TENANT_CHANGED_SUBJECTS.to_string(),
@@ -485,6 +522,7 @@ impl Service {
                 subject,
                 queue: None,
                 kind: SubscriptionKind::Changes,
+                unwatched: Some(warning),
             });
         }
     }
@@ -1141,6 +1179,14 @@ impl Service {
             running.call.handle_timeout(now);
             self.drive(now, token);
         }
+        // A stop's phase at its bound next, for the same reason: the calls it cuts
+        // off give up their queued writes before a send timing out makes room.
+        if let Some(stop) = &mut self.stop
+            && stop.poll_timeout().is_some_and(|at| at <= now)
+        {
+            stop.handle_timeout(now);
+            self.stop_events(now);
+        }
         while let Some(&(due, id)) = self.sends_due.first() {
             if due > now {
                 break;
@@ -1164,12 +1210,6 @@ impl Service {
             && check.poll_timeout().is_some_and(|at| at <= now)
         {
             check.handle_timeout(now);
-        }
-        if let Some(stop) = &mut self.stop
-            && stop.poll_timeout().is_some_and(|at| at <= now)
-        {
-            stop.handle_timeout(now);
-            self.stop_events(now);
         }
         self.pump(now);
     }

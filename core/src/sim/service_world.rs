@@ -10,7 +10,24 @@
 //! 2. a grant is backed by the stream: the record at its revision is the caller's
 //!    and the key's, and a new tenure's fence is above every earlier one;
 //! 3. a renew's success names the caller and a revision the stream holds for it;
-//! 4. once stopped, every request let through was answered, and the service is
+//! 4. a release's success names the caller, and its revision is a tombstone of the
+//!    key above the fence asked, stored over the caller's own record at that
+//!    fence; and no tombstone ever lands in the stream (answered or not, late or
+//!    not) over a record whose holder did not ask to release it at that revision:
+//!    a release never removes another holder's lease;
+//! 5. a call that was answered (gave up: timed out, `unavailable`, cut off, or
+//!    replied at all) sends no write after its answer. Every stream write the
+//!    service hands out (a single, each message of a batch, a read confirmation)
+//!    must belong to a call still waiting for its reply: a record of holder `h` on
+//!    key `k` to an acquire or renew of `h` on `k`, a tombstone of `k` expecting
+//!    revision `r` to a release of `k` at `r`, a confirmation of `k` to any call on
+//!    `k`. Replies are read before the writes of the same input, so a write sent
+//!    alongside its call's answer breaks the rule too. What this allows, and only
+//!    this: a write already handed out before its call gave up may still land
+//!    later (NATS cannot unsend it; the world delivers it when it likes). A write
+//!    still queued in the coalescer, or one a failed batch would send again alone,
+//!    must never go out once its call is answered;
+//! 6. once stopped, every request let through was answered, and the service is
 //!    done within [`Shutdown::bound`] of the stop (virtual time) and a bounded
 //!    number of steps.
 
@@ -19,13 +36,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::SimJetStream;
-use crate::io::{EffectId, RequestOutcome, Transmit};
+use super::{MsgKind, SimJetStream};
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
 use crate::reply_scope::ReplyScope;
 use crate::service::{Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
 use crate::shutdown::Shutdown;
 use crate::startup::stream_config_for;
-use crate::subjects::STREAM;
+use crate::subjects::{HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, STREAM};
 use crate::wire::{Endpoint, Response};
 
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
@@ -44,7 +61,18 @@ struct Asked {
     endpoint: Option<Endpoint>,
     holder: String,
     key: String,
+    /// The fence a renew or release named.
+    revision: Option<u64>,
+    /// Answered, or never let through (nothing may be sent for it).
     answered: bool,
+}
+
+impl Asked {
+    /// Whether its call may still send: let through, asked of `endpoint`, not
+    /// answered yet.
+    fn waits(&self, endpoint: Endpoint) -> bool {
+        !self.answered && self.endpoint == Some(endpoint)
+    }
 }
 
 /// The world. See the [module docs](self).
@@ -72,6 +100,8 @@ pub struct ServiceWorld {
     done_at: Option<u64>,
     subscribed: BTreeSet<String>,
     steps_since_stop: usize,
+    /// How much of the stream's log the tombstone check has read.
+    log_checked: usize,
 }
 
 /// The most steps a stopped world may take to be done: every reply out, then the
@@ -104,6 +134,7 @@ impl ServiceWorld {
             done_at: None,
             subscribed: BTreeSet::new(),
             steps_since_stop: 0,
+            log_checked: 0,
         };
         world.drain().expect("a new service breaks no rule");
         world
@@ -160,19 +191,129 @@ impl ServiceWorld {
         self.created += 1;
     }
 
-    /// Drains the service's outputs and checks each reply.
+    /// Drains the service's outputs and checks each reply, what the stream
+    /// stored since, then each write: the replies first, so that a write handed
+    /// out with its call's answer counts as sent after it.
     fn drain(&mut self) -> Result<(), String> {
         if self.done_at.is_none()
             && self.service.stop_phase() == Some(crate::shutdown::StopPhase::Done)
         {
             self.done_at = Some(self.now_ms);
         }
+        self.drain_events()?;
+        self.check_tombstones()?;
         while let Some(t) = self.service.poll_transmit() {
+            for m in t.publish.iter().chain(std::iter::once(&t.request)) {
+                self.check_write_has_a_caller(m)?;
+            }
             self.network.push(InFlight {
                 id: t.id,
                 transmit: t,
             });
         }
+        Ok(())
+    }
+
+    /// A stream write the service hands out must belong to a call still waiting
+    /// for its reply (rule 5 of the [module docs](self)).
+    fn check_write_has_a_caller(&self, m: &NatsRequest) -> Result<(), String> {
+        let Some(key) = kv_key(&m.subject) else {
+            return Ok(());
+        };
+        let header = |name: &str| {
+            m.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        let waiting = |endpoints: &[Endpoint], holder: Option<&str>, revision: Option<u64>| {
+            self.asked.values().any(|a| {
+                endpoints.iter().any(|e| a.waits(*e))
+                    && a.key == key.trim_end_matches(".read")
+                    && holder.is_none_or(|h| a.holder == h)
+                    && revision.is_none_or(|r| a.revision == Some(r))
+            })
+        };
+        let (what, owned) = if key.ends_with(".read") {
+            (
+                "a read confirmation".to_string(),
+                waiting(&Endpoint::ALL, None, None),
+            )
+        } else if header(HDR_KV_OPERATION).is_some() {
+            let expected = header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE).and_then(|v| v.parse().ok());
+            (
+                format!("a tombstone expecting {expected:?}"),
+                expected.is_some() && waiting(&[Endpoint::Release], None, expected),
+            )
+        } else {
+            let holder = crate::record::LeaseRecord::parse(&m.payload)
+                .map(|r| r.holder)
+                .unwrap_or_default();
+            (
+                format!("a record of {holder}"),
+                waiting(&[Endpoint::Acquire, Endpoint::Renew], Some(&holder), None),
+            )
+        };
+        if owned {
+            return Ok(());
+        }
+        let calls: Vec<String> = self
+            .asked
+            .iter()
+            .filter(|(_, a)| a.endpoint.is_some() && a.key == key.trim_end_matches(".read"))
+            .map(|(to, a)| {
+                format!(
+                    "{to}: {:?} by {} at {:?}{}",
+                    a.endpoint,
+                    a.holder,
+                    a.revision,
+                    if a.answered { ", answered" } else { "" }
+                )
+            })
+            .collect();
+        Err(format!(
+            "{what} went out to {} after every call that could have sent it was answered \
+             (a write not sent when its call gave up is never sent); the calls on the key: \
+             {calls:?}",
+            m.subject
+        ))
+    }
+
+    /// No tombstone lands over a record whose holder did not ask to release it
+    /// at that revision (rule 4 of the [module docs](self)): read over the
+    /// stream's log since the last look.
+    fn check_tombstones(&mut self) -> Result<(), String> {
+        let from = self.log_checked;
+        self.log_checked = self.sim.log.len();
+        for (i, m) in self.sim.log.iter().enumerate().skip(from) {
+            if m.kind != MsgKind::Tombstone {
+                continue;
+            }
+            let Some(over) = self.sim.log[..i].iter().rev().find(|p| p.key == m.key) else {
+                continue;
+            };
+            let Some(record) = over.record() else {
+                continue;
+            };
+            let asked = self.asked.values().any(|a| {
+                a.endpoint == Some(Endpoint::Release)
+                    && a.key == m.key
+                    && a.holder == record.holder
+                    && a.revision == Some(over.seq)
+            });
+            if !asked {
+                return Err(format!(
+                    "the tombstone at {} removed {}'s lease of {} at {}, which {} never \
+                     asked to release",
+                    m.seq, record.holder, m.key, over.seq, record.holder
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drains the service's events, checking each reply.
+    fn drain_events(&mut self) -> Result<(), String> {
         while let Some(event) = self.service.poll_event() {
             match &event {
                 ServiceEvent::Subscribe { subject, kind, .. }
@@ -230,6 +371,7 @@ impl ServiceWorld {
                 }
                 *max = r.lease.revision;
             }
+            (Endpoint::Release, Response::Released(r)) => self.check_release(&asked, r)?,
             (Endpoint::Renew, Response::Lease(l)) => {
                 let record = self.sim.at(l.revision).and_then(super::SimMsg::record);
                 if l.holder != asked.holder
@@ -244,6 +386,39 @@ impl ServiceWorld {
             _ => {}
         }
         self.replies.push((to.to_string(), response));
+        Ok(())
+    }
+
+    /// A release's success: the caller's, and the key tombstoned above the fence
+    /// asked, over the caller's own record at that fence.
+    fn check_release(&self, asked: &Asked, r: &crate::wire::ReleaseReply) -> Result<(), String> {
+        let fence = asked.revision.unwrap_or_default();
+        let tombstone = self
+            .sim
+            .at(r.revision)
+            .filter(|m| m.kind == MsgKind::Tombstone && m.key == asked.key);
+        let over = self.sim.log[..self.sim.log.partition_point(|m| m.seq < r.revision)]
+            .iter()
+            .rev()
+            .find(|m| m.key == asked.key);
+        let over_holder = over.and_then(super::SimMsg::record).map(|r| r.holder);
+        if r.holder != asked.holder
+            || r.key != asked.key
+            || r.revision <= fence
+            || tombstone.is_none()
+            || over.map(|m| m.seq) != Some(fence)
+            || over_holder.as_deref() != Some(asked.holder.as_str())
+        {
+            return Err(format!(
+                "release by {} of {} at {fence} not backed by a tombstone over its own \
+                 record: {r:?}; stored at {}: {:?}; the message it replaced: {:?}",
+                asked.holder,
+                asked.key,
+                r.revision,
+                self.sim.at(r.revision).map(|m| (m.kind, &m.key)),
+                over.map(|m| (m.seq, m.kind, over_holder.clone())),
+            ));
+        }
         Ok(())
     }
 
@@ -269,6 +444,7 @@ impl ServiceWorld {
                 endpoint: Some(endpoint),
                 holder,
                 key,
+                revision: body["revision"].as_u64(),
                 answered: !good_reply,
             },
         );
@@ -327,8 +503,10 @@ impl ServiceWorld {
         }
     }
 
-    /// Moves the clocks on by `ms` and fires the service's timer if due.
-    pub fn advance(&mut self, ms: u64) {
+    /// Moves the clocks on by `ms` and fires the service's timer if due, draining
+    /// and checking its outputs after each firing (a write handed out at one
+    /// timer is sent before a call gives up at the next).
+    pub fn advance(&mut self, ms: u64) -> Result<(), String> {
         let until = self.now() + Duration::from_millis(ms);
         // The timer fires on time: at each deadline on the way.
         for _ in 0..1000 {
@@ -336,10 +514,12 @@ impl ServiceWorld {
                 break;
             };
             self.fire_timer_at(at);
+            self.drain()?;
         }
         let left = until.saturating_duration_since(self.now()).as_millis() as u64;
         self.now_ms += left;
         self.sim.advance(left);
+        Ok(())
     }
 
     fn fire_timer_at(&mut self, at: Instant) {
@@ -416,18 +596,22 @@ impl ServiceWorld {
                     good,
                 );
             }
-            2 => {
-                let revision = self.sim.current(key).map_or(u64::from(arg), |m| m.seq);
+            2 | 3 => {
+                // Mostly the key's holder at its fence (a renewal or release that
+                // may succeed), else any holder: another's lease, a stale fence.
+                let current = self.sim.current(key);
+                let revision = current.map_or(u64::from(arg), |m| m.seq);
+                let holder = match current.and_then(super::SimMsg::record) {
+                    Some(record) if !arg.is_multiple_of(4) => record.holder,
+                    _ => holder.to_string(),
+                };
+                let endpoint = if byte % 16 == 2 {
+                    Endpoint::Renew
+                } else {
+                    Endpoint::Release
+                };
                 self.request(
-                    Endpoint::Renew,
-                    json!({"key": key, "holder": holder, "revision": revision}),
-                    good,
-                );
-            }
-            3 => {
-                let revision = self.sim.current(key).map_or(u64::from(arg), |m| m.seq);
-                self.request(
-                    Endpoint::Release,
+                    endpoint,
                     json!({"key": key, "holder": holder, "revision": revision}),
                     good,
                 );
@@ -444,7 +628,7 @@ impl ServiceWorld {
             }
             6..=8 => self.deliver(usize::from(arg)),
             9 => self.lose(usize::from(arg)),
-            10 => self.advance(u64::from(arg) * 20),
+            10 => self.advance(u64::from(arg) * 20)?,
             11 => self.fire_timer(),
             12 => self.set_replicas(usize::from(arg % 3) + 1),
             13 => {
@@ -453,6 +637,7 @@ impl ServiceWorld {
                     endpoint: None,
                     holder: String::new(),
                     key: String::new(),
+                    revision: None,
                     answered: false,
                 });
                 // A verb asked twice on one inbox is answered twice: a fresh inbox each time.
@@ -538,4 +723,13 @@ impl ServiceWorld {
     fn service_shutdown_timeout(&self) -> Duration {
         self.service.shutdown_timeout()
     }
+}
+
+/// The key of a stream subject `$KV.leases.<key>` (`<key>.read` for a read
+/// confirmation), or `None` for any other subject.
+fn kv_key(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("$KV.")?
+        .strip_prefix(crate::subjects::BUCKET)?
+        .strip_prefix('.')
 }

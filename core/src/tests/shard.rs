@@ -112,6 +112,76 @@ fn the_layout_guard_subject_overlaps_the_one_stream_layout_and_is_no_key() {
     );
 }
 
+/// A bucket is one stream when `KV_leases` exists; otherwise it has the count
+/// shard 0 records, which must be one a sharded layout can have (one shard is
+/// `KV_leases`); no stream, or no valid count, is an error naming what is missing.
+#[test]
+fn a_buckets_layout_is_one_stream_if_kv_leases_exists_else_the_count_shard_0_records() {
+    use crate::shard::BucketStreams::{Neither, OneStream, ShardZero};
+    assert_eq!(ShardMap::first_sharded_stream(), "KV_leases_0");
+    assert_eq!(
+        ShardMap::first_sharded_stream(),
+        ShardMap::new(2).unwrap().stream(0)
+    );
+    let table = [
+        ("KV_leases exists", OneStream, Ok(ShardMap::SINGLE)),
+        (
+            "shard 0 records three",
+            ShardZero { shards: Some("3") },
+            Ok(ShardMap::new(3).unwrap()),
+        ),
+        (
+            "shard 0 records the most",
+            ShardZero { shards: Some("64") },
+            Ok(ShardMap::new(MAX_SHARDS).unwrap()),
+        ),
+        (
+            "shard 0 records one: no sharded layout has one",
+            ShardZero { shards: Some("1") },
+            Err("\"1\""),
+        ),
+        (
+            "shard 0 records none",
+            ShardZero { shards: None },
+            Err("it has none"),
+        ),
+        (
+            "shard 0 records zero",
+            ShardZero { shards: Some("0") },
+            Err("\"0\""),
+        ),
+        (
+            "past the bound",
+            ShardZero { shards: Some("65") },
+            Err("\"65\""),
+        ),
+        (
+            "not a number",
+            ShardZero {
+                shards: Some("three"),
+            },
+            Err("\"three\""),
+        ),
+        ("no stream at all", Neither, Err("no leases bucket")),
+    ];
+    for (name, found, want) in table {
+        let got = ShardMap::of_bucket(found);
+        match (&got, want) {
+            (Ok(map), Ok(want)) => assert_eq!(*map, want, "{name}"),
+            (Err(why), Err(says)) => {
+                assert!(why.contains(says), "{name}: {why}");
+                if matches!(found, ShardZero { .. }) {
+                    assert!(
+                        why.contains("KV_leases_0") && why.contains("dagnats_shards"),
+                        "{name}: {why}"
+                    );
+                }
+            }
+            (got, want) => panic!("{name}: {got:?}, wanted {want:?}"),
+        }
+    }
+}
+
 /// Listing keys reads lease subjects only: a read confirmation, another shard's
 /// key or another bucket's is no lease key of shard `i`.
 #[test]
