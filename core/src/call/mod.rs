@@ -79,6 +79,13 @@ impl CallConfig {
 pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
 use crate::shard::ShardMap;
 
+/// What a call reports: at its end, its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallEvent {
+    /// The call's reply: its last event, after which it is done.
+    Replied(Response),
+}
+
 #[derive(Debug)]
 enum Waiting {
     Nothing,
@@ -111,8 +118,10 @@ enum Job {
 ///
 /// Drive it by draining [`Call::poll_transmit`] after every input until it returns
 /// `None`, sending each request and feeding its outcome to [`Call::handle_outcome`];
-/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes. The call's one
-/// event is its reply ([`Call::poll_event`]); then it [`is_done`](Call::is_done).
+/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes, and
+/// [`Call::handle_stop`] when the service will not wait for it any longer. Its
+/// events ([`Call::poll_event`]) end with its reply ([`CallEvent::Replied`]); then
+/// it [`is_done`](Call::is_done).
 #[derive(Debug)]
 pub struct Call {
     job: Job,
@@ -128,8 +137,8 @@ pub struct Call {
     writes: u32,
     confirms: u32,
     effects: std::collections::VecDeque<Effect>,
-    /// The reply, until polled.
-    reply: Option<Response>,
+    /// What the call reports, until polled.
+    events: std::collections::VecDeque<CallEvent>,
     /// Tenancy: who asked, as the server vouched (`None`: one shared namespace).
     scope: Option<Caller>,
     /// What the service knew of the key's last revision when the call started.
@@ -148,12 +157,12 @@ impl Call {
     /// is the monotonic time that bounds forward's `timeout_ms`.
     pub fn new(
         config: CallConfig,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, None, None, now, wall, endpoint, body)
+        Self::build(config, None, None, endpoint, body, wall, now)
     }
 
     /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
@@ -164,12 +173,12 @@ impl Call {
         config: CallConfig,
         scope: Option<Caller>,
         known: Option<&KnownLeases>,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, scope, known, now, wall, endpoint, body)
+        Self::build(config, scope, known, endpoint, body, wall, now)
     }
 
     /// Starts a call that may act on what the service knows of its key
@@ -179,23 +188,23 @@ impl Call {
     /// what the call learns ([`Call::poll_learnt`]) back into the map.
     pub fn with_known(
         config: CallConfig,
-        now: Instant,
-        wall: OffsetDateTime,
+        known: &KnownLeases,
         endpoint: Endpoint,
         body: &[u8],
-        known: &KnownLeases,
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, None, Some(known), now, wall, endpoint, body)
+        Self::build(config, None, Some(known), endpoint, body, wall, now)
     }
 
     fn build(
         config: CallConfig,
         scope: Option<Caller>,
         known: Option<&KnownLeases>,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
         let mut call = Self {
             scope,
@@ -210,7 +219,7 @@ impl Call {
             writes: 0,
             confirms: 0,
             effects: Default::default(),
-            reply: None,
+            events: Default::default(),
             known: None,
             learnt: None,
             sent: None,
@@ -303,9 +312,9 @@ impl Call {
             .map(|effect| effect.into_transmit_sharded(account, &self.config.shards))
     }
 
-    /// The reply, once the call has one: its one event.
-    pub fn poll_event(&mut self) -> Option<Response> {
-        self.reply.take()
+    /// The next thing the call reports: its reply last.
+    pub fn poll_event(&mut self) -> Option<CallEvent> {
+        self.events.pop_front()
     }
 
     /// The newest fact the call learnt about its key (from a leader read, or from a
@@ -335,9 +344,9 @@ impl Call {
         forward.into_iter().chain(effect).min()
     }
 
-    /// Whether the call has replied and its reply was polled: nothing more to do.
+    /// Whether the call has replied and its events were polled: nothing more to do.
     pub fn is_done(&self) -> bool {
-        self.replied() && self.effects.is_empty() && self.reply.is_none()
+        self.replied() && self.effects.is_empty() && self.events.is_empty()
     }
 
     fn replied(&self) -> bool {
@@ -368,7 +377,7 @@ impl Call {
     /// passed by `now` anyway. The outcome of the effect in flight is never learnt:
     /// a write may still land (as after any `internal` or `unavailable` reply, the
     /// caller's retry finds out). A no-op on a call that has replied.
-    pub fn abort(&mut self, now: Instant) {
+    pub fn handle_stop(&mut self, now: Instant) {
         self.now = now;
         if self.replied() {
             return;
@@ -518,7 +527,7 @@ impl Call {
         self.waiting = Waiting::Nothing;
         self.waiting_until = None;
         self.effects.clear();
-        self.reply = Some(response);
+        self.events.push_back(CallEvent::Replied(response));
     }
 
     fn fail(&mut self, error: ErrorReply) {

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use crate::admit::{Admission, AdmissionEvent};
-use crate::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT};
 use crate::change::ChangeEvent;
 use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
@@ -662,10 +662,14 @@ impl Service {
         reply: String,
         payload: &[u8],
     ) {
-        let mut call = Call::new(self.call_config, now, wall, endpoint, payload);
-        call.abort(now);
-        if let Some(response) = call.poll_event() {
-            self.answered(endpoint, reply, response, Duration::ZERO);
+        let mut call = Call::new(self.call_config, endpoint, payload, wall, now);
+        call.handle_stop(now);
+        while let Some(event) = call.poll_event() {
+            match event {
+                CallEvent::Replied(response) => {
+                    self.answered(endpoint, reply.clone(), response, Duration::ZERO)
+                }
+            }
         }
     }
 
@@ -725,10 +729,10 @@ impl Service {
             self.call_config,
             scope.clone(),
             self.known.as_ref(),
-            now,
-            wall,
             endpoint,
             &pending.payload,
+            wall,
+            now,
         );
         self.next_token += 1;
         let token = self.next_token;
@@ -795,8 +799,10 @@ impl Service {
             );
             self.transmits.push_back(Transmit { id, ..transmit });
         }
-        if let Some(response) = running.call.poll_event() {
-            return self.finish(now, token, response);
+        while let Some(event) = running.call.poll_event() {
+            match event {
+                CallEvent::Replied(response) => return self.finish(now, token, response),
+            }
         }
         let deadline = running.call.poll_timeout();
         if deadline != running.deadline {
@@ -1294,7 +1300,7 @@ impl Service {
         tokens.sort_unstable();
         for token in tokens {
             if let Some(running) = self.calls.get_mut(&token) {
-                running.call.abort(now);
+                running.call.handle_stop(now);
                 self.drive(now, token);
             }
         }
