@@ -75,6 +75,7 @@
 //!     while let Some(event) = call.poll_event() {
 //!         match event {
 //!             CallEvent::Replied(reply) => break 'call reply,
+//!             CallEvent::Kv(_fact) => {} // a metric: a confirmation sent, a request failed
 //!         }
 //!     }
 //!     // Waiting: sleep until the one timer, then fire it.

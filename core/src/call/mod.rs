@@ -27,6 +27,7 @@ use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::known::{Known, KnownLeases, KnownState, Stamp};
 use crate::record::{LeaseRecord, format_time};
+use crate::service::{KvFact, KvOp};
 use crate::tenant::{self, Caller};
 use crate::wire::{
     AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,
@@ -79,9 +80,14 @@ impl CallConfig {
 pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
 use crate::shard::ShardMap;
 
-/// What a call reports: at its end, its reply.
+/// What a call reports: facts about its JetStream requests as it reads their
+/// outcomes, and at its end its reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallEvent {
+    /// A fact about one of the call's JetStream requests, for the metrics: a read
+    /// confirmation sent or retried, or a request failed (and how), as the call
+    /// read the outcome it acts on.
+    Kv(KvFact),
     /// The call's reply: its last event, after which it is done.
     Replied(Response),
 }
@@ -359,6 +365,10 @@ impl Call {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
         if self.forward_past_deadline(now) {
+            // What it waited on is given up unanswered.
+            if let Some(op) = self.waiting_op() {
+                self.report(KvFact::timed_out(op));
+            }
             return self.fail_deadline();
         }
         let id = match self.waiting {
@@ -423,6 +433,19 @@ impl Call {
                 Waiting::Nothing | Waiting::Write(_) => false,
             };
         if late {
+            // Read for the metrics only: the call acts on the deadline.
+            match self.waiting_op() {
+                Some(KvOp::Read) => {
+                    if let Err(f) = js::parse_read(&outcome) {
+                        self.report(KvFact::failed(KvOp::Read, &outcome, &f));
+                    }
+                }
+                Some(op) => {
+                    let ack = js::parse_pub_ack(&outcome);
+                    self.report_ack(op, &outcome, &ack);
+                }
+                None => {}
+            }
             return self.fail_deadline();
         }
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
@@ -432,24 +455,67 @@ impl Call {
                     self.learn_read(&state);
                     self.on_read(now, state)
                 }
-                Err(f) => self.fail_js(f),
-            },
-            Waiting::Confirm(w, state) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(_)) => self.decide(now, state),
-                // The key moved on since the read (or a write to it is in flight).
-                Ok(PublishResult::WrongLastSequence) => self.reread(now),
-                Err(f) => self.fail_js(f),
-            },
-            Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(rev)) => {
-                    self.learn_write(rev);
-                    self.on_written(now, rev)
+                Err(f) => {
+                    self.report(KvFact::failed(KvOp::Read, &outcome, &f));
+                    self.fail_js(f)
                 }
-                Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
-                Err(f) => self.fail_js(f),
             },
+            Waiting::Confirm(w, state) if w == id => {
+                let ack = js::parse_pub_ack(&outcome);
+                self.report_ack(KvOp::Confirm, &outcome, &ack);
+                match ack {
+                    Ok(PublishResult::Stored(_)) => self.decide(now, state),
+                    // The key moved on since the read (or a write to it is in flight).
+                    Ok(PublishResult::WrongLastSequence) => self.reread(now),
+                    Err(f) => self.fail_js(f),
+                }
+            }
+            Waiting::Write(w) if w == id => {
+                let ack = js::parse_pub_ack(&outcome);
+                self.report_ack(KvOp::Write, &outcome, &ack);
+                match ack {
+                    Ok(PublishResult::Stored(rev)) => {
+                        self.learn_write(rev);
+                        self.on_written(now, rev)
+                    }
+                    Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
+                    Err(f) => self.fail_js(f),
+                }
+            }
             Waiting::Inbox(w) if w == id => self.on_inbox(now, outcome),
             other => self.waiting = other,
+        }
+    }
+
+    /// Which JetStream request the call waits on, if it waits on one.
+    fn waiting_op(&self) -> Option<KvOp> {
+        match self.waiting {
+            Waiting::Read(_) => Some(KvOp::Read),
+            Waiting::Confirm(..) => Some(KvOp::Confirm),
+            Waiting::Write(_) => Some(KvOp::Write),
+            Waiting::Inbox(_) | Waiting::Nothing => None,
+        }
+    }
+
+    /// Reports a fact about one of its JetStream requests.
+    fn report(&mut self, fact: KvFact) {
+        self.events.push_back(CallEvent::Kv(fact));
+    }
+
+    /// Reports what a write's or a confirmation's ack says: a confirmation that
+    /// lost its race is retried; any failure is counted.
+    fn report_ack(
+        &mut self,
+        op: KvOp,
+        outcome: &RequestOutcome,
+        ack: &Result<PublishResult, JsFailure>,
+    ) {
+        match ack {
+            Ok(PublishResult::WrongLastSequence) if op == KvOp::Confirm => {
+                self.report(KvFact::ConfirmRetry)
+            }
+            Ok(_) => {}
+            Err(f) => self.report(KvFact::failed(op, outcome, f)),
         }
     }
 
@@ -626,6 +692,7 @@ impl Call {
             ));
         }
         self.confirms += 1;
+        self.report(KvFact::ConfirmSent);
         let id = self.id();
         let confirm = ConfirmRead {
             id,

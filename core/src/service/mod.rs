@@ -36,7 +36,7 @@
 
 mod kv;
 
-pub use kv::{KvFact, KvOp, classify};
+pub use kv::{KvFact, KvOp};
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -50,7 +50,7 @@ use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
-use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
 use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
@@ -314,11 +314,7 @@ pub enum ServiceEvent {
 #[derive(Debug, Clone, Copy)]
 enum Route {
     /// A call's own request (`inner` is the call's id for it).
-    Call {
-        token: u64,
-        inner: EffectId,
-        kind: TransmitKind,
-    },
+    Call { token: u64, inner: EffectId },
     /// A coalescer's send, due by `due`.
     Coalescer { inner: EffectId, due: Instant },
     /// Startup's request.
@@ -396,7 +392,8 @@ pub struct Service {
     routes: HashMap<EffectId, Route>,
     /// Coalescer and sweep sends, by when they time out.
     sends_due: BTreeSet<(Instant, EffectId)>,
-    writes: HashMap<WriteId, (u64, EffectId, TransmitKind)>,
+    /// The calls' writes in the coalescer: the call's token and its id for the write.
+    writes: HashMap<WriteId, (u64, EffectId)>,
     next_id: u64,
     next_write: u64,
     transmits: VecDeque<Transmit>,
@@ -666,6 +663,7 @@ impl Service {
         call.handle_stop(now);
         while let Some(event) = call.poll_event() {
             match event {
+                CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
                 CallEvent::Replied(response) => {
                     self.answered(endpoint, reply.clone(), response, Duration::ZERO)
                 }
@@ -770,9 +768,6 @@ impl Service {
             known.learn(&key, fact);
         }
         while let Some(transmit) = running.call.poll_transmit() {
-            if transmit.kind == TransmitKind::Confirm {
-                self.events.push_back(ServiceEvent::Kv(KvFact::ConfirmSent));
-            }
             if let Some(coalescer) = self
                 .coalescer
                 .as_mut()
@@ -781,8 +776,7 @@ impl Service {
                 self.next_write += 1;
                 let write = WriteId(self.next_write);
                 running.writes.push(write);
-                self.writes
-                    .insert(write, (token, transmit.id, transmit.kind));
+                self.writes.insert(write, (token, transmit.id));
                 coalescer.handle_write(now, write, transmit.request);
                 continue;
             }
@@ -794,13 +788,13 @@ impl Service {
                 Route::Call {
                     token,
                     inner: transmit.id,
-                    kind: transmit.kind,
                 },
             );
             self.transmits.push_back(Transmit { id, ..transmit });
         }
         while let Some(event) = running.call.poll_event() {
             match event {
+                CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
                 CallEvent::Replied(response) => return self.finish(now, token, response),
             }
         }
@@ -865,9 +859,7 @@ impl Service {
             return;
         };
         match route {
-            Route::Call { token, inner, kind } => {
-                self.call_outcome(now, token, id, inner, kind, outcome)
-            }
+            Route::Call { token, inner } => self.call_outcome(now, token, id, inner, outcome),
             Route::Coalescer { inner, due } => {
                 self.sends_due.remove(&(due, id));
                 if let Some(c) = &mut self.coalescer {
@@ -899,16 +891,12 @@ impl Service {
         token: u64,
         sent: EffectId,
         inner: EffectId,
-        kind: TransmitKind,
         outcome: RequestOutcome,
     ) {
         let Some(running) = self.calls.get_mut(&token) else {
             return;
         };
         running.sent.retain(|s| *s != sent);
-        if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
-            self.events.push_back(ServiceEvent::Kv(fact));
-        }
         running.call.handle_outcome(now, inner, outcome);
         self.drive(now, token);
     }
@@ -923,12 +911,9 @@ impl Service {
             {
                 moved = true;
                 // The call may have given up: nobody to tell then.
-                if let Some((token, inner, kind)) = self.writes.remove(&write) {
+                if let Some((token, inner)) = self.writes.remove(&write) {
                     if let Some(running) = self.calls.get_mut(&token) {
                         running.writes.retain(|w| *w != write);
-                    }
-                    if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
-                        self.events.push_back(ServiceEvent::Kv(fact));
                     }
                     if let Some(running) = self.calls.get_mut(&token) {
                         running.call.handle_outcome(now, inner, outcome);
@@ -1119,29 +1104,16 @@ impl Service {
                 continue;
             };
             running.deadline = None;
-            // What the call waits on is given up: counted, and a queued write of
-            // it never sent.
+            // What the call waits on is given up (the call counts it as it times
+            // out), and a queued write of it is never sent.
             for id in std::mem::take(&mut running.sent) {
-                if let Some(Route::Call { kind, .. }) = self.routes.remove(&id)
-                    && let Some(op) = KvOp::of(kind)
-                {
-                    self.events.push_back(ServiceEvent::Kv(KvFact::Error {
-                        op,
-                        kind: "timed_out",
-                    }));
-                }
+                self.routes.remove(&id);
             }
             for write in std::mem::take(&mut running.writes) {
-                if let Some((_, _, kind)) = self.writes.remove(&write) {
-                    if let Some(op) = KvOp::of(kind) {
-                        self.events.push_back(ServiceEvent::Kv(KvFact::Error {
-                            op,
-                            kind: "timed_out",
-                        }));
-                    }
-                    if let Some(c) = &mut self.coalescer {
-                        c.handle_cancel(now, write);
-                    }
+                if self.writes.remove(&write).is_some()
+                    && let Some(c) = &mut self.coalescer
+                {
+                    c.handle_cancel(now, write);
                 }
             }
             running.call.handle_timeout(now);

@@ -895,6 +895,7 @@ impl HolderWorld {
             }
             match sc.call.poll_event() {
                 None => return,
+                Some(CallEvent::Kv(_)) => continue,
                 Some(CallEvent::Replied(response)) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;

@@ -609,6 +609,7 @@ impl World {
                     self.check_reply(i, &r)?;
                     self.calls[i].reply = Some(r);
                 }
+                CallEvent::Kv(_) => {}
             }
         }
         if self.calls[i].pending.is_none() && self.calls[i].reply.is_none() {

@@ -107,6 +107,7 @@ impl Driver {
         while let Some(event) = self.calls[i].poll_event() {
             match event {
                 CallEvent::Replied(r) => self.replies[i] = Some(r),
+                CallEvent::Kv(_) => {}
             }
         }
         out

@@ -105,6 +105,7 @@ impl Drive {
             .into_iter()
             .filter_map(|e| match e {
                 CallEvent::Replied(r) => Some(r),
+                CallEvent::Kv(_) => None,
             })
             .collect();
         assert!(self.call.is_done());
@@ -225,6 +226,7 @@ pub(super) fn reply_of(call: &mut Call) -> Option<Response> {
     std::iter::from_fn(|| call.poll_event())
         .filter_map(|e| match e {
             CallEvent::Replied(r) => Some(r),
+            CallEvent::Kv(_) => None,
         })
         .last()
 }
