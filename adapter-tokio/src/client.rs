@@ -179,6 +179,10 @@ impl LeaseClient {
         &self.nats
     }
 
+    /// One request to the service, answered or timed out after `timeout`: no
+    /// machine keeps a deadline for a one-shot call, so the request keeps its own
+    /// timer ([`exec::send`]; the waiting acquire and the holder's campaign send
+    /// untimed, their machines' deadlines timing them).
     async fn call(&self, request: Request, timeout: Duration) -> Result<Response, LeaseError> {
         // The service's own validation, run here first: bad input fails before any
         // request, with the same sentence the service would reply.

@@ -7,6 +7,7 @@
 //! the caller is, admission, the calls, the coalescer, the confirm switch, the
 //! stop's phases) is the machine's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -342,7 +343,10 @@ struct Io {
     server: String,
     requests: SelectAll<Subscriber>,
     changes: Option<Subscriber>,
-    outcomes: FuturesUnordered<BoxFuture<'static, (EffectId, RequestOutcome)>>,
+    /// The requests out, each until its outcome or the machine's cancel.
+    outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
+    /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
+    cancels: HashMap<EffectId, AbortHandle>,
     sending: FuturesUnordered<BoxFuture<'static, ()>>,
     timer: Option<(Instant, runtime::Sleep)>,
     /// Stopping: the subscriptions are being drained; the intake is open.
@@ -371,6 +375,7 @@ impl Io {
             requests: SelectAll::new(),
             changes: None,
             outcomes: FuturesUnordered::new(),
+            cancels: HashMap::new(),
             sending: FuturesUnordered::new(),
             timer: None,
             intake_open: true,
@@ -453,8 +458,12 @@ impl Io {
                 }
                 None => self.intake_open = false,
             },
-            Some((id, outcome)) = self.outcomes.next(), if !self.outcomes.is_empty() => {
-                service.handle_outcome(self.runtime.now(), id, outcome);
+            Some(answered) = self.outcomes.next(), if !self.outcomes.is_empty() => {
+                // `None`: cancelled, nothing to feed.
+                if let Some((id, outcome)) = answered {
+                    self.cancels.remove(&id);
+                    service.handle_outcome(self.runtime.now(), id, outcome);
+                }
             }
             Some(()) = self.sending.next(), if !self.sending.is_empty() => {}
             () = flushing => {
@@ -480,8 +489,9 @@ impl Io {
     /// Carries out every output of `service`.
     async fn drain(&mut self, service: &mut Service) -> Result<(), Error> {
         while let Some(t) = service.poll_transmit() {
-            let (client, runtime) = (self.backend.clone(), self.runtime.clone());
-            self.outcomes.push(Box::pin(async move {
+            let client = self.backend.clone();
+            let id = t.id;
+            let (send, cancel) = futures::future::abortable(async move {
                 for m in t.publish {
                     let mut headers = async_nats::HeaderMap::new();
                     for (name, value) in &m.headers {
@@ -493,11 +503,12 @@ impl Io {
                         .publish_with_headers(m.subject, headers, m.payload.into())
                         .await;
                 }
-                // The machine keeps every deadline itself; the request's own bound
-                // only ends the future of one it gave up on (a silent owner, a
-                // deposed stream leader), which would otherwise be held for ever.
-                (t.id, exec::send(&*runtime, &client, t.request).await)
-            }));
+                // Untimed: the machine keeps every deadline and cancels what it
+                // gives up on (a silent owner, a deposed stream leader).
+                (t.id, exec::send_untimed(&client, t.request).await)
+            });
+            self.cancels.insert(id, cancel);
+            self.outcomes.push(Box::pin(send.map(Result::ok)));
         }
         while let Some(event) = service.poll_event() {
             self.record(event).await?;
@@ -577,6 +588,11 @@ impl Io {
                 }
             }
             ServiceEvent::Kv(fact) => kv_metric(fact),
+            ServiceEvent::Cancel { id } => {
+                if let Some(cancel) = self.cancels.remove(&id) {
+                    cancel.abort();
+                }
+            }
             ServiceEvent::ConfirmReads { replicas, on } => tracing::info!(
                 replicas,
                 confirm_reads = on,

@@ -275,6 +275,14 @@ pub enum ServiceEvent {
     },
     /// A fact about a call's JetStream request.
     Kv(KvFact),
+    /// Stop request `id` ([`Service::poll_transmit`]): nothing waits for its
+    /// outcome any more (its call ended or timed out, or it timed out itself), so
+    /// its send can be dropped; an outcome fed back for it now is ignored. The
+    /// machine's deadlines are the only timers a request has: send it untimed.
+    Cancel {
+        /// The request.
+        id: EffectId,
+    },
     /// Read confirmation turned on or off with the stream's replicas.
     ConfirmReads {
         /// The replicas now.
@@ -313,16 +321,29 @@ pub enum ServiceEvent {
 /// Who asked for a request: what its outcome goes to.
 #[derive(Debug, Clone, Copy)]
 enum Route {
-    /// A call's own request (`inner` is the call's id for it).
+    /// A call's own request (`inner` is the call's id for it): the call keeps its
+    /// deadline.
     Call { token: u64, inner: EffectId },
-    /// A coalescer's send, due by `due`.
-    Coalescer { inner: EffectId, due: Instant },
-    /// Startup's request.
-    Startup(EffectId),
-    /// The replicas check's request.
-    Replicas(EffectId),
-    /// The tombstone sweep's purge, due by `due`.
-    Sweep { inner: EffectId, due: Instant },
+    /// Another part's request (`inner` is the part's id for it), timed out by the
+    /// service at `due`.
+    Part {
+        part: Part,
+        inner: EffectId,
+        due: Instant,
+    },
+}
+
+/// The parts other than the calls that send requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The write coalescer's sends.
+    Coalescer,
+    /// Startup's stream questions.
+    Startup,
+    /// The replicas check's stream info.
+    Replicas,
+    /// The tombstone sweep's purges.
+    Sweep,
 }
 
 /// A request waiting for admission.
@@ -819,8 +840,9 @@ impl Service {
         if let Some(at) = running.deadline {
             self.deadlines.remove(&(at, token));
         }
+        // A request still out (a call cut off) is waited for no more.
         for id in &running.sent {
-            self.routes.remove(id);
+            self.cancel(*id);
         }
         for write in &running.writes {
             // A write still queued is never sent late: the call gave up on it.
@@ -860,29 +882,61 @@ impl Service {
         };
         match route {
             Route::Call { token, inner } => self.call_outcome(now, token, id, inner, outcome),
-            Route::Coalescer { inner, due } => {
+            Route::Part { part, inner, due } => {
                 self.sends_due.remove(&(due, id));
-                if let Some(c) = &mut self.coalescer {
-                    c.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Startup(inner) => {
-                if let Phase::Starting(startup) = &mut self.phase {
-                    startup.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Replicas(inner) => {
-                if let Some(c) = &mut self.check {
-                    c.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Sweep { inner, due } => {
-                self.sends_due.remove(&(due, id));
-                self.sweep.handle_outcome(now, inner, outcome);
+                self.part_outcome(now, part, inner, outcome);
             }
         }
         self.pump_startup(now);
         self.pump(now);
+    }
+
+    /// Hands a part's request's outcome to the part.
+    fn part_outcome(&mut self, now: Instant, part: Part, inner: EffectId, outcome: RequestOutcome) {
+        match part {
+            Part::Coalescer => {
+                if let Some(c) = &mut self.coalescer {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Startup => {
+                if let Phase::Starting(startup) = &mut self.phase {
+                    startup.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Replicas => {
+                if let Some(c) = &mut self.check {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Sweep => self.sweep.handle_outcome(now, inner, outcome),
+        }
+    }
+
+    /// Sends a part's request, timed out at its own timeout from `now`.
+    fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
+        let id = self.effect_id();
+        let due = now + transmit.request.timeout;
+        self.sends_due.insert((due, id));
+        self.routes.insert(
+            id,
+            Route::Part {
+                part,
+                inner: transmit.id,
+                due,
+            },
+        );
+        self.transmits.push_back(Transmit { id, ..transmit });
+    }
+
+    /// Gives up a request out: nothing waits for it any more.
+    fn cancel(&mut self, id: EffectId) {
+        if let Some(route) = self.routes.remove(&id) {
+            if let Route::Part { due, .. } = route {
+                self.sends_due.remove(&(due, id));
+            }
+            self.events.push_back(ServiceEvent::Cancel { id });
+        }
     }
 
     fn call_outcome(
@@ -923,12 +977,7 @@ impl Service {
             }
             while let Some(t) = self.coalescer.as_mut().and_then(Coalescer::poll_transmit) {
                 moved = true;
-                let id = self.effect_id();
-                let due = now + t.request.timeout;
-                self.sends_due.insert((due, id));
-                self.routes
-                    .insert(id, Route::Coalescer { inner: t.id, due });
-                self.transmits.push_back(Transmit { id, ..t });
+                self.send_for(now, Part::Coalescer, t);
             }
             // A call admitted now may hand the coalescer a write: go round again.
             moved |= self.admit(now);
@@ -945,11 +994,7 @@ impl Service {
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
         if let Some(t) = self.sweep.poll_transmit() {
-            let id = self.effect_id();
-            let due = now + t.request.timeout;
-            self.sends_due.insert((due, id));
-            self.routes.insert(id, Route::Sweep { inner: t.id, due });
-            self.transmits.push_back(Transmit { id, ..t });
+            self.send_for(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
             match event {
@@ -970,15 +1015,12 @@ impl Service {
                 }
             }
         }
+        while let Some(t) = self.check.as_mut().and_then(ReplicasCheck::poll_transmit) {
+            self.send_for(now, Part::Replicas, t);
+        }
         let Some(check) = &mut self.check else {
             return;
         };
-        while let Some(t) = check.poll_transmit() {
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
-            self.routes.insert(id, Route::Replicas(t.id));
-            self.transmits.push_back(Transmit { id, ..t });
-        }
         while let Some(event) = check.poll_event() {
             match event {
                 ReplicasCheckEvent::ConfirmReads { replicas, on } => {
@@ -1003,12 +1045,13 @@ impl Service {
         let Phase::Starting(startup) = &mut self.phase else {
             return;
         };
-        while let Some(t) = startup.poll_transmit() {
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
-            self.routes.insert(id, Route::Startup(t.id));
-            self.transmits.push_back(Transmit { id, ..t });
+        let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit()).collect();
+        for t in sends {
+            self.send_for(now, Part::Startup, t);
         }
+        let Phase::Starting(startup) = &mut self.phase else {
+            return;
+        };
         let mut done = None;
         while let Some(event) = startup.poll_event() {
             match event {
@@ -1105,18 +1148,22 @@ impl Service {
             };
             running.deadline = None;
             // What the call waits on is given up (the call counts it as it times
-            // out), and a queued write of it is never sent.
-            for id in std::mem::take(&mut running.sent) {
-                self.routes.remove(&id);
+            // out): its send is dropped, and a queued write of it is never sent.
+            let sent = std::mem::take(&mut running.sent);
+            let writes = std::mem::take(&mut running.writes);
+            for id in sent {
+                self.cancel(id);
             }
-            for write in std::mem::take(&mut running.writes) {
+            for write in writes {
                 if self.writes.remove(&write).is_some()
                     && let Some(c) = &mut self.coalescer
                 {
                     c.handle_cancel(now, write);
                 }
             }
-            running.call.handle_timeout(now);
+            if let Some(running) = self.calls.get_mut(&token) {
+                running.call.handle_timeout(now);
+            }
             self.drive(now, token);
         }
         while let Some(&(due, id)) = self.sends_due.first() {
@@ -1124,19 +1171,14 @@ impl Service {
                 break;
             }
             self.sends_due.remove(&(due, id));
-            match self.routes.remove(&id) {
-                Some(Route::Coalescer { inner, .. }) => {
-                    if let Some(c) = &mut self.coalescer {
-                        c.handle_outcome(now, inner, RequestOutcome::TimedOut);
-                    }
-                }
-                Some(Route::Sweep { inner, .. }) => {
-                    self.sweep
-                        .handle_outcome(now, inner, RequestOutcome::TimedOut)
-                }
-                _ => {}
+            // Timed out: the part learns it (unless it timed it out itself), and
+            // the send is dropped.
+            if let Some(Route::Part { part, inner, .. }) = self.routes.get(&id).copied() {
+                self.cancel(id);
+                self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
             }
         }
+        self.pump_startup(now);
         if self.stop.is_none()
             && let Some(check) = &mut self.check
             && check.poll_timeout().is_some_and(|at| at <= now)

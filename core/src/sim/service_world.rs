@@ -12,7 +12,11 @@
 //! 3. a renew's success names the caller and a revision the stream holds for it;
 //! 4. once stopped, every request let through was answered, and the service is
 //!    done within [`Shutdown::bound`] of the stop (virtual time) and a bounded
-//!    number of steps.
+//!    number of steps;
+//! 5. a request the network lost is cancelled ([`ServiceEvent::Cancel`]) by its
+//!    timeout: the machine's deadlines are the only timers a request has, so a send
+//!    it forgot would be held for ever. (A cancelled request still in flight may
+//!    yet be answered: the outcome must be ignored.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -36,6 +40,8 @@ const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 struct InFlight {
     id: EffectId,
     transmit: Transmit,
+    /// When its own timeout has passed.
+    due: Instant,
 }
 
 /// What the world knows of a request it sent, for its checks.
@@ -58,6 +64,10 @@ pub struct ServiceWorld {
     replicas: usize,
     created: u64,
     network: Vec<InFlight>,
+    /// Requests the network lost, by when the service must have cancelled them.
+    lost: BTreeMap<EffectId, Instant>,
+    /// Every request the service cancelled.
+    pub cancelled: BTreeSet<EffectId>,
     asked: BTreeMap<String, Asked>,
     next_request: u64,
     /// The highest fence granted per key.
@@ -95,6 +105,8 @@ impl ServiceWorld {
             replicas,
             created: 1,
             network: Vec::new(),
+            lost: BTreeMap::new(),
+            cancelled: BTreeSet::new(),
             asked: BTreeMap::new(),
             next_request: 0,
             fences: BTreeMap::new(),
@@ -170,6 +182,7 @@ impl ServiceWorld {
         while let Some(t) = self.service.poll_transmit() {
             self.network.push(InFlight {
                 id: t.id,
+                due: self.now() + t.request.timeout,
                 transmit: t,
             });
         }
@@ -182,11 +195,31 @@ impl ServiceWorld {
                     return Err(format!("subscribed twice to {subject}"));
                 }
                 ServiceEvent::Reply { to, body } => self.check_reply(to, body)?,
+                ServiceEvent::Cancel { id } => {
+                    if !self.cancelled.insert(*id) {
+                        return Err(format!("request {id:?} cancelled twice"));
+                    }
+                    self.lost.remove(id);
+                }
                 _ => {}
             }
             self.events.push(event);
         }
+        if !self.service.is_done()
+            && let Some((id, due)) = self.lost.iter().find(|(_, due)| **due < self.now())
+        {
+            return Err(format!(
+                "request {id:?}, lost on the network, was not cancelled by its timeout \
+                 ({:?} ago)",
+                self.now() - *due
+            ));
+        }
         Ok(())
+    }
+
+    /// The ids of the requests in flight on the network, in order.
+    pub fn in_flight_ids(&self) -> Vec<EffectId> {
+        self.network.iter().map(|f| f.id).collect()
     }
 
     fn check_reply(&mut self, to: &str, body: &[u8]) -> Result<(), String> {
@@ -288,7 +321,7 @@ impl ServiceWorld {
         if self.network.is_empty() {
             return;
         }
-        let InFlight { id, transmit } = self.network.remove(index % self.network.len());
+        let InFlight { id, transmit, .. } = self.network.remove(index % self.network.len());
         for m in &transmit.publish {
             self.sim.handle_publish(m);
         }
@@ -323,7 +356,10 @@ impl ServiceWorld {
     /// Loses the request in flight at `index`: no answer ever comes.
     pub fn lose(&mut self, index: usize) {
         if !self.network.is_empty() {
-            self.network.remove(index % self.network.len());
+            let lost = self.network.remove(index % self.network.len());
+            if !self.cancelled.contains(&lost.id) {
+                self.lost.insert(lost.id, lost.due);
+            }
         }
     }
 

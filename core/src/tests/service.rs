@@ -733,3 +733,66 @@ fn the_unsubscribes_may_take_until_the_drain_phase_ends() {
     s.handle_stop(t0);
     assert_eq!(s.stop_phase_ends(), Some(t0 + Duration::from_millis(3000)));
 }
+
+/// One timer per request: the machine says when a request is given up
+/// ([`ServiceEvent::Cancel`]), so the adapter sends untimed and drops the send.
+/// Each row leaves one request unanswered and checks that the service cancels
+/// exactly it, and only once its waiter gives it up.
+#[test]
+fn a_request_nobody_waits_for_any_more_is_cancelled() {
+    type Setup = fn() -> (ServiceWorld, &'static str);
+    fn call_times_out() -> (ServiceWorld, &'static str) {
+        let mut w = serving(config(), 1);
+        acquire(&mut w, "h", "k");
+        (w, "$KV.leases.k")
+    }
+    fn call_cut_off() -> (ServiceWorld, &'static str) {
+        let mut c = config();
+        c.shutdown_timeout = Duration::from_millis(300);
+        let mut w = serving(c, 1);
+        acquire(&mut w, "h", "k");
+        w.stop();
+        w.obey_stop().unwrap();
+        (w, "$KV.leases.k")
+    }
+    fn startup_unanswered() -> (ServiceWorld, &'static str) {
+        (
+            ServiceWorld::new(config(), 1),
+            "$JS.API.STREAM.INFO.KV_leases",
+        )
+    }
+    fn replicas_check_unanswered() -> (ServiceWorld, &'static str) {
+        let mut w = serving(config(), 1);
+        while w.in_flight().is_empty() {
+            w.fire_timer();
+            w.settle().unwrap();
+        }
+        (w, "$JS.API.STREAM.INFO.KV_leases")
+    }
+    let table: [(&str, Setup); 4] = [
+        ("a call that timed out", call_times_out),
+        ("a call cut off at the stop's bound", call_cut_off),
+        ("startup's stream info unanswered", startup_unanswered),
+        (
+            "the replicas check's stream info unanswered",
+            replicas_check_unanswered,
+        ),
+    ];
+    for (name, setup) in table {
+        let (mut w, subject) = setup();
+        assert_eq!(w.in_flight(), vec![subject], "{name}");
+        let id = w.in_flight_ids()[0];
+        assert!(w.cancelled.is_empty(), "{name}: nothing given up yet");
+        // Its waiter's deadline: the request's timeout, or the stop's cut-off.
+        w.fire_timer();
+        w.settle().unwrap();
+        assert_eq!(
+            w.cancelled.iter().copied().collect::<Vec<_>>(),
+            vec![id],
+            "{name}"
+        );
+        // Answered late all the same: ignored, nothing breaks.
+        w.deliver(0);
+        w.settle().unwrap();
+    }
+}
