@@ -1,9 +1,10 @@
 //! The dagnats lease service on tokio.
 //!
 //! It drives the sans-IO machines of [`dagnats_leases_core`] with async-nats: every
-//! effect is one NATS request ([`exec::send`]), every request to `api.leases.*` runs
-//! its own call machine in its own task, so a slow forward never holds up an
-//! acquire. No lease logic lives here: checks, retries and replies come from the core.
+//! request a machine asks for is one NATS request ([`nats_request`]), and the
+//! service is one loop around the core's `Service` machine, which runs a call
+//! machine per request, so a slow forward never holds up an acquire. No lease
+//! logic lives here: checks, retries and replies come from the core.
 //!
 //! The service loop, [`client`] and [`member`] reach their executor only through
 //! [`runtime::Runtime`] (spawn, sleep until an instant): [`runtime::TokioRuntime`]
@@ -32,13 +33,13 @@ pub mod clock;
 pub mod commands;
 #[cfg(feature = "cli")]
 pub mod connect;
-pub mod exec;
 #[cfg(feature = "cli")]
 pub mod exit;
 mod intake;
 #[cfg(feature = "cli")]
 pub mod lock;
 pub mod member;
+pub mod nats_request;
 pub mod runtime;
 pub mod service;
 pub mod telemetry;

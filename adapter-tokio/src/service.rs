@@ -31,8 +31,8 @@ use metrics::counter;
 use time::OffsetDateTime;
 use tokio::sync::{oneshot, watch};
 
-use crate::exec;
 use crate::intake;
+use crate::nats_request;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry;
 use crate::{Error, ErrorKind as ServiceErrorKind};
@@ -505,7 +505,7 @@ impl Io {
                 }
                 // Untimed: the machine keeps every deadline and cancels what it
                 // gives up on (a silent owner, a deposed stream leader).
-                (t.id, exec::send_untimed(&client, t.request).await)
+                (t.id, nats_request::send_untimed(&client, t.request).await)
             });
             self.cancels.insert(id, cancel);
             self.outcomes.push(Box::pin(send.map(Result::ok)));
@@ -627,7 +627,7 @@ fn received(m: Message) -> Received {
     Received {
         subject: m.subject.to_string(),
         reply: m.reply.map(|r| r.to_string()),
-        headers: crate::exec::header_pairs(m.headers.as_ref()),
+        headers: crate::nats_request::header_pairs(m.headers.as_ref()),
         payload: m.payload.to_vec(),
     }
 }

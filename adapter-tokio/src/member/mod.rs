@@ -68,7 +68,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
-use crate::exec;
+use crate::nats_request;
 use crate::runtime::{self, Runtime, TokioRuntime};
 use crate::telemetry;
 

@@ -1,4 +1,6 @@
-//! Carries out the core's effects: each is one NATS request.
+//! One NATS request as the core's machines ask for it: a [`NatsRequest`] sent with
+//! async-nats, its reply (or failure) read back as the [`RequestOutcome`] the
+//! machine is fed; and a message's headers as the core reads them.
 
 use async_nats::{Client, HeaderMap, RequestErrorKind};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
