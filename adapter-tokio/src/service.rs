@@ -1,11 +1,14 @@
 //! The lease service's IO loop around the core's
 //! [`Service`] machine, one serving future
 //! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
-//! machine asks, feeds it every message, outcome, timer and the stop, sends its
-//! requests, publishes its replies, unsubscribes and flushes when it says, and
-//! records its metric and log events. Every decision (which reply may go out, who
-//! the caller is, admission, the calls, the coalescer, the confirm switch, the
-//! stop's phases) is the machine's.
+//! machine asks (and tells it of a subscription that failed), feeds it every
+//! message, outcome, timer and the stop, sends its requests untimed and drops the
+//! ones it cancels, publishes its replies (and tells it as each is handed to the
+//! client), unsubscribes and flushes when it says, and records its metric and log
+//! events. Every decision (which reply may go out, who the caller is, admission,
+//! the calls, the coalescer, the confirm switch, when a request is given up, which
+//! failed subscription is fatal, the stop's phases and when its flush may begin) is
+//! the machine's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -404,7 +407,7 @@ impl Io {
             let _ =
                 runtime::until(&*self.runtime, deadline, intake::drain(&mut self.requests)).await;
         }
-        if self.flush_wanted && self.sending.is_empty() && self.flushing.is_none() {
+        if self.flush_wanted && self.flushing.is_none() {
             self.flush_wanted = false;
             let serving = self.serving.clone();
             self.flushing = Some(Box::pin(async move {
@@ -465,7 +468,9 @@ impl Io {
                     service.handle_outcome(self.runtime.now(), id, outcome);
                 }
             }
-            Some(()) = self.sending.next(), if !self.sending.is_empty() => {}
+            Some(()) = self.sending.next(), if !self.sending.is_empty() => {
+                service.handle_reply_sent(self.runtime.now());
+            }
             () = flushing => {
                 self.flushing = None;
                 service.handle_flushed(self.runtime.now());
@@ -511,13 +516,14 @@ impl Io {
             self.outcomes.push(Box::pin(send.map(Result::ok)));
         }
         while let Some(event) = service.poll_event() {
-            self.record(event).await?;
+            self.record(service, event).await?;
         }
         Ok(())
     }
 
-    /// Does or records one event.
-    async fn record(&mut self, event: ServiceEvent) -> Result<(), Error> {
+    /// Does or records one event; what came of a subscription goes back to
+    /// `service`.
+    async fn record(&mut self, service: &mut Service, event: ServiceEvent) -> Result<(), Error> {
         match event {
             ServiceEvent::Subscribe {
                 subject,
@@ -525,26 +531,26 @@ impl Io {
                 kind,
             } => {
                 let subscribed = match (kind, queue) {
-                    (SubscriptionKind::Changes, _) => {
-                        match self.backend.subscribe(subject).await {
-                            Ok(s) => self.changes = Some(s),
-                            Err(e) => tracing::warn!(
-                                "change events not watched ({e}): renew and release read \
-                                 first, and no per-tenant lease counts"
-                            ),
-                        }
-                        return Ok(());
-                    }
+                    (SubscriptionKind::Changes, _) => self.backend.subscribe(subject.clone()).await,
                     (_, Some(queue)) => {
                         self.serving
-                            .queue_subscribe(subject, queue.to_string())
+                            .queue_subscribe(subject.clone(), queue.to_string())
                             .await
                     }
-                    (_, None) => self.serving.subscribe(subject).await,
+                    (_, None) => self.serving.subscribe(subject.clone()).await,
                 };
-                self.requests
-                    .push(subscribed.map_err(|e| Error::new(ServiceErrorKind::Nats, e))?);
+                match (subscribed, kind) {
+                    (Ok(s), SubscriptionKind::Changes) => self.changes = Some(s),
+                    (Ok(s), _) => self.requests.push(s),
+                    (Err(e), kind) => service.handle_subscribe_failed(
+                        self.runtime.now(),
+                        kind,
+                        &subject,
+                        &e.to_string(),
+                    ),
+                }
             }
+            ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
             ServiceEvent::Reply { to, body } => {
                 let (runtime, serving) = (self.runtime.clone(), self.serving.clone());
                 self.sending.push(Box::pin(async move {
@@ -615,6 +621,7 @@ impl Io {
                 LogLevel::Debug => tracing::debug!("{line}"),
             },
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
+            // Asked once every reply is handed to the client: the flush carries them.
             ServiceEvent::Flush => self.flush_wanted = true,
             ServiceEvent::Stopped => {}
         }

@@ -10,8 +10,10 @@
 //!
 //! Inputs: [`Service::handle_request`] (every message a subscription delivers:
 //! requests, `$SRV` verbs, change events), [`Service::handle_outcome`] (the outcome
-//! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], and
-//! the two waits of a stop coming to their end ([`Service::handle_intake_closed`],
+//! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], the
+//! adapter's IO coming to its end ([`Service::handle_reply_sent`] for each reply
+//! handed to the client, [`Service::handle_subscribe_failed`]), and the two waits
+//! of a stop coming to their end ([`Service::handle_intake_closed`],
 //! [`Service::handle_flushed`]). Outputs: [`Service::poll_transmit`] (a NATS
 //! request, its outcome wanted), [`Service::poll_event`] (replies to publish,
 //! subscriptions wanted, metrics and log facts, the end), [`Service::poll_timeout`]
@@ -32,7 +34,12 @@
 //!   is never sent;
 //! - a stop drains: unsubscribe, answer every request already delivered, wait for
 //!   the calls up to `shutdown_timeout`, cut off what still runs (`internal`),
-//!   flush, within [`Shutdown::bound`].
+//!   flush once every reply is handed to the client, within [`Shutdown::bound`];
+//! - a request nobody waits for any more is cancelled ([`ServiceEvent::Cancel`]):
+//!   the machine's deadlines are a request's only timer;
+//! - a failed subscription of the endpoints or the verbs stops the service
+//!   ([`ServiceEvent::Fatal`]); of the change events, it serves on without the
+//!   known map.
 
 mod kv;
 
@@ -246,6 +253,10 @@ pub enum ServiceEvent {
     /// shard count): the service must not serve it, and keeps answering every call
     /// `unavailable`. The sentence says why and what to change.
     StartRefused(String),
+    /// The service cannot be reached: a subscription of the lease endpoints or
+    /// of the `$SRV` verbs failed ([`Service::handle_subscribe_failed`]). Stop
+    /// with this error; the machine is done.
+    Fatal(String),
     /// The mode calls are answered in changed (a gauge).
     Mode(Mode),
     /// The bucket is ensured: serving from now on.
@@ -311,8 +322,10 @@ pub enum ServiceEvent {
     /// Stopping: unsubscribe every subscription, keep feeding the messages already
     /// delivered, then call [`Service::handle_intake_closed`].
     Unsubscribe,
-    /// Stopping: hand every reply to the client and push its writes to the server,
-    /// then call [`Service::handle_flushed`].
+    /// Stopping: push the client's writes to the server, then call
+    /// [`Service::handle_flushed`]. Asked only once every reply the service sent
+    /// was handed to the client ([`Service::handle_reply_sent`]), so the flush
+    /// carries them.
     Flush,
     /// The stop is over: nothing more to do.
     Stopped,
@@ -407,6 +420,12 @@ pub struct Service {
     stop: Option<Shutdown>,
     intake_open: bool,
     late: usize,
+    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client.
+    replies_out: usize,
+    /// The stop phase a flush was asked for last.
+    flush_asked: Option<StopPhase>,
+    /// A subscription the service cannot serve without failed.
+    failed: bool,
     calls: HashMap<u64, Running>,
     next_token: u64,
     deadlines: BTreeSet<(Instant, u64)>,
@@ -457,6 +476,9 @@ impl Service {
             stop: None,
             intake_open: true,
             late: 0,
+            replies_out: 0,
+            flush_asked: None,
+            failed: false,
             calls: HashMap::new(),
             next_token: 0,
             deadlines: BTreeSet::new(),
@@ -694,7 +716,65 @@ impl Service {
 
     /// Publishes a reply to a subject the reply rule let through.
     fn reply(&mut self, to: String, body: Vec<u8>) {
+        self.replies_out += 1;
         self.events.push_back(ServiceEvent::Reply { to, body });
+    }
+
+    /// A reply the service sent ([`ServiceEvent::Reply`]) was handed to the client
+    /// (or given up at its bound): a stop's flush waits for every one.
+    pub fn handle_reply_sent(&mut self, now: Instant) {
+        self.replies_out = self.replies_out.saturating_sub(1);
+        self.pump(now);
+    }
+
+    /// A subscription the service asked for ([`ServiceEvent::Subscribe`]) failed
+    /// with `error`. The lease endpoints and the `$SRV` verbs are how the service is
+    /// reached: without one it stops ([`ServiceEvent::Fatal`]). Change events only
+    /// feed the known map and the tenants' counts: the service serves on without
+    /// the known map (renew and release read first) and says so.
+    pub fn handle_subscribe_failed(
+        &mut self,
+        now: Instant,
+        kind: SubscriptionKind,
+        subject: &str,
+        error: &str,
+    ) {
+        match kind {
+            SubscriptionKind::Api | SubscriptionKind::Srv => {
+                if !self.failed {
+                    self.failed = true;
+                    self.events.push_back(ServiceEvent::Fatal(format!(
+                        "could not subscribe to {subject}: {error}"
+                    )));
+                }
+            }
+            SubscriptionKind::Changes => {
+                self.known = None;
+                self.events.push_back(ServiceEvent::Log {
+                    level: LogLevel::Warn,
+                    line: format!(
+                        "change events not watched ({error}): renew and release read \
+                         first, and no per-tenant lease counts"
+                    ),
+                });
+            }
+        }
+        self.pump(now);
+    }
+
+    /// Stopping, in a phase that ends with a flush: asks for it once every reply
+    /// is handed to the client.
+    fn ask_flush(&mut self) {
+        let Some(phase) = self.stop.as_ref().map(Shutdown::phase) else {
+            return;
+        };
+        if matches!(phase, StopPhase::Replies | StopPhase::Flush)
+            && self.flush_asked != Some(phase)
+            && self.replies_out == 0
+        {
+            self.flush_asked = Some(phase);
+            self.events.push_back(ServiceEvent::Flush);
+        }
     }
 
     /// A call's reply: counted, and sent.
@@ -1237,8 +1317,10 @@ impl Service {
         self.pump(now);
     }
 
-    /// The drain ends once the intake is closed and every call answered.
+    /// The drain ends once the intake is closed and every call answered; a flush
+    /// waits for the replies.
     fn pump_stop(&mut self, now: Instant) {
+        self.ask_flush();
         let Some(stop) = &mut self.stop else {
             return;
         };
@@ -1294,7 +1376,7 @@ impl Service {
         }
         match phase {
             StopPhase::Drain => {}
-            StopPhase::Replies | StopPhase::Flush => self.events.push_back(ServiceEvent::Flush),
+            StopPhase::Replies | StopPhase::Flush => self.ask_flush(),
             StopPhase::Done => self.events.push_back(ServiceEvent::Stopped),
         }
     }
@@ -1352,10 +1434,11 @@ impl Service {
         .min()
     }
 
-    /// Whether the stop is over and every output was drained.
+    /// Whether the stop is over and every output was drained, or the service
+    /// failed ([`ServiceEvent::Fatal`]) and said so.
     pub fn is_done(&self) -> bool {
-        self.stop.as_ref().is_some_and(Shutdown::is_done)
-            && self.events.is_empty()
-            && self.transmits.is_empty()
+        let stopped =
+            self.stop.as_ref().is_some_and(Shutdown::is_done) && self.transmits.is_empty();
+        (stopped || self.failed) && self.events.is_empty()
     }
 }

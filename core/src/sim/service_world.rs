@@ -17,6 +17,9 @@
 //!    timeout: the machine's deadlines are the only timers a request has, so a send
 //!    it forgot would be held for ever. (A cancelled request still in flight may
 //!    yet be answered: the outcome must be ignored.)
+//! 6. a stop's flush is asked only once every reply sent was handed to the
+//!    client (the world hands them over when it carries out a stop's waits, and
+//!    when a test settles).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -68,6 +71,8 @@ pub struct ServiceWorld {
     lost: BTreeMap<EffectId, Instant>,
     /// Every request the service cancelled.
     pub cancelled: BTreeSet<EffectId>,
+    /// Replies sent and not yet handed to the client.
+    handing: usize,
     asked: BTreeMap<String, Asked>,
     next_request: u64,
     /// The highest fence granted per key.
@@ -107,6 +112,7 @@ impl ServiceWorld {
             network: Vec::new(),
             lost: BTreeMap::new(),
             cancelled: BTreeSet::new(),
+            handing: 0,
             asked: BTreeMap::new(),
             next_request: 0,
             fences: BTreeMap::new(),
@@ -157,9 +163,25 @@ impl ServiceWorld {
         self.drain()
     }
 
-    /// Drains the service's outputs, checking the replies.
+    /// Drains the service's outputs, checking the replies, and hands the replies
+    /// to the client.
     pub fn settle(&mut self) -> Result<(), String> {
+        self.drain()?;
+        self.hand_off();
         self.drain()
+    }
+
+    /// Sends the replies the service sent so far: each is handed to the client.
+    pub fn hand_off(&mut self) {
+        while self.handing > 0 {
+            self.handing -= 1;
+            self.service.handle_reply_sent(self.now());
+        }
+    }
+
+    /// Replies sent and not yet handed to the client.
+    pub fn replies_handing(&self) -> usize {
+        self.handing
     }
 
     /// Sets the stream's replicas (the next stream info reports them).
@@ -194,7 +216,16 @@ impl ServiceWorld {
                 {
                     return Err(format!("subscribed twice to {subject}"));
                 }
-                ServiceEvent::Reply { to, body } => self.check_reply(to, body)?,
+                ServiceEvent::Reply { to, body } => {
+                    self.handing += 1;
+                    self.check_reply(to, body)?
+                }
+                ServiceEvent::Flush if self.handing > 0 => {
+                    return Err(format!(
+                        "a flush was asked with {} replies not yet handed to the client",
+                        self.handing
+                    ));
+                }
                 ServiceEvent::Cancel { id } => {
                     if !self.cancelled.insert(*id) {
                         return Err(format!("request {id:?} cancelled twice"));
@@ -408,14 +439,19 @@ impl ServiceWorld {
     /// Does what the service asked of the adapter for a stop (the intake closes,
     /// the flushes end).
     fn obey(&mut self) {
-        while self
-            .events
-            .iter()
-            .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
-        {
+        loop {
+            self.hand_off();
+            // A failed drain: the next one reports it.
+            if self.drain().is_err()
+                || !self
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+            {
+                return;
+            }
             self.obey_once();
             if self.drain().is_err() {
-                // The next drain reports it.
                 return;
             }
         }

@@ -796,3 +796,155 @@ fn a_request_nobody_waits_for_any_more_is_cancelled() {
         w.settle().unwrap();
     }
 }
+
+/// An acquire of `key` to `s`, its reply to `_INBOX.<key>`; returns its write.
+fn acquire_on(s: &mut Service, t0: Instant, key: &str) -> crate::io::Transmit {
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: Endpoint::Acquire.subject(),
+            reply: Some(format!("_INBOX.{key}")),
+            payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                .to_string()
+                .into_bytes(),
+            ..Received::default()
+        },
+    );
+    std::iter::from_fn(|| s.poll_transmit())
+        .find(|t| t.request.subject == format!("$KV.leases.{key}"))
+        .expect("the acquire writes")
+}
+
+/// How many replies and flushes `s` asked for, drained.
+fn replies_and_flushes(s: &mut Service) -> (usize, usize) {
+    std::iter::from_fn(|| s.poll_event()).fold((0, 0), |(r, f), e| match e {
+        ServiceEvent::Reply { .. } => (r + 1, f),
+        ServiceEvent::Flush => (r, f + 1),
+        _ => (r, f),
+    })
+}
+
+/// A stop's flush pushes the replies to the server only if they were handed to
+/// the client first: the machine asks for it once every reply it sent is handed
+/// over ([`Service::handle_reply_sent`]), not as its phase begins.
+#[test]
+fn a_stops_flush_waits_until_every_reply_is_handed_to_the_client() {
+    let t0 = Instant::now();
+    let ack = |seq: u64| {
+        crate::io::RequestOutcome::reply(format!(r#"{{"stream":"KV_leases","seq":{seq}}}"#))
+    };
+    // (name, calls running at the stop, answered before the drain's bound)
+    let table = [
+        ("nothing running: the flush at once", 0, true),
+        ("a call answered within the drain", 1, true),
+        ("two calls cut off at the drain's bound", 2, false),
+    ];
+    for (name, calls, answered) in table {
+        let mut c = config();
+        c.shutdown_timeout = Duration::from_millis(300);
+        let (mut s, _) = ready(c, t0);
+        let writes: Vec<_> = (0..calls)
+            .map(|i| acquire_on(&mut s, t0, &format!("k{i}")))
+            .collect();
+        s.handle_stop(t0);
+        s.handle_intake_closed(t0);
+        let (_, early) = replies_and_flushes(&mut s);
+        assert_eq!(
+            early,
+            usize::from(calls == 0),
+            "{name}: flushed before any reply"
+        );
+        if answered {
+            for (i, w) in writes.iter().enumerate() {
+                s.handle_outcome(t0, w.id, ack(i as u64 + 1));
+            }
+        } else {
+            let bound = s.stop_phase_ends().expect("the drain's bound");
+            s.handle_timeout(bound);
+            assert_eq!(s.stop_phase(), Some(StopPhase::Replies), "{name}");
+        }
+        let (replies, flushes) = replies_and_flushes(&mut s);
+        assert_eq!(replies, calls, "{name}: every call answered");
+        for handed in 0..calls {
+            assert_eq!(
+                flushes, 0,
+                "{name}: {handed} of {calls} replies handed over"
+            );
+            s.handle_reply_sent(t0);
+            let (_, now_flushes) = replies_and_flushes(&mut s);
+            if handed + 1 < calls {
+                assert_eq!(now_flushes, 0, "{name}: {} of {calls} handed", handed + 1);
+            } else {
+                assert_eq!(now_flushes, 1, "{name}: all handed, the flush");
+            }
+        }
+    }
+}
+
+/// The lease endpoints and the `$SRV` verbs are how the service is reached: a
+/// failed subscription of either stops it with the error. Change events only feed
+/// the known map: without them it serves on, renew and release reading first.
+#[test]
+fn a_failed_subscription_stops_the_service_only_when_it_is_how_it_is_reached() {
+    let t0 = Instant::now();
+    let table = [
+        ("the endpoints", SubscriptionKind::Api, true),
+        ("the verbs", SubscriptionKind::Srv, true),
+        ("the change events", SubscriptionKind::Changes, false),
+    ];
+    for (name, kind, fatal) in table {
+        let (mut s, _) = ready(config(), t0);
+        s.handle_subscribe_failed(t0, kind, "some.subject", "permissions violation");
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        let fatals: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                ServiceEvent::Fatal(why) => Some(why),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fatals.len(), usize::from(fatal), "{name}: {events:?}");
+        assert!(
+            fatals
+                .iter()
+                .all(|why| why.contains("some.subject") && why.contains("permissions")),
+            "{name}: {fatals:?}"
+        );
+        assert_eq!(s.is_done(), fatal, "{name}");
+        if fatal {
+            continue;
+        }
+        // Serving on, the known map gone: a change event teaches nothing and a
+        // renew reads first.
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: "dagnats.lease.changed.k".to_string(),
+                headers: vec![
+                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                    ("Nats-Sequence".to_string(), "7".to_string()),
+                ],
+                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
+                    .to_vec(),
+                ..Received::default()
+            },
+        );
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: Endpoint::Renew.subject(),
+                reply: Some("_INBOX.r".to_string()),
+                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
+                ..Received::default()
+            },
+        );
+        let t = s.poll_transmit().expect("the renew sends");
+        assert_eq!(
+            t.request.subject, "$JS.API.STREAM.MSG.GET.KV_leases",
+            "{name}"
+        );
+    }
+}
