@@ -583,37 +583,46 @@ fn a_change_event_teaches_the_known_map_what_a_renew_then_writes_on() {
         let mut c = config();
         c.known_capacity = capacity;
         let (mut s, _) = ready(c, t0);
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: "dagnats.lease.changed.k".to_string(),
-                headers: vec![
-                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
-                    ("Nats-Sequence".to_string(), "7".to_string()),
-                    (
-                        "Nats-Time-Stamp".to_string(),
-                        "1970-01-01T00:00:00Z".to_string(),
-                    ),
-                ],
-                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
-                    .to_vec(),
-                ..Received::default()
-            },
+        assert_eq!(
+            renew_after_change(&mut s, t0),
+            first,
+            "known capacity {capacity}"
         );
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: Endpoint::Renew.subject(),
-                reply: Some("_INBOX.r".to_string()),
-                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
-                ..Received::default()
-            },
-        );
-        let t = s.poll_transmit().expect("the renew sends");
-        assert_eq!(t.request.subject, first, "known capacity {capacity}");
     }
+}
+
+/// A change event says `k` is held at revision 7, then a renew of 7 comes: the
+/// subject of the renew's first request (its write when 7 is known, else a read).
+fn renew_after_change(s: &mut Service, t0: Instant) -> String {
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: "dagnats.lease.changed.k".to_string(),
+            headers: vec![
+                ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                ("Nats-Sequence".to_string(), "7".to_string()),
+                (
+                    "Nats-Time-Stamp".to_string(),
+                    "1970-01-01T00:00:00Z".to_string(),
+                ),
+            ],
+            payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
+                .to_vec(),
+            ..Received::default()
+        },
+    );
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: Endpoint::Renew.subject(),
+            reply: Some("_INBOX.r".to_string()),
+            payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
+            ..Received::default()
+        },
+    );
+    s.poll_transmit().expect("the renew sends").request.subject
 }
 
 /// Answers every stream info `s` asks while starting from `streams` (a stream's
@@ -917,33 +926,9 @@ fn a_failed_subscription_stops_the_service_only_when_it_is_how_it_is_reached() {
         }
         // Serving on, the known map gone: a change event teaches nothing and a
         // renew reads first.
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: "dagnats.lease.changed.k".to_string(),
-                headers: vec![
-                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
-                    ("Nats-Sequence".to_string(), "7".to_string()),
-                ],
-                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
-                    .to_vec(),
-                ..Received::default()
-            },
-        );
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: Endpoint::Renew.subject(),
-                reply: Some("_INBOX.r".to_string()),
-                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
-                ..Received::default()
-            },
-        );
-        let t = s.poll_transmit().expect("the renew sends");
         assert_eq!(
-            t.request.subject, "$JS.API.STREAM.MSG.GET.KV_leases",
+            renew_after_change(&mut s, t0),
+            "$JS.API.STREAM.MSG.GET.KV_leases",
             "{name}"
         );
     }
