@@ -38,7 +38,7 @@ use dagnats_leases_core::wire::{
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 use futures::StreamExt;
 
-use crate::exec;
+use crate::nats_request;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
 use crate::runtime::{self, Runtime};
@@ -182,13 +182,17 @@ impl LeaseClient {
         &self.nats
     }
 
+    /// One request to the service, answered or timed out after `timeout`: no
+    /// machine keeps a deadline for a one-shot call, so the request keeps its own
+    /// timer ([`nats_request::send`]; the waiting acquire and the holder's campaign send
+    /// untimed, their machines' deadlines timing them).
     async fn call(&self, request: Request, timeout: Duration) -> Result<Response, LeaseError> {
         // The service's own validation, run here first: bad input fails before any
         // request, with the same sentence the service would reply.
         let endpoint = request.endpoint();
         let payload = request.to_json();
         Request::decode(endpoint, &payload)?;
-        let outcome = exec::send(
+        let outcome = nats_request::send(
             &*self.runtime,
             &self.nats,
             NatsRequest {
@@ -280,7 +284,7 @@ impl LeaseClient {
         let mut asking = None;
         loop {
             while let Some(t) = waiting.poll_transmit() {
-                let send = exec::send_untimed(&self.nats, t.request);
+                let send = nats_request::send_untimed(&self.nats, t.request);
                 asking = Some((t.id, Box::pin(send)));
             }
             while let Some(event) = waiting.poll_event() {

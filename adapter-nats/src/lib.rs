@@ -32,11 +32,11 @@ pub mod client;
 pub mod clock;
 #[cfg(feature = "cli")]
 pub mod connect;
-pub mod exec;
 #[cfg(feature = "cli")]
 pub mod exit;
 mod intake;
 pub mod member;
+pub mod nats_request;
 pub mod runtime;
 pub mod service;
 pub mod telemetry;

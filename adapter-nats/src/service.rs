@@ -1,12 +1,16 @@
 //! The lease service's IO loop around the core's
 //! [`Service`] machine, one serving future
 //! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
-//! machine asks, feeds it every message, outcome, timer and the stop, sends its
-//! requests, publishes its replies, unsubscribes and flushes when it says, and
-//! records its metric and log events. Every decision (which reply may go out, who
-//! the caller is, admission, the calls, the coalescer, the confirm switch, the
-//! stop's phases) is the machine's.
+//! machine asks (and tells it of a subscription that failed), feeds it every
+//! message, outcome, timer and the stop, sends its requests untimed and drops the
+//! ones it cancels, publishes its replies (and tells it as each is handed to the
+//! client), unsubscribes and flushes when it says, and records its metric and log
+//! events. Every decision (which reply may go out, who the caller is, admission,
+//! the calls, the coalescer, the confirm switch, when a request is given up, which
+//! failed subscription is fatal, the stop's phases and when its flush may begin) is
+//! the machine's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +34,8 @@ use metrics::counter;
 use time::OffsetDateTime;
 use tokio::sync::{oneshot, watch};
 
-use crate::exec;
 use crate::intake;
+use crate::nats_request;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
 use crate::runtime::{self, Runtime};
@@ -345,7 +349,10 @@ struct Io {
     server: String,
     requests: SelectAll<Subscriber>,
     changes: Option<Subscriber>,
-    outcomes: FuturesUnordered<BoxFuture<'static, (EffectId, RequestOutcome)>>,
+    /// The requests out, each until its outcome or the machine's cancel.
+    outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
+    /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
+    cancels: HashMap<EffectId, AbortHandle>,
     sending: FuturesUnordered<BoxFuture<'static, ()>>,
     timer: Option<(Instant, runtime::Sleep)>,
     /// Stopping: the subscriptions are being drained; the intake is open.
@@ -374,6 +381,7 @@ impl Io {
             requests: SelectAll::new(),
             changes: None,
             outcomes: FuturesUnordered::new(),
+            cancels: HashMap::new(),
             sending: FuturesUnordered::new(),
             timer: None,
             intake_open: true,
@@ -402,7 +410,7 @@ impl Io {
             let _ =
                 runtime::until(&*self.runtime, deadline, intake::drain(&mut self.requests)).await;
         }
-        if self.flush_wanted && self.sending.is_empty() && self.flushing.is_none() {
+        if self.flush_wanted && self.flushing.is_none() {
             self.flush_wanted = false;
             let serving = self.serving.clone();
             self.flushing = Some(Box::pin(async move {
@@ -456,10 +464,16 @@ impl Io {
                 }
                 None => self.intake_open = false,
             },
-            Some((id, outcome)) = self.outcomes.next(), if !self.outcomes.is_empty() => {
-                service.handle_outcome(self.runtime.now(), id, outcome);
+            Some(answered) = self.outcomes.next(), if !self.outcomes.is_empty() => {
+                // `None`: cancelled, nothing to feed.
+                if let Some((id, outcome)) = answered {
+                    self.cancels.remove(&id);
+                    service.handle_outcome(self.runtime.now(), id, outcome);
+                }
             }
-            Some(()) = self.sending.next(), if !self.sending.is_empty() => {}
+            Some(()) = self.sending.next(), if !self.sending.is_empty() => {
+                service.handle_reply_sent(self.runtime.now());
+            }
             () = flushing => {
                 self.flushing = None;
                 service.handle_flushed(self.runtime.now());
@@ -483,8 +497,9 @@ impl Io {
     /// Carries out every output of `service`.
     async fn drain(&mut self, service: &mut Service) -> Result<(), Error> {
         while let Some(t) = service.poll_transmit() {
-            let (client, runtime) = (self.backend.clone(), self.runtime.clone());
-            self.outcomes.push(Box::pin(async move {
+            let client = self.backend.clone();
+            let id = t.id;
+            let (send, cancel) = futures::future::abortable(async move {
                 for m in t.publish {
                     let mut headers = async_nats::HeaderMap::new();
                     for (name, value) in &m.headers {
@@ -496,49 +511,49 @@ impl Io {
                         .publish_with_headers(m.subject, headers, m.payload.into())
                         .await;
                 }
-                // The machine keeps every deadline itself; the request's own bound
-                // only ends the future of one it gave up on (a silent owner, a
-                // deposed stream leader), which would otherwise be held for ever.
-                (t.id, exec::send(&*runtime, &client, t.request).await)
-            }));
+                // Untimed: the machine keeps every deadline and cancels what it
+                // gives up on (a silent owner, a deposed stream leader).
+                (t.id, nats_request::send_untimed(&client, t.request).await)
+            });
+            self.cancels.insert(id, cancel);
+            self.outcomes.push(Box::pin(send.map(Result::ok)));
         }
         while let Some(event) = service.poll_event() {
-            self.record(event).await?;
+            self.record(service, event).await?;
         }
         Ok(())
     }
 
-    /// Does or records one event.
-    async fn record(&mut self, event: ServiceEvent) -> Result<(), Error> {
+    /// Does or records one event; what came of a subscription goes back to
+    /// `service`.
+    async fn record(&mut self, service: &mut Service, event: ServiceEvent) -> Result<(), Error> {
         match event {
             ServiceEvent::Subscribe {
                 subject,
                 queue,
                 kind,
-                unwatched,
             } => {
                 let subscribed = match (kind, queue) {
-                    (SubscriptionKind::Changes, _) => {
-                        match self.backend.subscribe(subject).await {
-                            Ok(s) => self.changes = Some(s),
-                            // The machine's sentence: what this configuration loses.
-                            Err(e) => tracing::warn!(
-                                "{} (the server said: {e})",
-                                unwatched.as_deref().unwrap_or("change events not watched")
-                            ),
-                        }
-                        return Ok(());
-                    }
+                    (SubscriptionKind::Changes, _) => self.backend.subscribe(subject.clone()).await,
                     (_, Some(queue)) => {
                         self.serving
-                            .queue_subscribe(subject, queue.to_string())
+                            .queue_subscribe(subject.clone(), queue.to_string())
                             .await
                     }
-                    (_, None) => self.serving.subscribe(subject).await,
+                    (_, None) => self.serving.subscribe(subject.clone()).await,
                 };
-                self.requests
-                    .push(subscribed.map_err(|e| Error::new(ServiceErrorKind::Nats, e))?);
+                match (subscribed, kind) {
+                    (Ok(s), SubscriptionKind::Changes) => self.changes = Some(s),
+                    (Ok(s), _) => self.requests.push(s),
+                    (Err(e), kind) => service.handle_subscribe_failed(
+                        self.runtime.now(),
+                        kind,
+                        &subject,
+                        &e.to_string(),
+                    ),
+                }
             }
+            ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
             ServiceEvent::Reply { to, body } => {
                 let (runtime, serving) = (self.runtime.clone(), self.serving.clone());
                 self.sending.push(Box::pin(async move {
@@ -582,6 +597,11 @@ impl Io {
                 }
             }
             ServiceEvent::Kv(fact) => kv_metric(fact),
+            ServiceEvent::Cancel { id } => {
+                if let Some(cancel) = self.cancels.remove(&id) {
+                    cancel.abort();
+                }
+            }
             ServiceEvent::ConfirmReads { replicas, on } => tracing::info!(
                 replicas,
                 confirm_reads = on,
@@ -604,6 +624,7 @@ impl Io {
                 LogLevel::Debug => tracing::debug!("{line}"),
             },
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
+            // Asked once every reply is handed to the client: the flush carries them.
             ServiceEvent::Flush => self.flush_wanted = true,
             ServiceEvent::Stopped => {}
         }
@@ -616,7 +637,7 @@ fn received(m: Message) -> Received {
     Received {
         subject: m.subject.to_string(),
         reply: m.reply.map(|r| r.to_string()),
-        headers: crate::exec::header_pairs(m.headers.as_ref()),
+        headers: crate::nats_request::header_pairs(m.headers.as_ref()),
         payload: m.payload.to_vec(),
     }
 }

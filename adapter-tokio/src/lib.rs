@@ -20,7 +20,7 @@
 #![warn(clippy::use_self)]
 
 pub use dagnats_leases_nats::{
-    Error, ErrorKind, client, clock, exec, member, runtime, service, telemetry,
+    Error, ErrorKind, client, clock, member, nats_request, runtime, service, telemetry,
 };
 #[cfg(feature = "cli")]
 pub use dagnats_leases_nats::{cli, connect, exit};

@@ -54,7 +54,7 @@
 //!
 //! ```
 //! use std::time::Instant;
-//! use dagnats_leases_core::call::{Call, CallConfig};
+//! use dagnats_leases_core::call::{Call, CallConfig, CallEvent};
 //! use dagnats_leases_core::io::{NatsRequest, RequestOutcome};
 //! use dagnats_leases_core::wire::{Endpoint, Response};
 //!
@@ -66,14 +66,17 @@
 //! let body = br#"{"key":"notify-leader","holder":"notify-7f3a","ttl_ms":15000}"#;
 //! let mut now = Instant::now();
 //! let wall = time::OffsetDateTime::now_utc();
-//! let mut call = Call::new(CallConfig::ready(1024 * 1024), now, wall, Endpoint::Acquire, body);
-//! let reply = loop {
+//! let mut call = Call::new(CallConfig::ready(1024 * 1024), Endpoint::Acquire, body, wall, now);
+//! let reply = 'call: loop {
 //!     while let Some(transmit) = call.poll_transmit() {
 //!         let outcome = send(&transmit.request); // an adapter races this against the timer
 //!         call.handle_outcome(now, transmit.id, outcome);
 //!     }
-//!     if let Some(reply) = call.poll_event() {
-//!         break reply;
+//!     while let Some(event) = call.poll_event() {
+//!         match event {
+//!             CallEvent::Replied(reply) => break 'call reply,
+//!             CallEvent::Kv(_fact) => {} // a metric: a confirmation sent, a request failed
+//!         }
 //!     }
 //!     // Waiting: sleep until the one timer, then fire it.
 //!     now = call.poll_timeout().expect("a waiting call has a deadline");
@@ -120,7 +123,7 @@ pub mod sim;
 #[doc(hidden)]
 pub mod test_support;
 
-pub use call::{Call, CallConfig, Effect};
+pub use call::{Call, CallConfig, CallEvent, Effect};
 pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};
 pub use guard::{FenceGuard, InboxGuard};

@@ -43,10 +43,10 @@ fuzz_target!(|data: &[u8]| {
             CallConfig::ready(1 << 20),
             Some(caller.clone()),
             None,
-            Instant::now(),
-            time::OffsetDateTime::UNIX_EPOCH,
             endpoint,
             body.as_bytes(),
+            time::OffsetDateTime::UNIX_EPOCH,
+            Instant::now(),
         );
         if let Some(t) = call.poll_transmit() {
             let subject = &t.request.subject;

@@ -183,7 +183,7 @@ fn send(
         let (id, request) = (transmit.id, transmit.request);
         let body = observer.as_ref().map(|_| request.payload.clone());
         let sent = runtime.now();
-        let sending = exec::send_untimed(&nats, request);
+        let sending = nats_request::send_untimed(&nats, request);
         let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
             futures::future::Either::Left((outcome, _)) => outcome,
             futures::future::Either::Right(_) => RequestOutcome::TimedOut,

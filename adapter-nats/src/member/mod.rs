@@ -68,7 +68,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
-use crate::exec;
+use crate::nats_request;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
 use crate::runtime::{self, Runtime};

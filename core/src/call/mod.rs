@@ -27,6 +27,7 @@ use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::known::{Known, KnownLeases, KnownState, Stamp};
 use crate::record::{LeaseRecord, format_time};
+use crate::service::{KvFact, KvOp};
 use crate::tenant::{self, Caller};
 use crate::wire::{
     AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,
@@ -79,6 +80,18 @@ impl CallConfig {
 pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
 use crate::shard::ShardMap;
 
+/// What a call reports: facts about its JetStream requests as it reads their
+/// outcomes, and at its end its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallEvent {
+    /// A fact about one of the call's JetStream requests, for the metrics: a read
+    /// confirmation sent or retried, or a request failed (and how), as the call
+    /// read the outcome it acts on.
+    Kv(KvFact),
+    /// The call's reply: its last event, after which it is done.
+    Replied(Response),
+}
+
 #[derive(Debug)]
 enum Waiting {
     Nothing,
@@ -111,8 +124,10 @@ enum Job {
 ///
 /// Drive it by draining [`Call::poll_transmit`] after every input until it returns
 /// `None`, sending each request and feeding its outcome to [`Call::handle_outcome`];
-/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes. The call's one
-/// event is its reply ([`Call::poll_event`]); then it [`is_done`](Call::is_done).
+/// call [`Call::handle_timeout`] when [`Call::poll_timeout`] passes, and
+/// [`Call::handle_stop`] when the service will not wait for it any longer. Its
+/// events ([`Call::poll_event`]) end with its reply ([`CallEvent::Replied`]); then
+/// it [`is_done`](Call::is_done).
 #[derive(Debug)]
 pub struct Call {
     job: Job,
@@ -128,8 +143,8 @@ pub struct Call {
     writes: u32,
     confirms: u32,
     effects: std::collections::VecDeque<Effect>,
-    /// The reply, until polled.
-    reply: Option<Response>,
+    /// What the call reports, until polled.
+    events: std::collections::VecDeque<CallEvent>,
     /// Tenancy: who asked, as the server vouched (`None`: one shared namespace).
     scope: Option<Caller>,
     /// What the service knew of the key's last revision when the call started.
@@ -148,12 +163,12 @@ impl Call {
     /// is the monotonic time that bounds forward's `timeout_ms`.
     pub fn new(
         config: CallConfig,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, None, None, now, wall, endpoint, body)
+        Self::build(config, None, None, endpoint, body, wall, now)
     }
 
     /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
@@ -164,12 +179,12 @@ impl Call {
         config: CallConfig,
         scope: Option<Caller>,
         known: Option<&KnownLeases>,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, scope, known, now, wall, endpoint, body)
+        Self::build(config, scope, known, endpoint, body, wall, now)
     }
 
     /// Starts a call that may act on what the service knows of its key
@@ -179,23 +194,23 @@ impl Call {
     /// what the call learns ([`Call::poll_learnt`]) back into the map.
     pub fn with_known(
         config: CallConfig,
-        now: Instant,
-        wall: OffsetDateTime,
+        known: &KnownLeases,
         endpoint: Endpoint,
         body: &[u8],
-        known: &KnownLeases,
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
-        Self::build(config, None, Some(known), now, wall, endpoint, body)
+        Self::build(config, None, Some(known), endpoint, body, wall, now)
     }
 
     fn build(
         config: CallConfig,
         scope: Option<Caller>,
         known: Option<&KnownLeases>,
-        now: Instant,
-        wall: OffsetDateTime,
         endpoint: Endpoint,
         body: &[u8],
+        wall: OffsetDateTime,
+        now: Instant,
     ) -> Self {
         let mut call = Self {
             scope,
@@ -210,7 +225,7 @@ impl Call {
             writes: 0,
             confirms: 0,
             effects: Default::default(),
-            reply: None,
+            events: Default::default(),
             known: None,
             learnt: None,
             sent: None,
@@ -303,9 +318,9 @@ impl Call {
             .map(|effect| effect.into_transmit_sharded(account, &self.config.shards))
     }
 
-    /// The reply, once the call has one: its one event.
-    pub fn poll_event(&mut self) -> Option<Response> {
-        self.reply.take()
+    /// The next thing the call reports: its reply last.
+    pub fn poll_event(&mut self) -> Option<CallEvent> {
+        self.events.pop_front()
     }
 
     /// The newest fact the call learnt about its key (from a leader read, or from a
@@ -335,9 +350,9 @@ impl Call {
         forward.into_iter().chain(effect).min()
     }
 
-    /// Whether the call has replied and its reply was polled: nothing more to do.
+    /// Whether the call has replied and its events were polled: nothing more to do.
     pub fn is_done(&self) -> bool {
-        self.replied() && self.effects.is_empty() && self.reply.is_none()
+        self.replied() && self.effects.is_empty() && self.events.is_empty()
     }
 
     fn replied(&self) -> bool {
@@ -350,6 +365,10 @@ impl Call {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
         if self.forward_past_deadline(now) {
+            // What it waited on is given up unanswered.
+            if let Some(op) = self.waiting_op() {
+                self.report(KvFact::timed_out(op));
+            }
             return self.fail_deadline();
         }
         let id = match self.waiting {
@@ -368,7 +387,7 @@ impl Call {
     /// passed by `now` anyway. The outcome of the effect in flight is never learnt:
     /// a write may still land (as after any `internal` or `unavailable` reply, the
     /// caller's retry finds out). A no-op on a call that has replied.
-    pub fn abort(&mut self, now: Instant) {
+    pub fn handle_stop(&mut self, now: Instant) {
         self.now = now;
         if self.replied() {
             return;
@@ -414,6 +433,19 @@ impl Call {
                 Waiting::Nothing | Waiting::Write(_) => false,
             };
         if late {
+            // Read for the metrics only: the call acts on the deadline.
+            match self.waiting_op() {
+                Some(KvOp::Read) => {
+                    if let Err(f) = js::parse_read(&outcome) {
+                        self.report(KvFact::failed(KvOp::Read, &outcome, &f));
+                    }
+                }
+                Some(op) => {
+                    let ack = js::parse_pub_ack(&outcome);
+                    self.report_ack(op, &outcome, &ack);
+                }
+                None => {}
+            }
             return self.fail_deadline();
         }
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
@@ -423,24 +455,67 @@ impl Call {
                     self.learn_read(&state);
                     self.on_read(now, state)
                 }
-                Err(f) => self.fail_js(f),
-            },
-            Waiting::Confirm(w, state) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(_)) => self.decide(now, state),
-                // The key moved on since the read (or a write to it is in flight).
-                Ok(PublishResult::WrongLastSequence) => self.reread(now),
-                Err(f) => self.fail_js(f),
-            },
-            Waiting::Write(w) if w == id => match js::parse_pub_ack(&outcome) {
-                Ok(PublishResult::Stored(rev)) => {
-                    self.learn_write(rev);
-                    self.on_written(now, rev)
+                Err(f) => {
+                    self.report(KvFact::failed(KvOp::Read, &outcome, &f));
+                    self.fail_js(f)
                 }
-                Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
-                Err(f) => self.fail_js(f),
             },
+            Waiting::Confirm(w, state) if w == id => {
+                let ack = js::parse_pub_ack(&outcome);
+                self.report_ack(KvOp::Confirm, &outcome, &ack);
+                match ack {
+                    Ok(PublishResult::Stored(_)) => self.decide(now, state),
+                    // The key moved on since the read (or a write to it is in flight).
+                    Ok(PublishResult::WrongLastSequence) => self.reread(now),
+                    Err(f) => self.fail_js(f),
+                }
+            }
+            Waiting::Write(w) if w == id => {
+                let ack = js::parse_pub_ack(&outcome);
+                self.report_ack(KvOp::Write, &outcome, &ack);
+                match ack {
+                    Ok(PublishResult::Stored(rev)) => {
+                        self.learn_write(rev);
+                        self.on_written(now, rev)
+                    }
+                    Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
+                    Err(f) => self.fail_js(f),
+                }
+            }
             Waiting::Inbox(w) if w == id => self.on_inbox(now, outcome),
             other => self.waiting = other,
+        }
+    }
+
+    /// Which JetStream request the call waits on, if it waits on one.
+    fn waiting_op(&self) -> Option<KvOp> {
+        match self.waiting {
+            Waiting::Read(_) => Some(KvOp::Read),
+            Waiting::Confirm(..) => Some(KvOp::Confirm),
+            Waiting::Write(_) => Some(KvOp::Write),
+            Waiting::Inbox(_) | Waiting::Nothing => None,
+        }
+    }
+
+    /// Reports a fact about one of its JetStream requests.
+    fn report(&mut self, fact: KvFact) {
+        self.events.push_back(CallEvent::Kv(fact));
+    }
+
+    /// Reports what a write's or a confirmation's ack says: a confirmation that
+    /// lost its race is retried; any failure is counted.
+    fn report_ack(
+        &mut self,
+        op: KvOp,
+        outcome: &RequestOutcome,
+        ack: &Result<PublishResult, JsFailure>,
+    ) {
+        match ack {
+            Ok(PublishResult::WrongLastSequence) if op == KvOp::Confirm => {
+                self.report(KvFact::ConfirmRetry)
+            }
+            Ok(_) => {}
+            Err(f) => self.report(KvFact::failed(op, outcome, f)),
         }
     }
 
@@ -518,7 +593,7 @@ impl Call {
         self.waiting = Waiting::Nothing;
         self.waiting_until = None;
         self.effects.clear();
-        self.reply = Some(response);
+        self.events.push_back(CallEvent::Replied(response));
     }
 
     fn fail(&mut self, error: ErrorReply) {
@@ -617,6 +692,7 @@ impl Call {
             ));
         }
         self.confirms += 1;
+        self.report(KvFact::ConfirmSent);
         let id = self.id();
         let confirm = ConfirmRead {
             id,

@@ -1,8 +1,10 @@
-//! What a call's JetStream request came to, for the service's metrics: read from
-//! the outcome once, here, so that an adapter only counts what the machine says.
+//! What a call's JetStream request came to, for the service's metrics: the
+//! [`Call`](crate::call::Call) reports it ([`CallEvent::Kv`](crate::call::CallEvent::Kv))
+//! from the outcome it parsed to act on, so nothing parses a reply a second time
+//! and an adapter only counts what the machine says.
 
-use crate::io::{RequestOutcome, TransmitKind};
-use crate::js::{self, JsFailure, PublishResult};
+use crate::io::RequestOutcome;
+use crate::js::JsFailure;
 use crate::wire::ErrorKind;
 
 /// Which of a call's JetStream requests it was.
@@ -17,17 +19,6 @@ pub enum KvOp {
 }
 
 impl KvOp {
-    /// The op of a call's request of `kind`; `None` for a request that is not a
-    /// JetStream one (an owner's inbox).
-    pub fn of(kind: TransmitKind) -> Option<Self> {
-        match kind {
-            TransmitKind::Read => Some(Self::Read),
-            TransmitKind::Write => Some(Self::Write),
-            TransmitKind::Confirm => Some(Self::Confirm),
-            TransmitKind::Inbox | TransmitKind::Lease(_) | TransmitKind::Api => None,
-        }
-    }
-
     /// Its metric label.
     pub fn name(self) -> &'static str {
         match self {
@@ -55,41 +46,27 @@ pub enum KvFact {
     },
 }
 
-/// What `outcome` of a call's `op` request says for the metrics, if anything.
-pub fn classify(op: KvOp, outcome: &RequestOutcome) -> Option<KvFact> {
-    let error = |kind| Some(KvFact::Error { op, kind });
-    let failure = match outcome {
-        RequestOutcome::TimedOut => return error("timed_out"),
-        RequestOutcome::NoResponders => return error("no_responders"),
-        RequestOutcome::Failed(_) => return error("request_failed"),
-        RequestOutcome::Reply { payload, .. } => {
-            if op == KvOp::Confirm {
-                // Small: read it whole.
-                match js::parse_pub_ack(outcome) {
-                    Ok(PublishResult::WrongLastSequence) => return Some(KvFact::ConfirmRetry),
-                    Ok(PublishResult::Stored(_)) => None,
-                    Err(f) => Some(f),
-                }
-            } else if !contains(payload, b"\"error\"") {
-                // Neither a read's reply (base64 inside, a subject without quotes)
-                // nor an ack carries the word quoted unless it is an error: no need
-                // to parse the whole reply a second time.
-                None
-            } else if op == KvOp::Read {
-                js::parse_read(outcome).err()
-            } else {
-                js::parse_pub_ack(outcome).err()
-            }
-        }
-    };
-    let JsFailure { kind, .. } = failure?;
-    error(if kind == ErrorKind::Unavailable {
-        "unavailable"
-    } else {
-        "internal"
-    })
-}
+impl KvFact {
+    /// The fact of `op`'s request that came to `outcome`, which the call read as
+    /// `failure`: how the request failed on the network, or else what JetStream's
+    /// error said (`unavailable` for a leaderless stream and the like, `internal`
+    /// for the rest).
+    pub fn failed(op: KvOp, outcome: &RequestOutcome, failure: &JsFailure) -> Self {
+        let kind = match outcome {
+            RequestOutcome::TimedOut => "timed_out",
+            RequestOutcome::NoResponders => "no_responders",
+            RequestOutcome::Failed(_) => "request_failed",
+            RequestOutcome::Reply { .. } if failure.kind == ErrorKind::Unavailable => "unavailable",
+            RequestOutcome::Reply { .. } => "internal",
+        };
+        Self::Error { op, kind }
+    }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    /// `op`'s request given up unanswered: timed out.
+    pub fn timed_out(op: KvOp) -> Self {
+        Self::Error {
+            op,
+            kind: "timed_out",
+        }
+    }
 }

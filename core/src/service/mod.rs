@@ -10,8 +10,10 @@
 //!
 //! Inputs: [`Service::handle_request`] (every message a subscription delivers:
 //! requests, `$SRV` verbs, change events), [`Service::handle_outcome`] (the outcome
-//! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], and
-//! the two waits of a stop coming to their end ([`Service::handle_intake_closed`],
+//! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], the
+//! adapter's IO coming to its end ([`Service::handle_reply_sent`] for each reply
+//! handed to the client, [`Service::handle_subscribe_failed`]), and the two waits
+//! of a stop coming to their end ([`Service::handle_intake_closed`],
 //! [`Service::handle_flushed`]). Outputs: [`Service::poll_transmit`] (a NATS
 //! request, its outcome wanted), [`Service::poll_event`] (replies to publish,
 //! subscriptions wanted, metrics and log facts, the end), [`Service::poll_timeout`]
@@ -32,11 +34,16 @@
 //!   is never sent;
 //! - a stop drains: unsubscribe, answer every request already delivered, wait for
 //!   the calls up to `shutdown_timeout`, cut off what still runs (`internal`),
-//!   flush, within [`Shutdown::bound`].
+//!   flush once every reply is handed to the client, within [`Shutdown::bound`];
+//! - a request nobody waits for any more is cancelled ([`ServiceEvent::Cancel`]):
+//!   the machine's deadlines are a request's only timer;
+//! - a failed subscription of the endpoints or the verbs stops the service
+//!   ([`ServiceEvent::Fatal`]); of the change events, it serves on without the
+//!   known map.
 
 mod kv;
 
-pub use kv::{KvFact, KvOp, classify};
+pub use kv::{KvFact, KvOp};
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -44,13 +51,13 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use crate::admit::{Admission, AdmissionEvent};
-use crate::call::{Call, CallConfig, DEFAULT_KV_TIMEOUT};
+use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT};
 use crate::change::ChangeEvent;
 use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
-use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
 use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
@@ -232,13 +239,9 @@ pub enum ServiceEvent {
         subject: String,
         /// The queue group.
         queue: Option<&'static str>,
-        /// What it is for.
+        /// What it is for. If it cannot be made, say so with
+        /// [`Service::handle_subscribe_failed`].
         kind: SubscriptionKind,
-        /// Set for a subscription the service serves on without (the change
-        /// events): the warning to log, with the server's error, if it cannot be
-        /// made; it names what this configuration loses. `None`: the service
-        /// cannot serve without it.
-        unwatched: Option<String>,
     },
     /// Publish `body` to `to`: a reply, its subject checked by the reply rule.
     Reply {
@@ -251,6 +254,10 @@ pub enum ServiceEvent {
     /// shard count): the service must not serve it, and keeps answering every call
     /// `unavailable`. The sentence says why and what to change.
     StartRefused(String),
+    /// The service cannot be reached: a subscription of the lease endpoints or
+    /// of the `$SRV` verbs failed ([`Service::handle_subscribe_failed`]). Stop
+    /// with this error; the machine is done.
+    Fatal(String),
     /// The mode calls are answered in changed (a gauge).
     Mode(Mode),
     /// The bucket is ensured: serving from now on.
@@ -280,6 +287,14 @@ pub enum ServiceEvent {
     },
     /// A fact about a call's JetStream request.
     Kv(KvFact),
+    /// Stop request `id` ([`Service::poll_transmit`]): nothing waits for its
+    /// outcome any more (its call ended or timed out, or it timed out itself), so
+    /// its send can be dropped; an outcome fed back for it now is ignored. The
+    /// machine's deadlines are the only timers a request has: send it untimed.
+    Cancel {
+        /// The request.
+        id: EffectId,
+    },
     /// Read confirmation turned on or off with the stream's replicas.
     ConfirmReads {
         /// The replicas now.
@@ -308,8 +323,10 @@ pub enum ServiceEvent {
     /// Stopping: unsubscribe every subscription, keep feeding the messages already
     /// delivered, then call [`Service::handle_intake_closed`].
     Unsubscribe,
-    /// Stopping: hand every reply to the client and push its writes to the server,
-    /// then call [`Service::handle_flushed`].
+    /// Stopping: push the client's writes to the server, then call
+    /// [`Service::handle_flushed`]. Asked only once every reply the service sent
+    /// was handed to the client ([`Service::handle_reply_sent`]), so the flush
+    /// carries them.
     Flush,
     /// The stop is over: nothing more to do.
     Stopped,
@@ -341,20 +358,29 @@ fn changes_unwatched_warning(known: bool, cap: Option<usize>) -> Option<String> 
 /// Who asked for a request: what its outcome goes to.
 #[derive(Debug, Clone, Copy)]
 enum Route {
-    /// A call's own request (`inner` is the call's id for it).
-    Call {
-        token: u64,
+    /// A call's own request (`inner` is the call's id for it): the call keeps its
+    /// deadline.
+    Call { token: u64, inner: EffectId },
+    /// Another part's request (`inner` is the part's id for it), timed out by the
+    /// service at `due`.
+    Part {
+        part: Part,
         inner: EffectId,
-        kind: TransmitKind,
+        due: Instant,
     },
-    /// A coalescer's send, due by `due`.
-    Coalescer { inner: EffectId, due: Instant },
-    /// Startup's request.
-    Startup(EffectId),
-    /// The replicas check's request.
-    Replicas(EffectId),
-    /// The tombstone sweep's purge, due by `due`.
-    Sweep { inner: EffectId, due: Instant },
+}
+
+/// The parts other than the calls that send requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The write coalescer's sends.
+    Coalescer,
+    /// Startup's stream questions.
+    Startup,
+    /// The replicas check's stream info.
+    Replicas,
+    /// The tombstone sweep's purges.
+    Sweep,
 }
 
 /// A request waiting for admission.
@@ -418,13 +444,20 @@ pub struct Service {
     stop: Option<Shutdown>,
     intake_open: bool,
     late: usize,
+    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client.
+    replies_out: usize,
+    /// The stop phase a flush was asked for last.
+    flush_asked: Option<StopPhase>,
+    /// A subscription the service cannot serve without failed.
+    failed: bool,
     calls: HashMap<u64, Running>,
     next_token: u64,
     deadlines: BTreeSet<(Instant, u64)>,
     routes: HashMap<EffectId, Route>,
     /// Coalescer and sweep sends, by when they time out.
     sends_due: BTreeSet<(Instant, EffectId)>,
-    writes: HashMap<WriteId, (u64, EffectId, TransmitKind)>,
+    /// The calls' writes in the coalescer: the call's token and its id for the write.
+    writes: HashMap<WriteId, (u64, EffectId)>,
     next_id: u64,
     next_write: u64,
     transmits: VecDeque<Transmit>,
@@ -467,6 +500,9 @@ impl Service {
             stop: None,
             intake_open: true,
             late: 0,
+            replies_out: 0,
+            flush_asked: None,
+            failed: false,
             calls: HashMap::new(),
             next_token: 0,
             deadlines: BTreeSet::new(),
@@ -494,7 +530,6 @@ impl Service {
                 subject: endpoint.subject(),
                 queue: Some(QUEUE_GROUP),
                 kind: SubscriptionKind::Api,
-                unwatched: None,
             });
         }
         for subject in self.micro.subjects() {
@@ -502,19 +537,12 @@ impl Service {
                 subject,
                 queue: None,
                 kind: SubscriptionKind::Srv,
-                unwatched: None,
             });
         }
         // Change events only where something reads them: the known map, or
         // tenancy's cap (the tenants' counts decide nothing without one).
-        let tenancy = self.config.bucket.tenancy;
-        let known = self.known.is_some();
-        let cap = self
-            .config
-            .max_leases_per_tenant
-            .filter(|_| tenancy == Tenancy::Accounts);
-        if let Some(warning) = changes_unwatched_warning(known, cap) {
-            let subject = match tenancy {
+        if self.changes_unwatched_warning().is_some() {
+            let subject = match self.config.bucket.tenancy {
                 Tenancy::Single => changed_subject("*"),
                 Tenancy::Accounts => TENANT_CHANGED_SUBJECTS.to_string(),
             };
@@ -522,9 +550,18 @@ impl Service {
                 subject,
                 queue: None,
                 kind: SubscriptionKind::Changes,
-                unwatched: Some(warning),
             });
         }
+    }
+
+    /// What this service would lose without its change events
+    /// ([`changes_unwatched_warning`]); `None` when nothing reads them.
+    fn changes_unwatched_warning(&self) -> Option<String> {
+        let cap = self
+            .config
+            .max_leases_per_tenant
+            .filter(|_| self.config.bucket.tenancy == Tenancy::Accounts);
+        changes_unwatched_warning(self.known.is_some(), cap)
     }
 
     /// The mode calls are answered in now.
@@ -700,16 +737,80 @@ impl Service {
         reply: String,
         payload: &[u8],
     ) {
-        let mut call = Call::new(self.call_config, now, wall, endpoint, payload);
-        call.abort(now);
-        if let Some(response) = call.poll_event() {
-            self.answered(endpoint, reply, response, Duration::ZERO);
+        let mut call = Call::new(self.call_config, endpoint, payload, wall, now);
+        call.handle_stop(now);
+        while let Some(event) = call.poll_event() {
+            match event {
+                CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
+                CallEvent::Replied(response) => {
+                    self.answered(endpoint, reply.clone(), response, Duration::ZERO)
+                }
+            }
         }
     }
 
     /// Publishes a reply to a subject the reply rule let through.
     fn reply(&mut self, to: String, body: Vec<u8>) {
+        self.replies_out += 1;
         self.events.push_back(ServiceEvent::Reply { to, body });
+    }
+
+    /// A reply the service sent ([`ServiceEvent::Reply`]) was handed to the client
+    /// (or given up at its bound): a stop's flush waits for every one.
+    pub fn handle_reply_sent(&mut self, now: Instant) {
+        self.replies_out = self.replies_out.saturating_sub(1);
+        self.pump(now);
+    }
+
+    /// A subscription the service asked for ([`ServiceEvent::Subscribe`]) failed
+    /// with `error`. The lease endpoints and the `$SRV` verbs are how the service is
+    /// reached: without one it stops ([`ServiceEvent::Fatal`]). Change events only
+    /// feed the known map and the tenants' counts: the service serves on and logs
+    /// what this configuration loses. The known map stays: it still learns this
+    /// instance's own writes, and a revision it holds that another instance has
+    /// since moved is refused by the conditional write, then read.
+    pub fn handle_subscribe_failed(
+        &mut self,
+        now: Instant,
+        kind: SubscriptionKind,
+        subject: &str,
+        error: &str,
+    ) {
+        match kind {
+            SubscriptionKind::Api | SubscriptionKind::Srv => {
+                if !self.failed {
+                    self.failed = true;
+                    self.events.push_back(ServiceEvent::Fatal(format!(
+                        "could not subscribe to {subject}: {error}"
+                    )));
+                }
+            }
+            SubscriptionKind::Changes => {
+                let warning = self
+                    .changes_unwatched_warning()
+                    .unwrap_or_else(|| "change events not watched".to_string());
+                self.events.push_back(ServiceEvent::Log {
+                    level: LogLevel::Warn,
+                    line: format!("{warning} (could not subscribe to {subject}: {error})"),
+                });
+            }
+        }
+        self.pump(now);
+    }
+
+    /// Stopping, in a phase that ends with a flush: asks for it once every reply
+    /// is handed to the client.
+    fn ask_flush(&mut self) {
+        let Some(phase) = self.stop.as_ref().map(Shutdown::phase) else {
+            return;
+        };
+        if matches!(phase, StopPhase::Replies | StopPhase::Flush)
+            && self.flush_asked != Some(phase)
+            && self.replies_out == 0
+        {
+            self.flush_asked = Some(phase);
+            self.events.push_back(ServiceEvent::Flush);
+        }
     }
 
     /// A call's reply: counted, and sent.
@@ -763,10 +864,10 @@ impl Service {
             self.call_config,
             scope.clone(),
             self.known.as_ref(),
-            now,
-            wall,
             endpoint,
             &pending.payload,
+            wall,
+            now,
         );
         self.next_token += 1;
         let token = self.next_token;
@@ -804,9 +905,6 @@ impl Service {
             known.learn(&key, fact);
         }
         while let Some(transmit) = running.call.poll_transmit() {
-            if transmit.kind == TransmitKind::Confirm {
-                self.events.push_back(ServiceEvent::Kv(KvFact::ConfirmSent));
-            }
             if let Some(coalescer) = self
                 .coalescer
                 .as_mut()
@@ -815,8 +913,7 @@ impl Service {
                 self.next_write += 1;
                 let write = WriteId(self.next_write);
                 running.writes.push(write);
-                self.writes
-                    .insert(write, (token, transmit.id, transmit.kind));
+                self.writes.insert(write, (token, transmit.id));
                 coalescer.handle_write(now, write, transmit.request);
                 continue;
             }
@@ -828,13 +925,15 @@ impl Service {
                 Route::Call {
                     token,
                     inner: transmit.id,
-                    kind: transmit.kind,
                 },
             );
             self.transmits.push_back(Transmit { id, ..transmit });
         }
-        if let Some(response) = running.call.poll_event() {
-            return self.finish(now, token, response);
+        while let Some(event) = running.call.poll_event() {
+            match event {
+                CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
+                CallEvent::Replied(response) => return self.finish(now, token, response),
+            }
         }
         let deadline = running.call.poll_timeout();
         if deadline != running.deadline {
@@ -857,8 +956,9 @@ impl Service {
         if let Some(at) = running.deadline {
             self.deadlines.remove(&(at, token));
         }
+        // A request still out (a call cut off) is waited for no more.
         for id in &running.sent {
-            self.routes.remove(id);
+            self.cancel(*id);
         }
         for write in &running.writes {
             // A write still queued is never sent late: the call gave up on it.
@@ -897,32 +997,62 @@ impl Service {
             return;
         };
         match route {
-            Route::Call { token, inner, kind } => {
-                self.call_outcome(now, token, id, inner, kind, outcome)
-            }
-            Route::Coalescer { inner, due } => {
+            Route::Call { token, inner } => self.call_outcome(now, token, id, inner, outcome),
+            Route::Part { part, inner, due } => {
                 self.sends_due.remove(&(due, id));
-                if let Some(c) = &mut self.coalescer {
-                    c.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Startup(inner) => {
-                if let Phase::Starting(startup) = &mut self.phase {
-                    startup.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Replicas(inner) => {
-                if let Some(c) = &mut self.check {
-                    c.handle_outcome(now, inner, outcome);
-                }
-            }
-            Route::Sweep { inner, due } => {
-                self.sends_due.remove(&(due, id));
-                self.sweep.handle_outcome(now, inner, outcome);
+                self.part_outcome(now, part, inner, outcome);
             }
         }
         self.pump_startup(now);
         self.pump(now);
+    }
+
+    /// Hands a part's request's outcome to the part.
+    fn part_outcome(&mut self, now: Instant, part: Part, inner: EffectId, outcome: RequestOutcome) {
+        match part {
+            Part::Coalescer => {
+                if let Some(c) = &mut self.coalescer {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Startup => {
+                if let Phase::Starting(startup) = &mut self.phase {
+                    startup.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Replicas => {
+                if let Some(c) = &mut self.check {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Sweep => self.sweep.handle_outcome(now, inner, outcome),
+        }
+    }
+
+    /// Sends a part's request, timed out at its own timeout from `now`.
+    fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
+        let id = self.effect_id();
+        let due = now + transmit.request.timeout;
+        self.sends_due.insert((due, id));
+        self.routes.insert(
+            id,
+            Route::Part {
+                part,
+                inner: transmit.id,
+                due,
+            },
+        );
+        self.transmits.push_back(Transmit { id, ..transmit });
+    }
+
+    /// Gives up a request out: nothing waits for it any more.
+    fn cancel(&mut self, id: EffectId) {
+        if let Some(route) = self.routes.remove(&id) {
+            if let Route::Part { due, .. } = route {
+                self.sends_due.remove(&(due, id));
+            }
+            self.events.push_back(ServiceEvent::Cancel { id });
+        }
     }
 
     fn call_outcome(
@@ -931,16 +1061,12 @@ impl Service {
         token: u64,
         sent: EffectId,
         inner: EffectId,
-        kind: TransmitKind,
         outcome: RequestOutcome,
     ) {
         let Some(running) = self.calls.get_mut(&token) else {
             return;
         };
         running.sent.retain(|s| *s != sent);
-        if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
-            self.events.push_back(ServiceEvent::Kv(fact));
-        }
         running.call.handle_outcome(now, inner, outcome);
         self.drive(now, token);
     }
@@ -955,12 +1081,9 @@ impl Service {
             {
                 moved = true;
                 // The call may have given up: nobody to tell then.
-                if let Some((token, inner, kind)) = self.writes.remove(&write) {
+                if let Some((token, inner)) = self.writes.remove(&write) {
                     if let Some(running) = self.calls.get_mut(&token) {
                         running.writes.retain(|w| *w != write);
-                    }
-                    if let Some(fact) = KvOp::of(kind).and_then(|op| classify(op, &outcome)) {
-                        self.events.push_back(ServiceEvent::Kv(fact));
                     }
                     if let Some(running) = self.calls.get_mut(&token) {
                         running.call.handle_outcome(now, inner, outcome);
@@ -970,12 +1093,7 @@ impl Service {
             }
             while let Some(t) = self.coalescer.as_mut().and_then(Coalescer::poll_transmit) {
                 moved = true;
-                let id = self.effect_id();
-                let due = now + t.request.timeout;
-                self.sends_due.insert((due, id));
-                self.routes
-                    .insert(id, Route::Coalescer { inner: t.id, due });
-                self.transmits.push_back(Transmit { id, ..t });
+                self.send_for(now, Part::Coalescer, t);
             }
             // A call admitted now may hand the coalescer a write: go round again.
             moved |= self.admit(now);
@@ -992,11 +1110,7 @@ impl Service {
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
         if let Some(t) = self.sweep.poll_transmit() {
-            let id = self.effect_id();
-            let due = now + t.request.timeout;
-            self.sends_due.insert((due, id));
-            self.routes.insert(id, Route::Sweep { inner: t.id, due });
-            self.transmits.push_back(Transmit { id, ..t });
+            self.send_for(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
             match event {
@@ -1017,15 +1131,12 @@ impl Service {
                 }
             }
         }
+        while let Some(t) = self.check.as_mut().and_then(ReplicasCheck::poll_transmit) {
+            self.send_for(now, Part::Replicas, t);
+        }
         let Some(check) = &mut self.check else {
             return;
         };
-        while let Some(t) = check.poll_transmit() {
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
-            self.routes.insert(id, Route::Replicas(t.id));
-            self.transmits.push_back(Transmit { id, ..t });
-        }
         while let Some(event) = check.poll_event() {
             match event {
                 ReplicasCheckEvent::ConfirmReads { replicas, on } => {
@@ -1050,12 +1161,13 @@ impl Service {
         let Phase::Starting(startup) = &mut self.phase else {
             return;
         };
-        while let Some(t) = startup.poll_transmit() {
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
-            self.routes.insert(id, Route::Startup(t.id));
-            self.transmits.push_back(Transmit { id, ..t });
+        let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit()).collect();
+        for t in sends {
+            self.send_for(now, Part::Startup, t);
         }
+        let Phase::Starting(startup) = &mut self.phase else {
+            return;
+        };
         let mut done = None;
         while let Some(event) = startup.poll_event() {
             match event {
@@ -1151,32 +1263,23 @@ impl Service {
                 continue;
             };
             running.deadline = None;
-            // What the call waits on is given up: counted, and a queued write of
-            // it never sent.
-            for id in std::mem::take(&mut running.sent) {
-                if let Some(Route::Call { kind, .. }) = self.routes.remove(&id)
-                    && let Some(op) = KvOp::of(kind)
+            // What the call waits on is given up (the call counts it as it times
+            // out): its send is dropped, and a queued write of it is never sent.
+            let sent = std::mem::take(&mut running.sent);
+            let writes = std::mem::take(&mut running.writes);
+            for id in sent {
+                self.cancel(id);
+            }
+            for write in writes {
+                if self.writes.remove(&write).is_some()
+                    && let Some(c) = &mut self.coalescer
                 {
-                    self.events.push_back(ServiceEvent::Kv(KvFact::Error {
-                        op,
-                        kind: "timed_out",
-                    }));
+                    c.handle_cancel(now, write);
                 }
             }
-            for write in std::mem::take(&mut running.writes) {
-                if let Some((_, _, kind)) = self.writes.remove(&write) {
-                    if let Some(op) = KvOp::of(kind) {
-                        self.events.push_back(ServiceEvent::Kv(KvFact::Error {
-                            op,
-                            kind: "timed_out",
-                        }));
-                    }
-                    if let Some(c) = &mut self.coalescer {
-                        c.handle_cancel(now, write);
-                    }
-                }
+            if let Some(running) = self.calls.get_mut(&token) {
+                running.call.handle_timeout(now);
             }
-            running.call.handle_timeout(now);
             self.drive(now, token);
         }
         // A stop's phase at its bound next, for the same reason: the calls it cuts
@@ -1192,19 +1295,14 @@ impl Service {
                 break;
             }
             self.sends_due.remove(&(due, id));
-            match self.routes.remove(&id) {
-                Some(Route::Coalescer { inner, .. }) => {
-                    if let Some(c) = &mut self.coalescer {
-                        c.handle_outcome(now, inner, RequestOutcome::TimedOut);
-                    }
-                }
-                Some(Route::Sweep { inner, .. }) => {
-                    self.sweep
-                        .handle_outcome(now, inner, RequestOutcome::TimedOut)
-                }
-                _ => {}
+            // Timed out: the part learns it (unless it timed it out itself), and
+            // the send is dropped.
+            if let Some(Route::Part { part, inner, .. }) = self.routes.get(&id).copied() {
+                self.cancel(id);
+                self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
             }
         }
+        self.pump_startup(now);
         if self.stop.is_none()
             && let Some(check) = &mut self.check
             && check.poll_timeout().is_some_and(|at| at <= now)
@@ -1257,8 +1355,10 @@ impl Service {
         self.pump(now);
     }
 
-    /// The drain ends once the intake is closed and every call answered.
+    /// The drain ends once the intake is closed and every call answered; a flush
+    /// waits for the replies.
     fn pump_stop(&mut self, now: Instant) {
+        self.ask_flush();
         let Some(stop) = &mut self.stop else {
             return;
         };
@@ -1314,7 +1414,7 @@ impl Service {
         }
         match phase {
             StopPhase::Drain => {}
-            StopPhase::Replies | StopPhase::Flush => self.events.push_back(ServiceEvent::Flush),
+            StopPhase::Replies | StopPhase::Flush => self.ask_flush(),
             StopPhase::Done => self.events.push_back(ServiceEvent::Stopped),
         }
     }
@@ -1334,7 +1434,7 @@ impl Service {
         tokens.sort_unstable();
         for token in tokens {
             if let Some(running) = self.calls.get_mut(&token) {
-                running.call.abort(now);
+                running.call.handle_stop(now);
                 self.drive(now, token);
             }
         }
@@ -1372,10 +1472,11 @@ impl Service {
         .min()
     }
 
-    /// Whether the stop is over and every output was drained.
+    /// Whether the stop is over and every output was drained, or the service
+    /// failed ([`ServiceEvent::Fatal`]) and said so.
     pub fn is_done(&self) -> bool {
-        self.stop.as_ref().is_some_and(Shutdown::is_done)
-            && self.events.is_empty()
-            && self.transmits.is_empty()
+        let stopped =
+            self.stop.as_ref().is_some_and(Shutdown::is_done) && self.transmits.is_empty();
+        (stopped || self.failed) && self.events.is_empty()
     }
 }

@@ -24,7 +24,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
-use crate::call::{Call, CallConfig};
+use crate::call::{Call, CallConfig, CallEvent};
 
 use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
@@ -102,7 +102,7 @@ pub struct WorldParams {
     pub recreate_every_ms: u64,
     /// Share of the service's JetStream steps after which the service stops mid-call,
     /// percent (0: never): the step has reached JetStream (a write may have landed),
-    /// then the call is cut off ([`Call::abort`]) and replies `internal`, as leases.md
+    /// then the call is cut off ([`Call::handle_stop`]) and replies `internal`, as leases.md
     /// says of a service stopping mid-call.
     pub abort_percent: u64,
     /// How long the world runs, simulated ms.
@@ -895,7 +895,8 @@ impl HolderWorld {
             }
             match sc.call.poll_event() {
                 None => return,
-                Some(response) => {
+                Some(CallEvent::Kv(_)) => continue,
+                Some(CallEvent::Replied(response)) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
                     self.calls[c] = None;
                     if matches!(&response, Response::Error(e) if e.kind == ErrorKind::Internal) {
@@ -1045,9 +1046,9 @@ impl HolderWorld {
                 let (now, wall) = (self.service_now(), self.js.wall());
                 let call = match &self.known {
                     Some((known, _)) => {
-                        Call::with_known(config, now, wall, request.endpoint, &request.body, known)
+                        Call::with_known(config, known, request.endpoint, &request.body, wall, now)
                     }
-                    None => Call::new(config, now, wall, request.endpoint, &request.body),
+                    None => Call::new(config, request.endpoint, &request.body, wall, now),
                 };
                 self.calls.push(Some(ServiceCall {
                     call,
@@ -1068,7 +1069,7 @@ impl HolderWorld {
                 let abort = self.p.abort_percent > 0 && self.rng.chance(self.p.abort_percent);
                 if let Some(sc) = self.calls[c].as_mut() {
                     if abort {
-                        sc.call.abort(now);
+                        sc.call.handle_stop(now);
                     } else {
                         sc.call.handle_outcome(now, id, outcome);
                     }

@@ -29,7 +29,14 @@
 //!    must never go out once its call is answered;
 //! 6. once stopped, every request let through was answered, and the service is
 //!    done within [`Shutdown::bound`] of the stop (virtual time) and a bounded
-//!    number of steps.
+//!    number of steps;
+//! 5. a request the network lost is cancelled ([`ServiceEvent::Cancel`]) by its
+//!    timeout: the machine's deadlines are the only timers a request has, so a send
+//!    it forgot would be held for ever. (A cancelled request still in flight may
+//!    yet be answered: the outcome must be ignored.)
+//! 6. a stop's flush is asked only once every reply sent was handed to the
+//!    client (the world hands them over when it carries out a stop's waits, and
+//!    when a test settles).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -53,6 +60,8 @@ const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 struct InFlight {
     id: EffectId,
     transmit: Transmit,
+    /// When its own timeout has passed.
+    due: Instant,
 }
 
 /// What the world knows of a request it sent, for its checks.
@@ -86,6 +95,12 @@ pub struct ServiceWorld {
     replicas: usize,
     created: u64,
     network: Vec<InFlight>,
+    /// Requests the network lost, by when the service must have cancelled them.
+    lost: BTreeMap<EffectId, Instant>,
+    /// Every request the service cancelled.
+    pub cancelled: BTreeSet<EffectId>,
+    /// Replies sent and not yet handed to the client.
+    handing: usize,
     asked: BTreeMap<String, Asked>,
     next_request: u64,
     /// The highest fence granted per key.
@@ -125,6 +140,9 @@ impl ServiceWorld {
             replicas,
             created: 1,
             network: Vec::new(),
+            lost: BTreeMap::new(),
+            cancelled: BTreeSet::new(),
+            handing: 0,
             asked: BTreeMap::new(),
             next_request: 0,
             fences: BTreeMap::new(),
@@ -176,9 +194,25 @@ impl ServiceWorld {
         self.drain()
     }
 
-    /// Drains the service's outputs, checking the replies.
+    /// Drains the service's outputs, checking the replies, and hands the replies
+    /// to the client.
     pub fn settle(&mut self) -> Result<(), String> {
+        self.drain()?;
+        self.hand_off();
         self.drain()
+    }
+
+    /// Sends the replies the service sent so far: each is handed to the client.
+    pub fn hand_off(&mut self) {
+        while self.handing > 0 {
+            self.handing -= 1;
+            self.service.handle_reply_sent(self.now());
+        }
+    }
+
+    /// Replies sent and not yet handed to the client.
+    pub fn replies_handing(&self) -> usize {
+        self.handing
     }
 
     /// Sets the stream's replicas (the next stream info reports them).
@@ -208,6 +242,7 @@ impl ServiceWorld {
             }
             self.network.push(InFlight {
                 id: t.id,
+                due: self.now() + t.request.timeout,
                 transmit: t,
             });
         }
@@ -322,12 +357,41 @@ impl ServiceWorld {
                 {
                     return Err(format!("subscribed twice to {subject}"));
                 }
-                ServiceEvent::Reply { to, body } => self.check_reply(to, body)?,
+                ServiceEvent::Reply { to, body } => {
+                    self.handing += 1;
+                    self.check_reply(to, body)?
+                }
+                ServiceEvent::Flush if self.handing > 0 => {
+                    return Err(format!(
+                        "a flush was asked with {} replies not yet handed to the client",
+                        self.handing
+                    ));
+                }
+                ServiceEvent::Cancel { id } => {
+                    if !self.cancelled.insert(*id) {
+                        return Err(format!("request {id:?} cancelled twice"));
+                    }
+                    self.lost.remove(id);
+                }
                 _ => {}
             }
             self.events.push(event);
         }
+        if !self.service.is_done()
+            && let Some((id, due)) = self.lost.iter().find(|(_, due)| **due < self.now())
+        {
+            return Err(format!(
+                "request {id:?}, lost on the network, was not cancelled by its timeout \
+                 ({:?} ago)",
+                self.now() - *due
+            ));
+        }
         Ok(())
+    }
+
+    /// The ids of the requests in flight on the network, in order.
+    pub fn in_flight_ids(&self) -> Vec<EffectId> {
+        self.network.iter().map(|f| f.id).collect()
     }
 
     fn check_reply(&mut self, to: &str, body: &[u8]) -> Result<(), String> {
@@ -464,7 +528,7 @@ impl ServiceWorld {
         if self.network.is_empty() {
             return;
         }
-        let InFlight { id, transmit } = self.network.remove(index % self.network.len());
+        let InFlight { id, transmit, .. } = self.network.remove(index % self.network.len());
         for m in &transmit.publish {
             self.sim.handle_publish(m);
         }
@@ -499,7 +563,10 @@ impl ServiceWorld {
     /// Loses the request in flight at `index`: no answer ever comes.
     pub fn lose(&mut self, index: usize) {
         if !self.network.is_empty() {
-            self.network.remove(index % self.network.len());
+            let lost = self.network.remove(index % self.network.len());
+            if !self.cancelled.contains(&lost.id) {
+                self.lost.insert(lost.id, lost.due);
+            }
         }
     }
 
@@ -552,14 +619,19 @@ impl ServiceWorld {
     /// Does what the service asked of the adapter for a stop (the intake closes,
     /// the flushes end).
     fn obey(&mut self) {
-        while self
-            .events
-            .iter()
-            .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
-        {
+        loop {
+            self.hand_off();
+            // A failed drain: the next one reports it.
+            if self.drain().is_err()
+                || !self
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+            {
+                return;
+            }
             self.obey_once();
             if self.drain().is_err() {
-                // The next drain reports it.
                 return;
             }
         }

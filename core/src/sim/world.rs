@@ -9,7 +9,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{Op, OwnerBehaviour, SimJetStream};
-use crate::call::{Call, CallConfig, Effect};
+use crate::call::{Call, CallConfig, CallEvent, Effect};
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
 use crate::js::{self, KeyState};
@@ -69,7 +69,7 @@ pub trait CallMachine: std::fmt::Debug {
     /// See [`Call::poll_effect`].
     fn poll_effect(&mut self) -> Option<Effect>;
     /// See [`Call::poll_event`].
-    fn poll_event(&mut self) -> Option<Response>;
+    fn poll_event(&mut self) -> Option<CallEvent>;
     /// See [`Call::handle_outcome`].
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome);
     /// See [`Call::poll_timeout`].
@@ -86,7 +86,7 @@ impl CallMachine for Call {
     fn poll_effect(&mut self) -> Option<Effect> {
         Self::poll_effect(self)
     }
-    fn poll_event(&mut self) -> Option<Response> {
+    fn poll_event(&mut self) -> Option<CallEvent> {
         Self::poll_event(self)
     }
     fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
@@ -105,16 +105,16 @@ impl CallMachine for Call {
 
 /// Makes the machine for one call, as [`Call::new`] does.
 pub type MakeCall =
-    fn(CallConfig, Instant, OffsetDateTime, Endpoint, &[u8]) -> Box<dyn CallMachine>;
+    fn(CallConfig, Endpoint, &[u8], OffsetDateTime, Instant) -> Box<dyn CallMachine>;
 
 fn make_call(
     config: CallConfig,
-    now: Instant,
-    wall: OffsetDateTime,
     endpoint: Endpoint,
     body: &[u8],
+    wall: OffsetDateTime,
+    now: Instant,
 ) -> Box<dyn CallMachine> {
-    Box::new(Call::new(config, now, wall, endpoint, body))
+    Box::new(Call::new(config, endpoint, body, wall, now))
 }
 
 #[derive(Debug)]
@@ -405,18 +405,18 @@ impl World {
         let call = match &self.known {
             Some(known) => Box::new(Call::with_known(
                 self.config,
-                self.now(),
-                self.sim.wall(),
+                known,
                 endpoint,
                 body.as_bytes(),
-                known,
+                self.sim.wall(),
+                self.now(),
             )),
             None => (self.make)(
                 self.config,
-                self.now(),
-                self.sim.wall(),
                 endpoint,
                 body.as_bytes(),
+                self.sim.wall(),
+                self.now(),
             ),
         };
         self.calls.push(Active {
@@ -602,10 +602,15 @@ impl World {
                 return Err("two effects in flight for one call".to_string());
             }
         }
-        if let Some(r) = self.calls[i].call.poll_event() {
-            self.calls[i].pending = None;
-            self.check_reply(i, &r)?;
-            self.calls[i].reply = Some(r);
+        while let Some(event) = self.calls[i].call.poll_event() {
+            match event {
+                CallEvent::Replied(r) => {
+                    self.calls[i].pending = None;
+                    self.check_reply(i, &r)?;
+                    self.calls[i].reply = Some(r);
+                }
+                CallEvent::Kv(_) => {}
+            }
         }
         if self.calls[i].pending.is_none() && self.calls[i].reply.is_none() {
             return Err(format!("call {:?} is stuck", self.calls[i].kind));

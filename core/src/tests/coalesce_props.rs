@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::call::{Call, CallConfig};
+use crate::call::{Call, CallConfig, CallEvent};
 
 use crate::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use crate::io::{EffectId, NatsRequest, Transmit};
@@ -81,7 +81,7 @@ impl Driver {
         }
         let made = calls
             .iter()
-            .map(|(e, b)| Call::new(config, base, sim.wall(), *e, b.as_bytes()))
+            .map(|(e, b)| Call::new(config, *e, b.as_bytes(), sim.wall(), base))
             .collect();
         Self {
             base,
@@ -104,8 +104,11 @@ impl Driver {
             self.issued[i] += 1;
             out.push((k, t.id, t.request, t.kind.is_stream_write()));
         }
-        if let Some(r) = self.calls[i].poll_event() {
-            self.replies[i] = Some(r);
+        while let Some(event) = self.calls[i].poll_event() {
+            match event {
+                CallEvent::Replied(r) => self.replies[i] = Some(r),
+                CallEvent::Kv(_) => {}
+            }
         }
         out
     }

@@ -63,7 +63,7 @@ fn drive_at(
     known: &KnownLeases,
 ) -> Drive {
     Drive {
-        call: Call::with_known(config, now, wall(), endpoint, body.as_bytes(), known),
+        call: Call::with_known(config, known, endpoint, body.as_bytes(), wall(), now),
         now,
     }
 }

@@ -9,6 +9,7 @@ mod confirm;
 mod holder;
 mod holder_world;
 mod known;
+mod kv_facts;
 mod lock_world;
 mod micro;
 mod priority_world;

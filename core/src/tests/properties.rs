@@ -245,10 +245,10 @@ fn an_owner_read_through_the_deposed_leader() {
 /// the worlds must catch it.
 fn acquire_always_unavailable(
     config: crate::call::CallConfig,
-    now: std::time::Instant,
-    wall: time::OffsetDateTime,
     endpoint: crate::wire::Endpoint,
     body: &[u8],
+    wall: time::OffsetDateTime,
+    now: std::time::Instant,
 ) -> Box<dyn crate::sim::CallMachine> {
     // Only a valid acquire: an invalid one is still answered `invalid`.
     let acquire = matches!(
@@ -262,7 +262,7 @@ fn acquire_always_unavailable(
         },
         false => config,
     };
-    Box::new(crate::call::Call::new(config, now, wall, endpoint, body))
+    Box::new(crate::call::Call::new(config, endpoint, body, wall, now))
 }
 
 #[test]

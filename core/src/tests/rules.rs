@@ -707,7 +707,7 @@ fn forward_whose_deadline_passes_during_a_reread_is_owner_timeout() {
 #[test]
 fn a_call_cut_off_by_the_service_stopping_is_internal() {
     let stopping = |d: &mut Drive| {
-        d.call.abort(d.now);
+        d.call.handle_stop(d.now);
         let e = d.error();
         assert_eq!(e.kind, ErrorKind::Internal);
         assert!(
@@ -745,18 +745,18 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     let mut d = Drive::new(Endpoint::Forward, FORWARD);
     let _ = forward_to_owner(&mut d, "own", 42);
     d.advance(Duration::from_millis(2000));
-    d.call.abort(d.now);
+    d.call.handle_stop(d.now);
     assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
     // A call that has replied (or is about to: its reply is queued) keeps its reply.
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
     d.feed(r.id, no_message());
-    d.call.abort(d.now);
+    d.call.handle_stop(d.now);
     assert!(matches!(d.reply(), Response::Free(_)));
-    d.call.abort(d.now);
+    d.call.handle_stop(d.now);
     assert!(d.call.poll_effect().is_none());
     let mut d = Drive::new(Endpoint::Owner, "not json");
-    d.call.abort(d.now);
+    d.call.handle_stop(d.now);
     assert_eq!(d.error().kind, ErrorKind::Invalid);
 }
 

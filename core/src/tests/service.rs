@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::io::Mode;
 use crate::service::{
-    KvFact, KvOp, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+    KvFact, KvOp, LogLevel, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
 use crate::shutdown::{FLUSH_BOUND, REPLY_BOUND, StopPhase};
 use crate::sim::service_world::ServiceWorld;
@@ -127,25 +127,36 @@ fn the_change_subscriptions_warning_names_only_what_this_configuration_loses() {
         c.known_capacity = capacity;
         c.max_leases_per_tenant = cap;
         let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
-        let mut warnings = Vec::new();
-        for event in std::iter::from_fn(|| s.poll_event()) {
-            if let ServiceEvent::Subscribe {
-                kind, unwatched, ..
-            } = event
-            {
-                assert_eq!(
-                    unwatched.is_some(),
-                    kind == SubscriptionKind::Changes,
-                    "{name}: only the change events may fail softly"
-                );
-                warnings.extend(unwatched);
-            }
-        }
+        let changes: Vec<String> = std::iter::from_fn(|| s.poll_event())
+            .filter_map(|event| match event {
+                ServiceEvent::Subscribe {
+                    subject,
+                    kind: SubscriptionKind::Changes,
+                    ..
+                } => Some(subject),
+                _ => None,
+            })
+            .collect();
         assert_eq!(
-            warnings.len(),
+            changes.len(),
             usize::from(subscribed),
-            "{name}: {warnings:?}"
+            "{name}: {changes:?}"
         );
+        let now = Instant::now();
+        let mut warnings = Vec::new();
+        for subject in &changes {
+            s.handle_subscribe_failed(now, SubscriptionKind::Changes, subject, "refused");
+            warnings.extend(
+                std::iter::from_fn(|| s.poll_event()).filter_map(|e| match e {
+                    ServiceEvent::Log {
+                        level: LogLevel::Warn,
+                        line,
+                    } => Some(line),
+                    _ => None,
+                }),
+            );
+        }
+        assert_eq!(warnings.len(), changes.len(), "{name}: {warnings:?}");
         let warning = warnings.concat();
         assert_eq!(warning.contains("read first"), reads, "{name}: {warning}");
         assert_eq!(
@@ -570,78 +581,6 @@ proptest! {
     }
 }
 
-#[test]
-fn a_calls_jetstream_outcome_is_classified_once_for_the_metrics() {
-    use crate::io::RequestOutcome;
-    use crate::js;
-    use crate::service::classify;
-    let ack_error = |code: u64, err_code: u64| {
-        RequestOutcome::reply(format!(
-            r#"{{"error":{{"code":{code},"err_code":{err_code},"description":"x"}}}}"#
-        ))
-    };
-    let error = |op, kind| Some(KvFact::Error { op, kind });
-    let table = [
-        (
-            "a stored confirmation",
-            KvOp::Confirm,
-            RequestOutcome::reply(r#"{"stream":"KV_leases","seq":4}"#),
-            None,
-        ),
-        (
-            "a confirmation overtaken by a write: retried",
-            KvOp::Confirm,
-            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
-            Some(KvFact::ConfirmRetry),
-        ),
-        (
-            "a confirmation JetStream could not take",
-            KvOp::Confirm,
-            ack_error(503, 10008),
-            error(KvOp::Confirm, "unavailable"),
-        ),
-        (
-            "a key never written is no error",
-            KvOp::Read,
-            ack_error(404, js::ERR_NO_MESSAGE_FOUND),
-            None,
-        ),
-        (
-            "a read timed out",
-            KvOp::Read,
-            RequestOutcome::TimedOut,
-            error(KvOp::Read, "timed_out"),
-        ),
-        (
-            "a read's server error",
-            KvOp::Read,
-            ack_error(500, 10001),
-            error(KvOp::Read, "internal"),
-        ),
-        (
-            "a write without a stream",
-            KvOp::Write,
-            RequestOutcome::NoResponders,
-            error(KvOp::Write, "no_responders"),
-        ),
-        (
-            "a write that lost its race is no error",
-            KvOp::Write,
-            ack_error(400, js::ERR_WRONG_LAST_SEQUENCE),
-            None,
-        ),
-        (
-            "a write that could not be sent",
-            KvOp::Write,
-            RequestOutcome::Failed("gone".into()),
-            error(KvOp::Write, "request_failed"),
-        ),
-    ];
-    for (name, op, outcome, expected) in table {
-        assert_eq!(classify(op, &outcome), expected, "{name}");
-    }
-}
-
 /// A service past startup on a one-replica stream of `config`'s tenancy, and the
 /// events it reported.
 fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
@@ -789,37 +728,46 @@ fn a_change_event_teaches_the_known_map_what_a_renew_then_writes_on() {
         let mut c = config();
         c.known_capacity = capacity;
         let (mut s, _) = ready(c, t0);
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: "dagnats.lease.changed.k".to_string(),
-                headers: vec![
-                    ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
-                    ("Nats-Sequence".to_string(), "7".to_string()),
-                    (
-                        "Nats-Time-Stamp".to_string(),
-                        "1970-01-01T00:00:00Z".to_string(),
-                    ),
-                ],
-                payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
-                    .to_vec(),
-                ..Received::default()
-            },
+        assert_eq!(
+            renew_after_change(&mut s, t0),
+            first,
+            "known capacity {capacity}"
         );
-        s.handle_request(
-            t0,
-            time::OffsetDateTime::UNIX_EPOCH,
-            Received {
-                subject: Endpoint::Renew.subject(),
-                reply: Some("_INBOX.r".to_string()),
-                payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
-                ..Received::default()
-            },
-        );
-        let t = s.poll_transmit().expect("the renew sends");
-        assert_eq!(t.request.subject, first, "known capacity {capacity}");
     }
+}
+
+/// A change event says `k` is held at revision 7, then a renew of 7 comes: the
+/// subject of the renew's first request (its write when 7 is known, else a read).
+fn renew_after_change(s: &mut Service, t0: Instant) -> String {
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: "dagnats.lease.changed.k".to_string(),
+            headers: vec![
+                ("Dagnats-Lease-Event".to_string(), "acquired".to_string()),
+                ("Nats-Sequence".to_string(), "7".to_string()),
+                (
+                    "Nats-Time-Stamp".to_string(),
+                    "1970-01-01T00:00:00Z".to_string(),
+                ),
+            ],
+            payload: br#"{"holder":"h","acquired_at":"1970-01-01T00:00:00Z","ttl_ms":60000}"#
+                .to_vec(),
+            ..Received::default()
+        },
+    );
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: Endpoint::Renew.subject(),
+            reply: Some("_INBOX.r".to_string()),
+            payload: br#"{"key":"k","holder":"h","revision":7}"#.to_vec(),
+            ..Received::default()
+        },
+    );
+    s.poll_transmit().expect("the renew sends").request.subject
 }
 
 /// Answers every stream info `s` asks while starting from `streams` (a stream's
@@ -938,4 +886,197 @@ fn the_unsubscribes_may_take_until_the_drain_phase_ends() {
     assert_eq!(s.stop_phase_ends(), None, "no stop yet");
     s.handle_stop(t0);
     assert_eq!(s.stop_phase_ends(), Some(t0 + Duration::from_millis(3000)));
+}
+
+/// One timer per request: the machine says when a request is given up
+/// ([`ServiceEvent::Cancel`]), so the adapter sends untimed and drops the send.
+/// Each row leaves one request unanswered and checks that the service cancels
+/// exactly it, and only once its waiter gives it up.
+#[test]
+fn a_request_nobody_waits_for_any_more_is_cancelled() {
+    type Setup = fn() -> (ServiceWorld, &'static str);
+    fn call_times_out() -> (ServiceWorld, &'static str) {
+        let mut w = serving(config(), 1);
+        acquire(&mut w, "h", "k");
+        (w, "$KV.leases.k")
+    }
+    fn call_cut_off() -> (ServiceWorld, &'static str) {
+        let mut c = config();
+        c.shutdown_timeout = Duration::from_millis(300);
+        let mut w = serving(c, 1);
+        acquire(&mut w, "h", "k");
+        w.stop();
+        w.obey_stop().unwrap();
+        (w, "$KV.leases.k")
+    }
+    fn startup_unanswered() -> (ServiceWorld, &'static str) {
+        (
+            ServiceWorld::new(config(), 1),
+            "$JS.API.STREAM.INFO.KV_leases",
+        )
+    }
+    fn replicas_check_unanswered() -> (ServiceWorld, &'static str) {
+        let mut w = serving(config(), 1);
+        while w.in_flight().is_empty() {
+            w.fire_timer();
+            w.settle().unwrap();
+        }
+        (w, "$JS.API.STREAM.INFO.KV_leases")
+    }
+    let table: [(&str, Setup); 4] = [
+        ("a call that timed out", call_times_out),
+        ("a call cut off at the stop's bound", call_cut_off),
+        ("startup's stream info unanswered", startup_unanswered),
+        (
+            "the replicas check's stream info unanswered",
+            replicas_check_unanswered,
+        ),
+    ];
+    for (name, setup) in table {
+        let (mut w, subject) = setup();
+        assert_eq!(w.in_flight(), vec![subject], "{name}");
+        let id = w.in_flight_ids()[0];
+        assert!(w.cancelled.is_empty(), "{name}: nothing given up yet");
+        // Its waiter's deadline: the request's timeout, or the stop's cut-off.
+        w.fire_timer();
+        w.settle().unwrap();
+        assert_eq!(
+            w.cancelled.iter().copied().collect::<Vec<_>>(),
+            vec![id],
+            "{name}"
+        );
+        // Answered late all the same: ignored, nothing breaks.
+        w.deliver(0);
+        w.settle().unwrap();
+    }
+}
+
+/// An acquire of `key` to `s`, its reply to `_INBOX.<key>`; returns its write.
+fn acquire_on(s: &mut Service, t0: Instant, key: &str) -> crate::io::Transmit {
+    s.handle_request(
+        t0,
+        time::OffsetDateTime::UNIX_EPOCH,
+        Received {
+            subject: Endpoint::Acquire.subject(),
+            reply: Some(format!("_INBOX.{key}")),
+            payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                .to_string()
+                .into_bytes(),
+            ..Received::default()
+        },
+    );
+    std::iter::from_fn(|| s.poll_transmit())
+        .find(|t| t.request.subject == format!("$KV.leases.{key}"))
+        .expect("the acquire writes")
+}
+
+/// How many replies and flushes `s` asked for, drained.
+fn replies_and_flushes(s: &mut Service) -> (usize, usize) {
+    std::iter::from_fn(|| s.poll_event()).fold((0, 0), |(r, f), e| match e {
+        ServiceEvent::Reply { .. } => (r + 1, f),
+        ServiceEvent::Flush => (r, f + 1),
+        _ => (r, f),
+    })
+}
+
+/// A stop's flush pushes the replies to the server only if they were handed to
+/// the client first: the machine asks for it once every reply it sent is handed
+/// over ([`Service::handle_reply_sent`]), not as its phase begins.
+#[test]
+fn a_stops_flush_waits_until_every_reply_is_handed_to_the_client() {
+    let t0 = Instant::now();
+    let ack = |seq: u64| {
+        crate::io::RequestOutcome::reply(format!(r#"{{"stream":"KV_leases","seq":{seq}}}"#))
+    };
+    // (name, calls running at the stop, answered before the drain's bound)
+    let table = [
+        ("nothing running: the flush at once", 0, true),
+        ("a call answered within the drain", 1, true),
+        ("two calls cut off at the drain's bound", 2, false),
+    ];
+    for (name, calls, answered) in table {
+        let mut c = config();
+        c.shutdown_timeout = Duration::from_millis(300);
+        let (mut s, _) = ready(c, t0);
+        let writes: Vec<_> = (0..calls)
+            .map(|i| acquire_on(&mut s, t0, &format!("k{i}")))
+            .collect();
+        s.handle_stop(t0);
+        s.handle_intake_closed(t0);
+        let (_, early) = replies_and_flushes(&mut s);
+        assert_eq!(
+            early,
+            usize::from(calls == 0),
+            "{name}: flushed before any reply"
+        );
+        if answered {
+            for (i, w) in writes.iter().enumerate() {
+                s.handle_outcome(t0, w.id, ack(i as u64 + 1));
+            }
+        } else {
+            let bound = s.stop_phase_ends().expect("the drain's bound");
+            s.handle_timeout(bound);
+            assert_eq!(s.stop_phase(), Some(StopPhase::Replies), "{name}");
+        }
+        let (replies, flushes) = replies_and_flushes(&mut s);
+        assert_eq!(replies, calls, "{name}: every call answered");
+        for handed in 0..calls {
+            assert_eq!(
+                flushes, 0,
+                "{name}: {handed} of {calls} replies handed over"
+            );
+            s.handle_reply_sent(t0);
+            let (_, now_flushes) = replies_and_flushes(&mut s);
+            if handed + 1 < calls {
+                assert_eq!(now_flushes, 0, "{name}: {} of {calls} handed", handed + 1);
+            } else {
+                assert_eq!(now_flushes, 1, "{name}: all handed, the flush");
+            }
+        }
+    }
+}
+
+/// The lease endpoints and the `$SRV` verbs are how the service is reached: a
+/// failed subscription of either stops it with the error. Change events only feed
+/// the known map and the tenants' counts: without them it serves on and says what
+/// it loses.
+#[test]
+fn a_failed_subscription_stops_the_service_only_when_it_is_how_it_is_reached() {
+    let t0 = Instant::now();
+    let table = [
+        ("the endpoints", SubscriptionKind::Api, true),
+        ("the verbs", SubscriptionKind::Srv, true),
+        ("the change events", SubscriptionKind::Changes, false),
+    ];
+    for (name, kind, fatal) in table {
+        let (mut s, _) = ready(config(), t0);
+        s.handle_subscribe_failed(t0, kind, "some.subject", "permissions violation");
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        let fatals: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                ServiceEvent::Fatal(why) => Some(why),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fatals.len(), usize::from(fatal), "{name}: {events:?}");
+        assert!(
+            fatals
+                .iter()
+                .all(|why| why.contains("some.subject") && why.contains("permissions")),
+            "{name}: {fatals:?}"
+        );
+        assert_eq!(s.is_done(), fatal, "{name}");
+        if fatal {
+            continue;
+        }
+        // Serving on, and saying what this configuration loses without them.
+        let warned = events.iter().any(|e| {
+            matches!(e, ServiceEvent::Log { level: LogLevel::Warn, line }
+                if line.contains("change events not watched")
+                    && line.contains("some.subject")
+                    && line.contains("permissions"))
+        });
+        assert!(warned, "{name}: {events:?}");
+    }
 }

@@ -274,13 +274,15 @@ fn calls_are_served_unavailable_until_startup_settles() {
         let body = br#"{"key":"k","holder":"h","ttl_ms":1000}"#;
         let mut call = Call::new(
             config,
-            Instant::now(),
-            time::OffsetDateTime::now_utc(),
             Endpoint::Acquire,
             body,
+            time::OffsetDateTime::now_utc(),
+            Instant::now(),
         );
         match call.poll_effect() {
-            None => call.poll_event().expect("a reply").error_kind(),
+            None => crate::tests::support::reply_of(&mut call)
+                .expect("a reply")
+                .error_kind(),
             Some(Effect::KvWrite(_)) => None,
             other => panic!("{other:?}"),
         }

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::call::{Call, CallConfig, ConfirmRead, Effect, InboxRequest, KvRead, KvWrite};
+use crate::call::{
+    Call, CallConfig, CallEvent, ConfirmRead, Effect, InboxRequest, KvRead, KvWrite,
+};
 
 use crate::io::EffectId;
 use crate::io::RequestOutcome;
@@ -48,7 +50,7 @@ impl Drive {
     ) -> Self {
         let now = Instant::now();
         Self {
-            call: Call::new(config, now, wall, endpoint, body.as_bytes()),
+            call: Call::new(config, endpoint, body.as_bytes(), wall, now),
             now,
         }
     }
@@ -98,10 +100,24 @@ impl Drive {
         if let Some(other) = self.call.poll_effect() {
             panic!("expected the reply, got {other:?}");
         }
-        let r = self.call.poll_event().expect("the call has replied");
-        assert!(self.call.poll_event().is_none(), "one reply");
+        let replies: Vec<Response> = self
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                CallEvent::Replied(r) => Some(r),
+                CallEvent::Kv(_) => None,
+            })
+            .collect();
         assert!(self.call.is_done());
-        r
+        match <[Response; 1]>::try_from(replies) {
+            Ok([r]) => r,
+            Err(replies) => panic!("expected one reply, got {replies:?}"),
+        }
+    }
+
+    /// Every event the call reported since the last drain.
+    pub(super) fn events(&mut self) -> Vec<CallEvent> {
+        std::iter::from_fn(|| self.call.poll_event()).collect()
     }
 
     pub(super) fn error(&mut self) -> ErrorReply {
@@ -203,4 +219,14 @@ pub(super) fn header<'a>(w: &'a crate::io::NatsRequest, name: &str) -> Option<&'
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, v)| v.as_str())
+}
+
+/// `call`'s reply, if it has replied: its events drained, whatever else they report.
+pub(super) fn reply_of(call: &mut Call) -> Option<Response> {
+    std::iter::from_fn(|| call.poll_event())
+        .filter_map(|e| match e {
+            CallEvent::Replied(r) => Some(r),
+            CallEvent::Kv(_) => None,
+        })
+        .last()
 }

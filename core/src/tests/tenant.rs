@@ -79,10 +79,10 @@ fn scoped(caller: Caller, endpoint: Endpoint, body: &str) -> Call {
         CallConfig::ready(1024 * 1024).for_replicas(3),
         Some(caller),
         None,
-        Instant::now(),
-        wall(),
         endpoint,
         body.as_bytes(),
+        wall(),
+        Instant::now(),
     )
 }
 
@@ -115,7 +115,7 @@ fn a_tenants_key_lives_under_its_account_and_a_grant_is_bound_to_its_user() {
     let record: Value = serde_json::from_slice(&t.request.payload).unwrap();
     assert_eq!(record["bound_to"], "a1");
     call.handle_outcome(Instant::now(), t.id, ack(41));
-    let Some(Response::Acquired(r)) = call.poll_event() else {
+    let Some(Response::Acquired(r)) = crate::tests::support::reply_of(&mut call) else {
         panic!("no grant")
     };
     assert_eq!((r.granted, r.lease.key.as_str()), (true, "job"));
@@ -179,7 +179,7 @@ fn another_user_of_the_account_cannot_renew_release_or_take_a_bound_lease_and_is
         call.handle_outcome(Instant::now(), t.id, bound_record("a1"));
         let confirm = transmit(&mut call);
         call.handle_outcome(Instant::now(), confirm.id, ack(41));
-        let Some(Response::Error(e)) = call.poll_event() else {
+        let Some(Response::Error(e)) = crate::tests::support::reply_of(&mut call) else {
             panic!("{endpoint:?}: not refused")
         };
         assert_eq!(e.kind, ErrorKind::Forbidden, "{endpoint:?}");

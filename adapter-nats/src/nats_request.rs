@@ -1,15 +1,18 @@
-//! Carries out the core's effects: each is one NATS request.
+//! One NATS request as the core's machines ask for it: a [`NatsRequest`] sent with
+//! async-nats, its reply (or failure) read back as the [`RequestOutcome`] the
+//! machine is fed; and a message's headers as the core reads them.
 
 use async_nats::{Client, HeaderMap, RequestErrorKind};
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
 
 use crate::runtime::{self, Runtime};
 
-/// Sends one request and reports what came of it, as the core expects. The
-/// request's timeout runs on `runtime`'s timer, not async-nats' (which would need
-/// tokio's timer in the calling task): an async-nats request is otherwise only a
-/// message to its connection task and a channel to wait on, so it runs on any
-/// executor.
+/// Sends one request and reports what came of it, as the core expects, timed
+/// by the request's own timeout. For a caller with no machine keeping a deadline:
+/// the client library's one-shot calls ([`crate::client`]). The timeout runs on
+/// `runtime`'s timer, not async-nats' (which would need tokio's timer in the
+/// calling task): an async-nats request is otherwise only a message to its
+/// connection task and a channel to wait on, so it runs on any executor.
 pub async fn send(runtime: &dyn Runtime, client: &Client, request: NatsRequest) -> RequestOutcome {
     let deadline = runtime.now() + request.timeout;
     runtime::until(runtime, deadline, send_untimed(client, request))
@@ -17,12 +20,14 @@ pub async fn send(runtime: &dyn Runtime, client: &Client, request: NatsRequest) 
         .unwrap_or(RequestOutcome::TimedOut)
 }
 
-/// [`send`] without a timer of its own, for a caller that races it with the
-/// machine's own deadline ([`Call::poll_timeout`]) and drops it when that passes:
-/// one timer per request instead of two. On smol each timer armed wakes async-io's
-/// reactor thread, which the service's p50 showed.
+/// [`send`] without a timer of its own, for a caller whose machine keeps the
+/// request's deadline and says when to drop it: the service
+/// ([`ServiceEvent::Cancel`]), a holder's campaign (`CampaignEvent::Cancel`), a
+/// waiting acquire (its `poll_timeout`). One timer per request instead of two: on
+/// smol each timer armed wakes async-io's reactor thread, which the service's p50
+/// showed.
 ///
-/// [`Call::poll_timeout`]: dagnats_leases_core::Call::poll_timeout
+/// [`ServiceEvent::Cancel`]: dagnats_leases_core::service::ServiceEvent::Cancel
 pub async fn send_untimed(client: &Client, request: NatsRequest) -> RequestOutcome {
     let mut headers = HeaderMap::new();
     for (name, value) in &request.headers {
