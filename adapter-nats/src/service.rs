@@ -458,11 +458,10 @@ impl Io {
             }
             next = self.requests.next(), if self.intake_open => match next {
                 Some(m) => service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m)),
-                None if self.stopping => {
+                None => {
                     self.intake_open = false;
                     service.handle_intake_closed(self.runtime.now());
                 }
-                None => self.intake_open = false,
             },
             Some(answered) = self.outcomes.next(), if !self.outcomes.is_empty() => {
                 // `None`: cancelled, nothing to feed.
@@ -486,9 +485,6 @@ impl Io {
             () = stop_signal => {
                 self.stopping = true;
                 service.handle_stop(self.runtime.now());
-                if !self.intake_open {
-                    service.handle_intake_closed(self.runtime.now());
-                }
             }
         }
         self.drain(service).await

@@ -1336,8 +1336,9 @@ impl Service {
         self.pump(now);
     }
 
-    /// Stopping: every subscription ended, the messages delivered before the
-    /// unsubscribe all fed.
+    /// Every subscription of requests ended and the messages delivered before that
+    /// are all fed: after the stop's unsubscribes, or earlier (the connection
+    /// closed for good), in which case a stop later finds the intake closed.
     pub fn handle_intake_closed(&mut self, now: Instant) {
         self.intake_open = false;
         self.pump(now);

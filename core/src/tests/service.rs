@@ -1080,3 +1080,32 @@ fn a_failed_subscription_stops_the_service_only_when_it_is_how_it_is_reached() {
         assert!(warned, "{name}: {events:?}");
     }
 }
+
+/// The adapter reports the intake closed whenever its subscriptions end, stopping
+/// or not: a stop that finds it closed already (the connection gone for good)
+/// leaves the drain once the calls are answered, without waiting for an intake
+/// that will never close again; one that finds it open waits for it.
+#[test]
+fn a_stop_after_the_intake_closed_on_its_own_drains_without_waiting_for_it() {
+    let t0 = Instant::now();
+    // (name, intake closed before the stop, the drain over at the stop)
+    let table = [
+        ("intake closed before the stop", true, true),
+        ("intake still open at the stop", false, false),
+    ];
+    for (name, closed_first, drained) in table {
+        let (mut s, _) = ready(config(), t0);
+        if closed_first {
+            s.handle_intake_closed(t0);
+            assert_eq!(s.stop_phase(), None, "{name}: no stop without one asked");
+        }
+        s.handle_stop(t0);
+        let _: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        assert_eq!(
+            s.stop_phase() != Some(StopPhase::Drain),
+            drained,
+            "{name}: {:?}",
+            s.stop_phase()
+        );
+    }
+}
