@@ -3,13 +3,8 @@
 //! stream, and its replies, plain publishes to the subjects its reply rule let
 //! through ([`dagnats_leases_core::reply_scope`]).
 
-use std::time::Instant;
-
 use async_nats::{Client, Subject, Subscriber};
-use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use futures::stream::SelectAll;
-
-use crate::runtime::{self, Runtime};
 
 /// Unsubscribes every subscription; the stream ends once the messages already
 /// delivered to this client are read.
@@ -19,17 +14,13 @@ pub(crate) async fn drain(incoming: &mut SelectAll<Subscriber>) {
     }
 }
 
-/// Publishes a reply, handed to the client within [`HANDOFF_BOUND`]: while
-/// async-nats reconnects it reads no command, and a reply must not hold the loop
-/// (or a stop) for as long.
-pub(crate) async fn reply(runtime: &dyn Runtime, client: &Client, to: Subject, body: Vec<u8>) {
-    let deadline: Instant = runtime.now() + HANDOFF_BOUND;
-    let publish = client.publish(to, body.into());
-    match runtime::until(runtime, deadline, publish).await {
-        Some(Ok(())) => {}
-        Some(Err(e)) => tracing::warn!("reply not sent: {e}"),
-        None => {
-            tracing::warn!("reply not sent: the NATS client took no command for {HANDOFF_BOUND:?}")
-        }
+/// Publishes a reply. Untimed: the machine gives up one the client has not taken
+/// within [`HANDOFF_BOUND`] (while async-nats reconnects it reads no command) and
+/// the loop drops it.
+///
+/// [`HANDOFF_BOUND`]: dagnats_leases_core::shutdown::HANDOFF_BOUND
+pub(crate) async fn reply(client: &Client, to: Subject, body: Vec<u8>) {
+    if let Err(e) = client.publish(to, body.into()).await {
+        tracing::warn!("reply not sent: {e}");
     }
 }

@@ -21,7 +21,7 @@ use dagnats_leases_core::coalesce;
 use dagnats_leases_core::io::{EffectId, Mode};
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::service::{
-    KvFact, LogLevel, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+    KvFact, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
@@ -353,7 +353,11 @@ struct Io {
     outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
     /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
     cancels: HashMap<EffectId, AbortHandle>,
-    sending: FuturesUnordered<BoxFuture<'static, ()>>,
+    /// The replies being handed to the client, each until it is or the machine
+    /// gives it up.
+    sending: FuturesUnordered<BoxFuture<'static, Option<ReplyId>>>,
+    /// How to drop each reply being handed over ([`ServiceEvent::CancelReply`]).
+    reply_cancels: HashMap<ReplyId, AbortHandle>,
     timer: Option<(Instant, runtime::Sleep)>,
     /// Stopping: the subscriptions are being drained; the intake is open.
     intake_open: bool,
@@ -383,6 +387,7 @@ impl Io {
             outcomes: FuturesUnordered::new(),
             cancels: HashMap::new(),
             sending: FuturesUnordered::new(),
+            reply_cancels: HashMap::new(),
             timer: None,
             intake_open: true,
             unsubscribe: false,
@@ -470,8 +475,12 @@ impl Io {
                     service.handle_outcome(self.runtime.now(), id, outcome);
                 }
             }
-            Some(()) = self.sending.next(), if !self.sending.is_empty() => {
-                service.handle_reply_sent(self.runtime.now());
+            Some(sent) = self.sending.next(), if !self.sending.is_empty() => {
+                // `None`: given up, the machine knows.
+                if let Some(id) = sent {
+                    self.reply_cancels.remove(&id);
+                    service.handle_reply_sent(self.runtime.now(), id);
+                }
             }
             () = flushing => {
                 self.flushing = None;
@@ -550,11 +559,19 @@ impl Io {
                 }
             }
             ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
-            ServiceEvent::Reply { to, body } => {
-                let (runtime, serving) = (self.runtime.clone(), self.serving.clone());
-                self.sending.push(Box::pin(async move {
-                    intake::reply(&*runtime, &serving, to.into(), body).await;
-                }));
+            ServiceEvent::Reply { id, to, body } => {
+                let serving = self.serving.clone();
+                let (send, cancel) = futures::future::abortable(async move {
+                    intake::reply(&serving, to.into(), body).await;
+                    id
+                });
+                self.reply_cancels.insert(id, cancel);
+                self.sending.push(Box::pin(send.map(Result::ok)));
+            }
+            ServiceEvent::CancelReply { id } => {
+                if let Some(cancel) = self.reply_cancels.remove(&id) {
+                    cancel.abort();
+                }
             }
             ServiceEvent::StartRefused(why) => {
                 return Err(Error::new(ServiceErrorKind::Config, why));

@@ -62,7 +62,7 @@ use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
 use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
-use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
+use crate::shutdown::{HANDOFF_BOUND, Shutdown, ShutdownEvent, StopPhase};
 use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_CHANGED_SUBJECTS, changed_subject,
@@ -244,11 +244,23 @@ pub enum ServiceEvent {
         kind: SubscriptionKind,
     },
     /// Publish `body` to `to`: a reply, its subject checked by the reply rule.
+    /// Say when the client took it with [`Service::handle_reply_sent`]; the
+    /// machine gives it up at [`HANDOFF_BOUND`] ([`ServiceEvent::CancelReply`]).
     Reply {
+        /// Names this reply in [`Service::handle_reply_sent`] and
+        /// [`ServiceEvent::CancelReply`].
+        id: ReplyId,
         /// The reply subject.
         to: String,
         /// The reply.
         body: Vec<u8>,
+    },
+    /// Drop the publish of reply `id`: the client took no command for
+    /// [`HANDOFF_BOUND`] (it reconnects to a server that is gone), and a reply
+    /// must not hold a stop for as long. A log event says so too.
+    CancelReply {
+        /// The reply given up.
+        id: ReplyId,
     },
     /// The bucket has another layout than this service was started with (another
     /// shard count): the service must not serve it, and keeps answering every call
@@ -331,6 +343,10 @@ pub enum ServiceEvent {
     /// The stop is over: nothing more to do.
     Stopped,
 }
+
+/// A reply the service sent, until the client takes it or the machine gives it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplyId(pub u64);
 
 /// What a service loses when its change subscription cannot be made, by what the
 /// change events are for in its configuration: the known-revisions map
@@ -444,8 +460,12 @@ pub struct Service {
     stop: Option<Shutdown>,
     intake_open: bool,
     late: usize,
-    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client.
-    replies_out: usize,
+    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client,
+    /// each with the instant it is given up.
+    replies_out: HashMap<ReplyId, Instant>,
+    /// The same replies by the instant each is given up.
+    replies_due: BTreeSet<(Instant, ReplyId)>,
+    next_reply: u64,
     /// The stop phase a flush was asked for last.
     flush_asked: Option<StopPhase>,
     /// A subscription the service cannot serve without failed.
@@ -500,7 +520,9 @@ impl Service {
             stop: None,
             intake_open: true,
             late: 0,
-            replies_out: 0,
+            replies_out: HashMap::new(),
+            replies_due: BTreeSet::new(),
+            next_reply: 0,
             flush_asked: None,
             failed: false,
             calls: HashMap::new(),
@@ -618,7 +640,7 @@ impl Service {
             }
             if let Some(verb) = self.micro.verb_of(&message.subject) {
                 let body = self.micro.reply(verb);
-                self.reply(message.reply.unwrap_or_default(), body);
+                self.reply(now, message.reply.unwrap_or_default(), body);
             }
             return;
         }
@@ -743,23 +765,54 @@ impl Service {
             match event {
                 CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
                 CallEvent::Replied(response) => {
-                    self.answered(endpoint, reply.clone(), response, Duration::ZERO)
+                    self.answered(now, endpoint, reply.clone(), response, Duration::ZERO)
                 }
             }
         }
     }
 
-    /// Publishes a reply to a subject the reply rule let through.
-    fn reply(&mut self, to: String, body: Vec<u8>) {
-        self.replies_out += 1;
-        self.events.push_back(ServiceEvent::Reply { to, body });
+    /// Publishes a reply to a subject the reply rule let through, given up if the
+    /// client has not taken it within [`HANDOFF_BOUND`].
+    fn reply(&mut self, now: Instant, to: String, body: Vec<u8>) {
+        let id = ReplyId(self.next_reply);
+        self.next_reply += 1;
+        let due = now + HANDOFF_BOUND;
+        self.replies_out.insert(id, due);
+        self.replies_due.insert((due, id));
+        self.events.push_back(ServiceEvent::Reply { id, to, body });
     }
 
-    /// A reply the service sent ([`ServiceEvent::Reply`]) was handed to the client
-    /// (or given up at its bound): a stop's flush waits for every one.
-    pub fn handle_reply_sent(&mut self, now: Instant) {
-        self.replies_out = self.replies_out.saturating_sub(1);
+    /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its
+    /// publish failed: a stop's flush waits for every one.
+    pub fn handle_reply_sent(&mut self, now: Instant, id: ReplyId) {
+        if let Some(due) = self.replies_out.remove(&id) {
+            self.replies_due.remove(&(due, id));
+        }
         self.pump(now);
+    }
+
+    /// Gives up the replies the client has not taken by `now`.
+    fn give_up_replies(&mut self, now: Instant) {
+        let mut given_up = 0;
+        while let Some(&(due, id)) = self.replies_due.first() {
+            if due > now {
+                break;
+            }
+            self.replies_due.remove(&(due, id));
+            self.replies_out.remove(&id);
+            self.events.push_back(ServiceEvent::CancelReply { id });
+            given_up += 1;
+        }
+        if given_up > 0 {
+            self.events.push_back(ServiceEvent::Log {
+                level: LogLevel::Warn,
+                line: format!(
+                    "{given_up} repl{} not sent: the NATS client took no command for \
+                     {HANDOFF_BOUND:?}",
+                    if given_up == 1 { "y" } else { "ies" }
+                ),
+            });
+        }
     }
 
     /// A subscription the service asked for ([`ServiceEvent::Subscribe`]) failed
@@ -806,7 +859,7 @@ impl Service {
         };
         if matches!(phase, StopPhase::Replies | StopPhase::Flush)
             && self.flush_asked != Some(phase)
-            && self.replies_out == 0
+            && self.replies_out.is_empty()
         {
             self.flush_asked = Some(phase);
             self.events.push_back(ServiceEvent::Flush);
@@ -814,7 +867,14 @@ impl Service {
     }
 
     /// A call's reply: counted, and sent.
-    fn answered(&mut self, endpoint: Endpoint, reply: String, response: Response, took: Duration) {
+    fn answered(
+        &mut self,
+        now: Instant,
+        endpoint: Endpoint,
+        reply: String,
+        response: Response,
+        took: Duration,
+    ) {
         self.micro.handle_answered(endpoint, &response, took);
         let body = response.to_json();
         self.events.push_back(ServiceEvent::Answered {
@@ -822,7 +882,7 @@ impl Service {
             response,
             took,
         });
-        self.reply(reply, body);
+        self.reply(now, reply, body);
     }
 
     /// Starts what admission starts and answers what it refuses.
@@ -838,7 +898,7 @@ impl Service {
                     self.events.push_back(ServiceEvent::Refused { endpoint });
                     self.micro
                         .handle_answered(endpoint, &response, Duration::ZERO);
-                    self.reply(pending.reply, response.to_json());
+                    self.reply(now, pending.reply, response.to_json());
                 }
             }
         }
@@ -850,6 +910,7 @@ impl Service {
         let scope = match pending.scope {
             Err(refused) => {
                 self.answered(
+                    now,
                     endpoint,
                     pending.reply,
                     Response::Error(refused),
@@ -985,7 +1046,7 @@ impl Service {
             _ => {}
         }
         let took = now.saturating_duration_since(running.started);
-        self.answered(running.endpoint, running.reply, response, took);
+        self.answered(now, running.endpoint, running.reply, response, took);
         let tenant = running.scope.map(|c| c.account);
         self.admission.handle_finished_of(now, tenant);
     }
@@ -1302,6 +1363,7 @@ impl Service {
                 self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
             }
         }
+        self.give_up_replies(now);
         self.pump_startup(now);
         if self.stop.is_none()
             && let Some(check) = &mut self.check
@@ -1466,6 +1528,7 @@ impl Service {
             check,
             self.deadlines.first().map(|(at, _)| *at),
             self.sends_due.first().map(|(at, _)| *at),
+            self.replies_due.first().map(|(at, _)| *at),
             self.stop.as_ref().and_then(Shutdown::poll_timeout),
         ]
         .into_iter()

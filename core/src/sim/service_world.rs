@@ -46,8 +46,8 @@ use serde_json::json;
 use super::{MsgKind, SimJetStream};
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
 use crate::reply_scope::ReplyScope;
-use crate::service::{Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
-use crate::shutdown::Shutdown;
+use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
+use crate::shutdown::{HANDOFF_BOUND, Shutdown};
 use crate::startup::stream_config_for;
 use crate::subjects::{HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, STREAM};
 use crate::wire::{Endpoint, Response};
@@ -99,8 +99,8 @@ pub struct ServiceWorld {
     lost: BTreeMap<EffectId, Instant>,
     /// Every request the service cancelled.
     pub cancelled: BTreeSet<EffectId>,
-    /// Replies sent and not yet handed to the client.
-    handing: usize,
+    /// Replies sent and not yet handed to the client, by when each was sent.
+    handing: BTreeMap<ReplyId, Instant>,
     asked: BTreeMap<String, Asked>,
     next_request: u64,
     /// The highest fence granted per key.
@@ -142,7 +142,7 @@ impl ServiceWorld {
             network: Vec::new(),
             lost: BTreeMap::new(),
             cancelled: BTreeSet::new(),
-            handing: 0,
+            handing: BTreeMap::new(),
             asked: BTreeMap::new(),
             next_request: 0,
             fences: BTreeMap::new(),
@@ -204,15 +204,14 @@ impl ServiceWorld {
 
     /// Sends the replies the service sent so far: each is handed to the client.
     pub fn hand_off(&mut self) {
-        while self.handing > 0 {
-            self.handing -= 1;
-            self.service.handle_reply_sent(self.now());
+        while let Some((id, _)) = self.handing.pop_first() {
+            self.service.handle_reply_sent(self.now(), id);
         }
     }
 
     /// Replies sent and not yet handed to the client.
     pub fn replies_handing(&self) -> usize {
-        self.handing
+        self.handing.len()
     }
 
     /// Sets the stream's replicas (the next stream info reports them).
@@ -357,14 +356,31 @@ impl ServiceWorld {
                 {
                     return Err(format!("subscribed twice to {subject}"));
                 }
-                ServiceEvent::Reply { to, body } => {
-                    self.handing += 1;
+                ServiceEvent::Reply { id, to, body } => {
+                    if self.handing.insert(*id, self.now()).is_some() {
+                        return Err(format!("reply {id:?} sent twice"));
+                    }
                     self.check_reply(to, body)?
                 }
-                ServiceEvent::Flush if self.handing > 0 => {
+                ServiceEvent::CancelReply { id } => {
+                    // The world's client takes replies only when it settles: one
+                    // it has not taken for the hand-off bound may be given up,
+                    // never sooner and never one it took.
+                    let Some(sent) = self.handing.remove(id) else {
+                        return Err(format!("reply {id:?} given up, though not out"));
+                    };
+                    if self.now() < sent + HANDOFF_BOUND {
+                        return Err(format!(
+                            "reply {id:?} given up {:?} after it was sent, before the \
+                             hand-off bound",
+                            self.now() - sent
+                        ));
+                    }
+                }
+                ServiceEvent::Flush if !self.handing.is_empty() => {
                     return Err(format!(
                         "a flush was asked with {} replies not yet handed to the client",
-                        self.handing
+                        self.handing.len()
                     ));
                 }
                 ServiceEvent::Cancel { id } => {

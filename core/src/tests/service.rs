@@ -8,9 +8,10 @@ use serde_json::json;
 
 use crate::io::Mode;
 use crate::service::{
-    KvFact, KvOp, LogLevel, Received, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+    KvFact, KvOp, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent,
+    SubscriptionKind,
 };
-use crate::shutdown::{FLUSH_BOUND, REPLY_BOUND, StopPhase};
+use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND, REPLY_BOUND, StopPhase};
 use crate::sim::service_world::ServiceWorld;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -603,7 +604,7 @@ fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
 fn replies(s: &mut Service) -> Vec<(String, Vec<u8>)> {
     std::iter::from_fn(|| s.poll_event())
         .filter_map(|e| match e {
-            ServiceEvent::Reply { to, body } => Some((to, body)),
+            ServiceEvent::Reply { to, body, .. } => Some((to, body)),
             _ => None,
         })
         .collect()
@@ -970,13 +971,17 @@ fn acquire_on(s: &mut Service, t0: Instant, key: &str) -> crate::io::Transmit {
         .expect("the acquire writes")
 }
 
-/// How many replies and flushes `s` asked for, drained.
-fn replies_and_flushes(s: &mut Service) -> (usize, usize) {
-    std::iter::from_fn(|| s.poll_event()).fold((0, 0), |(r, f), e| match e {
-        ServiceEvent::Reply { .. } => (r + 1, f),
-        ServiceEvent::Flush => (r, f + 1),
-        _ => (r, f),
-    })
+/// The replies and how many flushes `s` asked for, drained.
+fn replies_and_flushes(s: &mut Service) -> (Vec<ReplyId>, usize) {
+    let (mut replies, mut flushes) = (Vec::new(), 0);
+    for event in std::iter::from_fn(|| s.poll_event()) {
+        match event {
+            ServiceEvent::Reply { id, .. } => replies.push(id),
+            ServiceEvent::Flush => flushes += 1,
+            _ => {}
+        }
+    }
+    (replies, flushes)
 }
 
 /// A stop's flush pushes the replies to the server only if they were handed to
@@ -1019,13 +1024,13 @@ fn a_stops_flush_waits_until_every_reply_is_handed_to_the_client() {
             assert_eq!(s.stop_phase(), Some(StopPhase::Replies), "{name}");
         }
         let (replies, flushes) = replies_and_flushes(&mut s);
-        assert_eq!(replies, calls, "{name}: every call answered");
-        for handed in 0..calls {
+        assert_eq!(replies.len(), calls, "{name}: every call answered");
+        for (handed, id) in replies.into_iter().enumerate() {
             assert_eq!(
                 flushes, 0,
                 "{name}: {handed} of {calls} replies handed over"
             );
-            s.handle_reply_sent(t0);
+            s.handle_reply_sent(t0, id);
             let (_, now_flushes) = replies_and_flushes(&mut s);
             if handed + 1 < calls {
                 assert_eq!(now_flushes, 0, "{name}: {} of {calls} handed", handed + 1);
@@ -1107,5 +1112,62 @@ fn a_stop_after_the_intake_closed_on_its_own_drains_without_waiting_for_it() {
             "{name}: {:?}",
             s.stop_phase()
         );
+    }
+}
+
+/// A reply the client has not taken within [`HANDOFF_BOUND`] (it reconnects to a
+/// server that is gone and reads no command) is given up by the machine, not by
+/// a timer of the adapter's: its publish is dropped, a warning says so, and a
+/// stop's flush no longer waits for it. One handed over in time is never given up.
+#[test]
+fn a_reply_the_client_has_not_taken_within_the_handoff_bound_is_given_up() {
+    let t0 = Instant::now();
+    // (name, handed over before the bound, given up)
+    let table = [
+        ("handed over in time", true, false),
+        ("never taken", false, true),
+    ];
+    for (name, handed, given_up) in table {
+        let (mut s, _) = ready(config(), t0);
+        acquire_on(&mut s, t0, "k0");
+        s.handle_stop(t0);
+        s.handle_intake_closed(t0);
+        let bound = s.stop_phase_ends().expect("the drain's bound");
+        s.handle_timeout(bound);
+        let (replies, _) = replies_and_flushes(&mut s);
+        assert_eq!(replies.len(), 1, "{name}: the call cut off is answered");
+        if handed {
+            s.handle_reply_sent(bound, replies[0]);
+        }
+        let before = bound + HANDOFF_BOUND - Duration::from_millis(1);
+        assert!(
+            s.poll_timeout()
+                .is_some_and(|at| at <= bound + HANDOFF_BOUND),
+            "{name}: a timer for the reply or the phase"
+        );
+        s.handle_timeout(before);
+        s.handle_timeout(bound + HANDOFF_BOUND);
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        let cancelled: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                ServiceEvent::CancelReply { id } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<ReplyId> = if given_up {
+            replies.clone()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(cancelled, expected, "{name}: {events:?}");
+        let warned = events.iter().any(|e| {
+            matches!(e, ServiceEvent::Log { level: LogLevel::Warn, line }
+                if line.contains("not sent"))
+        });
+        assert_eq!(warned, given_up, "{name}: {events:?}");
+        // Nothing holds the flush any more.
+        let flushed = events.iter().any(|e| matches!(e, ServiceEvent::Flush)) || handed;
+        assert!(flushed, "{name}: {events:?}");
     }
 }
