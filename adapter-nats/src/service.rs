@@ -290,14 +290,6 @@ pub async fn prepare(
 ) -> Result<Prepared, Error> {
     let Clients { serving, backend } = clients.into();
     let info = backend.server_info();
-    if info.version.is_empty() {
-        // Judging support from an empty INFO would wrongly settle on `unsupported`.
-        return Err(Error::new(
-            ServiceErrorKind::Config,
-            "the client has not received the server's INFO yet: connect without \
-             retry_on_initial_connect, or wait for the connection first",
-        ));
-    }
     // The instance id: unique per process, as the micro protocol asks.
     let inbox = serving.new_inbox();
     let id = inbox.rsplit('.').next().unwrap_or_default().to_string();

@@ -592,6 +592,30 @@ async fn forward_reply_too_large_at_the_servers_max_payload() {
     assert_eq!(kind(&r), "reply_too_large", "{r}");
 }
 
+/// A client connected with `retry_on_initial_connect` to no server has had no
+/// INFO: judged from its empty version the server would look too old. The
+/// service refuses to start with a Config error naming the cause, instead of
+/// serving `unsupported`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_the_servers_info_cannot_start_a_service() {
+    // A port nothing listens on: the client keeps trying in the background.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(format!("nats://127.0.0.1:{port}"))
+        .await
+        .expect("a client that retries");
+    assert!(client.server_info().version.is_empty());
+    let e = dagnats_leases_tokio::service::start(client, ServiceOptions::default())
+        .await
+        .expect_err("no INFO, no start");
+    assert_eq!(e.kind(), dagnats_leases_tokio::ErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("INFO"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_subject_replies_unsupported_on_a_2_9_server() {
     let server = NatsServer::start_legacy();

@@ -486,7 +486,9 @@ pub struct Service {
 
 impl Service {
     /// A service starting at `now` (`wall` for the micro protocol's start time):
-    /// it asks for its subscriptions and begins ensuring the bucket.
+    /// it asks for its subscriptions and begins ensuring the bucket. With no server
+    /// version (the client has not had the server's INFO) it refuses to start
+    /// ([`ServiceEvent::StartRefused`]) and asks for nothing.
     pub fn new(config: ServiceConfig, wall: OffsetDateTime, now: Instant) -> Self {
         let micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
         let startup = Startup::new(
@@ -540,6 +542,16 @@ impl Service {
             call_config,
             config,
         };
+        if service.config.server_version.trim().is_empty() {
+            // Judging the server from an empty INFO would settle on `unsupported`.
+            service.failed = true;
+            service.events.push_back(ServiceEvent::StartRefused(
+                "the client has not received the server's INFO yet: connect without \
+                 retry_on_initial_connect, or wait for the connection first"
+                    .to_string(),
+            ));
+            return service;
+        }
         service.subscribe();
         service.events.push_back(ServiceEvent::Mode(Mode::Starting));
         service.pump_startup(now);

@@ -1171,3 +1171,31 @@ fn a_reply_the_client_has_not_taken_within_the_handoff_bound_is_given_up() {
         assert!(flushed, "{name}: {events:?}");
     }
 }
+
+/// A client that has not had the server's INFO reports no version: judged from
+/// it, the server would look too old and the service would settle on
+/// `unsupported`. The machine refuses to start instead, and asks for nothing (no
+/// subscription, no request).
+#[test]
+fn a_service_given_no_server_version_refuses_to_start_and_asks_for_nothing() {
+    let t0 = Instant::now();
+    // (version, refused)
+    for (version, refused) in [("", true), ("  ", true), ("2.14.0", false)] {
+        let mut c = config();
+        c.server_version = version.to_string();
+        let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, t0);
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        let refusals = events
+            .iter()
+            .filter(|e| matches!(e, ServiceEvent::StartRefused(why) if why.contains("INFO")))
+            .count();
+        assert_eq!(refusals, usize::from(refused), "{version:?}: {events:?}");
+        let subscribes = events
+            .iter()
+            .filter(|e| matches!(e, ServiceEvent::Subscribe { .. }))
+            .count();
+        assert_eq!(subscribes == 0, refused, "{version:?}: {events:?}");
+        assert_eq!(s.poll_transmit().is_none(), refused, "{version:?}");
+        assert_eq!(s.is_done(), refused, "{version:?}");
+    }
+}
