@@ -52,26 +52,25 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict,
+    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict, RejectId,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
-use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, RequestOutcome};
-use futures::future::BoxFuture;
+use futures::future::{AbortHandle, BoxFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::nats_request;
+use crate::runtime::Runtime;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
-use crate::runtime::{self, Runtime};
 use crate::telemetry;
 
 mod driver;

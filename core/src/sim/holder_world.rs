@@ -414,6 +414,9 @@ impl Machine {
                     // network answers every request, and records its own history.
                     CampaignEvent::Watch { .. }
                     | CampaignEvent::Unwatch { .. }
+                    | CampaignEvent::CancelWatch { .. }
+                    | CampaignEvent::Reject { .. }
+                    | CampaignEvent::CancelReject { .. }
                     | CampaignEvent::Cancel { .. }
                     | CampaignEvent::Leading { .. }
                     | CampaignEvent::ElectedAfter { .. }
