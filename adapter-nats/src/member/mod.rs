@@ -20,8 +20,10 @@
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
 //! request to accept, what the metrics count) is the core's. This file holds the
 //! public handles; `driver.rs` is the one task per member that sends the machine's
-//! requests, feeds back their outcomes, change events and inbox messages, records
-//! what its events say, and sleeps until the machine's next deadline; `inbox.rs` is
+//! requests, subscribes and rejects as it says (in the background, dropped when
+//! the machine gives them up), feeds back their outcomes, change events and inbox
+//! messages, records what its events say, and sleeps until the machine's next
+//! deadline, the one timer it arms; `inbox.rs` is
 //! the application's side of the owner's inbox. The driver runs on any
 //! [`Runtime`]: spawned through it, its timer is the runtime's, and
 //! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
