@@ -24,11 +24,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::Client;
+use async_nats::{Client, Subscriber};
 use base64::Engine as _;
 use dagnats_leases_core::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use dagnats_leases_core::change::ChangeEvent;
-use dagnats_leases_core::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
@@ -36,12 +35,13 @@ use dagnats_leases_core::wire::{
     forward_client_wait,
 };
 use dagnats_leases_core::{NatsRequest, RequestOutcome};
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 
 use crate::nats_request;
+use crate::runtime::Runtime;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
-use crate::runtime::{self, Runtime};
 
 /// How long a call waits for the service by default.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +134,13 @@ pub fn reply_of(endpoint: Endpoint, outcome: RequestOutcome) -> Result<Response,
         )),
         RequestOutcome::Failed(why) => Err(LeaseError::new(LeaseErrorKind::Connection, why)),
     }
+}
+
+/// What came of a waiting acquire's subscribe or flush, for its machine.
+enum Setup {
+    /// The subscription, or `None`: it failed.
+    Subscribed(Option<Subscriber>),
+    Flushed,
 }
 
 /// A forward's answer: the owner's reply body and who gave it.
@@ -265,22 +272,11 @@ impl LeaseClient {
             Endpoint::Acquire,
             &Request::Acquire(request.clone()).to_json(),
         )?;
-        // Subscribed before the first try, so no event between a refusal and the
-        // wait is missed; without it (no permission, say) the TTL fallback alone wakes.
-        // Each bounded: a client stuck reconnecting to a server that is gone would
-        // hold them for ever, and the wait's own bound would never begin.
-        let handoff = self.runtime.now() + HANDOFF_BOUND;
-        let subscribe = self.nats.subscribe(changed_subject(key));
-        let mut events = match runtime::until(&*self.runtime, handoff, subscribe).await {
-            Some(Ok(sub)) => {
-                let flushed = self.runtime.now() + FLUSH_BOUND;
-                let _ = runtime::until(&*self.runtime, flushed, self.nats.flush()).await;
-                Some(sub)
-            }
-            _ => None,
-        };
-        let now = self.runtime.now();
-        let mut waiting = WaitingAcquire::new(request, self.timeout, wait, now);
+        // The machine subscribes before the first try and flushes, each within its
+        // bound; the client runs them untimed and drops one the machine gives up.
+        let mut events: Option<Subscriber> = None;
+        let mut setup: Option<BoxFuture<'_, Setup>> = None;
+        let mut waiting = WaitingAcquire::new(request, self.timeout, wait, self.runtime.now());
         let mut asking = None;
         loop {
             while let Some(t) = waiting.poll_transmit() {
@@ -289,6 +285,16 @@ impl LeaseClient {
             }
             while let Some(event) = waiting.poll_event() {
                 match event {
+                    WaitingAcquireEvent::Subscribe => {
+                        let subscribe = self.nats.subscribe(changed_subject(key));
+                        setup = Some(subscribe.map(|s| Setup::Subscribed(s.ok())).boxed());
+                    }
+                    WaitingAcquireEvent::Flush => {
+                        setup = Some(self.nats.flush().map(|_| Setup::Flushed).boxed());
+                    }
+                    WaitingAcquireEvent::CancelSubscribe | WaitingAcquireEvent::CancelFlush => {
+                        setup = None;
+                    }
                     WaitingAcquireEvent::Refused(reply) => refused(&reply),
                     WaitingAcquireEvent::Done(reply) => return Ok(reply),
                     WaitingAcquireEvent::Failed(outcome) => {
@@ -317,7 +323,25 @@ impl LeaseClient {
                     None => std::future::pending().await,
                 }
             };
+            let set_up = async {
+                match setup.as_mut() {
+                    Some(step) => step.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                done = set_up => {
+                    setup = None;
+                    let now = self.runtime.now();
+                    match done {
+                        Setup::Subscribed(sub) => {
+                            let made = sub.is_some();
+                            events = sub;
+                            waiting.handle_subscribed(now, made);
+                        }
+                        Setup::Flushed => waiting.handle_flushed(now),
+                    }
+                }
                 (id, outcome) = answer => {
                     asking = None;
                     waiting.handle_outcome(self.runtime.now(), id, outcome);

@@ -4,17 +4,41 @@
 //! Change events are at-most-once, so it also asks again one lease TTL after the
 //! last write it saw (the refusal, or an acquire or renewal event): a lease that
 //! was released or expired unseen is free by then. A wait of zero asks once.
+//!
+//! Before the first try it subscribes to the key's change events and flushes, so
+//! that no event between a refusal and the wait is missed. Each is bounded here: a
+//! subscribe not reported within [`HANDOFF_BOUND`], or a flush within
+//! [`FLUSH_BOUND`], is given up (a client reconnecting to a server that is gone
+//! would hold it for ever, and the wait's own bound would never begin), and the
+//! acquire goes ahead without it: only the early wake-up is lost, the TTL fallback
+//! still wakes it. The wait's bound begins once they are over.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
 use crate::io::{EffectId, RequestOutcome, Transmit, lease_call};
+use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Request, Response};
 
 /// What a [`WaitingAcquire`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitingAcquireEvent {
+    /// Subscribe to the key's change events, and say when that is over with
+    /// [`WaitingAcquire::handle_subscribed`]. Given up at [`HANDOFF_BOUND`]
+    /// ([`WaitingAcquireEvent::CancelSubscribe`]).
+    Subscribe,
+    /// Flush the connection, so that the subscription is on the server before the
+    /// first acquire, and say when that is over with
+    /// [`WaitingAcquire::handle_flushed`]. Given up at [`FLUSH_BOUND`]
+    /// ([`WaitingAcquireEvent::CancelFlush`]).
+    Flush,
+    /// Drop the subscribe under way: not over within [`HANDOFF_BOUND`]. The
+    /// acquire goes ahead without change events (the TTL fallback alone wakes it).
+    CancelSubscribe,
+    /// Drop the flush under way: not over within [`FLUSH_BOUND`]. The acquire goes
+    /// ahead; the subscription is kept.
+    CancelFlush,
     /// Another holder has the key: waiting for it.
     Refused(AcquireReply),
     /// Over: granted, or the last refusal once the wait ran out.
@@ -26,6 +50,14 @@ pub enum WaitingAcquireEvent {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// The subscribe to change events is under way until `due`.
+    Subscribing {
+        due: Instant,
+    },
+    /// The flush after it is under way until `due`.
+    Flushing {
+        due: Instant,
+    },
     /// The acquire `id` is out until `due`.
     Asking {
         id: EffectId,
@@ -45,6 +77,8 @@ enum Phase {
 pub struct WaitingAcquire {
     request: AcquireRequest,
     timeout: Duration,
+    wait: Duration,
+    /// The wait's end: set at the first acquire.
     deadline: Instant,
     phase: Phase,
     last: Option<AcquireReply>,
@@ -54,21 +88,54 @@ pub struct WaitingAcquire {
 }
 
 impl WaitingAcquire {
-    /// Asks for the key at `now`, each acquire bounded by `timeout`, waiting at most
-    /// `wait` while another holder has it.
+    /// Subscribes to the key's change events at `now`, then asks for the key, each
+    /// acquire bounded by `timeout`, waiting at most `wait` from the first while
+    /// another holder has it.
     pub fn new(request: AcquireRequest, timeout: Duration, wait: Duration, now: Instant) -> Self {
-        let mut w = Self {
+        Self {
             request,
             timeout,
+            wait,
             deadline: now + wait,
-            phase: Phase::Done,
+            phase: Phase::Subscribing {
+                due: now + HANDOFF_BOUND,
+            },
             last: None,
             next_id: 0,
             transmits: VecDeque::new(),
-            events: VecDeque::new(),
-        };
-        w.ask(now);
-        w
+            events: VecDeque::from([WaitingAcquireEvent::Subscribe]),
+        }
+    }
+
+    /// The subscribe ([`WaitingAcquireEvent::Subscribe`]) is over: `made`, then a
+    /// flush follows; failed (no permission, say), then the acquire goes ahead
+    /// without change events. Ignored once given up.
+    pub fn handle_subscribed(&mut self, now: Instant, made: bool) {
+        if !matches!(self.phase, Phase::Subscribing { .. }) {
+            return;
+        }
+        if made {
+            self.phase = Phase::Flushing {
+                due: now + FLUSH_BOUND,
+            };
+            self.events.push_back(WaitingAcquireEvent::Flush);
+        } else {
+            self.start(now);
+        }
+    }
+
+    /// The flush ([`WaitingAcquireEvent::Flush`]) is over, done or failed: the
+    /// first acquire goes out. Ignored once given up.
+    pub fn handle_flushed(&mut self, now: Instant) {
+        if matches!(self.phase, Phase::Flushing { .. }) {
+            self.start(now);
+        }
+    }
+
+    /// The first acquire: the wait's bound begins.
+    fn start(&mut self, now: Instant) {
+        self.deadline = now + self.wait;
+        self.ask(now);
     }
 
     fn ask(&mut self, now: Instant) {
@@ -124,10 +191,19 @@ impl WaitingAcquire {
         }
     }
 
-    /// The acquire out past its timeout fails; the wait past its end ends with the
-    /// last refusal; the TTL fallback asks again.
+    /// A subscribe or flush past its bound is given up and the first acquire goes
+    /// out; the acquire out past its timeout fails; the wait past its end ends with
+    /// the last refusal; the TTL fallback asks again.
     pub fn handle_timeout(&mut self, now: Instant) {
         match self.phase {
+            Phase::Subscribing { due } if now >= due => {
+                self.events.push_back(WaitingAcquireEvent::CancelSubscribe);
+                self.start(now);
+            }
+            Phase::Flushing { due } if now >= due => {
+                self.events.push_back(WaitingAcquireEvent::CancelFlush);
+                self.start(now);
+            }
             Phase::Asking { id, due } if now >= due => {
                 self.handle_outcome(now, id, RequestOutcome::TimedOut);
             }
@@ -145,14 +221,16 @@ impl WaitingAcquire {
         self.transmits.pop_front()
     }
 
-    /// A refusal waited on, or the end.
+    /// A subscribe or flush to start or drop, a refusal waited on, or the end.
     pub fn poll_event(&mut self) -> Option<WaitingAcquireEvent> {
         self.events.pop_front()
     }
 
-    /// The acquire's deadline, or the next of the wait's end and the TTL fallback.
+    /// The subscribe's or the flush's bound, the acquire's deadline, or the next
+    /// of the wait's end and the TTL fallback.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.phase {
+            Phase::Subscribing { due } | Phase::Flushing { due } => Some(due),
             Phase::Asking { due, .. } => Some(due),
             Phase::Waiting { until, .. } => Some(until.min(self.deadline)),
             Phase::Done => None,

@@ -46,12 +46,13 @@ pub const REPLY_BOUND: Duration = Duration::from_secs(1);
 /// How long the last flush waits for the server.
 pub const FLUSH_BOUND: Duration = Duration::from_secs(1);
 
-/// How long a loop that must end on its own (the holder library's driver, a waiting
-/// acquire) waits to hand one command to the NATS client (a subscribe, a reject
-/// reply): async-nats queues commands and, while it reconnects to a server that is
-/// gone, stops taking them once its queue is full. Past the bound the command is
-/// dropped (a missed change event or reject costs a retry, never correctness), so
-/// no stop or bounded wait is held by it.
+/// How long a machine whose loop must end on its own (the service's reply, the
+/// campaign's subscribe or reject reply, a waiting acquire's subscribe) waits for
+/// the NATS client to take one command: async-nats queues commands and, while it
+/// reconnects to a server that is gone, stops taking them once its queue is full.
+/// Past the bound the machine gives the command up and its adapter drops it (a
+/// missed change event or reject costs a retry, never correctness), so no stop or
+/// bounded wait is held by it.
 pub const HANDOFF_BOUND: Duration = Duration::from_secs(1);
 
 /// What a stop may take beyond the drain: [`REPLY_BOUND`] and [`FLUSH_BOUND`].

@@ -1,9 +1,17 @@
-//! The one driver task of a member: sends what the campaign wants, subscribes and
-//! cancels as its events say, feeds back outcomes, change events and inbox
-//! messages, records the metrics the events carry, and sleeps until the machine's
-//! next deadline. Every branch here is IO.
+//! The one driver task of a member: sends what the campaign wants, subscribes,
+//! rejects and cancels as its events say, feeds back outcomes, change events, inbox
+//! messages and the hand-offs done, records the metrics the events carry, and
+//! sleeps until the machine's next deadline: the one timer it arms. Every command
+//! runs in the background, its bound the machine's. Every branch here is IO.
 
 use super::*;
+
+/// A command the client took, for the machine: a subscribe (made, or failed) or a
+/// reject.
+enum Handoff {
+    Watched(String, Option<Subscriber>),
+    Rejected(RejectId),
+}
 
 /// What came of a request, for the machine.
 struct Answer {
@@ -12,6 +20,9 @@ struct Answer {
 }
 
 type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
+/// A subscribe or a reject handed to the client, until done (`None`: dropped, as
+/// the machine said).
+type Handoffs = FuturesUnordered<BoxFuture<'static, Option<Handoff>>>;
 type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
 
 /// The one driver loop of a member: sends what the machine wants, feeds back what
@@ -25,6 +36,10 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
     // A request in flight ends when its sender is dropped: the campaign cancelled it.
     let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
+    let mut handoffs = Handoffs::new();
+    // How to drop each subscribe and reject under way, as the machine says.
+    let mut subscribing: BTreeMap<String, AbortHandle> = BTreeMap::new();
+    let mut rejecting: BTreeMap<RejectId, AbortHandle> = BTreeMap::new();
     loop {
         let (requests, events, wake, new_inboxes, done) = {
             let mut state = shared.lock();
@@ -51,22 +66,48 @@ pub(super) async fn drive(shared: Arc<Shared>) {
         for event in events {
             match event {
                 CampaignEvent::Watch { key } => {
-                    // A failed subscribe only loses the early wake-up, never correctness;
-                    // bounded, so that a client stuck reconnecting never holds the driver.
-                    let subscribe = shared.nats.subscribe(changed_subject(&key));
-                    let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                    if let Some(Ok(sub)) =
-                        runtime::until(&*shared.runtime, handoff, subscribe).await
-                    {
-                        let (stop, stopped) = oneshot::channel();
-                        subscribed.insert(key.clone(), stop);
-                        changes.push(Box::pin(
-                            sub.map(move |m| (key.clone(), m)).take_until(stopped),
-                        ));
+                    // Untimed: the machine gives it up (CancelWatch).
+                    let nats = shared.nats.clone();
+                    let subject = changed_subject(&key);
+                    let watched = key.clone();
+                    let (subscribe, abort) = futures::future::abortable(async move {
+                        Handoff::Watched(watched, nats.subscribe(subject).await.ok())
+                    });
+                    if let Some(old) = subscribing.insert(key, abort) {
+                        old.abort();
+                    }
+                    handoffs.push(subscribe.map(Result::ok).boxed());
+                }
+                CampaignEvent::CancelWatch { key } => {
+                    if let Some(abort) = subscribing.remove(&key) {
+                        abort.abort();
                     }
                 }
                 CampaignEvent::Unwatch { key } => {
+                    if let Some(abort) = subscribing.remove(&key) {
+                        abort.abort();
+                    }
                     subscribed.remove(&key);
+                }
+                CampaignEvent::Reject { id, to } => {
+                    let nats = shared.nats.clone();
+                    let (name, value) = RejectReason::reply_header();
+                    let mut headers = HeaderMap::new();
+                    headers.insert(name, value);
+                    let (reject, abort) = futures::future::abortable(async move {
+                        let empty = bytes::Bytes::new();
+                        if let Err(e) = nats.publish_with_headers(to, headers, empty).await {
+                            tracing::debug!("reject not sent: {e}");
+                        }
+                        Handoff::Rejected(id)
+                    });
+                    rejecting.insert(id, abort);
+                    handoffs.push(reject.map(Result::ok).boxed());
+                }
+                CampaignEvent::CancelReject { id } => {
+                    if let Some(abort) = rejecting.remove(&id) {
+                        abort.abort();
+                    }
                 }
                 CampaignEvent::Cancel { id } => {
                     in_flight.remove(&id);
@@ -101,7 +142,31 @@ pub(super) async fn drive(shared: Arc<Shared>) {
             }
             Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
                 let (accepted, rejected) = &inboxes[n];
-                receive(&shared, accepted, rejected, message).await;
+                receive(&shared, accepted, rejected, message);
+            }
+            Some(done) = handoffs.next(), if !handoffs.is_empty() => {
+                let now = shared.runtime.now();
+                match done {
+                    // Dropped: the machine gave it up, or no longer wants it.
+                    None => {}
+                    Some(Handoff::Watched(key, subscriber)) => {
+                        subscribing.remove(&key);
+                        // A failed subscribe only loses the early wake-up.
+                        if let Some(sub) = subscriber {
+                            let (stop, stopped) = oneshot::channel();
+                            subscribed.insert(key.clone(), stop);
+                            let watched = key.clone();
+                            changes.push(Box::pin(
+                                sub.map(move |m| (watched.clone(), m)).take_until(stopped),
+                            ));
+                        }
+                        shared.lock().campaign.handle_watched(now, &key);
+                    }
+                    Some(Handoff::Rejected(id)) => {
+                        rejecting.remove(&id);
+                        shared.lock().campaign.handle_reject_sent(now, id);
+                    }
+                }
             }
             _ = sleep => {
                 shared.lock().campaign.handle_timeout(shared.runtime.now());
@@ -155,9 +220,12 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
             CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
             CampaignEvent::ElectedAfter { after, .. } => telemetry::elected(after),
             CampaignEvent::Answered(answered) => telemetry::holder_answered(&answered),
-            // The driver subscribes, unsubscribes and cancels itself.
+            // The driver subscribes, unsubscribes, rejects and cancels itself.
             CampaignEvent::Watch { .. }
+            | CampaignEvent::CancelWatch { .. }
             | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::Reject { .. }
+            | CampaignEvent::CancelReject { .. }
             | CampaignEvent::Cancel { .. } => {}
         }
     }
@@ -204,9 +272,10 @@ fn send(
     .boxed()
 }
 
-/// One message on the inbox: passed on when the machine accepts it, answered
-/// `Dagnats-Lease-Reject: stale` when not.
-async fn receive(
+/// One message on the inbox: passed on when the machine accepts it; a rejected one
+/// is answered `Dagnats-Lease-Reject: stale` by the machine's
+/// [`CampaignEvent::Reject`], and counted here.
+fn receive(
     shared: &Shared,
     accepted: &mpsc::UnboundedSender<ForwardedRequest>,
     rejected: &AtomicU64,
@@ -217,9 +286,10 @@ async fn receive(
         .as_ref()
         .and_then(|h| h.get(HDR_FENCE))
         .map(|v| v.as_str().to_string());
-    let verdict = shared.lock().campaign.check_inbox(
+    let verdict = shared.lock().campaign.handle_inbox(
         shared.runtime.now(),
         message.subject.as_str(),
+        message.reply.as_ref().map(|r| r.as_str()),
         fence.as_deref(),
         !accepted.is_closed(),
     );
@@ -237,16 +307,6 @@ async fn receive(
         InboxVerdict::Reject(reason) => {
             rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(subject = %message.subject, %reason, "forward rejected");
-            if let Some(reply) = message.reply {
-                let (name, value) = RejectReason::reply_header();
-                let mut headers = HeaderMap::new();
-                headers.insert(name, value);
-                let reject = shared
-                    .nats
-                    .publish_with_headers(reply, headers, bytes::Bytes::new());
-                let handoff = shared.runtime.now() + HANDOFF_BOUND;
-                let _ = runtime::until(&*shared.runtime, handoff, reject).await;
-            }
         }
     }
 }

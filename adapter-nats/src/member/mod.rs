@@ -20,8 +20,10 @@
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
 //! request to accept, what the metrics count) is the core's. This file holds the
 //! public handles; `driver.rs` is the one task per member that sends the machine's
-//! requests, feeds back their outcomes, change events and inbox messages, records
-//! what its events say, and sleeps until the machine's next deadline; `inbox.rs` is
+//! requests, subscribes and rejects as it says (in the background, dropped when
+//! the machine gives them up), feeds back their outcomes, change events and inbox
+//! messages, records what its events say, and sleeps until the machine's next
+//! deadline, the one timer it arms; `inbox.rs` is
 //! the application's side of the owner's inbox. The driver runs on any
 //! [`Runtime`]: spawned through it, its timer is the runtime's, and
 //! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
@@ -52,26 +54,25 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict,
+    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict, RejectId,
 };
 use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
-use dagnats_leases_core::shutdown::HANDOFF_BOUND;
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, RequestOutcome};
-use futures::future::BoxFuture;
+use futures::future::{AbortHandle, BoxFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::client::{LeaseError, LeaseErrorKind, change_event};
 use crate::nats_request;
+use crate::runtime::Runtime;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
-use crate::runtime::{self, Runtime};
 use crate::telemetry;
 
 mod driver;

@@ -123,7 +123,7 @@ impl Campaign {
         for config in &keys {
             self.claimed.insert(config.key.clone(), id);
             let key = config.key.clone();
-            self.events.push_back(CampaignEvent::Watch { key });
+            self.handoffs.watch(now, key, &mut self.events);
         }
         self.vacancies = true;
         self.groups.insert(
@@ -318,6 +318,8 @@ impl Campaign {
                         self.claimed.remove(&config.key);
                         self.renew_unclear.remove(&config.key);
                         let key = config.key;
+                        // A subscribe under way is dropped with the watch.
+                        self.handoffs.watched(&key);
                         self.events.push_back(CampaignEvent::Unwatch { key });
                     }
                 }

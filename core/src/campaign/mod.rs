@@ -66,6 +66,11 @@
 //!   [`CampaignEvent::Cancel`] tells the adapter to drop it, so an adapter arms one
 //!   timer, from [`Campaign::poll_timeout`]. One due before it was polled was never
 //!   sent: its holder hears [`Holder::handle_cancel`].
+//! - **Hand-offs are bounded here.** A subscribe of change events
+//!   ([`CampaignEvent::Watch`]) or a reject reply ([`CampaignEvent::Reject`]) the
+//!   adapter has not reported done within [`HANDOFF_BOUND`] is given up
+//!   ([`CampaignEvent::CancelWatch`], [`CampaignEvent::CancelReject`]): the adapter
+//!   runs them in the background, never holding its loop, and arms no timer for them.
 //! - **What the metrics count comes out as events**: each request's outcome class
 //!   and time ([`CampaignEvent::Answered`], a renew sent after a renew without a
 //!   clear answer marked a retry), ownership changes ([`CampaignEvent::Leading`]),
@@ -126,9 +131,11 @@ use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::shutdown::HANDOFF_BOUND;
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 mod groups;
+mod handoff;
 mod health;
 mod inbox;
 mod outbox;
@@ -136,6 +143,8 @@ mod rebalance;
 mod semaphore;
 mod timers;
 
+use handoff::Handoffs;
+pub use handoff::RejectId;
 use health::Health;
 pub use inbox::InboxVerdict;
 use outbox::Outbox;
@@ -161,11 +170,39 @@ pub enum CampaignEvent {
     },
     /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
     /// members of a balanced set by it). They wake a campaign when the key may be free.
+    /// Say when the subscribe is over with [`Campaign::handle_watched`]; the campaign
+    /// gives it up at [`HANDOFF_BOUND`] ([`CampaignEvent::CancelWatch`]).
     Watch {
         /// The key.
         key: String,
     },
-    /// Unsubscribe from `key`'s change events: no group campaigns for it any more.
+    /// Drop the subscribe of `key`'s change events: the client took no command for
+    /// [`HANDOFF_BOUND`] (it reconnects to a server that is gone). The key goes
+    /// unwatched: its campaign asks at its ticks, without the early wake-up.
+    CancelWatch {
+        /// The key.
+        key: String,
+    },
+    /// Publish an empty reply with `Dagnats-Lease-Reject: stale`
+    /// ([`RejectReason::reply_header`]) to `to`: a forwarded request
+    /// [`Campaign::handle_inbox`] rejected. Say when the client took it with
+    /// [`Campaign::handle_reject_sent`]; the campaign gives it up at [`HANDOFF_BOUND`]
+    /// ([`CampaignEvent::CancelReject`]).
+    Reject {
+        /// Names this reply in [`Campaign::handle_reject_sent`] and
+        /// [`CampaignEvent::CancelReject`].
+        id: RejectId,
+        /// The forwarded request's reply subject.
+        to: String,
+    },
+    /// Drop the publish of reject `id`: the client took no command for
+    /// [`HANDOFF_BOUND`]. The forwarding service times the request out instead.
+    CancelReject {
+        /// The reject given up.
+        id: RejectId,
+    },
+    /// Unsubscribe from `key`'s change events (or drop the subscribe still under
+    /// way): no group campaigns for it any more.
     Unwatch {
         /// The key.
         key: String,
@@ -309,6 +346,8 @@ pub struct Campaign {
     renew_unclear: BTreeSet<String>,
     /// Keys this holder ID owns, as their holders' events said.
     owned: BTreeSet<String>,
+    /// Subscribes and rejects handed to the client, until done or given up.
+    handoffs: Handoffs,
 }
 
 impl Campaign {
@@ -337,6 +376,7 @@ impl Campaign {
             jitter_seed: 0,
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
+            handoffs: Handoffs::default(),
         })
     }
 
@@ -415,6 +455,7 @@ impl Campaign {
                 self.events.push_back(CampaignEvent::Cancel { id });
             }
         }
+        self.handoffs.give_up(now, &mut self.events);
         // Queued requests at their holder's timeout are cancelled first: never sent,
         // they are not an unknown outcome.
         self.pump(now);
@@ -457,9 +498,9 @@ impl Campaign {
         self.events.pop_front()
     }
 
-    /// Whether no group is left.
+    /// Whether no group is left, and no reject is being handed to the client.
     pub fn is_done(&self) -> bool {
-        self.groups.is_empty() && self.out.requests.is_empty()
+        self.groups.is_empty() && self.out.requests.is_empty() && !self.handoffs.rejecting()
     }
 
     /// The tenure this holder ID is in for `key` at `now`, if any.

@@ -28,6 +28,7 @@ impl Campaign {
             .chain(requests)
             .chain(cooldowns)
             .chain(health)
+            .chain(self.handoffs.next_due())
             .min()
     }
 

@@ -18,7 +18,12 @@
 //!    an unhealthy member sends no campaign acquire, and a member unhealthy since
 //!    T holds no lease on the server past T + `unhealthy_for` + two TTLs (the
 //!    revoked lease kept to its last deadline, a late grant of an acquire sent
-//!    before, and the network's delays).
+//!    before, and the network's delays);
+//! 5. in member worlds with slow subscribes ([`HolderWorld::with_slow_subscribes`]):
+//!    a member hears change events only for keys whose subscribe was made, and the
+//!    campaign gives up a subscribe only while it is under way and not before
+//!    [`HANDOFF_BOUND`] after it asked for it (by its own clock); invariants 1 to 3
+//!    hold with the wake-ups lost.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -31,6 +36,7 @@ use crate::change::ChangeEvent;
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, StepDownReason, Tenure};
 use crate::io::EffectId;
 use crate::io::{NatsRequest, RequestOutcome};
+use crate::shutdown::HANDOFF_BOUND;
 use crate::sim::{MsgKind, SimJetStream};
 use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind, Response};
@@ -175,6 +181,9 @@ enum Machine {
     Member {
         campaign: Campaign,
         group: Option<GroupId>,
+        /// The subscribes asked for, given up and dropped, as polled: the world's
+        /// client runs them.
+        watches: Vec<CampaignEvent>,
     },
 }
 
@@ -202,6 +211,9 @@ enum Ev {
     AppWrite,
     /// A member's health check flips.
     Health(usize),
+    /// A member's subscribe to a key's change events is over (for the machine of
+    /// a generation).
+    Subscribed(usize, u64, String),
 }
 
 struct HolderSim {
@@ -229,6 +241,13 @@ struct HolderSim {
     unhealthy_since: Option<u64>,
     /// Unhealthy once, healthy again since.
     recovered: bool,
+    /// Subscribes to change events under way, since when (its clock), and the keys
+    /// subscribed to ([`HolderWorld::with_slow_subscribes`]).
+    subscribing: BTreeMap<String, Instant>,
+    subscribed: std::collections::BTreeSet<String>,
+    /// When its group was last started (its clock): the instant its campaign asked
+    /// for the subscribes (they are polled later when it is paused meanwhile).
+    joined_at: Instant,
 }
 
 struct ServiceCall {
@@ -278,6 +297,8 @@ pub struct Stats {
     pub elections_after_recovery: u64,
     /// Elections of unhealthy members (the grant of an acquire sent while healthy).
     pub elections_while_unhealthy: u64,
+    /// Subscribes the campaigns gave up ([`HolderWorld::with_slow_subscribes`]).
+    pub subscribes_given_up: u64,
 }
 
 /// Nodes, the service's calls and the simulated stream, run event by event, with the
@@ -310,6 +331,10 @@ pub struct HolderWorld {
     /// its calls and by every message the stream stores (its change events, as
     /// they are stored), and how far into the log it has read.
     known: Option<(crate::known::KnownLeases, usize)>,
+    /// With [`HolderWorld::with_slow_subscribes`]: the share of subscribes that
+    /// hang past the hand-off bound, percent, and the draws of their delays (apart
+    /// from the world's, so its other draws replay as without).
+    slow_subscribes: Option<(u64, Rng)>,
 }
 
 const KEY: &str = "leader";
@@ -325,6 +350,7 @@ impl Machine {
                 let mut machine = Self::Member {
                     campaign: Campaign::new(name, now).expect("a valid holder ID"),
                     group: None,
+                    watches: Vec::new(),
                 };
                 machine.join(nodes, configs, now);
                 machine
@@ -335,7 +361,9 @@ impl Machine {
     /// A member starts its group; false when the last one has not finished yet.
     fn join(&mut self, nodes: Nodes, configs: &[HolderConfig], now: Instant) -> bool {
         let (
-            Self::Member { campaign, group },
+            Self::Member {
+                campaign, group, ..
+            },
             Nodes::Members {
                 max_held,
                 grouping,
@@ -370,6 +398,20 @@ impl Machine {
         }
     }
 
+    /// The subscribes asked for, given up or dropped since the last call.
+    fn take_watches(&mut self) -> Vec<CampaignEvent> {
+        match self {
+            Self::Holder(_) => Vec::new(),
+            Self::Member { watches, .. } => std::mem::take(watches),
+        }
+    }
+
+    fn handle_watched(&mut self, now: Instant, key: &str) {
+        if let Self::Member { campaign, .. } = self {
+            campaign.handle_watched(now, key);
+        }
+    }
+
     /// The next request and its key.
     fn poll_request(&mut self) -> Option<(String, HolderRequest)> {
         match self {
@@ -396,6 +438,7 @@ impl Machine {
         if let Self::Member {
             campaign,
             group: Some(group),
+            ..
         } = self
         {
             campaign.set_unhealthy_for(now, *group, unhealthy_for);
@@ -407,13 +450,20 @@ impl Machine {
     fn poll_event(&mut self) -> Option<(String, HolderEvent)> {
         match self {
             Self::Holder(h) => h.poll_event().map(|e| (KEY.to_string(), e)),
-            Self::Member { campaign, group } => loop {
+            Self::Member {
+                campaign,
+                group,
+                watches,
+            } => loop {
                 match campaign.poll_event()? {
                     CampaignEvent::Holder { key, event, .. } => return Some((key, event)),
-                    // Watches, and what an adapter records or cancels: a world's
-                    // network answers every request, and records its own history.
-                    CampaignEvent::Watch { .. }
+                    e @ (CampaignEvent::Watch { .. }
                     | CampaignEvent::Unwatch { .. }
+                    | CampaignEvent::CancelWatch { .. }) => watches.push(e),
+                    // What an adapter records or cancels: a world's network answers
+                    // every request, and records its own history; it has no inbox.
+                    CampaignEvent::Reject { .. }
+                    | CampaignEvent::CancelReject { .. }
                     | CampaignEvent::Cancel { .. }
                     | CampaignEvent::Leading { .. }
                     | CampaignEvent::ElectedAfter { .. }
@@ -509,6 +559,7 @@ impl HolderWorld {
                         Machine::Member {
                             campaign: Campaign::new(&name, base).expect("a valid holder ID"),
                             group: None,
+                            watches: Vec::new(),
                         }
                     }
                     _ => Machine::new(p.nodes, &name, &configs, base),
@@ -527,6 +578,9 @@ impl HolderWorld {
                     healthy: true,
                     unhealthy_since: None,
                     recovered: false,
+                    subscribing: BTreeMap::new(),
+                    subscribed: Default::default(),
+                    joined_at: base,
                 }
             })
             .collect();
@@ -553,6 +607,7 @@ impl HolderWorld {
             violation: None,
             stats: Stats::default(),
             known: None,
+            slow_subscribes: None,
         };
         if world.p.app != App::None {
             world.schedule(0, Ev::AppWrite);
@@ -578,6 +633,65 @@ impl HolderWorld {
     pub fn with_known(mut self) -> Self {
         self.known = Some((crate::known::KnownLeases::new(1024), 0));
         self
+    }
+
+    /// The same world with members' subscribes to change events taking a network
+    /// hop, `percent` of them hanging past [`HANDOFF_BOUND`] (a client reconnecting
+    /// to a server that is gone): the campaign gives those up, and a member hears
+    /// change events only for keys whose subscribe was made (invariant 5).
+    pub fn with_slow_subscribes(mut self, percent: u64) -> Self {
+        let draws = Rng::new(self.p.seed ^ 0x5AB5_C41B, Vec::new());
+        self.slow_subscribes = Some((percent, draws));
+        self
+    }
+
+    /// Runs the subscribes member `h` asked for, gave up or dropped.
+    fn hand_off(&mut self, h: usize) {
+        for e in self.holders[h].machine.take_watches() {
+            let now = self.holder_now(h, self.t);
+            let generation = self.holders[h].generation;
+            let sim = &mut self.holders[h];
+            match e {
+                CampaignEvent::Watch { key } => {
+                    let Some((percent, draws)) = &mut self.slow_subscribes else {
+                        // Made at once: every key's events reach the member.
+                        sim.machine.handle_watched(now, &key);
+                        continue;
+                    };
+                    let bound = HANDOFF_BOUND.as_millis() as u64;
+                    let took = if draws.chance(*percent) {
+                        bound + 1 + draws.below(bound)
+                    } else {
+                        draws.below(self.p.max_latency_ms + 1)
+                    };
+                    sim.subscribing.insert(key.clone(), sim.joined_at);
+                    self.schedule(self.t + took, Ev::Subscribed(h, generation, key));
+                }
+                // Made at once, but polled only after a pause longer than the bound.
+                CampaignEvent::CancelWatch { .. } if self.slow_subscribes.is_none() => {}
+                CampaignEvent::CancelWatch { key } => {
+                    self.stats.subscribes_given_up += 1;
+                    let violation = match sim.subscribing.remove(&key) {
+                        None => Some(format!("a subscribe of {key} not under way")),
+                        Some(since) if now < since + HANDOFF_BOUND => Some(format!(
+                            "the subscribe of {key} {:?} after it was asked for",
+                            now - since
+                        )),
+                        Some(_) => None,
+                    };
+                    if let Some(v) = violation {
+                        let name = &self.holders[h].name;
+                        let v = format!("t={}ms: {name} gave up {v}", self.t);
+                        self.violation.get_or_insert(v);
+                    }
+                }
+                CampaignEvent::Unwatch { key } => {
+                    sim.subscribing.remove(&key);
+                    sim.subscribed.remove(&key);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The service learns every message the stream stored since it last looked.
@@ -780,6 +894,7 @@ impl HolderWorld {
             }
             return self.drain_holder(h);
         }
+        self.hand_off(h);
         if let Some(at) = self.holders[h].machine.poll_timeout() {
             let t = self.server_ms(h, at);
             // One wake per instant: a node drained many times wants the same one.
@@ -953,12 +1068,16 @@ impl HolderWorld {
                 let nodes = self.p.nodes;
                 let sim = &mut self.holders[h];
                 sim.machine = Machine::new(nodes, &sim.name, &sim.configs, now);
+                sim.joined_at = now;
                 // The process restarted: its application is gone with it.
                 sim.app.clear();
                 sim.generation += 1;
                 sim.backlog.clear();
                 sim.answered.clear();
                 sim.unhealthy_since = None;
+                // Its subscriptions went with the process.
+                sim.subscribing.clear();
+                sim.subscribed.clear();
                 self.stats.recreations += 1;
                 self.tell_health(h);
                 if !self.paused(h) {
@@ -971,6 +1090,7 @@ impl HolderWorld {
                 if let Machine::Member {
                     campaign,
                     group: Some(group),
+                    ..
                 } = &mut self.holders[h].machine
                 {
                     campaign.handle_stop_group(now, *group);
@@ -993,6 +1113,7 @@ impl HolderWorld {
                     self.schedule(self.t + 100, Ev::Join(h));
                     return;
                 }
+                sim.joined_at = now;
                 sim.unhealthy_since = None;
                 self.tell_health(h);
                 if !self.paused(h) {
@@ -1036,6 +1157,10 @@ impl HolderWorld {
                     // A paused member misses it, as a slow consumer would.
                     return;
                 }
+                if self.slow_subscribes.is_some() && !self.holders[h].subscribed.contains(&key) {
+                    // Not subscribed (yet, or given up): the event never arrives.
+                    return;
+                }
                 let now = self.holder_now(h, self.t);
                 self.holders[h].machine.handle_change(now, &key, &event);
                 self.drain_holder(h);
@@ -1075,6 +1200,21 @@ impl HolderWorld {
                     }
                 }
                 self.drain_call(c);
+            }
+            Ev::Subscribed(h, generation, _) if generation != self.holders[h].generation => {}
+            Ev::Subscribed(h, generation, key) if self.paused(h) => {
+                // A frozen driver reports nothing: it does when it wakes.
+                let at = self.holders[h].paused_until;
+                self.schedule(at, Ev::Subscribed(h, generation, key));
+            }
+            Ev::Subscribed(h, _, key) => {
+                // Given up or dropped already: the driver dropped it, nothing arrives.
+                if self.holders[h].subscribing.remove(&key).is_some() {
+                    self.holders[h].subscribed.insert(key.clone());
+                    let now = self.holder_now(h, self.t);
+                    self.holders[h].machine.handle_watched(now, &key);
+                    self.drain_holder(h);
+                }
             }
             Ev::Outcome(h, generation, id, outcome) => {
                 if generation != self.holders[h].generation
@@ -1261,6 +1401,7 @@ fn describe(ev: &Ev) -> String {
         Ev::AppWrite => "application writes".to_string(),
         Ev::Health(h) => format!("health of h{h} flips"),
         Ev::Change(h, g, key, e) => format!("change h{h}/{g} {key} {e:?}"),
+        Ev::Subscribed(h, g, key) => format!("subscribed h{h}/{g} {key}"),
         Ev::Arrive(h, g, r) => format!(
             "arrive h{h}/{g} #{} {:?} {}",
             r.id.0,

@@ -8,6 +8,7 @@ use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
 use crate::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::io::RequestOutcome;
+use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
 use crate::test_support::HolderRequest;
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Lease, Request, Response};
 
@@ -60,10 +61,21 @@ fn asked(w: &mut WaitingAcquire) -> HolderRequest {
     r
 }
 
+/// A waiting acquire of `wait` started at `t0`, its subscribe and flush over at
+/// once (the tests of other rules leave them out).
+fn started(t0: Instant, wait: Duration) -> WaitingAcquire {
+    let mut w = WaitingAcquire::new(request(), TIMEOUT, wait, t0);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Subscribe));
+    w.handle_subscribed(t0, true);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Flush));
+    w.handle_flushed(t0);
+    w
+}
+
 /// A waiting acquire of `wait_ms` started at `t0`, its first acquire answered at
 /// 10 ms with `granted`; returns the first event.
 fn first_answer(t0: Instant, wait_ms: u64, granted: bool) -> (WaitingAcquire, WaitingAcquireEvent) {
-    let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_millis(wait_ms), t0);
+    let mut w = started(t0, Duration::from_millis(wait_ms));
     let r = asked(&mut w);
     w.handle_outcome(ms(t0, 10), r.id, answer(&reply(granted)));
     let first = w.poll_event().expect("an event");
@@ -140,14 +152,14 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
         RequestOutcome::reply("not json"),
     ] {
         let t0 = Instant::now();
-        let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_secs(5), t0);
+        let mut w = started(t0, Duration::from_secs(5));
         let r = asked(&mut w);
         w.handle_outcome(ms(t0, 5), r.id, outcome.clone());
         assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Failed(outcome)));
         assert!(w.is_done());
     }
     let t0 = Instant::now();
-    let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_secs(5), t0);
+    let mut w = started(t0, Duration::from_secs(5));
     let r = asked(&mut w);
     assert_eq!(
         w.poll_timeout(),
@@ -161,6 +173,111 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
     );
     w.handle_outcome(t0 + TIMEOUT, r.id, answer(&reply(true)));
     assert_eq!(w.poll_event(), None);
+}
+
+/// Nothing but the subscribe before it is over: no acquire, no flush.
+fn subscribing(t0: Instant, wait: Duration) -> WaitingAcquire {
+    let mut w = WaitingAcquire::new(request(), TIMEOUT, wait, t0);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Subscribe));
+    assert_eq!(w.poll_event(), None);
+    assert!(
+        w.poll_transmit().is_none(),
+        "no acquire before the subscription"
+    );
+    w
+}
+
+#[test]
+fn the_first_acquire_goes_out_once_subscribed_and_flushed_and_the_wait_begins_then() {
+    let t0 = Instant::now();
+    let mut w = subscribing(t0, Duration::from_millis(500));
+    w.handle_subscribed(ms(t0, 30), true);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Flush));
+    assert!(w.poll_transmit().is_none(), "no acquire before the flush");
+    w.handle_flushed(ms(t0, 40));
+    let r = asked(&mut w);
+    w.handle_outcome(ms(t0, 50), r.id, answer(&reply(false)));
+    assert_eq!(
+        w.poll_event(),
+        Some(WaitingAcquireEvent::Refused(reply(false)))
+    );
+    assert_eq!(
+        w.poll_timeout(),
+        Some(ms(t0, 540)),
+        "the wait from the flush"
+    );
+}
+
+#[test]
+fn a_failed_subscribe_asks_at_once_without_a_flush() {
+    let t0 = Instant::now();
+    let mut w = subscribing(t0, Duration::from_secs(5));
+    w.handle_subscribed(ms(t0, 20), false);
+    asked(&mut w);
+    assert_eq!(w.poll_event(), None, "no flush");
+    w.handle_flushed(ms(t0, 30));
+    assert!(w.poll_transmit().is_none(), "nothing more");
+}
+
+#[test]
+fn a_subscribe_not_over_within_the_handoff_bound_is_given_up_and_the_acquire_goes_ahead() {
+    let t0 = Instant::now();
+    let wait = Duration::from_secs(5);
+    let mut w = subscribing(t0, wait);
+    assert_eq!(w.poll_timeout(), Some(t0 + HANDOFF_BOUND));
+    w.handle_timeout(t0 + HANDOFF_BOUND - Duration::from_millis(1));
+    assert_eq!(w.poll_event(), None, "not before the bound");
+    assert!(w.poll_transmit().is_none());
+    w.handle_timeout(t0 + HANDOFF_BOUND);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::CancelSubscribe));
+    let r = asked(&mut w);
+    // A subscription made after it was given up is not waited on.
+    w.handle_subscribed(t0 + HANDOFF_BOUND, true);
+    assert_eq!(w.poll_event(), None, "no flush");
+    // Without events, the TTL fallback still wakes it; the wait runs from the
+    // give-up.
+    let refused_at = t0 + HANDOFF_BOUND + Duration::from_millis(10);
+    w.handle_outcome(refused_at, r.id, answer(&reply(false)));
+    assert_eq!(
+        w.poll_event(),
+        Some(WaitingAcquireEvent::Refused(reply(false)))
+    );
+    let fallback = refused_at + Duration::from_millis(TTL_MS);
+    assert_eq!(
+        w.poll_timeout(),
+        Some(fallback.min(t0 + HANDOFF_BOUND + wait))
+    );
+    w.handle_timeout(fallback);
+    asked(&mut w);
+}
+
+#[test]
+fn a_flush_not_over_within_the_flush_bound_is_given_up_and_the_acquire_goes_ahead() {
+    let t0 = Instant::now();
+    let mut w = subscribing(t0, Duration::from_secs(60));
+    w.handle_subscribed(ms(t0, 10), true);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::Flush));
+    let bound = ms(t0, 10) + FLUSH_BOUND;
+    assert_eq!(w.poll_timeout(), Some(bound));
+    w.handle_timeout(bound - Duration::from_millis(1));
+    assert_eq!(w.poll_event(), None, "not before the bound");
+    assert!(w.poll_transmit().is_none());
+    w.handle_timeout(bound);
+    assert_eq!(w.poll_event(), Some(WaitingAcquireEvent::CancelFlush));
+    let r = asked(&mut w);
+    w.handle_flushed(bound);
+    assert!(
+        w.poll_transmit().is_none(),
+        "a late flush asks nothing more"
+    );
+    // The subscription was kept: a release event still asks again at once.
+    w.handle_outcome(bound, r.id, answer(&reply(false)));
+    w.poll_event();
+    w.handle_change(
+        bound + Duration::from_millis(5),
+        &event(ChangeKind::Released),
+    );
+    asked(&mut w);
 }
 
 /// One world: another holder keeps the key for a while and releases it (or lets
@@ -178,7 +295,7 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
         Response::Acquired(r) => r.lease.revision,
         r => return Err(format!("the other holder was not granted: {r:?}")),
     };
-    let mut w = WaitingAcquire::new(request(), TIMEOUT, Duration::from_millis(wait_ms), at(0));
+    let mut w = started(at(0), Duration::from_millis(wait_ms));
     // The acquire out: (arrives at, id, reply).
     let mut out: Option<(u64, crate::io::EffectId, Vec<u8>)> = None;
     let mut released = false;
@@ -221,6 +338,7 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
                     return Ok(());
                 }
                 WaitingAcquireEvent::Failed(o) => return Err(format!("t={t}: failed: {o:?}")),
+                setup => return Err(format!("t={t}: {setup:?} once started")),
             }
         }
         t += 1 + rng.below(50);

@@ -5,12 +5,13 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use crate::campaign::{AnsweredRequest, Campaign, CampaignEvent, GroupId, InboxVerdict};
+use crate::campaign::{AnsweredRequest, Campaign, CampaignEvent, GroupId, InboxVerdict, RejectId};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::OutcomeClass;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
 use crate::io::{RequestOutcome, TransmitKind};
+use crate::shutdown::HANDOFF_BOUND;
 use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind};
 
@@ -35,6 +36,7 @@ fn is_watch(e: &CampaignEvent) -> bool {
         e,
         CampaignEvent::Watch { .. }
             | CampaignEvent::Unwatch { .. }
+            | CampaignEvent::CancelWatch { .. }
             | CampaignEvent::Holder {
                 event: HolderEvent::Refused { .. },
                 ..
@@ -84,11 +86,18 @@ impl Run {
         self.t0 + Duration::from_millis(ms)
     }
 
+    /// A group of `keys` added at 0, its subscribes reported made at once (the
+    /// tests of other rules leave the hand-off bound out).
     fn group(&mut self, keys: &[&str], max_held: usize) -> GroupId {
         let now = self.at(0);
-        self.campaign
+        let group = self
+            .campaign
             .add_group(now, configs(keys), max_held)
-            .unwrap()
+            .unwrap();
+        for key in keys {
+            self.campaign.handle_watched(now, key);
+        }
+        group
     }
 
     fn requests(&mut self) -> Vec<CampaignRequest> {
@@ -502,6 +511,122 @@ fn an_accepted_forward_nobody_reads_is_dropped_unanswered_and_a_bad_one_still_re
             .check_inbox(run.at(1), subject, Some("2"), false),
         InboxVerdict::Reject(RejectReason::StaleFence)
     );
+}
+
+/// The subscribes a group asks for ([`CampaignEvent::Watch`]), by what the
+/// adapter reported of each by `ms`.
+fn hand_off_watches(run: &mut Run, ms: u64) -> Vec<CampaignEvent> {
+    run.campaign.handle_timeout(run.at(ms));
+    run.all_events()
+        .into_iter()
+        .filter(|e| matches!(e, CampaignEvent::CancelWatch { .. }))
+        .collect()
+}
+
+#[test]
+fn a_subscribe_not_reported_within_the_handoff_bound_is_given_up() {
+    let mut run = Run::new();
+    let bound = HANDOFF_BOUND.as_millis() as u64;
+    let group = run
+        .campaign
+        .add_group(run.at(0), configs(&["slow", "made", "gone"]), 3)
+        .unwrap();
+    assert_eq!(
+        run.all_events(),
+        [watch("slow"), watch("made"), watch("gone")]
+    );
+    // Only the subscribe of "made" is reported, halfway to the bound.
+    run.campaign.handle_watched(run.at(bound / 2), "made");
+    assert!(run.campaign.poll_timeout().unwrap() <= run.at(bound));
+    assert_eq!(
+        hand_off_watches(&mut run, bound - 1),
+        [],
+        "not before the bound"
+    );
+    assert_eq!(
+        hand_off_watches(&mut run, bound),
+        [
+            CampaignEvent::CancelWatch {
+                key: "gone".to_string()
+            },
+            CampaignEvent::CancelWatch {
+                key: "slow".to_string()
+            },
+        ],
+        "at the bound, those not reported; a reported one never"
+    );
+    // A report after the bound changes nothing, and nothing is given up twice.
+    run.campaign.handle_watched(run.at(bound + 1), "slow");
+    assert_eq!(hand_off_watches(&mut run, 10 * bound), []);
+    // A group's end drops a subscribe still under way: no give-up after it.
+    run.campaign.handle_stop_group(run.at(10 * bound), group);
+    let again = run
+        .campaign
+        .add_group(run.at(10 * bound), configs(&["other"]), 1)
+        .unwrap();
+    run.campaign.handle_stop_group(run.at(10 * bound), again);
+    for r in run.requests() {
+        run.answer(10 * bound, &r, RequestOutcome::NoResponders);
+    }
+    let ends = run.all_events();
+    assert!(ends.contains(&unwatch("other")), "{ends:?}");
+    assert_eq!(hand_off_watches(&mut run, 20 * bound), []);
+}
+
+#[test]
+fn a_rejected_forward_is_answered_and_the_reply_given_up_at_the_handoff_bound() {
+    let mut run = Run::new();
+    let bound = HANDOFF_BOUND.as_millis() as u64;
+    let group = run.group(&["leader"], 1);
+    let first = run.request();
+    run.elect(0, &first, 3);
+    run.all_events();
+    let subject = "dagnats.lease.inbox.h1.leader";
+    let inbox = |run: &mut Run, ms, reply, fence| {
+        let now = run.at(ms);
+        let verdict = run
+            .campaign
+            .handle_inbox(now, subject, reply, Some(fence), true);
+        (verdict, run.all_events())
+    };
+    // Delivered, or rejected without a reply subject: nothing to publish.
+    let (verdict, events) = inbox(&mut run, 1, Some("_INBOX.a"), "3");
+    assert!(matches!(verdict, InboxVerdict::Deliver(_)) && events.is_empty());
+    let (verdict, events) = inbox(&mut run, 1, None, "2");
+    assert_eq!(
+        (verdict, events),
+        (InboxVerdict::Reject(RejectReason::StaleFence), vec![])
+    );
+    // Rejected with one: a reject reply, each with its own id.
+    let reject = |id, to: &str| CampaignEvent::Reject {
+        id: RejectId(id),
+        to: to.to_string(),
+    };
+    let (verdict, events) = inbox(&mut run, 10, Some("_INBOX.b"), "2");
+    assert_eq!(verdict, InboxVerdict::Reject(RejectReason::StaleFence));
+    assert_eq!(events, [reject(0, "_INBOX.b")]);
+    let (_, events) = inbox(&mut run, 20, Some("_INBOX.c"), "1");
+    assert_eq!(events, [reject(1, "_INBOX.c")]);
+    // The member's stop waits for the rejects under way.
+    run.campaign.handle_stop_group(run.at(30), group);
+    for r in run.requests() {
+        run.answer(30, &r, RequestOutcome::NoResponders);
+    }
+    run.all_events();
+    assert!(!run.campaign.is_done(), "two rejects are being handed over");
+    run.campaign.handle_reject_sent(run.at(40), RejectId(1));
+    assert!(run.campaign.poll_timeout().unwrap() <= run.at(10 + bound));
+    run.campaign.handle_timeout(run.at(10 + bound - 1));
+    assert_eq!(run.all_events(), [], "not before the bound");
+    run.campaign.handle_timeout(run.at(10 + bound));
+    assert_eq!(
+        run.all_events(),
+        [CampaignEvent::CancelReject { id: RejectId(0) }],
+        "the one not taken, at its bound; the one taken never"
+    );
+    assert!(run.campaign.is_done());
+    run.campaign.handle_timeout(run.at(20 + bound));
+    assert_eq!(run.all_events(), []);
 }
 
 #[test]
@@ -1084,20 +1209,25 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
     );
 }
 
-/// Random groups started, stopped and answered: the keys watched are always those
-/// of the groups not yet finished, each watched once, every request is for a
-/// watched key, and nothing is watched once every group has finished.
+/// Random groups started, stopped and answered, subscribes reported made or left
+/// hanging: the keys watched are always those of the groups not yet finished, each
+/// watched once, every request is for a watched key, and nothing is watched once
+/// every group has finished; a subscribe is given up only while under way and not
+/// before [`HANDOFF_BOUND`], and none is under way past it after a timeout.
 fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
     const POOL: [&str; 4] = ["a", "b", "c", "d"];
     let mut run = Run::new();
     let mut watched = std::collections::BTreeSet::new();
+    // Subscribes under way, since when.
+    let mut subscribing: std::collections::BTreeMap<String, Instant> = Default::default();
     let mut groups: Vec<GroupId> = Vec::new();
     let mut out: Vec<CampaignRequest> = Vec::new();
     let mut ms = 0;
     for &(op, x, y) in ops {
         ms += u64::from(y) * 20;
         let now = run.at(ms);
-        match op % 4 {
+        let mut timed_out = false;
+        match op % 5 {
             0 => {
                 let keys: Vec<&str> = POOL
                     .iter()
@@ -1127,7 +1257,16 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 };
                 run.campaign.handle_outcome(now, r.request.id, outcome);
             }
-            _ => run.campaign.handle_timeout(now),
+            3 if !subscribing.is_empty() => {
+                let key = subscribing.keys().nth(usize::from(x) % subscribing.len());
+                let key = key.cloned().expect("one of them");
+                subscribing.remove(&key);
+                run.campaign.handle_watched(now, &key);
+            }
+            _ => {
+                run.campaign.handle_timeout(now);
+                timed_out = true;
+            }
         }
         // A group's keys are watched from its start to its end; a request the
         // campaign cancels is dropped.
@@ -1137,11 +1276,34 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 CampaignEvent::Watch { key } if !watched.insert(key.clone()) => {
                     return Err(format!("{ms} ms: {key} watched twice"));
                 }
+                CampaignEvent::Watch { key } => {
+                    subscribing.insert(key, now);
+                }
                 CampaignEvent::Unwatch { key } if !watched.remove(&key) => {
                     return Err(format!("{ms} ms: {key} unwatched unwatched"));
                 }
+                CampaignEvent::Unwatch { key } => {
+                    subscribing.remove(&key);
+                }
+                CampaignEvent::CancelWatch { key } => match subscribing.remove(&key) {
+                    None => return Err(format!("{ms} ms: {key} given up, not under way")),
+                    Some(since) if now < since + HANDOFF_BOUND => {
+                        return Err(format!(
+                            "{ms} ms: the subscribe of {key} from {:?} given up before the bound",
+                            since - run.t0
+                        ));
+                    }
+                    Some(_) => {}
+                },
                 _ => {}
             }
+        }
+        let late = subscribing.iter().find(|(_, s)| **s + HANDOFF_BOUND <= now);
+        if let (true, Some((key, since))) = (timed_out, late) {
+            return Err(format!(
+                "{ms} ms: the subscribe of {key} from {:?} still under way past the bound",
+                *since - run.t0
+            ));
         }
         for r in run.requests() {
             if !watched.contains(&r.key) {
@@ -1183,7 +1345,7 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
 proptest::proptest! {
     #[test]
     fn the_keys_watched_are_the_running_groups_keys(
-        ops in proptest::collection::vec((0u8..4, proptest::prelude::any::<u8>(), 0u8..50), 0..80),
+        ops in proptest::collection::vec((0u8..5, proptest::prelude::any::<u8>(), 0u8..50), 0..80),
     ) {
         if let Err(v) = watch_world(&ops) {
             proptest::prop_assert!(false, "{}", v);

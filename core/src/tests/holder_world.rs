@@ -285,6 +285,70 @@ fn member_worlds_cover_restarts_leaves_and_failovers() {
     assert!(total.failovers > 100, "{total:?}");
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Members whose subscribes to change events take a hop, some hanging past the
+    /// hand-off bound (a client reconnecting to a server that is gone), under the
+    /// faults of the other member worlds: the campaign gives up only a subscribe
+    /// under way and not before the bound, the member hears only the keys it
+    /// subscribed to, and nobody believes past the server's lease, never two at
+    /// once, never more than the cap.
+    #[test]
+    fn members_with_slow_subscribes_keep_every_invariant(
+        seed in any::<u64>(),
+        members in 2usize..5,
+        shards in 1usize..6,
+        grouping in 0usize..3,
+        slow_percent in 0u64..80,
+    ) {
+        let p = grouped(member_params(seed, members, shards, seed % 2 == 0), GROUPINGS[grouping]);
+        let mut world = HolderWorld::new(p).with_slow_subscribes(slow_percent);
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The slow-subscribe worlds exercise what they claim: subscribes given up, and
+/// elections all the same. The counts are printed (`--show-output`).
+#[test]
+fn slow_subscribe_worlds_give_subscribes_up_and_still_elect() {
+    let mut total = Stats::default();
+    for seed in 0..9 {
+        let p = grouped(
+            member_params(seed, 3, 4, false),
+            GROUPINGS[seed as usize % 3],
+        );
+        let mut world = HolderWorld::new(p).with_slow_subscribes(40);
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        total.subscribes_given_up += world.stats.subscribes_given_up;
+        total.elections += world.stats.elections;
+    }
+    println!("{total:?}");
+    assert!(total.subscribes_given_up > 20, "{total:?}");
+    assert!(total.elections > 100, "{total:?}");
+}
+
+/// `p` with its members' groups made as `grouping` says.
+fn grouped(mut p: WorldParams, grouping: Grouping) -> WorldParams {
+    if let Nodes::Members {
+        grouping: g,
+        max_held,
+        shards,
+        ..
+    } = &mut p.nodes
+    {
+        *g = grouping;
+        *max_held = match grouping {
+            Grouping::Capped => *max_held,
+            Grouping::Balanced => *shards,
+            Grouping::Semaphore => 1,
+        };
+    }
+    p
+}
+
 fn balanced_params(seed: u64, members: usize, shards: usize) -> WorldParams {
     let mut p = member_params(seed, members, shards, false);
     p.nodes = Nodes::Members {
