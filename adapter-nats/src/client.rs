@@ -254,7 +254,9 @@ impl LeaseClient {
             .await
     }
 
-    /// [`Self::acquire_waiting`], calling `refused` with each `granted: false` it waits on.
+    /// [`Self::acquire_waiting`], calling `refused` with each `granted: false` it
+    /// waits on (its reply names the current holder): what `acquire --wait`
+    /// prints while it waits.
     pub async fn acquire_waiting_noting(
         &self,
         key: &str,

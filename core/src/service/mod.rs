@@ -38,8 +38,12 @@
 //! - a request nobody waits for any more is cancelled ([`ServiceEvent::Cancel`]):
 //!   the machine's deadlines are a request's only timer;
 //! - a failed subscription of the endpoints or the verbs stops the service
-//!   ([`ServiceEvent::Fatal`]); of the change events, it serves on without the
-//!   known map.
+//!   ([`ServiceEvent::Fatal`]); of the change events, it serves on and the
+//!   known map learns only from its own calls;
+//! - a reply the client has not taken within [`HANDOFF_BOUND`] is given up
+//!   ([`ServiceEvent::CancelReply`]);
+//! - with no server version (the client has had no INFO) it refuses to start
+//!   ([`ServiceEvent::StartRefused`]) and asks for nothing.
 
 mod kv;
 
@@ -262,9 +266,10 @@ pub enum ServiceEvent {
         /// The reply given up.
         id: ReplyId,
     },
-    /// The bucket has another layout than this service was started with (another
-    /// shard count): the service must not serve it, and keeps answering every call
-    /// `unavailable`. The sentence says why and what to change.
+    /// The service must not start: the bucket has another layout than this
+    /// service was started with (another shard count; it keeps answering every
+    /// call `unavailable`), or the client has had no server INFO (the machine asks
+    /// for nothing and is done). The sentence says why and what to change.
     StartRefused(String),
     /// The service cannot be reached: a subscription of the lease endpoints or
     /// of the `$SRV` verbs failed ([`Service::handle_subscribe_failed`]). Stop
@@ -1549,7 +1554,8 @@ impl Service {
     }
 
     /// Whether the stop is over and every output was drained, or the service
-    /// failed ([`ServiceEvent::Fatal`]) and said so.
+    /// failed ([`ServiceEvent::Fatal`], or [`ServiceEvent::StartRefused`] for a
+    /// client without the server's INFO) and said so.
     pub fn is_done(&self) -> bool {
         let stopped =
             self.stop.as_ref().is_some_and(Shutdown::is_done) && self.transmits.is_empty();

@@ -30,13 +30,14 @@
 //! 6. once stopped, every request let through was answered, and the service is
 //!    done within [`Shutdown::bound`] of the stop (virtual time) and a bounded
 //!    number of steps;
-//! 5. a request the network lost is cancelled ([`ServiceEvent::Cancel`]) by its
+//! 7. a request the network lost is cancelled ([`ServiceEvent::Cancel`]) by its
 //!    timeout: the machine's deadlines are the only timers a request has, so a send
 //!    it forgot would be held for ever. (A cancelled request still in flight may
 //!    yet be answered: the outcome must be ignored.)
-//! 6. a stop's flush is asked only once every reply sent was handed to the
-//!    client (the world hands them over when it carries out a stop's waits, and
-//!    when a test settles).
+//! 8. a stop's flush is asked only once every reply sent was handed to the
+//!    client, or given up ([`ServiceEvent::CancelReply`]) no sooner than
+//!    [`HANDOFF_BOUND`] after it was sent and never once taken (the world's client
+//!    takes replies when it carries out a stop's waits, and when a test settles).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -816,8 +817,15 @@ impl ServiceWorld {
 /// The key of a stream subject `$KV.leases.<key>` (`<key>.read` for a read
 /// confirmation), or `None` for any other subject.
 fn kv_key(subject: &str) -> Option<&str> {
-    subject
+    let rest = subject
         .strip_prefix("$KV.")?
-        .strip_prefix(crate::subjects::BUCKET)?
-        .strip_prefix('.')
+        .strip_prefix(crate::subjects::BUCKET)?;
+    // One stream (`$KV.leases.<key>`) or a shard's (`$KV.leases_<i>.<key>`).
+    match rest.strip_prefix('.') {
+        Some(key) => Some(key),
+        None => {
+            let (shard, key) = rest.strip_prefix('_')?.split_once('.')?;
+            shard.bytes().all(|b| b.is_ascii_digit()).then_some(key)
+        }
+    }
 }
