@@ -24,6 +24,7 @@ use dagnats_leases_core::service::{
     KvFact, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
 use dagnats_leases_core::shard::ShardMap;
+use dagnats_leases_core::shutdown::StopPhase;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::Tenancy;
@@ -354,9 +355,10 @@ struct Io {
     /// Stopping: the subscriptions are being drained; the intake is open.
     intake_open: bool,
     unsubscribe: bool,
-    /// Stopping: a flush was asked for; the one under way.
-    flush_wanted: bool,
-    flushing: Option<BoxFuture<'static, ()>>,
+    /// Stopping: the flush asked for next, and the one under way (each with the
+    /// stop phase it was asked in).
+    flush_wanted: Option<StopPhase>,
+    flushing: Option<BoxFuture<'static, StopPhase>>,
     stopping: bool,
 }
 
@@ -383,7 +385,7 @@ impl Io {
             timer: None,
             intake_open: true,
             unsubscribe: false,
-            flush_wanted: false,
+            flush_wanted: None,
             flushing: None,
             stopping: false,
         }
@@ -407,14 +409,16 @@ impl Io {
             let _ =
                 runtime::until(&*self.runtime, deadline, intake::drain(&mut self.requests)).await;
         }
-        if self.flush_wanted && self.flushing.is_none() {
-            self.flush_wanted = false;
+        if self.flushing.is_none()
+            && let Some(phase) = self.flush_wanted.take()
+        {
             let serving = self.serving.clone();
             self.flushing = Some(Box::pin(async move {
                 // A flush waits until the client's writes are on the socket: for
                 // ever while the client reconnects to a server that is gone, as long
                 // as the socket is full. The machine's timer bounds it.
                 let _ = serving.flush().await;
+                phase
             }));
         }
         let at = service.poll_timeout();
@@ -474,9 +478,9 @@ impl Io {
                     service.handle_reply_sent(self.runtime.now(), id);
                 }
             }
-            () = flushing => {
+            phase = flushing => {
                 self.flushing = None;
-                service.handle_flushed(self.runtime.now());
+                service.handle_flushed(self.runtime.now(), phase);
             }
             at = timer => {
                 self.timer = None;
@@ -630,7 +634,7 @@ impl Io {
             },
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
             // Asked once every reply is handed to the client: the flush carries them.
-            ServiceEvent::Flush => self.flush_wanted = true,
+            ServiceEvent::Flush { phase } => self.flush_wanted = Some(phase),
             ServiceEvent::Stopped => {}
         }
         Ok(())

@@ -341,10 +341,14 @@ pub enum ServiceEvent {
     /// delivered, then call [`Service::handle_intake_closed`].
     Unsubscribe,
     /// Stopping: push the client's writes to the server, then call
-    /// [`Service::handle_flushed`]. Asked only once every reply the service sent
-    /// was handed to the client ([`Service::handle_reply_sent`]), so the flush
-    /// carries them.
-    Flush,
+    /// [`Service::handle_flushed`] with `phase`. Asked only once every reply the
+    /// service sent was handed to the client ([`Service::handle_reply_sent`]), so
+    /// the flush carries them.
+    Flush {
+        /// The stop phase this flush ends; one that finishes after its phase is
+        /// over ends nothing, so a later phase waits for its own.
+        phase: StopPhase,
+    },
     /// The stop is over: nothing more to do.
     Stopped,
 }
@@ -879,7 +883,7 @@ impl Service {
             && self.replies_out.is_empty()
         {
             self.flush_asked = Some(phase);
-            self.events.push_back(ServiceEvent::Flush);
+            self.events.push_back(ServiceEvent::Flush { phase });
         }
     }
 
@@ -1423,11 +1427,13 @@ impl Service {
         self.pump(now);
     }
 
-    /// Stopping: the replies are handed to the client and its writes are on the
-    /// socket (what [`ServiceEvent::Flush`] asked for).
-    pub fn handle_flushed(&mut self, now: Instant) {
+    /// Stopping: the flush [`ServiceEvent::Flush`] asked for in `phase` is over:
+    /// the client's writes of then are on the socket. It ends that phase only if
+    /// the stop is still in it.
+    pub fn handle_flushed(&mut self, now: Instant, phase: StopPhase) {
         if let Some(stop) = &mut self.stop
             && matches!(stop.phase(), StopPhase::Replies | StopPhase::Flush)
+            && stop.phase() == phase
         {
             stop.handle_phase_done(now);
             self.stop_events(now);

@@ -378,7 +378,7 @@ impl ServiceWorld {
                         ));
                     }
                 }
-                ServiceEvent::Flush if !self.handing.is_empty() => {
+                ServiceEvent::Flush { .. } if !self.handing.is_empty() => {
                     return Err(format!(
                         "a flush was asked with {} replies not yet handed to the client",
                         self.handing.len()
@@ -643,7 +643,7 @@ impl ServiceWorld {
                 || !self
                     .events
                     .iter()
-                    .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+                    .any(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush { .. }))
             {
                 return;
             }
@@ -658,15 +658,15 @@ impl ServiceWorld {
         let asked: Vec<ServiceEvent> = self
             .events
             .iter()
-            .filter(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush))
+            .filter(|e| matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush { .. }))
             .cloned()
             .collect();
         self.events
-            .retain(|e| !matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush));
+            .retain(|e| !matches!(e, ServiceEvent::Unsubscribe | ServiceEvent::Flush { .. }));
         for event in asked {
             match event {
                 ServiceEvent::Unsubscribe => self.service.handle_intake_closed(self.now()),
-                ServiceEvent::Flush => self.service.handle_flushed(self.now()),
+                ServiceEvent::Flush { phase } => self.service.handle_flushed(self.now(), phase),
                 _ => {}
             }
         }

@@ -977,7 +977,7 @@ fn replies_and_flushes(s: &mut Service) -> (Vec<ReplyId>, usize) {
     for event in std::iter::from_fn(|| s.poll_event()) {
         match event {
             ServiceEvent::Reply { id, .. } => replies.push(id),
-            ServiceEvent::Flush => flushes += 1,
+            ServiceEvent::Flush { .. } => flushes += 1,
             _ => {}
         }
     }
@@ -1177,7 +1177,9 @@ fn a_reply_the_client_has_not_taken_within_the_handoff_bound_is_given_up() {
         });
         assert_eq!(warned, given_up, "{name}: {events:?}");
         // Nothing holds the flush any more.
-        let flushed = events.iter().any(|e| matches!(e, ServiceEvent::Flush));
+        let flushed = events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::Flush { .. }));
         assert!(flushed, "{name}: {events:?}");
     }
 }
@@ -1208,4 +1210,48 @@ fn a_service_given_no_server_version_refuses_to_start_and_asks_for_nothing() {
         assert_eq!(s.poll_transmit().is_none(), refused, "{version:?}");
         assert_eq!(s.is_done(), refused, "{version:?}");
     }
+}
+
+/// A flush ends the stop phase it was asked in, and only that one: a flush asked
+/// while the cut-off calls' replies went out that finishes after that phase's
+/// bound does not end the last flush's phase, which waits for its own flush
+/// (the replies answered in between would otherwise go out unflushed).
+#[test]
+fn a_flush_that_finishes_after_its_phase_ends_nothing_and_the_next_phase_waits_for_its_own() {
+    let t0 = Instant::now();
+    let flushes_of = |s: &mut Service| -> Vec<StopPhase> {
+        std::iter::from_fn(|| s.poll_event())
+            .filter_map(|e| match e {
+                ServiceEvent::Flush { phase } => Some(phase),
+                _ => None,
+            })
+            .collect()
+    };
+    let (mut s, _) = ready(config(), t0);
+    // A call still running at the drain's bound is cut off; its reply goes out.
+    acquire_on(&mut s, t0, "k0");
+    s.handle_stop(t0);
+    s.handle_intake_closed(t0);
+    let drain_end = s.stop_phase_ends().expect("the drain's bound");
+    s.handle_timeout(drain_end);
+    assert_eq!(s.stop_phase(), Some(StopPhase::Replies));
+    let (replies, _) = replies_and_flushes(&mut s);
+    assert_eq!(replies.len(), 1);
+    s.handle_reply_sent(drain_end, replies[0]);
+    assert_eq!(flushes_of(&mut s), vec![StopPhase::Replies]);
+    // That flush is slow: the phase's bound passes first.
+    let bound = s.stop_phase_ends().expect("the replies' bound");
+    s.handle_timeout(bound);
+    assert_eq!(s.stop_phase(), Some(StopPhase::Flush));
+    assert_eq!(flushes_of(&mut s), vec![StopPhase::Flush]);
+    // The first flush finishes late: it ends nothing.
+    s.handle_flushed(bound, StopPhase::Replies);
+    assert_eq!(
+        s.stop_phase(),
+        Some(StopPhase::Flush),
+        "a late flush ended the last phase"
+    );
+    // The last phase's own flush ends it.
+    s.handle_flushed(bound, StopPhase::Flush);
+    assert_eq!(s.stop_phase(), Some(StopPhase::Done));
 }
