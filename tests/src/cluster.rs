@@ -125,6 +125,43 @@ impl NatsCluster {
         (0..NODES).map(|k| self.url((first + k) % NODES)).collect()
     }
 
+    /// The node leading the JetStream meta group, as the nodes' logs tell it: the
+    /// newest line of any running node saying who won the meta group's vote
+    /// ("Self is new JetStream cluster metadata leader" from the winner, "JetStream
+    /// cluster new metadata leader: <name>/<cluster>" from the others), `None` if
+    /// the newest says there is none. Logs are read because a meta step-down, or
+    /// the servers' `jsz` report, needs a system account these clusters have not.
+    pub fn meta_leader(&mut self) -> Option<usize> {
+        let mut newest: Option<(String, Option<usize>)> = None;
+        for i in 0..NODES {
+            if !self.nodes[i].is_running() {
+                continue;
+            }
+            for line in self.nodes[i].log().lines() {
+                let said = if line.contains("Self is new JetStream cluster metadata leader") {
+                    Some(Some(i))
+                } else if let Some((_, rest)) =
+                    line.split_once("JetStream cluster new metadata leader: ")
+                {
+                    let name = rest.split('/').next().unwrap_or(rest).trim();
+                    Some(self.index_of(name))
+                } else if line.contains("JetStream cluster no metadata leader") {
+                    Some(None)
+                } else {
+                    None
+                };
+                // `[pid] 2026/12/05 08:50:34.749979 [INF] ...`: the time sorts as text.
+                if let (Some(leader), Some(at)) = (said, line.split(' ').nth(2)) {
+                    let at = format!("{} {at}", line.split(' ').nth(1).unwrap_or_default());
+                    if newest.as_ref().is_none_or(|(t, _)| at >= *t) {
+                        newest = Some((at, leader));
+                    }
+                }
+            }
+        }
+        newest.and_then(|(_, leader)| leader)
+    }
+
     /// Kills node `i` at once (SIGKILL).
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();
