@@ -168,23 +168,7 @@ impl Call {
         wall: OffsetDateTime,
         now: Instant,
     ) -> Self {
-        Self::build(config, None, None, endpoint, body, wall, now)
-    }
-
-    /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
-    /// under its account, its holders' inboxes are reached through the account's
-    /// import, and a lease is bound to the user that acquired it. With `known`,
-    /// as [`Call::with_known`].
-    pub fn new_scoped(
-        config: CallConfig,
-        scope: Option<Caller>,
-        known: Option<&KnownLeases>,
-        endpoint: Endpoint,
-        body: &[u8],
-        wall: OffsetDateTime,
-        now: Instant,
-    ) -> Self {
-        Self::build(config, scope, known, endpoint, body, wall, now)
+        Self::new_scoped(config, None, None, endpoint, body, wall, now)
     }
 
     /// Starts a call that may act on what the service knows of its key
@@ -200,10 +184,14 @@ impl Call {
         wall: OffsetDateTime,
         now: Instant,
     ) -> Self {
-        Self::build(config, None, Some(known), endpoint, body, wall, now)
+        Self::new_scoped(config, None, Some(known), endpoint, body, wall, now)
     }
 
-    fn build(
+    /// [`Call::new`] for a tenant's `caller` ([`crate::tenant`]): its keys live
+    /// under its account, its holders' inboxes are reached through the account's
+    /// import, and a lease is bound to the user that acquired it. With `known`,
+    /// as [`Call::with_known`].
+    pub fn new_scoped(
         config: CallConfig,
         scope: Option<Caller>,
         known: Option<&KnownLeases>,
