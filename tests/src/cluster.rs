@@ -127,9 +127,9 @@ impl NatsCluster {
 
     /// The node leading the JetStream meta group, as the nodes' logs tell it: the
     /// newest line of any running node saying who won the meta group's vote
-    /// ("Self is new JetStream cluster metadata leader" from the winner, "JetStream
-    /// cluster new metadata leader: <name>/<cluster>" from the others), `None` if
-    /// the newest says there is none. Logs are read because a meta step-down, or
+    /// (`Self is new JetStream cluster metadata leader` from the winner,
+    /// `JetStream cluster new metadata leader: <name>/<cluster>` from the others),
+    /// `None` if the newest says there is none. Logs are read because a meta step-down, or
     /// the servers' `jsz` report, needs a system account these clusters have not.
     pub fn meta_leader(&mut self) -> Option<usize> {
         let mut newest: Option<(String, Option<usize>)> = None;
