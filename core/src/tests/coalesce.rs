@@ -253,12 +253,7 @@ fn two_writes_of_one_subject_never_share_a_batch() {
     c.handle_write(now, WriteId(4), write("b", 4));
     c.handle_write(now, WriteId(5), write("c", 0));
     let (sends, _) = drain(&mut c);
-    let subjects: Vec<String> = sends[0]
-        .publish
-        .iter()
-        .chain([&sends[0].request])
-        .map(|r| r.subject.clone())
-        .collect();
+    let subjects = batch_subjects(&sends[0]);
     assert_eq!(
         subjects,
         vec![kv_subject("a"), confirm_subject("b"), kv_subject("c")]
@@ -271,12 +266,7 @@ fn two_writes_of_one_subject_never_share_a_batch() {
         c.handle_write(now, WriteId(6 + i as u64), write(key, 0));
     }
     let (sends, _) = drain(&mut c);
-    let subjects: Vec<String> = sends[0]
-        .publish
-        .iter()
-        .chain([&sends[0].request])
-        .map(|r| r.subject.clone())
-        .collect();
+    let subjects = batch_subjects(&sends[0]);
     assert_eq!(
         subjects,
         ["a", "b", "d", "e", "f"].map(kv_subject).to_vec(),
@@ -700,19 +690,12 @@ fn writes_of_two_shards_never_share_a_batch() {
     let mut id = 1;
     for (a, b) in zero.iter().zip(&one) {
         for key in [a, b] {
-            let mut w = write(key, 0);
-            w.subject = shards.kv_subject(key);
-            c.handle_write(now, WriteId(id), w);
+            c.handle_write(now, WriteId(id), shard_write(shards, key));
             id += 1;
         }
     }
     let (sends, _) = drain(&mut c);
-    let subjects: Vec<String> = sends[0]
-        .publish
-        .iter()
-        .chain([&sends[0].request])
-        .map(|r| r.subject.clone())
-        .collect();
+    let subjects = batch_subjects(&sends[0]);
     let first = zero
         .iter()
         .map(|k| shards.kv_subject(k))
@@ -734,6 +717,23 @@ fn keys_of_shard(shards: crate::shard::ShardMap, i: u32) -> Vec<String> {
         .collect()
 }
 
+/// A write of `key` to its own shard's stream.
+fn shard_write(shards: crate::shard::ShardMap, key: &str) -> NatsRequest {
+    let mut w = write(key, 0);
+    w.subject = shards.kv_subject(key);
+    w
+}
+
+/// The subjects a batch writes, in order: its published messages, then the commit.
+fn batch_subjects(batch: &Transmit) -> Vec<String> {
+    batch
+        .publish
+        .iter()
+        .chain([&batch.request])
+        .map(|r| r.subject.clone())
+        .collect()
+}
+
 /// [`Coalescer::pending`] as the table rows above write it.
 fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
     crate::coalesce::WritesPending { queued, sent }
@@ -751,9 +751,7 @@ fn a_batch_holds_min_batch_writes_of_its_own_shard() {
     fill_the_single_window(&mut c, now);
     let mut id = 1;
     let mut send = |c: &mut Coalescer, key: &String| {
-        let mut w = write(key, 0);
-        w.subject = shards.kv_subject(key);
-        c.handle_write(now, WriteId(id), w);
+        c.handle_write(now, WriteId(id), shard_write(shards, key));
         id += 1;
     };
     for (a, b) in zero.iter().zip(&one).take(2) {
@@ -768,12 +766,7 @@ fn a_batch_holds_min_batch_writes_of_its_own_shard() {
     send(&mut c, &zero[2]);
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1, "one batch");
-    let subjects: Vec<String> = sends[0]
-        .publish
-        .iter()
-        .chain([&sends[0].request])
-        .map(|r| r.subject.clone())
-        .collect();
+    let subjects = batch_subjects(&sends[0]);
     let wanted: Vec<String> = zero.iter().map(|k| shards.kv_subject(k)).collect();
     assert_eq!(subjects, wanted, "shard 0's three writes, in order");
 }
