@@ -11,7 +11,7 @@
 //! feature `runtime-tokio` adds `TokioRuntime` and the constructors that use it
 //! (`Member::new`, `LeaseClient::new`, `service::start`); `dagnats-leases-smol`
 //! turns it off and brings `SmolRuntime`. The feature `cli` adds what both `serve`
-//! binaries share ([`cli`], [`connect`], [`exit`]).
+//! binaries share (its modules `cli`, `connect` and `exit`).
 //!
 //! ```no_run
 //! # #[cfg(feature = "runtime-tokio")]

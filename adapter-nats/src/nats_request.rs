@@ -29,12 +29,8 @@ pub async fn send(runtime: &dyn Runtime, client: &Client, request: NatsRequest) 
 ///
 /// [`ServiceEvent::Cancel`]: dagnats_leases_core::service::ServiceEvent::Cancel
 pub async fn send_untimed(client: &Client, request: NatsRequest) -> RequestOutcome {
-    let mut headers = HeaderMap::new();
-    for (name, value) in &request.headers {
-        headers.insert(*name, value.as_str());
-    }
     let nats_request = async_nats::Request::new()
-        .headers(headers)
+        .headers(header_map(&request.headers))
         .payload(request.payload.into())
         .timeout(None);
     let reply = client.send_request(request.subject, nats_request).await;
@@ -49,6 +45,16 @@ pub async fn send_untimed(client: &Client, request: NatsRequest) -> RequestOutco
             _ => RequestOutcome::Failed(e.to_string()),
         },
     }
+}
+
+/// The headers a machine put on a request or message, as async-nats sends them:
+/// [`header_pairs`] the other way.
+pub fn header_map(pairs: &[(&'static str, String)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.insert(*name, value.as_str());
+    }
+    headers
 }
 
 /// A message's headers as the core reads them: each value of each name, in order.

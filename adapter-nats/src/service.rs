@@ -502,12 +502,9 @@ impl Io {
             let id = t.id;
             let (send, cancel) = futures::future::abortable(async move {
                 for m in t.publish {
-                    let mut headers = async_nats::HeaderMap::new();
-                    for (name, value) in &m.headers {
-                        headers.insert(*name, value.as_str());
-                    }
                     // A message lost here leaves a gap: the commit is answered
                     // `incomplete` and the writes go single.
+                    let headers = nats_request::header_map(&m.headers);
                     let _ = client
                         .publish_with_headers(m.subject, headers, m.payload.into())
                         .await;
