@@ -26,6 +26,7 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
+mod cancellable;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;

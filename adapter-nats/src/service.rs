@@ -10,7 +10,6 @@
 //! failed subscription is fatal, the stop's phases and when its flush may begin) is
 //! the machine's.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +34,7 @@ use metrics::counter;
 use time::OffsetDateTime;
 use tokio::sync::{oneshot, watch};
 
+use crate::cancellable::Cancellable;
 use crate::intake;
 use crate::nats_request;
 #[cfg(feature = "runtime-tokio")]
@@ -345,12 +345,12 @@ struct Io {
     /// The requests out, each until its outcome or the machine's cancel.
     outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
     /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
-    cancels: HashMap<EffectId, AbortHandle>,
+    cancels: Cancellable<EffectId>,
     /// The replies being handed to the client, each until it is or the machine
     /// gives it up.
     sending: FuturesUnordered<BoxFuture<'static, Option<ReplyId>>>,
     /// How to drop each reply being handed over ([`ServiceEvent::CancelReply`]).
-    reply_cancels: HashMap<ReplyId, AbortHandle>,
+    reply_cancels: Cancellable<ReplyId>,
     timer: Option<(Instant, runtime::Sleep)>,
     /// Stopping: the subscriptions are being drained; the intake is open.
     intake_open: bool,
@@ -379,9 +379,9 @@ impl Io {
             requests: SelectAll::new(),
             changes: None,
             outcomes: FuturesUnordered::new(),
-            cancels: HashMap::new(),
+            cancels: Cancellable::new(),
             sending: FuturesUnordered::new(),
-            reply_cancels: HashMap::new(),
+            reply_cancels: Cancellable::new(),
             timer: None,
             intake_open: true,
             unsubscribe: false,
@@ -467,14 +467,14 @@ impl Io {
             Some(answered) = self.outcomes.next(), if !self.outcomes.is_empty() => {
                 // `None`: cancelled, nothing to feed.
                 if let Some((id, outcome)) = answered {
-                    self.cancels.remove(&id);
+                    self.cancels.finished(&id);
                     service.handle_outcome(self.runtime.now(), id, outcome);
                 }
             }
             Some(sent) = self.sending.next(), if !self.sending.is_empty() => {
                 // `None`: given up, the machine knows.
                 if let Some(id) = sent {
-                    self.reply_cancels.remove(&id);
+                    self.reply_cancels.finished(&id);
                     service.handle_reply_sent(self.runtime.now(), id);
                 }
             }
@@ -500,7 +500,7 @@ impl Io {
         while let Some(t) = service.poll_transmit() {
             let client = self.backend.clone();
             let id = t.id;
-            let (send, cancel) = futures::future::abortable(async move {
+            let send = self.cancels.start(id, async move {
                 for m in t.publish {
                     // A message lost here leaves a gap: the commit is answered
                     // `incomplete` and the writes go single.
@@ -513,8 +513,7 @@ impl Io {
                 // gives up on (a silent owner, a deposed stream leader).
                 (t.id, nats_request::send_untimed(&client, t.request).await)
             });
-            self.cancels.insert(id, cancel);
-            self.outcomes.push(Box::pin(send.map(Result::ok)));
+            self.outcomes.push(send);
         }
         while let Some(event) = service.poll_event() {
             self.record(service, event).await?;
@@ -554,18 +553,13 @@ impl Io {
             ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
             ServiceEvent::Reply { id, to, body } => {
                 let serving = self.serving.clone();
-                let (send, cancel) = futures::future::abortable(async move {
+                let send = self.reply_cancels.start(id, async move {
                     intake::reply(&serving, to.into(), body).await;
                     id
                 });
-                self.reply_cancels.insert(id, cancel);
-                self.sending.push(Box::pin(send.map(Result::ok)));
+                self.sending.push(send);
             }
-            ServiceEvent::CancelReply { id } => {
-                if let Some(cancel) = self.reply_cancels.remove(&id) {
-                    cancel.abort();
-                }
-            }
+            ServiceEvent::CancelReply { id } => self.reply_cancels.cancel(&id),
             ServiceEvent::StartRefused(why) => {
                 return Err(Error::new(ServiceErrorKind::Config, why));
             }
@@ -603,11 +597,7 @@ impl Io {
                 }
             }
             ServiceEvent::Kv(fact) => kv_metric(fact),
-            ServiceEvent::Cancel { id } => {
-                if let Some(cancel) = self.cancels.remove(&id) {
-                    cancel.abort();
-                }
-            }
+            ServiceEvent::Cancel { id } => self.cancels.cancel(&id),
             ServiceEvent::ConfirmReads { replicas, on } => tracing::info!(
                 replicas,
                 confirm_reads = on,

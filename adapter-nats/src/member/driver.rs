@@ -5,6 +5,7 @@
 //! runs in the background, its bound the machine's. Every branch here is IO.
 
 use super::*;
+use crate::cancellable::Cancellable;
 
 /// A command the client took, for the machine: a subscribe (made, or failed) or a
 /// reject.
@@ -38,8 +39,8 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
     let mut handoffs = Handoffs::new();
     // How to drop each subscribe and reject under way, as the machine says.
-    let mut subscribing: BTreeMap<String, AbortHandle> = BTreeMap::new();
-    let mut rejecting: BTreeMap<RejectId, AbortHandle> = BTreeMap::new();
+    let mut subscribing: Cancellable<String> = Cancellable::new();
+    let mut rejecting: Cancellable<RejectId> = Cancellable::new();
     loop {
         let (requests, events, wake, new_inboxes, done) = {
             let mut state = shared.lock();
@@ -70,23 +71,13 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                     let nats = shared.nats.clone();
                     let subject = changed_subject(&key);
                     let watched = key.clone();
-                    let (subscribe, abort) = futures::future::abortable(async move {
+                    handoffs.push(subscribing.start(key, async move {
                         Handoff::Watched(watched, nats.subscribe(subject).await.ok())
-                    });
-                    if let Some(old) = subscribing.insert(key, abort) {
-                        old.abort();
-                    }
-                    handoffs.push(subscribe.map(Result::ok).boxed());
+                    }));
                 }
-                CampaignEvent::CancelWatch { key } => {
-                    if let Some(abort) = subscribing.remove(&key) {
-                        abort.abort();
-                    }
-                }
+                CampaignEvent::CancelWatch { key } => subscribing.cancel(&key),
                 CampaignEvent::Unwatch { key } => {
-                    if let Some(abort) = subscribing.remove(&key) {
-                        abort.abort();
-                    }
+                    subscribing.cancel(&key);
                     subscribed.remove(&key);
                 }
                 CampaignEvent::Reject { id, to } => {
@@ -94,21 +85,15 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                     let (name, value) = RejectReason::reply_header();
                     let mut headers = HeaderMap::new();
                     headers.insert(name, value);
-                    let (reject, abort) = futures::future::abortable(async move {
+                    handoffs.push(rejecting.start(id, async move {
                         let empty = bytes::Bytes::new();
                         if let Err(e) = nats.publish_with_headers(to, headers, empty).await {
                             tracing::debug!("reject not sent: {e}");
                         }
                         Handoff::Rejected(id)
-                    });
-                    rejecting.insert(id, abort);
-                    handoffs.push(reject.map(Result::ok).boxed());
+                    }));
                 }
-                CampaignEvent::CancelReject { id } => {
-                    if let Some(abort) = rejecting.remove(&id) {
-                        abort.abort();
-                    }
-                }
+                CampaignEvent::CancelReject { id } => rejecting.cancel(&id),
                 CampaignEvent::Cancel { id } => {
                     in_flight.remove(&id);
                 }
@@ -150,7 +135,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                     // Dropped: the machine gave it up, or no longer wants it.
                     None => {}
                     Some(Handoff::Watched(key, subscriber)) => {
-                        subscribing.remove(&key);
+                        subscribing.finished(&key);
                         // A failed subscribe only loses the early wake-up.
                         if let Some(sub) = subscriber {
                             let (stop, stopped) = oneshot::channel();
@@ -163,7 +148,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                         shared.lock().campaign.handle_watched(now, &key);
                     }
                     Some(Handoff::Rejected(id)) => {
-                        rejecting.remove(&id);
+                        rejecting.finished(&id);
                         shared.lock().campaign.handle_reject_sent(now, id);
                     }
                 }

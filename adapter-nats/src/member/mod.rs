@@ -63,7 +63,7 @@ use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
 use dagnats_leases_core::{EffectId, RequestOutcome};
-use futures::future::{AbortHandle, BoxFuture};
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{Notify, mpsc, oneshot};
