@@ -665,6 +665,15 @@ impl Elector {
         self.tenure().is_some()
     }
 
+    /// A cloneable view of this key's tenure, for a task other than the one awaiting
+    /// [`Elector::next`] (an HTTP handler answering whether this process leads).
+    pub fn tenure_view(&self) -> TenureView {
+        TenureView {
+            shared: self.group.shared.clone(),
+            key: self.key.clone(),
+        }
+    }
+
     /// The key campaigned for.
     pub fn key(&self) -> &str {
         &self.key
@@ -704,6 +713,32 @@ impl Elector {
     /// its timeout. Dropping the elector does the same in the background.
     pub async fn stop(mut self) {
         self.group.stop().await;
+    }
+}
+
+/// An [`Elector`]'s tenure as another task reads it ([`Elector::tenure_view`]):
+/// what the library believes at the instant asked, local deadline included. Once
+/// the elector has stopped it reads `None`.
+#[derive(Clone)]
+pub struct TenureView {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl std::fmt::Debug for TenureView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenureView")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TenureView {
+    /// Now on the library's clock, and the tenure at that instant (if leading).
+    pub fn read(&self) -> (Instant, Option<Tenure>) {
+        let now = self.shared.runtime.now();
+        let tenure = self.shared.lock().campaign.tenure(&self.key, now);
+        (now, tenure)
     }
 }
 

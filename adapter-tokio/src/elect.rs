@@ -1,0 +1,303 @@
+//! `dagnats-leases elect KEY`: leader election for a process of any language.
+//!
+//! - `elect KEY --holder ID` campaigns with the holder library ([`Member::elect`]:
+//!   a tenure starts once a renew confirms the grant, and ends at the library's
+//!   local deadline at the latest) and prints each change of ownership with its
+//!   fence, one line each (`--json`: one JSON object per line);
+//! - with `--http ADDR` it also serves, on every path, the state the application
+//!   beside it may act on ([`dagnats_leases_core::elect::leader_state`]): 200 and
+//!   `{"leader": true, "fence": …, "valid_for_ms": …}` while this process leads,
+//!   503 and `{"leader": false, …}` otherwise. Each answer is what the library
+//!   believes at the instant asked, never more;
+//! - `elect --observe KEY` campaigns for nothing and prints each change of leader
+//!   ([`dagnats_leases_core::elect::LeaderWatch`]: change events, resynchronised by
+//!   owner reads).
+//!
+//! SIGTERM or SIGINT: the HTTP endpoint says "not leader" at once, the lease is
+//! released, and the process exits 0. Every decision is the core's; this module is
+//! IO (NATS, the HTTP listener, stdout, signals).
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::Client;
+use dagnats_leases_core::elect::{LeaderState, LeaderWatch, OwnerRead, leader_state};
+use dagnats_leases_core::subjects::changed_subject;
+use futures::StreamExt;
+use futures::future::{BoxFuture, FutureExt};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::cli::StopSignals;
+use crate::client::{LeaseClient, change_event};
+use crate::clock;
+use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK};
+use crate::member::{Member, Ownership, TenureView};
+
+/// How often `--observe` reads the owner to make up for change events it missed.
+pub const OBSERVE_RESYNC: Duration = Duration::from_secs(5);
+
+/// The options of `elect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ElectArgs {
+    /// The lease key.
+    pub key: String,
+    /// Holder ID, unique to this process (default: `elect-` and random hex).
+    #[arg(long, conflicts_with = "observe")]
+    pub holder: Option<String>,
+    /// Time to live, whole seconds in milliseconds.
+    #[arg(long, default_value_t = 15_000, conflicts_with = "observe")]
+    pub ttl_ms: u64,
+    /// Candidate priority, 0 to 10 (higher preferred after a release or expiry).
+    #[arg(long, conflicts_with = "observe")]
+    pub priority: Option<u8>,
+    /// Serve the state the application may act on over HTTP at this address
+    /// (`127.0.0.1:8080`; port 0 picks one, named on stderr).
+    #[arg(long, conflicts_with = "observe")]
+    pub http: Option<SocketAddr>,
+    /// Campaign for nothing: print each change of the key's leader.
+    #[arg(long)]
+    pub observe: bool,
+}
+
+/// Runs `elect`; returns the exit code. Changes go to `out`, messages to stderr.
+pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+    if args.observe {
+        return observe(nats, &args.key, json, out).await;
+    }
+    let holder = args
+        .holder
+        .clone()
+        .unwrap_or_else(|| Member::unique_id("elect"));
+    let mut member = match Member::new(nats, holder.clone()) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("dagnats-leases: {e}");
+            return crate::exit::exit_code(&e);
+        }
+    };
+    if let Some(p) = args.priority {
+        member = member.with_priority(p);
+    }
+    let mut elector = match member.elect(&args.key, Duration::from_millis(args.ttl_ms)) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("dagnats-leases: {e}");
+            return crate::exit::exit_code(&e);
+        }
+    };
+    let mut signals = StopSignals::new();
+    let view = Served {
+        key: args.key.clone(),
+        holder: holder.clone(),
+        tenure: elector.tenure_view(),
+        stopping: Arc::new(AtomicBool::new(false)),
+    };
+    if let Some(addr) = args.http {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let bound = listener.local_addr().map_or(addr, |a| a);
+                eprintln!(
+                    "dagnats-leases: serving {}'s leadership on http://{bound}/",
+                    args.key
+                );
+                tokio::spawn(serve_http(listener, view.clone()));
+            }
+            Err(e) => {
+                eprintln!("dagnats-leases: cannot listen on {addr}: {e}");
+                elector.stop().await;
+                return EXIT_ERROR;
+            }
+        }
+    }
+    eprintln!("dagnats-leases: campaigning for {} as {holder}", args.key);
+    loop {
+        tokio::select! {
+            change = elector.next() => {
+                let Some(change) = change else {
+                    eprintln!("dagnats-leases: the campaign for {} ended", args.key);
+                    return EXIT_ERROR;
+                };
+                let line = match change.ownership {
+                    Ownership::Elected { fence } => {
+                        let state = view.state();
+                        if json {
+                            let mut v = serde_json::to_value(&state).expect("states serialise");
+                            v["event"] = json!("elected");
+                            v["fence"] = json!(fence);
+                            v.to_string()
+                        } else {
+                            format!(
+                                "elected {} as {holder} fence {fence} (valid for {} ms)",
+                                change.key, state.valid_for_ms
+                            )
+                        }
+                    }
+                    Ownership::SteppedDown { reason } => {
+                        if json {
+                            json!({
+                                "event": "stepped_down", "leader": false, "key": change.key,
+                                "holder": holder, "reason": reason.to_string(),
+                            })
+                            .to_string()
+                        } else {
+                            format!("stepped down {} as {holder}: {reason}", change.key)
+                        }
+                    }
+                };
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+            signal = signals.recv() => {
+                let was_leading = view.state().leader;
+                // Not leading from this instant, whatever the release takes.
+                view.stopping.store(true, Ordering::SeqCst);
+                if was_leading {
+                    let line = if json {
+                        json!({
+                            "event": "stepped_down", "leader": false, "key": args.key,
+                            "holder": holder, "reason": "stopped",
+                        })
+                        .to_string()
+                    } else {
+                        format!("stepped down {} as {holder}: stopped", args.key)
+                    };
+                    let _ = writeln!(out, "{line}");
+                    let _ = out.flush();
+                }
+                eprintln!("dagnats-leases: {signal:?} received: releasing {}", args.key);
+                elector.stop().await;
+                return EXIT_OK;
+            }
+        }
+    }
+}
+
+/// What the HTTP handler reads: the library's tenure and whether the process stops.
+#[derive(Clone)]
+struct Served {
+    key: String,
+    holder: String,
+    tenure: TenureView,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Served {
+    /// The state at this instant: the wall clock read first, then the library's.
+    fn state(&self) -> LeaderState {
+        let wall = OffsetDateTime::now_utc();
+        let (now, tenure) = self.tenure.read();
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        leader_state(&self.key, &self.holder, tenure, stopping, now, wall)
+    }
+}
+
+/// Answers every request on `listener` with the current state, one task per
+/// connection (HTTP/1.1, keep-alive), until the process exits.
+async fn serve_http(listener: tokio::net::TcpListener, served: Served) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let served = served.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |_request: Request<_>| {
+                let state = served.state();
+                let status = state.http_status();
+                let body = serde_json::to_vec(&state).expect("states serialise");
+                let response = Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .header("cache-control", "no-store")
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("a fixed response is well formed");
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// `elect --observe`: prints each change of the key's leader until a signal.
+async fn observe(nats: Client, key: &str, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+    let leases = LeaseClient::new(nats.clone());
+    // Subscribed before the first read, so that no change falls between the two.
+    let mut events = match nats.subscribe(changed_subject(key)).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dagnats-leases: cannot subscribe: {e}");
+            return EXIT_NO_SERVER;
+        }
+    };
+    if let Err(e) = nats.flush().await {
+        eprintln!("dagnats-leases: cannot subscribe: {e}");
+        return EXIT_NO_SERVER;
+    }
+    eprintln!("dagnats-leases: observing {key}");
+    let mut signals = StopSignals::new();
+    let mut watch = LeaderWatch::new(key, OBSERVE_RESYNC, clock::now());
+    let mut reading: Option<BoxFuture<'static, OwnerRead>> = None;
+    loop {
+        if watch.poll_read() {
+            let leases = leases.clone();
+            let key = key.to_string();
+            reading = Some(
+                async move {
+                    match leases.owner(&key).await {
+                        Ok(Some(lease)) => OwnerRead::Held {
+                            holder: lease.holder,
+                            revision: lease.revision,
+                        },
+                        Ok(None) => OwnerRead::Free,
+                        Err(e) => {
+                            eprintln!("dagnats-leases: cannot read the owner of {key}: {e}");
+                            OwnerRead::Failed
+                        }
+                    }
+                }
+                .boxed(),
+            );
+        }
+        while let Some(change) = watch.poll_event() {
+            let line = if json {
+                serde_json::to_string(&change).expect("changes serialise")
+            } else {
+                match &change.leader {
+                    Some(h) => format!("leader {} {h} (revision {})", change.key, change.revision),
+                    None => format!("no leader {}", change.key),
+                }
+            };
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+        let wake = watch.poll_timeout();
+        tokio::select! {
+            read = async { reading.as_mut().expect("guarded by the condition").await },
+                if reading.is_some() => {
+                reading = None;
+                watch.handle_read(clock::now(), read);
+            }
+            message = events.next() => match message {
+                Some(message) => watch.handle_change(clock::now(), &change_event(&message)),
+                None => {
+                    eprintln!("dagnats-leases: the subscription to {key}'s changes ended");
+                    return EXIT_ERROR;
+                }
+            },
+            () = tokio::time::sleep(wake.saturating_duration_since(clock::now())) => {
+                watch.handle_timeout(clock::now());
+            }
+            _ = signals.recv() => return EXIT_OK,
+        }
+    }
+}
