@@ -13,19 +13,21 @@
 //!   ([`dagnats_leases_core::elect::LeaderWatch`]: change events, resynchronised by
 //!   owner reads).
 //!
-//! SIGTERM or SIGINT: the HTTP endpoint says "not leader" at once, the lease is
-//! released, and the process exits 0. Every decision is the core's; this module is
+//! SIGTERM or SIGINT: the HTTP endpoint says "not leader" at once; the lease is
+//! kept (renewed) until the latest deadline handed out to the application has
+//! passed, then released, and the process exits 0 ([`Leadership`]: a release
+//! before it would let the next leader in while the application may still act).
+//! A second signal exits at once, releasing nothing. Every decision is the core's; this module is
 //! IO (NATS, the HTTP listener, stdout, signals).
 
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::Client;
-use dagnats_leases_core::elect::{LeaderState, LeaderWatch, OwnerRead, leader_state};
+use dagnats_leases_core::elect::{LeaderState, LeaderWatch, Leadership, OwnerRead};
 use dagnats_leases_core::subjects::changed_subject;
 use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt};
@@ -96,10 +98,8 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     };
     let mut signals = StopSignals::new();
     let view = Served {
-        key: args.key.clone(),
-        holder: holder.clone(),
         tenure: elector.tenure_view(),
-        stopping: Arc::new(AtomicBool::new(false)),
+        leadership: Arc::new(Mutex::new(Leadership::new(&args.key, &holder))),
     };
     if let Some(addr) = args.http {
         match tokio::net::TcpListener::bind(addr).await {
@@ -157,9 +157,14 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                 let _ = out.flush();
             }
             signal = signals.recv() => {
-                let was_leading = view.state().leader;
-                // Not leading from this instant, whatever the release takes.
-                view.stopping.store(true, Ordering::SeqCst);
+                let was_leading = view.tenure.read().1.is_some();
+                // Not leading from this instant; the lease is kept until the last
+                // deadline handed out has passed (the core's rule), then released.
+                let release_at = {
+                    let mut leadership = view.lock();
+                    leadership.stop();
+                    leadership.release_at(clock::now())
+                };
                 if was_leading {
                     let line = if json {
                         json!({
@@ -173,7 +178,28 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                     let _ = writeln!(out, "{line}");
                     let _ = out.flush();
                 }
-                eprintln!("dagnats-leases: {signal:?} received: releasing {}", args.key);
+                if let Some(at) = release_at {
+                    let wait = at.saturating_duration_since(clock::now());
+                    eprintln!(
+                        "dagnats-leases: {signal:?} received: releasing {} in {} ms, once the \
+                         last deadline handed out has passed (a second signal exits at once)",
+                        args.key,
+                        wait.as_millis()
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        second = signals.recv() => {
+                            eprintln!(
+                                "dagnats-leases: {second:?} received: exiting; {} runs out by its TTL",
+                                args.key
+                            );
+                            // At once, and no release may go out: no destructor runs.
+                            std::process::exit(second.exit_code().into());
+                        }
+                    }
+                } else {
+                    eprintln!("dagnats-leases: {signal:?} received: releasing {}", args.key);
+                }
                 elector.stop().await;
                 return EXIT_OK;
             }
@@ -181,22 +207,26 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     }
 }
 
-/// What the HTTP handler reads: the library's tenure and whether the process stops.
+/// What the HTTP handler reads: the library's tenure, and what was handed out.
 #[derive(Clone)]
 struct Served {
-    key: String,
-    holder: String,
     tenure: TenureView,
-    stopping: Arc<AtomicBool>,
+    leadership: Arc<Mutex<Leadership>>,
 }
 
 impl Served {
-    /// The state at this instant: the wall clock read first, then the library's.
+    fn lock(&self) -> MutexGuard<'_, Leadership> {
+        self.leadership.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state at this instant, remembered as handed out: under the lock (so
+    /// that a stop cannot fall between the read and the record), the wall clock
+    /// read first, then the library's.
     fn state(&self) -> LeaderState {
+        let mut leadership = self.lock();
         let wall = OffsetDateTime::now_utc();
         let (now, tenure) = self.tenure.read();
-        let stopping = self.stopping.load(Ordering::SeqCst);
-        leader_state(&self.key, &self.holder, tenure, stopping, now, wall)
+        leadership.state(tenure, now, wall)
     }
 }
 

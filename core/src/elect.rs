@@ -1,5 +1,6 @@
 //! `dagnats-leases elect`'s decisions: what state `elect --http` reports to the
-//! application beside it ([`leader_state`]), and which change events are changes of
+//! application beside it ([`leader_state`]), when a stopping process may release
+//! ([`Leadership`]), and which change events are changes of
 //! leader for `elect --observe` ([`LeaderWatch`]).
 //!
 //! The application of another language learns from the HTTP endpoint whether it may
@@ -94,6 +95,65 @@ pub fn leader_state(
             deadline: None,
             now: wall,
         },
+    }
+}
+
+/// What one `elect` process has told its application, and so when it may let the
+/// key go. A release frees the key at once, before the deadlines already handed
+/// out: an application told "leader until T" would still act while the next
+/// leader is elected. So a stopping process says "not leader" from the stop on,
+/// keeps its lease (renewed by the library as before), and releases only once the
+/// latest deadline it handed out has passed; at once if none is still to come.
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    key: String,
+    holder: String,
+    stopping: bool,
+    /// The latest deadline handed out (on the library's clock).
+    handed_out: Option<Instant>,
+}
+
+impl Leadership {
+    /// Nothing handed out yet for `holder`'s campaign for `key`.
+    pub fn new(key: &str, holder: &str) -> Self {
+        Self {
+            key: key.to_string(),
+            holder: holder.to_string(),
+            stopping: false,
+            handed_out: None,
+        }
+    }
+
+    /// The state to hand the application ([`leader_state`]), remembered as handed
+    /// out.
+    pub fn state(
+        &mut self,
+        tenure: Option<Tenure>,
+        now: Instant,
+        wall: OffsetDateTime,
+    ) -> LeaderState {
+        let state = leader_state(&self.key, &self.holder, tenure, self.stopping, now, wall);
+        if state.leader {
+            let until = now + Duration::from_millis(state.valid_for_ms);
+            self.handed_out = Some(self.handed_out.map_or(until, |t| t.max(until)));
+        }
+        state
+    }
+
+    /// The process stops: it leads no more, whatever its tenure says.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether [`Leadership::stop`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// When the lease may be released: `None` at once (no deadline handed out is
+    /// still to come at `now`), else the latest one handed out.
+    pub fn release_at(&self, now: Instant) -> Option<Instant> {
+        self.handed_out.filter(|&t| t > now)
     }
 }
 

@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use time::macros::datetime;
 
 use crate::change::{ChangeEvent, ChangeKind};
-use crate::elect::{LeaderChange, LeaderWatch, OwnerRead, leader_state};
+use crate::elect::{LeaderChange, LeaderWatch, Leadership, OwnerRead, leader_state};
 use crate::holder::Tenure;
 
 const WALL: OffsetDateTime = datetime!(2026-10-18 12:00:00 UTC);
@@ -102,6 +102,43 @@ fn the_body_names_every_field_an_application_reads() {
             "now": "2026-10-18T12:00:00Z",
         })
     );
+}
+
+#[test]
+fn a_stop_with_nothing_handed_out_releases_at_once() {
+    let now = Instant::now();
+    let mut l = Leadership::new("k", "h");
+    assert!(!l.state(None, now, WALL).leader);
+    l.stop();
+    assert!(l.is_stopping());
+    assert_eq!(l.release_at(now), None);
+}
+
+#[test]
+fn a_stop_releases_only_after_the_latest_deadline_handed_out() {
+    let now = Instant::now();
+    let mut l = Leadership::new("k", "h");
+    let t = tenure(now, Duration::from_millis(1_500));
+    assert!(l.state(Some(t), now, WALL).leader);
+    // Renewed: a later deadline handed out; an earlier read does not lower it.
+    let later = now + Duration::from_millis(500);
+    let renewed = tenure(later, Duration::from_millis(2_000));
+    assert!(l.state(Some(renewed), later, WALL).leader);
+    assert!(l.state(Some(t), now, WALL).leader);
+    l.stop();
+    let end = later + Duration::from_millis(2_000);
+    assert_eq!(l.release_at(later), Some(end));
+    assert_eq!(l.release_at(end), None, "passed: release now");
+}
+
+#[test]
+fn after_a_stop_nothing_more_is_handed_out() {
+    let now = Instant::now();
+    let mut l = Leadership::new("k", "h");
+    l.stop();
+    let s = l.state(Some(tenure(now, Duration::from_secs(5))), now, WALL);
+    assert!(!s.leader);
+    assert_eq!(l.release_at(now), None);
 }
 
 const RESYNC: Duration = Duration::from_secs(10);

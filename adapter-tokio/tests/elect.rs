@@ -1,0 +1,234 @@
+//! `dagnats-leases elect --http` read by a program of another language: a Python
+//! script (standard library only, `elect_follower.py`) polls the endpoints of the
+//! `elect` processes of one key while the leader is killed (SIGKILL), frozen
+//! (SIGSTOP, then resumed) and stopped (SIGTERM). It never sees two tenures claim
+//! leadership over overlapping times (by the `now` and `deadline` they report),
+//! it sees each failover, and the fences go up. Against a real nats-server, the
+//! service and the real binary.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tokio::service::{self, ServiceOptions};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/elect_follower.py");
+/// The bound on every wait for an event (a failover takes about a TTL).
+const WAIT: Duration = Duration::from_secs(30);
+const KEY: &str = "elect-http";
+
+/// One `elect --http` process, and the URL it serves.
+struct Elect {
+    child: Child,
+    url: String,
+}
+
+impl Elect {
+    async fn start(nats_url: &str, holder: &str) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["elect", KEY, "--holder", holder, "--ttl-ms", "2000"])
+            .args(["--http", "127.0.0.1:0", "--json", "--nats-url", nats_url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary starts");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = tokio::time::timeout(WAIT, async {
+            while let Some(line) = stderr.next_line().await.unwrap() {
+                eprintln!("{holder}: {line}");
+                if let Some(at) = line.find("http://") {
+                    return line[at..].to_string();
+                }
+            }
+            panic!("{holder} exited before it served");
+        })
+        .await
+        .expect("elect names its address");
+        let holder = holder.to_string();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                eprintln!("{holder}: {line}");
+            }
+        });
+        Self { child, url }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} {}", self.pid());
+    }
+}
+
+/// The Python program and what it prints.
+struct Follower {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Follower {
+    fn start() -> Self {
+        let mut child = Command::new("python3")
+            .arg(SCRIPT)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    async fn say(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    async fn add(&mut self, name: &str, elect: &Elect) {
+        self.say(&format!("add {name} {}", elect.url)).await;
+    }
+
+    /// Waits for a line about `name` in `state`; returns it.
+    async fn wait_for(&mut self, name: &str, state: &str) -> Value {
+        let lines = &mut self.lines;
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("the follower exited early");
+                eprintln!("follower: {line}");
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if v["name"] == name && v["state"] == state {
+                    return v;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the follower never saw {name} {state}"))
+    }
+
+    /// Waits for any process to lead; returns its name and fence.
+    async fn wait_for_leader(&mut self) -> (String, u64) {
+        let lines = &mut self.lines;
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let line = lines.next_line().await.unwrap().expect("follower exited");
+                eprintln!("follower: {line}");
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if v["state"] == "leader" {
+                    let name = v["name"].as_str().unwrap().to_string();
+                    return (name, v["fence"].as_u64().unwrap());
+                }
+            }
+        })
+        .await
+        .expect("the follower saw a leader")
+    }
+
+    /// Ends the follower; returns its summary and exit code.
+    async fn end(mut self) -> (Value, i32) {
+        self.say("end").await;
+        let summary = tokio::time::timeout(WAIT, async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                eprintln!("follower: {line}");
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if v["summary"] == true {
+                    return v;
+                }
+            }
+            panic!("the follower exited without a summary");
+        })
+        .await
+        .expect("the follower sums up");
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        (summary, status.code().unwrap_or(-1))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_reader_of_elect_http_never_sees_two_leaders_through_kill_freeze_and_stop() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let _service = service::start(client, ServiceOptions::default())
+        .await
+        .unwrap();
+    let url = server.url();
+    let mut elects = vec![
+        Elect::start(&url, "elect-a").await,
+        Elect::start(&url, "elect-b").await,
+    ];
+    let names = ["a", "b", "c"];
+    let mut follower = Follower::start();
+    follower.add("a", &elects[0]).await;
+    follower.add("b", &elects[1]).await;
+
+    // SIGKILL of the leader: the other takes over once the lease has expired.
+    let (first, f1) = follower.wait_for_leader().await;
+    let (killed, survivor) = if first == "a" { (0, 1) } else { (1, 0) };
+    elects[killed].child.kill().await.unwrap();
+    let took_over = follower.wait_for(names[survivor], "leader").await;
+    let f2 = took_over["fence"].as_u64().unwrap();
+    assert!(f2 > f1, "fence {f2} after {f1}");
+
+    // SIGSTOP of the new leader: a third process takes over; woken, the frozen one
+    // answers that it does not lead (its local deadline has passed).
+    elects.push(Elect::start(&url, "elect-c").await);
+    follower.add("c", &elects[2]).await;
+    follower.wait_for("c", "follower").await;
+    elects[survivor].signal("STOP");
+    let c_leads = follower.wait_for("c", "leader").await;
+    let f3 = c_leads["fence"].as_u64().unwrap();
+    assert!(f3 > f2, "fence {f3} after {f2}");
+    elects[survivor].signal("CONT");
+    follower.wait_for(names[survivor], "follower").await;
+
+    // SIGTERM of the leader: it releases, and the woken one takes over at once.
+    elects[2].signal("TERM");
+    let back = follower.wait_for(names[survivor], "leader").await;
+    let f4 = back["fence"].as_u64().unwrap();
+    assert!(f4 > f3, "fence {f4} after {f3}");
+    let status = tokio::time::timeout(WAIT, elects[2].child.wait())
+        .await
+        .expect("elect exits on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "elect's exit on SIGTERM");
+
+    let (summary, code) = follower.end().await;
+    assert_eq!(summary["violations"], serde_json::json!([]), "{summary}");
+    assert_eq!(code, 0);
+    let tenures = summary["tenures"].as_array().unwrap();
+    assert!(tenures.len() >= 3, "three tenures or more: {summary}");
+    assert!(summary["claims"].as_u64().unwrap() > 0);
+    for (name, at) in [(names[survivor], f2), ("c", f3), (names[survivor], f4)] {
+        assert!(
+            tenures.iter().any(|t| t["fence"] == at),
+            "{name}'s tenure at fence {at} among {summary}"
+        );
+    }
+}
