@@ -200,7 +200,7 @@ fn spawn(bin: &Path) -> tokio::process::Child {
 }
 
 #[test]
-fn the_in_repo_spec_is_a_current_copy() {
+fn the_in_repo_specs_example_is_the_design_documents() {
     let spec = spec_text();
     assert!(
         spec.contains("\npackage main\n"),
