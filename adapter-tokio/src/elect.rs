@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::Client;
-use dagnats_leases_core::elect::{LeaderState, LeaderWatch, Leadership, OwnerRead};
+use dagnats_leases_core::elect::{ACCEPT_RETRY, LeaderState, LeaderWatch, Leadership, OwnerRead};
 use dagnats_leases_core::subjects::changed_subject;
 use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt};
@@ -234,8 +234,13 @@ impl Served {
 /// connection (HTTP/1.1, keep-alive), until the process exits.
 async fn serve_http(listener: tokio::net::TcpListener, served: Served) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                eprintln!("dagnats-leases: cannot accept a connection: {e}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
         };
         let served = served.clone();
         tokio::spawn(async move {

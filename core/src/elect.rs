@@ -19,6 +19,10 @@ use time::OffsetDateTime;
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::holder::Tenure;
 
+/// How long `elect --http` waits after a failed accept (out of file descriptors,
+/// say) before it accepts again, rather than failing in a busy loop.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 /// What `elect --http` serves: the state the application may act on now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaderState {
