@@ -42,7 +42,7 @@ use crate::cli::StopSignals;
 use crate::client::{LeaseClient, change_event};
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK};
-use crate::member::{Member, Ownership, TenureView};
+use crate::member::{Change, Elector, HeldView, Member, Ownership, Shards, TenureView};
 
 /// How often `--observe` reads the owner to make up for change events it missed.
 pub const OBSERVE_RESYNC: Duration = Duration::from_secs(5);
@@ -65,6 +65,10 @@ pub struct ElectArgs {
     /// (`127.0.0.1:8080`; port 0 picks one, named on stderr).
     #[arg(long, conflicts_with = "observe")]
     pub http: Option<SocketAddr>,
+    /// Share the shards `KEY-0` to `KEY-<N-1>` evenly with every `elect` running
+    /// the same KEY and N (a balanced shard set), instead of leading KEY itself.
+    #[arg(long, conflicts_with = "observe", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub shards: Option<u16>,
     /// Campaign for nothing: print each change of the key's leader.
     #[arg(long)]
     pub observe: bool,
@@ -89,8 +93,19 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     if let Some(p) = args.priority {
         member = member.with_priority(p);
     }
-    let mut elector = match member.elect(&args.key, Duration::from_millis(args.ttl_ms)) {
-        Ok(e) => e,
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let started = match args.shards {
+        None => member.elect(&args.key, ttl).map(Campaigner::One),
+        Some(n) => {
+            let keys: Vec<String> = (0..n).map(|i| format!("{}-{i}", args.key)).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            member
+                .balanced_shards(&args.key, &keys, ttl)
+                .map(Campaigner::Set)
+        }
+    };
+    let mut campaign = match started {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("dagnats-leases: {e}");
             return crate::exit::exit_code(&e);
@@ -98,7 +113,7 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     };
     let mut signals = StopSignals::new();
     let view = Served {
-        tenure: elector.tenure_view(),
+        view: campaign.view(),
         leadership: Arc::new(Mutex::new(Leadership::new(&args.key, &holder))),
     };
     if let Some(addr) = args.http {
@@ -113,22 +128,33 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
             }
             Err(e) => {
                 eprintln!("dagnats-leases: cannot listen on {addr}: {e}");
-                elector.stop().await;
+                campaign.stop().await;
                 return EXIT_ERROR;
             }
         }
     }
     eprintln!("dagnats-leases: campaigning for {} as {holder}", args.key);
+    let stepped_down = |key: &str, reason: &str| {
+        if json {
+            json!({
+                "event": "stepped_down", "leader": false, "key": key,
+                "holder": holder, "reason": reason,
+            })
+            .to_string()
+        } else {
+            format!("stepped down {key} as {holder}: {reason}")
+        }
+    };
     loop {
         tokio::select! {
-            change = elector.next() => {
+            change = campaign.next() => {
                 let Some(change) = change else {
                     eprintln!("dagnats-leases: the campaign for {} ended", args.key);
                     return EXIT_ERROR;
                 };
                 let line = match change.ownership {
                     Ownership::Elected { fence } => {
-                        let state = view.state();
+                        let state = view.key_state(&change.key);
                         if json {
                             let mut v = serde_json::to_value(&state).expect("states serialise");
                             v["event"] = json!("elected");
@@ -141,23 +167,13 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                             )
                         }
                     }
-                    Ownership::SteppedDown { reason } => {
-                        if json {
-                            json!({
-                                "event": "stepped_down", "leader": false, "key": change.key,
-                                "holder": holder, "reason": reason.to_string(),
-                            })
-                            .to_string()
-                        } else {
-                            format!("stepped down {} as {holder}: {reason}", change.key)
-                        }
-                    }
+                    Ownership::SteppedDown { reason } => stepped_down(&change.key, &reason.to_string()),
                 };
                 let _ = writeln!(out, "{line}");
                 let _ = out.flush();
             }
             signal = signals.recv() => {
-                let was_leading = view.tenure.read().1.is_some();
+                let held = view.held_keys();
                 // Not leading from this instant; the lease is kept until the last
                 // deadline handed out has passed (the core's rule), then released.
                 let release_at = {
@@ -165,19 +181,10 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                     leadership.stop();
                     leadership.release_at(clock::now())
                 };
-                if was_leading {
-                    let line = if json {
-                        json!({
-                            "event": "stepped_down", "leader": false, "key": args.key,
-                            "holder": holder, "reason": "stopped",
-                        })
-                        .to_string()
-                    } else {
-                        format!("stepped down {} as {holder}: stopped", args.key)
-                    };
-                    let _ = writeln!(out, "{line}");
-                    let _ = out.flush();
+                for key in held {
+                    let _ = writeln!(out, "{}", stepped_down(&key, "stopped"));
                 }
+                let _ = out.flush();
                 if let Some(at) = release_at {
                     let wait = at.saturating_duration_since(clock::now());
                     eprintln!(
@@ -200,17 +207,53 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                 } else {
                     eprintln!("dagnats-leases: {signal:?} received: releasing {}", args.key);
                 }
-                elector.stop().await;
+                campaign.stop().await;
                 return EXIT_OK;
             }
         }
     }
 }
 
-/// What the HTTP handler reads: the library's tenure, and what was handed out.
+/// What `elect` campaigns with: one key, or a balanced shard set.
+enum Campaigner {
+    One(Elector),
+    Set(Shards),
+}
+
+impl Campaigner {
+    async fn next(&mut self) -> Option<Change> {
+        match self {
+            Self::One(e) => e.next().await,
+            Self::Set(s) => s.next().await,
+        }
+    }
+
+    fn view(&self) -> View {
+        match self {
+            Self::One(e) => View::One(e.tenure_view()),
+            Self::Set(s) => View::Set(s.held_view()),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Self::One(e) => e.stop().await,
+            Self::Set(s) => s.stop().await,
+        }
+    }
+}
+
+/// How the HTTP handler reads the library: one key's tenure, or a set's.
+#[derive(Clone)]
+enum View {
+    One(TenureView),
+    Set(HeldView),
+}
+
+/// What the HTTP handler reads: the library's tenures, and what was handed out.
 #[derive(Clone)]
 struct Served {
-    tenure: TenureView,
+    view: View,
     leadership: Arc<Mutex<Leadership>>,
 }
 
@@ -219,14 +262,64 @@ impl Served {
         self.leadership.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The state at this instant, remembered as handed out: under the lock (so
-    /// that a stop cannot fall between the read and the record), the wall clock
-    /// read first, then the library's.
-    fn state(&self) -> LeaderState {
+    /// The state at this instant as the HTTP body says it (status, JSON),
+    /// remembered as handed out: under the lock (so that a stop cannot fall between
+    /// the read and the record), the wall clock read first, then the library's.
+    fn answer(&self) -> (u16, Vec<u8>) {
         let mut leadership = self.lock();
         let wall = OffsetDateTime::now_utc();
-        let (now, tenure) = self.tenure.read();
-        leadership.state(tenure, now, wall)
+        let (status, body) = match &self.view {
+            View::One(view) => {
+                let (now, tenure) = view.read();
+                let state = leadership.state(tenure, now, wall);
+                (state.http_status(), serde_json::to_vec(&state))
+            }
+            View::Set(view) => {
+                let (now, held) = view.read();
+                let state = leadership.shards_state(&held, now, wall);
+                (state.http_status(), serde_json::to_vec(&state))
+            }
+        };
+        (status, body.expect("states serialise"))
+    }
+
+    /// One key's state (a shard's, in a set), remembered as handed out.
+    fn key_state(&self, key: &str) -> LeaderState {
+        let mut leadership = self.lock();
+        let wall = OffsetDateTime::now_utc();
+        match &self.view {
+            View::One(view) => {
+                let (now, tenure) = view.read();
+                leadership.state(tenure, now, wall)
+            }
+            View::Set(view) => {
+                let (now, mut held) = view.read();
+                held.retain(|k, _| k == key);
+                let state = leadership.shards_state(&held, now, wall);
+                let shard = state.shards.into_iter().next();
+                LeaderState {
+                    leader: shard.is_some(),
+                    key: key.to_string(),
+                    holder: state.holder,
+                    fence: shard.as_ref().map(|s| s.fence),
+                    revision: shard.as_ref().map(|s| s.revision),
+                    valid_for_ms: shard.as_ref().map_or(0, |s| s.valid_for_ms),
+                    deadline: shard.map(|s| s.deadline),
+                    now: state.now,
+                }
+            }
+        }
+    }
+
+    /// The keys the library says this process owns now.
+    fn held_keys(&self) -> Vec<String> {
+        match &self.view {
+            View::One(view) => match view.read() {
+                (_, Some(_)) => vec![self.lock().key().to_string()],
+                (_, None) => Vec::new(),
+            },
+            View::Set(view) => view.read().1.into_keys().collect(),
+        }
     }
 }
 
@@ -245,9 +338,7 @@ async fn serve_http(listener: tokio::net::TcpListener, served: Served) {
         let served = served.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |_request: Request<_>| {
-                let state = served.state();
-                let status = state.http_status();
-                let body = serde_json::to_vec(&state).expect("states serialise");
+                let (status, body) = served.answer();
                 let response = Response::builder()
                     .status(status)
                     .header("content-type", "application/json")

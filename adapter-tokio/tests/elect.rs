@@ -232,3 +232,162 @@ async fn a_python_reader_of_elect_http_never_sees_two_leaders_through_kill_freez
         );
     }
 }
+
+/// `GET /` of an `elect --http` endpoint: the status and the JSON body; `None`
+/// when the process does not answer.
+async fn get(url: &str) -> Option<(u16, Value)> {
+    use tokio::io::AsyncReadExt;
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: elect\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_string(&mut text))
+        .await
+        .ok()?
+        .ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()?;
+    Some((status, body))
+}
+
+/// The shards an answer names: key to (fence, now, deadline) in nanoseconds.
+fn shards_of(body: &Value) -> Vec<(String, u64, i128, i128)> {
+    let at = |v: &Value| {
+        time::OffsetDateTime::parse(
+            v.as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+        .unix_timestamp_nanos()
+    };
+    let now = at(&body["now"]);
+    body["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let key = s["key"].as_str().unwrap().to_string();
+            (key, s["fence"].as_u64().unwrap(), now, at(&s["deadline"]))
+        })
+        .collect()
+}
+
+/// A claim of a shard: (shard, process, fence, now, deadline).
+type Claim = (String, &'static str, u64, i128, i128);
+
+/// Reads every endpoint once, adding each shard claimed to `claims`; returns who
+/// holds what.
+async fn poll(
+    claims: &mut Vec<Claim>,
+    names: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    let mut held = Vec::new();
+    for &(name, url) in names {
+        let shards = match get(url).await {
+            Some((status, body)) => {
+                let shards = shards_of(&body);
+                assert_eq!(status, if shards.is_empty() { 503 } else { 200 }, "{body}");
+                shards
+            }
+            None => Vec::new(),
+        };
+        for (key, fence, now, deadline) in shards {
+            claims.push((key.clone(), name, fence, now, deadline));
+            held.push((name, key));
+        }
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_elect_shard_sets_split_four_shards_and_the_survivor_takes_them_all() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let _service = service::start(client, ServiceOptions::default())
+        .await
+        .unwrap();
+    let url = server.url();
+    let start = |holder: &'static str| {
+        let url = url.clone();
+        async move {
+            let mut child = Command::new(BIN)
+                .args(["elect", "orders", "--shards", "4", "--holder", holder])
+                .args([
+                    "--ttl-ms",
+                    "2000",
+                    "--http",
+                    "127.0.0.1:0",
+                    "--nats-url",
+                    &url,
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+            let line = tokio::time::timeout(WAIT, stderr.next_line())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let at = line.find("http://").expect("the address first");
+            tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+            (child, line[at..].to_string())
+        }
+    };
+    let (mut a, a_url) = start("shards-a").await;
+    let (_b, b_url) = start("shards-b").await;
+
+    // Every claim seen, per shard: (holder, fence, now, deadline).
+    let mut claims: Vec<Claim> = Vec::new();
+    let both = [("a", a_url.as_str()), ("b", b_url.as_str())];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let held = poll(&mut claims, &both).await;
+        let count = |n| held.iter().filter(|(name, _)| *name == n).count();
+        if count("a") == 2 && count("b") == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never split: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SIGKILL of a: b takes all four once a's leases run out.
+    a.kill().await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let held = poll(&mut claims, &both).await;
+        if held.iter().filter(|(name, _)| *name == "b").count() == 4 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b never took all: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // No shard was claimed by two holders over overlapping times, and a later
+    // holder of a shard has a higher fence.
+    for (i, (key, x, fx, nx, dx)) in claims.iter().enumerate() {
+        for (k2, y, fy, ny, dy) in &claims[i + 1..] {
+            if key != k2 || x == y {
+                continue;
+            }
+            assert!(
+                !(nx < dy && ny < dx),
+                "{key}: {x}@{fx} [{nx}, {dx}] and {y}@{fy} [{ny}, {dy}] overlap"
+            );
+            assert_eq!(
+                fx < fy,
+                nx < ny,
+                "{key}: {x}@{fx} and {y}@{fy} out of order"
+            );
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! `dagnats-leases elect`'s decisions: what state `elect --http` reports to the
-//! application beside it ([`leader_state`]), when a stopping process may release
+//! application beside it ([`leader_state`], and [`shards_state`] for a shard set), when a stopping process may release
 //! ([`Leadership`]), and which change events are changes of
 //! leader for `elect --observe` ([`LeaderWatch`]).
 //!
@@ -102,6 +102,77 @@ pub fn leader_state(
     }
 }
 
+/// One shard held, as `elect --shards N --http` serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShardLease {
+    /// The shard's key.
+    pub key: String,
+    /// The tenure's start fence: send it with every write for this shard.
+    pub fence: u64,
+    /// The tenure's latest revision.
+    pub revision: u64,
+    /// How long the application may act on this shard, from when it sent the request.
+    pub valid_for_ms: u64,
+    /// The same end as a wall-clock time (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    pub deadline: OffsetDateTime,
+}
+
+/// What `elect --shards N --http` serves: the shards this process may act on now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShardsState {
+    /// Whether this process owns at least one shard.
+    pub leader: bool,
+    /// The set's name (its shards are `<set>-<i>`).
+    pub set: String,
+    /// This process's holder ID.
+    pub holder: String,
+    /// The shards owned now, each by [`leader_state`]'s rule; no other may be acted on.
+    pub shards: Vec<ShardLease>,
+    /// The wall-clock time the state was read at (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    pub now: OffsetDateTime,
+}
+
+impl ShardsState {
+    /// The HTTP status: 200 while this process owns a shard, 503 otherwise.
+    pub fn http_status(&self) -> u16 {
+        if self.leader { 200 } else { 503 }
+    }
+}
+
+/// The shards to report at `now` for `held` (the library's keys and tenures at
+/// that same `now`), each by the rule of [`leader_state`].
+pub fn shards_state<'a>(
+    set: &str,
+    holder: &str,
+    held: impl IntoIterator<Item = (&'a String, &'a Tenure)>,
+    stopping: bool,
+    now: Instant,
+    wall: OffsetDateTime,
+) -> ShardsState {
+    let shards: Vec<ShardLease> = held
+        .into_iter()
+        .map(|(key, t)| leader_state(key, holder, Some(*t), stopping, now, wall))
+        .filter_map(|s| {
+            Some(ShardLease {
+                fence: s.fence?,
+                revision: s.revision?,
+                valid_for_ms: s.valid_for_ms,
+                deadline: s.deadline?,
+                key: s.key,
+            })
+        })
+        .collect();
+    ShardsState {
+        leader: !shards.is_empty(),
+        set: set.to_string(),
+        holder: holder.to_string(),
+        shards,
+        now: wall,
+    }
+}
+
 /// What one `elect` process has told its application, and so when it may let the
 /// key go. A release frees the key at once, before the deadlines already handed
 /// out: an application told "leader until T" would still act while the next
@@ -138,10 +209,33 @@ impl Leadership {
     ) -> LeaderState {
         let state = leader_state(&self.key, &self.holder, tenure, self.stopping, now, wall);
         if state.leader {
-            let until = now + Duration::from_millis(state.valid_for_ms);
-            self.handed_out = Some(self.handed_out.map_or(until, |t| t.max(until)));
+            self.hand_out(now + Duration::from_millis(state.valid_for_ms));
         }
         state
+    }
+
+    /// The shards to hand the application ([`shards_state`]; `key` is the set),
+    /// each one's deadline remembered as handed out.
+    pub fn shards_state<'a>(
+        &mut self,
+        held: impl IntoIterator<Item = (&'a String, &'a Tenure)>,
+        now: Instant,
+        wall: OffsetDateTime,
+    ) -> ShardsState {
+        let state = shards_state(&self.key, &self.holder, held, self.stopping, now, wall);
+        for shard in &state.shards {
+            self.hand_out(now + Duration::from_millis(shard.valid_for_ms));
+        }
+        state
+    }
+
+    fn hand_out(&mut self, until: Instant) {
+        self.handed_out = Some(self.handed_out.map_or(until, |t| t.max(until)));
+    }
+
+    /// The key (or the set) campaigned for.
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     /// The process stops: it leads no more, whatever its tenure says.

@@ -742,6 +742,31 @@ impl TenureView {
     }
 }
 
+/// A [`Shards`]' held keys as another task reads them ([`Shards::held_view`]):
+/// what the library believes at the instant asked, local deadlines included.
+#[derive(Clone)]
+pub struct HeldView {
+    shared: Arc<Shared>,
+    group: GroupId,
+}
+
+impl std::fmt::Debug for HeldView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldView")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeldView {
+    /// Now on the library's clock, and the keys owned at that instant.
+    pub fn read(&self) -> (Instant, BTreeMap<String, Tenure>) {
+        let now = self.shared.runtime.now();
+        let held = self.shared.lock().campaign.held(self.group, now);
+        (now, held)
+    }
+}
+
 /// Holds one slot of a semaphore. Stop it with [`Semaphore::stop`] (steps down and
 /// releases); dropping it does the same in the background.
 ///
@@ -854,6 +879,15 @@ impl Shards {
     /// The tenure of one shard, if owned right now.
     pub fn tenure(&self, key: &str) -> Option<Tenure> {
         self.group.tenure(key)
+    }
+
+    /// A cloneable view of the shards held, for a task other than the one awaiting
+    /// [`Shards::next`] (an HTTP handler answering which shards this process owns).
+    pub fn held_view(&self) -> HeldView {
+        HeldView {
+            shared: self.group.shared.clone(),
+            group: self.group.id,
+        }
     }
 
     /// The application is done with shard `key`, revoked to rebalance

@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use time::macros::datetime;
 
 use crate::change::{ChangeEvent, ChangeKind};
-use crate::elect::{LeaderChange, LeaderWatch, Leadership, OwnerRead, leader_state};
+use crate::elect::{LeaderChange, LeaderWatch, Leadership, OwnerRead, leader_state, shards_state};
 use crate::holder::Tenure;
 
 const WALL: OffsetDateTime = datetime!(2026-10-18 12:00:00 UTC);
@@ -139,6 +139,43 @@ fn after_a_stop_nothing_more_is_handed_out() {
     let s = l.state(Some(tenure(now, Duration::from_secs(5))), now, WALL);
     assert!(!s.leader);
     assert_eq!(l.release_at(now), None);
+}
+
+#[test]
+fn a_shard_set_reports_only_the_shards_with_time_left_and_503_with_none() {
+    let now = Instant::now();
+    let held: std::collections::BTreeMap<String, Tenure> = [
+        ("s-0".to_string(), tenure(now, Duration::from_millis(1_200))),
+        ("s-1".to_string(), tenure(now, Duration::from_micros(400))),
+    ]
+    .into();
+    let s = shards_state("s", "h", &held, false, now, WALL);
+    assert!(s.leader);
+    assert_eq!(s.http_status(), 200);
+    let keys: Vec<_> = s
+        .shards
+        .iter()
+        .map(|l| (l.key.as_str(), l.valid_for_ms))
+        .collect();
+    assert_eq!(keys, [("s-0", 1_200)], "under 1 ms left is not held");
+    assert_eq!(s.shards[0].deadline, WALL + Duration::from_millis(1_200));
+    let none = shards_state("s", "h", &held, true, now, WALL);
+    assert!(!none.leader && none.shards.is_empty(), "stopping: none");
+    assert_eq!(none.http_status(), 503);
+}
+
+#[test]
+fn a_stopping_shard_set_releases_after_the_latest_deadline_of_any_shard() {
+    let now = Instant::now();
+    let mut l = Leadership::new("s", "h");
+    let held: std::collections::BTreeMap<String, Tenure> = [
+        ("s-0".to_string(), tenure(now, Duration::from_millis(700))),
+        ("s-1".to_string(), tenure(now, Duration::from_millis(1_900))),
+    ]
+    .into();
+    assert_eq!(l.shards_state(&held, now, WALL).shards.len(), 2);
+    l.stop();
+    assert_eq!(l.release_at(now), Some(now + Duration::from_millis(1_900)));
 }
 
 const RESYNC: Duration = Duration::from_secs(10);
