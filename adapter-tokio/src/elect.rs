@@ -9,6 +9,9 @@
 //!   `{"leader": true, "fence": …, "valid_for_ms": …}` while this process leads,
 //!   503 and `{"leader": false, …}` otherwise. Each answer is what the library
 //!   believes at the instant asked, never more;
+//! - `elect KEY --shards N` holds a share of the shards `KEY-0` to `KEY-<N-1>`
+//!   instead ([`Member::balanced_shards`]), serving the ones owned
+//!   ([`dagnats_leases_core::elect::shards_state`]);
 //! - `elect --observe KEY` campaigns for nothing and prints each change of leader
 //!   ([`dagnats_leases_core::elect::LeaderWatch`]: change events, resynchronised by
 //!   owner reads).
