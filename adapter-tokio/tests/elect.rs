@@ -391,3 +391,66 @@ async fn two_elect_shard_sets_split_four_shards_and_the_survivor_takes_them_all(
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_prints_the_leader_then_no_leader_after_its_release() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let _service = service::start(client, ServiceOptions::default())
+        .await
+        .unwrap();
+    let url = server.url();
+    let mut observer = Command::new(BIN)
+        .args([
+            "elect",
+            "--observe",
+            "watched",
+            "--json",
+            "--nats-url",
+            &url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(observer.stdout.take().unwrap()).lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("observe prints a change")
+            .unwrap()
+            .expect("observe runs");
+        eprintln!("observe: {line}");
+        serde_json::from_str(&line).unwrap()
+    };
+    // The first read: nobody leads.
+    let first = next().await;
+    assert_eq!(first["leader"], Value::Null, "{first}");
+    let mut elect = Command::new(BIN)
+        .args(["elect", "watched", "--holder", "obs-a", "--ttl-ms", "2000"])
+        .args(["--nats-url", &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let led = next().await;
+    assert_eq!(led["leader"], "obs-a", "{led}");
+    assert!(led["revision"].as_u64().unwrap() > 0);
+    // SIGTERM: released (at once, or after the deadline its stdout line named).
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &elect.id().unwrap().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let freed = next().await;
+    assert_eq!(freed["leader"], Value::Null, "{freed}");
+    assert!(freed["revision"].as_u64().unwrap() > led["revision"].as_u64().unwrap());
+    let status = tokio::time::timeout(WAIT, elect.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
