@@ -20,8 +20,8 @@
 //! kept (renewed) until the latest deadline handed out to the application has
 //! passed, then released, and the process exits 0 ([`Leadership`]: a release
 //! before it would let the next leader in while the application may still act).
-//! A second signal exits at once, releasing nothing. Every decision is the core's; this module is
-//! IO (NATS, the HTTP listener, stdout, signals).
+//! A second signal exits at once, releasing nothing. Every decision is the core's;
+//! this module is IO (NATS, the HTTP listener, stdout, signals).
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -30,7 +30,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::Client;
-use dagnats_leases_core::elect::{ACCEPT_RETRY, LeaderState, LeaderWatch, Leadership, OwnerRead};
+use dagnats_leases_core::elect::{
+    ACCEPT_RETRY, LeaderState, LeaderWatch, Leadership, OBSERVE_RESYNC, OwnerRead,
+};
 use dagnats_leases_core::subjects::changed_subject;
 use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt};
@@ -46,9 +48,6 @@ use crate::client::{LeaseClient, change_event};
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK};
 use crate::member::{Change, Elector, HeldView, Member, Ownership, Shards, TenureView};
-
-/// How often `--observe` reads the owner to make up for change events it missed.
-pub const OBSERVE_RESYNC: Duration = Duration::from_secs(5);
 
 /// The options of `elect`.
 #[derive(Debug, Clone, clap::Args)]

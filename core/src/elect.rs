@@ -23,6 +23,10 @@ use crate::holder::Tenure;
 /// say) before it accepts again, rather than failing in a busy loop.
 pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
+/// How often `elect --observe` reads the owner to make up for change events it
+/// missed (they are delivered at most once).
+pub const OBSERVE_RESYNC: Duration = Duration::from_secs(5);
+
 /// What `elect --http` serves: the state the application may act on now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaderState {
