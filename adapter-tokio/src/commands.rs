@@ -137,6 +137,17 @@ pub enum Op {
         #[command(flatten)]
         args: crate::lock::LockArgs,
     },
+    /// Campaign for leadership of a key and print each change with its fence;
+    /// `--http` serves the application the state it may act on; `--observe`
+    /// prints the key's leader changes instead.
+    Elect {
+        /// Connection and output options.
+        #[command(flatten)]
+        common: Common,
+        /// The key, the holder and the endpoint.
+        #[command(flatten)]
+        args: crate::elect::ElectArgs,
+    },
     /// List the held leases in the bucket.
     List {
         /// Connection and output options.
@@ -156,6 +167,7 @@ impl Op {
             | Self::Forward { common, .. }
             | Self::Watch { common, .. }
             | Self::Lock { common, .. }
+            | Self::Elect { common, .. }
             | Self::List { common } => common,
         }
     }
@@ -243,6 +255,7 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
         Op::Watch { key, count, .. } => return watch(&nats, key, count, json, out).await,
         Op::List { .. } => return list(&nats, &leases, json, out).await,
         Op::Lock { args, .. } => return crate::lock::run(nats, args).await,
+        Op::Elect { args, .. } => return crate::elect::run(nats, args, json, out).await,
     };
     match result {
         Ok(code) => code,

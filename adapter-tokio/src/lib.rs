@@ -5,7 +5,7 @@
 //! with its `runtime-tokio` feature on ([`runtime::TokioRuntime`],
 //! [`member::Member::new`], [`client::LeaseClient::new`], [`service::start`]). This
 //! crate adds what only the tokio binary has: its commands ([`commands`]) and
-//! `lock` ([`lock`]), which use tokio's processes, stdin and signals.
+//! `lock` ([`lock`]) and `elect` ([`elect`]), which use tokio's processes, stdin and signals.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,5 +27,7 @@ pub use dagnats_leases_nats::{cli, connect, exit};
 
 #[cfg(feature = "cli")]
 pub mod commands;
+#[cfg(feature = "cli")]
+pub mod elect;
 #[cfg(feature = "cli")]
 pub mod lock;

@@ -96,6 +96,7 @@ pub mod campaign;
 pub mod change;
 pub mod coalesce;
 pub mod effect;
+pub mod elect;
 pub mod guard;
 pub mod holder;
 pub mod io;

@@ -665,6 +665,15 @@ impl Elector {
         self.tenure().is_some()
     }
 
+    /// A cloneable view of this key's tenure, for a task other than the one awaiting
+    /// [`Elector::next`] (an HTTP handler answering whether this process leads).
+    pub fn tenure_view(&self) -> TenureView {
+        TenureView {
+            shared: self.group.shared.clone(),
+            key: self.key.clone(),
+        }
+    }
+
     /// The key campaigned for.
     pub fn key(&self) -> &str {
         &self.key
@@ -704,6 +713,57 @@ impl Elector {
     /// its timeout. Dropping the elector does the same in the background.
     pub async fn stop(mut self) {
         self.group.stop().await;
+    }
+}
+
+/// An [`Elector`]'s tenure as another task reads it ([`Elector::tenure_view`]):
+/// what the library believes at the instant asked, local deadline included. Once
+/// the elector has stopped it reads `None`.
+#[derive(Clone)]
+pub struct TenureView {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl std::fmt::Debug for TenureView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenureView")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TenureView {
+    /// Now on the library's clock, and the tenure at that instant (if leading).
+    pub fn read(&self) -> (Instant, Option<Tenure>) {
+        let now = self.shared.runtime.now();
+        let tenure = self.shared.lock().campaign.tenure(&self.key, now);
+        (now, tenure)
+    }
+}
+
+/// A [`Shards`]' held keys as another task reads them ([`Shards::held_view`]):
+/// what the library believes at the instant asked, local deadlines included.
+#[derive(Clone)]
+pub struct HeldView {
+    shared: Arc<Shared>,
+    group: GroupId,
+}
+
+impl std::fmt::Debug for HeldView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldView")
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeldView {
+    /// Now on the library's clock, and the keys owned at that instant.
+    pub fn read(&self) -> (Instant, BTreeMap<String, Tenure>) {
+        let now = self.shared.runtime.now();
+        let held = self.shared.lock().campaign.held(self.group, now);
+        (now, held)
     }
 }
 
@@ -819,6 +879,15 @@ impl Shards {
     /// The tenure of one shard, if owned right now.
     pub fn tenure(&self, key: &str) -> Option<Tenure> {
         self.group.tenure(key)
+    }
+
+    /// A cloneable view of the shards held, for a task other than the one awaiting
+    /// [`Shards::next`] (an HTTP handler answering which shards this process owns).
+    pub fn held_view(&self) -> HeldView {
+        HeldView {
+            shared: self.group.shared.clone(),
+            group: self.group.id,
+        }
     }
 
     /// The application is done with shard `key`, revoked to rebalance
