@@ -10,7 +10,8 @@
 //!   names `dagnats.lease.changed.<key>`.
 //! - The serving user cannot write the bucket, purge it or answer into the writer's
 //!   inboxes; the writer (the service's backend user) cannot delete the stream; a
-//!   tenant's reply aimed at the bucket stays a reply.
+//!   tenant's reply aimed at the bucket stays a reply. The writer may scan the
+//!   bucket for tombstones left behind and purge them (the tombstone sweep).
 //! - Forward: the service reaches a holder in its tenant at
 //!   `dagnats.lease.inbox.<account>.<holder>.<key>`, and no other tenant's holder.
 
@@ -358,6 +359,49 @@ async fn forward_reaches_the_holder_in_its_own_tenant_only() {
                 "v{v}: {subject}"
             );
         }
+    }
+}
+
+/// The tombstone sweep's own requests as the writer: the scan's reads
+/// (`MSG.GET` with `next_by_subj`) find a tenant's tombstone left behind, and its
+/// purge below its sequence + 1 removes it, leaving the live lease beside it.
+#[tokio::test]
+async fn the_writer_may_scan_the_bucket_for_tombstones_and_purge_them() {
+    use dagnats_leases_core::{shard::ShardMap, sweep};
+    for server in servers() {
+        let v = server.version().to_owned();
+        let (writer, _) = connect(&server, "writer").await;
+        create_bucket(&writer).await;
+        let live = write(&writer, "$KV.leases.TA.live").await;
+        let mut headers = HeaderMap::new();
+        headers.insert("KV-Operation", "DEL");
+        let reply = writer
+            .request_with_headers("$KV.leases.TA.gone", headers, "".into())
+            .await
+            .expect("a tombstone");
+        let gone = serde_json::from_slice::<Value>(&reply.payload).unwrap()["seq"]
+            .as_u64()
+            .expect("its sequence");
+        let read = |seq: u64| {
+            let r = sweep::scan_request(0, seq, WAIT, &ShardMap::SINGLE);
+            let body = serde_json::from_slice::<Value>(&r.payload).unwrap();
+            let writer = writer.clone();
+            async move { api(&writer, &r.subject, body).await }
+        };
+        let first = read(1).await;
+        assert_eq!(first["message"]["seq"], live, "v{v}: {first}");
+        let second = read(live + 1).await;
+        assert_eq!(second["message"]["seq"], gone, "v{v}: {second}");
+        assert_eq!(second["message"]["subject"], "$KV.leases.TA.gone", "v{v}");
+        let end = read(gone + 1).await;
+        assert_eq!(end["error"]["err_code"], 10037, "v{v}: {end}");
+        let purge = sweep::purge_request("TA.gone", gone, WAIT);
+        let body = serde_json::from_slice::<Value>(&purge.payload).unwrap();
+        let purged = api(&writer, &purge.subject, body).await;
+        assert_eq!(purged["purged"], 1, "v{v}: {purged}");
+        let state = api(&writer, "$JS.API.STREAM.INFO.KV_leases", json!({})).await;
+        assert_eq!(state["state"]["messages"], 1, "v{v}: the live lease stays");
+        assert_eq!(last_revision(&writer, "$KV.leases.TA.live").await, live);
     }
 }
 

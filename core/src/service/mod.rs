@@ -321,7 +321,8 @@ pub enum ServiceEvent {
     },
     /// The stream is gone or was made anew: every known revision was forgotten.
     StreamReplaced,
-    /// A released key's tombstone stays in the stream (`failed` or `dropped`).
+    /// A released key's tombstone stays in the stream until a scan finds it
+    /// (`failed` or `deferred`).
     TombstoneLeft {
         /// The metric label.
         reason: &'static str,
@@ -1191,27 +1192,11 @@ impl Service {
 
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
-        if let Some(t) = self.sweep.poll_transmit() {
+        while let Some(t) = self.sweep.poll_transmit() {
             self.send_for(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
-            match event {
-                TombstoneSweepEvent::Purged { .. } => {}
-                TombstoneSweepEvent::Failed { key, reason } => {
-                    self.events.push_back(ServiceEvent::TombstoneLeft {
-                        reason: "failed",
-                        key,
-                        detail: format!("the released key's tombstone stays: {reason}"),
-                    })
-                }
-                TombstoneSweepEvent::Dropped { key } => {
-                    self.events.push_back(ServiceEvent::TombstoneLeft {
-                        reason: "dropped",
-                        key,
-                        detail: "too many tombstones to purge: this one stays".to_string(),
-                    })
-                }
-            }
+            self.sweep_event(event);
         }
         while let Some(t) = self.check.as_mut().and_then(ReplicasCheck::poll_transmit) {
             self.send_for(now, Part::Replicas, t);
@@ -1236,6 +1221,59 @@ impl Service {
                 }
             }
         }
+    }
+
+    /// What the sweep reports, as metric facts and log lines.
+    fn sweep_event(&mut self, event: TombstoneSweepEvent) {
+        let (level, line) = match event {
+            TombstoneSweepEvent::Purged { .. } => return,
+            TombstoneSweepEvent::Failed { key, reason } => {
+                return self.events.push_back(ServiceEvent::TombstoneLeft {
+                    reason: "failed",
+                    key,
+                    detail: format!(
+                        "the released key's purge failed ({reason}): a scan of the stream \
+                         finds its tombstone"
+                    ),
+                });
+            }
+            TombstoneSweepEvent::Deferred { key } => {
+                return self.events.push_back(ServiceEvent::TombstoneLeft {
+                    reason: "deferred",
+                    key,
+                    detail: "too many tombstones queued: a scan of the stream finds this one"
+                        .to_string(),
+                });
+            }
+            TombstoneSweepEvent::ScanStarted { stream, reason } => (
+                LogLevel::Debug,
+                format!("scanning {stream} for tombstones left behind ({reason:?})"),
+            ),
+            TombstoneSweepEvent::Scanned {
+                stream,
+                read,
+                found,
+            } => (
+                if found > 0 {
+                    LogLevel::Info
+                } else {
+                    LogLevel::Debug
+                },
+                format!(
+                    "scanned {stream}: {read} messages read, {found} tombstones left behind \
+                     queued for their purge"
+                ),
+            ),
+            TombstoneSweepEvent::ScanFailed { stream, reason } => (
+                LogLevel::Warn,
+                format!(
+                    "the scan of {stream} for tombstones failed ({reason}); it resumes in \
+                     {:?}",
+                    crate::sweep::RETRY_AFTER
+                ),
+            ),
+        };
+        self.events.push_back(ServiceEvent::Log { level, line });
     }
 
     /// Startup's outputs; at its end, serving begins.
@@ -1310,6 +1348,9 @@ impl Service {
         #[cfg(any(test, feature = "__test"))]
         let confirm = confirm && !self.config.unconfirmed_reads_for_tests;
         self.check = check;
+        if mode == Mode::Ready {
+            self.sweep.handle_serving(now);
+        }
         self.call_config = CallConfig {
             mode,
             confirm_reads: confirm,
@@ -1391,6 +1432,9 @@ impl Service {
             && check.poll_timeout().is_some_and(|at| at <= now)
         {
             check.handle_timeout(now);
+        }
+        if self.stop.is_none() {
+            self.sweep.handle_timeout(now);
         }
         self.pump(now);
     }
@@ -1542,13 +1586,17 @@ impl Service {
             (Phase::Starting(s), None) => s.poll_timeout(),
             _ => None,
         };
-        let check = match &self.stop {
-            None => self.check.as_ref().and_then(ReplicasCheck::poll_timeout),
-            Some(_) => None,
+        let (check, sweep) = match &self.stop {
+            None => (
+                self.check.as_ref().and_then(ReplicasCheck::poll_timeout),
+                self.sweep.poll_timeout(),
+            ),
+            Some(_) => (None, None),
         };
         [
             startup,
             check,
+            sweep,
             self.deadlines.first().map(|(at, _)| *at),
             self.sends_due.first().map(|(at, _)| *at),
             self.replies_due.first().map(|(at, _)| *at),

@@ -515,6 +515,23 @@ impl SimJetStream {
 
     fn msg_get(&self, req: &NatsRequest) -> RequestOutcome {
         let body: serde_json::Value = serde_json::from_slice(&req.payload).unwrap_or_default();
+        if let Some(filter) = body["next_by_subj"].as_str() {
+            // A scan: the first message at or after `seq`; the simulator keeps the
+            // one stream's subjects only.
+            if filter != format!("$KV.{}.>", crate::subjects::BUCKET) {
+                return api_error(400, 10003, "bad request");
+            }
+            let from = body["seq"].as_u64().unwrap_or(0);
+            return match self
+                .current
+                .values()
+                .filter(|m| m.seq >= from)
+                .min_by_key(|m| m.seq)
+            {
+                None => api_error(404, 10037, "no message found"),
+                Some(m) => RequestOutcome::reply(stored_message_json(self.epoch, m)),
+            };
+        }
         let subject = body["last_by_subj"].as_str().unwrap_or_default();
         let Some(key) = kv_key(subject) else {
             return api_error(400, 10003, "bad request");

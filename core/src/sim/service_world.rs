@@ -168,6 +168,26 @@ impl ServiceWorld {
         &self.subscribed
     }
 
+    /// Sends `request` straight to the simulated server, as another process would
+    /// (one killed before its purges left a tombstone).
+    pub fn write_directly(&mut self, request: &NatsRequest) -> RequestOutcome {
+        self.sim.handle(request)
+    }
+
+    /// The requests in flight on the network, in order: subject and body.
+    pub fn in_flight_bodies(&self) -> Vec<(String, String)> {
+        self.network
+            .iter()
+            .map(|f| {
+                let r = &f.transmit.request;
+                (
+                    r.subject.clone(),
+                    String::from_utf8_lossy(&r.payload).into_owned(),
+                )
+            })
+            .collect()
+    }
+
     /// The subjects of the requests in flight on the network, in order.
     pub fn in_flight(&self) -> Vec<String> {
         self.network

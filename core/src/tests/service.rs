@@ -32,6 +32,11 @@ fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
         w.settle().unwrap();
     }
     assert_eq!(w.service.mode(), Mode::Ready);
+    // The tombstone sweep's scan at start: the stream is empty.
+    while !w.in_flight().is_empty() {
+        w.deliver(0);
+        w.settle().unwrap();
+    }
     w
 }
 
@@ -296,6 +301,56 @@ fn the_replicas_check_runs_only_when_serving_leases() {
         w.service.poll_timeout().is_some(),
         "serving: the check's timer"
     );
+}
+
+/// The sweep's scan at start: a tombstone another process left in the stream (a
+/// service killed before its purge) is read and purged below its own sequence + 1
+/// once the service serves leases, and the scan's result is logged.
+#[test]
+fn a_tombstone_left_before_the_start_is_found_by_the_scan_and_purged() {
+    let mut w = ServiceWorld::new(config(), 1);
+    let tombstone = crate::io::NatsRequest {
+        subject: "$KV.leases.left".into(),
+        headers: vec![("KV-Operation", "DEL".into())],
+        payload: Vec::new(),
+        timeout: Duration::from_secs(1),
+    };
+    let stored = w.write_directly(&tombstone);
+    let seq = crate::js::parse_api_reply(&stored).unwrap().unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    while w.service.mode() != Mode::Ready && !w.in_flight().is_empty() {
+        w.deliver(0);
+        w.settle().unwrap();
+    }
+    assert_eq!(
+        w.in_flight_bodies(),
+        vec![(
+            "$JS.API.STREAM.MSG.GET.KV_leases".to_string(),
+            json!({"seq": 1, "next_by_subj": "$KV.leases.>"}).to_string()
+        )],
+        "serving: the scan's first read"
+    );
+    w.deliver(0);
+    w.settle().unwrap();
+    let purge = (
+        "$JS.API.STREAM.PURGE.KV_leases".to_string(),
+        json!({"filter": "$KV.leases.left", "seq": seq + 1}).to_string(),
+    );
+    assert!(
+        w.in_flight_bodies().contains(&purge),
+        "{:?}",
+        w.in_flight_bodies()
+    );
+    while !w.in_flight().is_empty() {
+        w.deliver(0);
+        w.settle().unwrap();
+    }
+    let scanned = events(&w, |e| {
+        matches!(e, ServiceEvent::Log { level: LogLevel::Info, line }
+            if line.contains("scanned KV_leases: 1 messages read, 1 tombstones"))
+    });
+    assert_eq!(scanned.len(), 1, "{:?}", w.events);
 }
 
 #[test]
