@@ -576,7 +576,7 @@ impl Io {
                 atomic_batches = s.atomic_batches,
                 max_payload = self.max_payload,
                 server = %self.server,
-                "serving api.leases.* in queue group {QUEUE_GROUP}"
+                "serving api.leases.* (a tenant's as api.leases.<account>.*) in queue group {QUEUE_GROUP}"
             ),
             ServiceEvent::Answered {
                 endpoint,
