@@ -6,7 +6,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use dagnats_leases_core::reply_scope::ReplyScope;
-use dagnats_leases_core::tenant::Tenancy;
+use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 
 use crate::connect::ConnectOptions;
 use crate::service::{Clients, ServiceOptions};
@@ -26,13 +26,29 @@ pub struct ServeArgs {
     /// A reply subject prefix to answer besides `_INBOX.` and `_R_.` (repeatable;
     /// whole tokens ending in `.`, e.g. `_INBOX_billing.`). A request whose reply
     /// is no reply inbox is dropped unanswered.
-    #[arg(long = "reply-prefix", value_name = "PREFIX")]
+    #[arg(
+        long = "reply-prefix",
+        value_name = "PREFIX",
+        env = "DAGNATS_LEASES_REPLY_PREFIXES",
+        value_delimiter = ','
+    )]
     pub reply_prefixes: Vec<String>,
     /// `single`: one key namespace for every caller. `accounts`: the service runs
     /// in its own NATS account and each tenant account that imports it has its own
     /// keys and events; a request must come through an import (docs/security.md).
     #[arg(long, default_value = "single", value_parser = parse_tenancy)]
     pub tenancy: Tenancy,
+    /// With --tenancy accounts (and required by it): a tenant account the service
+    /// serves (repeatable, or comma-separated in the variable). A request whose
+    /// subject names any other account, the service's own among them, is
+    /// answered `forbidden`.
+    #[arg(
+        long = "tenant-account",
+        value_name = "ACCOUNT",
+        env = "DAGNATS_LEASES_TENANT_ACCOUNTS",
+        value_delimiter = ','
+    )]
+    pub tenant_accounts: Vec<String>,
     /// With --tenancy accounts: at most this many live leases per tenant account;
     /// an acquire of a new key past it is answered `forbidden` (default: no cap).
     #[arg(long, value_name = "N")]
@@ -167,6 +183,25 @@ impl ServeArgs {
     pub fn service_options(&self) -> Result<ServiceOptions, crate::Error> {
         let reply_scope = ReplyScope::with_prefixes(&self.reply_prefixes)
             .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+        let config = |e: String| crate::Error::new(crate::ErrorKind::Config, e);
+        let tenant_accounts = TenantAccounts::new(&self.tenant_accounts)
+            .map_err(|e| config(format!("--tenant-account: {e}")))?;
+        match (self.tenancy, tenant_accounts.is_empty()) {
+            (Tenancy::Accounts, true) => {
+                return Err(config(
+                    "--tenancy accounts needs the tenant accounts it serves: name each with \
+                     --tenant-account (or DAGNATS_LEASES_TENANT_ACCOUNTS=TA,TB)"
+                        .to_string(),
+                ));
+            }
+            (Tenancy::Single, false) => {
+                return Err(config(
+                    "--tenant-account is for --tenancy accounts: one namespace has no tenants"
+                        .to_string(),
+                ));
+            }
+            _ => {}
+        }
         Ok(ServiceOptions {
             replicas: self.replicas,
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
@@ -181,6 +216,7 @@ impl ServeArgs {
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,
             tenancy: self.tenancy,
+            tenant_accounts,
             max_leases_per_tenant: self.max_leases_per_tenant,
             shards: dagnats_leases_core::shard::ShardMap::new(self.shards)
                 .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?,

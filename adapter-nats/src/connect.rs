@@ -37,9 +37,11 @@ pub struct ConnectOptions {
     /// Connection name shown by the server.
     #[arg(long, default_value = "dagnats-leases")]
     pub name: String,
-    /// The prefix of this connection's reply inboxes (`_INBOX.` when unset); not
-    /// a flag: the service's backend connection takes its own.
-    #[arg(skip)]
+    /// The prefix of this connection's reply inboxes (`_INBOX` when unset), e.g.
+    /// `_INBOX.a1`: where a deployment lets each user subscribe to its own prefix
+    /// only, no other user can read its replies (docs/security.md). The service's
+    /// backend connection always takes its own.
+    #[arg(long, env = "DAGNATS_INBOX_PREFIX", value_name = "PREFIX")]
     pub inbox_prefix: Option<String>,
 }
 
@@ -83,6 +85,8 @@ impl ConnectOptions {
             }
         }
         if let Some(prefix) = &self.inbox_prefix {
+            let prefix = dagnats_leases_core::reply_scope::client_inbox_prefix(prefix)
+                .map_err(|e| Error::new(ErrorKind::Config, format!("--inbox-prefix: {e}")))?;
             options = options.custom_inbox_prefix(prefix);
         }
         options = options

@@ -26,7 +26,7 @@ use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::shutdown::StopPhase;
 use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
 use dagnats_leases_core::subjects::QUEUE_GROUP;
-use dagnats_leases_core::tenant::Tenancy;
+use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 use futures::future::{AbortHandle, BoxFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt as _, StreamExt};
@@ -86,6 +86,9 @@ pub struct ServiceOptions {
     /// One key namespace, or one per tenant account (`serve --tenancy accounts`,
     /// [`dagnats_leases_core::tenant`]).
     pub tenancy: Tenancy,
+    /// Tenancy: the accounts served (`serve --tenant-account`); a request of any
+    /// other is answered `forbidden`, and tenancy with none refuses to start.
+    pub tenant_accounts: TenantAccounts,
     /// Tenancy: at most this many live leases per tenant account; an acquire of a
     /// new key past it is answered `forbidden` ([`dagnats_leases_core::tenant::TenantLeases`]).
     pub max_leases_per_tenant: Option<usize>,
@@ -133,6 +136,7 @@ impl ServiceOptions {
             version: env!("CARGO_PKG_VERSION").to_string(),
             reply_scope: self.reply_scope.clone(),
             max_leases_per_tenant: self.max_leases_per_tenant,
+            tenant_accounts: self.tenant_accounts.clone(),
             known_capacity: self.known_capacity,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
@@ -154,6 +158,7 @@ impl Default for ServiceOptions {
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),
             tenancy: Tenancy::Single,
+            tenant_accounts: TenantAccounts::default(),
             max_leases_per_tenant: None,
             known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
             shards: ShardMap::SINGLE,
@@ -571,7 +576,7 @@ impl Io {
                 atomic_batches = s.atomic_batches,
                 max_payload = self.max_payload,
                 server = %self.server,
-                "serving api.leases.* in queue group {QUEUE_GROUP}"
+                "serving api.leases.* (a tenant's as api.leases.<account>.*) in queue group {QUEUE_GROUP}"
             ),
             ServiceEvent::Answered {
                 endpoint,

@@ -39,7 +39,8 @@ fn service_permissions() -> Permissions {
         ])
 }
 
-/// A holder's permissions for `holder` campaigning for `key`, as the README lists them.
+/// A holder's permissions for `holder` campaigning for `key`, as the docs list
+/// them: replies at its own inbox prefix, `_INBOX.<holder>.`.
 fn holder_permissions(holder: &str, key: &str) -> Permissions {
     Permissions::new()
         .publish([
@@ -49,7 +50,7 @@ fn holder_permissions(holder: &str, key: &str) -> Permissions {
             "api.leases.owner",
         ])
         .subscribe([
-            "_INBOX.>".to_owned(),
+            format!("_INBOX.{holder}.>"),
             format!("dagnats.lease.changed.{key}"),
             format!("dagnats.lease.inbox.{holder}.>"),
         ])
@@ -299,8 +300,12 @@ async fn tls_and_mutual_tls_connect_and_bad_certificates_are_refused() {
 
 /// Connects as `user`, collecting the server's errors (permission violations come
 /// back only this way: the server drops the message and says `-ERR`).
+/// A holder connects with its own inbox prefix, `_INBOX.<user>`.
 async fn connect_as(url: &str, user: &str) -> (Client, mpsc::UnboundedReceiver<String>) {
-    let options = async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into());
+    let mut options = async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into());
+    if user.starts_with("holder-") {
+        options = options.custom_inbox_prefix(format!("_INBOX.{user}"));
+    }
     connect_watching(url, user, options).await
 }
 
@@ -502,6 +507,12 @@ async fn the_holder_cannot_write_the_bucket_use_jetstream_read_other_inboxes_or_
     )
     .await;
 
+    // Another holder's replies, or every client's.
+    for subject in ["_INBOX.holder-b.>", "_INBOX.>"] {
+        let _sub = holder.subscribe(subject).await.unwrap();
+        refused(&mut violations, "subscription", subject).await;
+    }
+
     // Answer lease calls, as the service would (plain and in its queue group).
     let _sub = holder.subscribe("api.leases.acquire").await.unwrap();
     refused(&mut violations, "subscription", "api.leases.acquire").await;
@@ -545,7 +556,8 @@ async fn creds_users_connect_the_service_the_cli_and_a_holder() {
 
     let options = async_nats::ConnectOptions::with_credentials_file(&holder)
         .await
-        .expect("a creds file");
+        .expect("a creds file")
+        .custom_inbox_prefix("_INBOX.holder-c");
     let (client, mut violations) = connect_watching(&url, "holder-c", options).await;
     let member = Member::new(client.clone(), "holder-c").unwrap();
     let mut elector = member

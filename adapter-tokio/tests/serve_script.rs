@@ -81,19 +81,22 @@ fn scripts_serve_serves_the_cli_until_ctrl_c() {
 
 /// `scripts/serve --tenants`: the accounts example of docs/security.md on the
 /// pinned server, as a newcomer runs it: each tenant has its own keys, the
-/// service's own account is refused, the CLI and `lock` work as tenant clients,
-/// and Ctrl-C stops it all.
+/// service's own account is not served, the CLI and `lock` work as tenant clients
+/// (each user with its own inbox prefix), the options after `--` reach `serve`
+/// (a cap of 2), and Ctrl-C stops it all.
 #[test]
 fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
-    let (mut serve, url, _out) = start(&["--tenants"]);
+    let (mut serve, url, _out) = start(&["--tenants", "--", "--max-leases-per-tenant", "2"]);
     // The connection's flags right after the command, before a `--`.
     let as_user = |user: &str, args: &[&str]| {
-        Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .arg(args[0])
-            .args(["--nats-url", &url, "--user", user, "--password", user])
-            .args(&args[1..])
-            .output()
-            .unwrap()
+            .args(["--nats-url", &url, "--user", user, "--password", user]);
+        if user != "leases" {
+            command.args(["--inbox-prefix", &format!("_INBOX.{user}")]);
+        }
+        command.args(&args[1..]).output().unwrap()
     };
     let a = as_user(
         "a1",
@@ -115,9 +118,11 @@ fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
         String::from_utf8_lossy(&taken.stderr).contains("forbidden"),
         "a2 takes a1's lease: {taken:?}"
     );
-    let own = as_user("leases", &["owner", "job"]);
+    // The service's own account reaches no tenant's endpoints.
+    let own = as_user("leases", &["owner", "job", "--json"]);
+    assert!(!own.status.success(), "the service's own account: {own:?}");
     assert!(
-        String::from_utf8_lossy(&own.stderr).contains("forbidden"),
+        !String::from_utf8_lossy(&own.stdout).contains("holder"),
         "the service's own account: {own:?}"
     );
     let lock = as_user(
@@ -132,6 +137,20 @@ fn scripts_serve_tenants_serves_each_tenant_its_own_keys_until_ctrl_c() {
         ],
     );
     assert_eq!(lock.status.code(), Some(0), "lock as a tenant: {lock:?}");
+    // `-- --max-leases-per-tenant 2` reached the service: TA holds job and k2.
+    let k2 = as_user(
+        "a1",
+        &["acquire", "k2", "--holder", "me", "--ttl-ms", "15000"],
+    );
+    assert_eq!(k2.status.code(), Some(0), "{k2:?}");
+    let k3 = as_user(
+        "a1",
+        &["acquire", "k3", "--holder", "me", "--ttl-ms", "15000"],
+    );
+    assert!(
+        String::from_utf8_lossy(&k3.stderr).contains("cap of 2"),
+        "past the cap: {k3:?}"
+    );
 
     assert_eq!(ctrl_c(&mut serve).code(), Some(0));
 }

@@ -54,17 +54,24 @@ async fn deployment_of(text: String, extra: &[&str]) -> (NatsServer, Served) {
         "writer",
         "--backend-password",
         "writer",
+        "--tenant-account",
+        "TA",
+        "--tenant-account",
+        "TB",
     ];
     args.extend_from_slice(extra);
     let served = Served::start(BIN, &server.url(), &args).await;
     (server, served)
 }
 
+/// Connects as `user`; a tenant's user with the reply-inbox prefix the example
+/// lets it alone subscribe to, `_INBOX.<user>`.
 async fn connect(server: &NatsServer, user: &str) -> Client {
-    async_nats::ConnectOptions::with_user_and_password(user.into(), user.into())
-        .connect(server.url())
-        .await
-        .unwrap()
+    let mut options = async_nats::ConnectOptions::with_user_and_password(user.into(), user.into());
+    if user != "leases" {
+        options = options.custom_inbox_prefix(format!("_INBOX.{user}"));
+    }
+    options.connect(server.url()).await.unwrap()
 }
 
 async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
@@ -180,10 +187,12 @@ async fn a_request_from_the_services_own_account_is_refused_even_with_a_forged_r
     let leases = connect(&server, "leases").await;
     let mut headers = HeaderMap::new();
     headers.insert("Nats-Request-Info", r#"{"acc":"TA","user":"a1","rtt":1}"#);
+    // It may publish to TA's endpoint subject itself: the reply (no `_R_.`) shows
+    // that no import was crossed.
     let reply = within(
         "reply",
         leases.request_with_headers(
-            "api.leases.acquire",
+            "api.leases.TA.acquire",
             headers,
             acquire("forger").to_string().into(),
         ),
@@ -238,7 +247,14 @@ async fn the_holder_library_and_the_cli_work_unchanged_as_tenant_clients() {
     // The CLI as b1: TB has no `leader`.
     let out = std::process::Command::new(BIN)
         .args(["owner", "leader", "--nats-url", &server.url()])
-        .args(["--user", "b1", "--password", "b1"])
+        .args([
+            "--user",
+            "b1",
+            "--password",
+            "b1",
+            "--inbox-prefix",
+            "_INBOX.b1",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{out:?}");
@@ -494,4 +510,44 @@ async fn tenants_on_three_shards_hold_their_keys_apart() {
             "tb"
         );
     }
+}
+
+/// Tenancy serves only accounts the deployment names: without one `serve` refuses
+/// to start, naming the option; a name that is no subject token, or the option
+/// without tenancy, is refused too; a bad `--inbox-prefix` is refused by name.
+#[test]
+fn tenancy_needs_its_tenant_accounts_named_and_an_inbox_prefix_must_be_literal() {
+    let server = NatsServer::start();
+    let url = server.url();
+    for (args, says) in [
+        (&["--tenancy", "accounts"][..], "--tenant-account"),
+        (
+            &["--tenancy", "accounts", "--tenant-account", "T.A"][..],
+            "--tenant-account",
+        ),
+        (&["--tenant-account", "TA"][..], "--tenancy accounts"),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--nats-url", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let out = std::process::Command::new(BIN)
+        .args([
+            "owner",
+            "k",
+            "--nats-url",
+            &url,
+            "--inbox-prefix",
+            "_INBOX.*",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--inbox-prefix"), "{stderr}");
 }

@@ -135,6 +135,23 @@ fn check_prefix(prefix: &str) -> Result<(), ReplyPrefixError> {
     Ok(())
 }
 
+/// A client's reply-inbox prefix as given (`--inbox-prefix _INBOX.a1`, with or
+/// without the trailing `.`), in the form async-nats' `custom_inbox_prefix`
+/// takes: literal tokens, no trailing `.`. It must not reach the server's, the
+/// bucket's, the lease API's or the import replies' subjects (`_R_.`). A prefix
+/// under `_INBOX.` (such as `_INBOX.a1`) is one the service answers by default;
+/// another needs `serve --reply-prefix`.
+pub fn client_inbox_prefix(given: &str) -> Result<String, ReplyPrefixError> {
+    let prefix = given.strip_suffix('.').unwrap_or(given);
+    check_prefix(&format!("{prefix}."))?;
+    if prefix == "_R_" || prefix.starts_with("_R_.") {
+        return Err(ReplyPrefixError(format!(
+            "inbox prefix {given:?} is the server's own for replies across an import"
+        )));
+    }
+    Ok(prefix.to_string())
+}
+
 /// One or more non-empty literal tokens: no `*` or `>` token, no whitespace or
 /// control character anywhere.
 fn is_literal_subject(s: &str) -> bool {

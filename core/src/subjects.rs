@@ -20,6 +20,10 @@ pub const CHANGED_SUBJECTS: &str = "dagnats.lease.changed.>";
 /// The RePublish destination for [`LEASE_SUBJECTS`]. The server refuses a bare `*`
 /// here (10052, "transform not valid"), so the key token is named as a wildcard.
 pub const REPUBLISH_DEST: &str = "dagnats.lease.changed.{{wildcard(1)}}";
+/// Tenancy: every tenant's endpoints, `api.leases.<account>.<endpoint>`: the
+/// service account exports them with `account_token_position: 3`, so the server
+/// puts the importing account in that token.
+pub const TENANT_API_SUBJECTS: &str = "api.leases.*.*";
 /// Tenancy: the lease keys of every tenant, `$KV.leases.<account>.<key>`.
 pub const TENANT_LEASE_SUBJECTS: &str = "$KV.leases.*.*";
 /// Tenancy: every tenant key's change events, as the service subscribes to them.

@@ -56,8 +56,10 @@ async fn connect(server: &NatsServer, user: &str) -> (Client, mpsc::UnboundedRec
                 }
             }
         });
-    if user == "writer" {
-        options = options.custom_inbox_prefix(WRITER_INBOX);
+    match user {
+        "writer" => options = options.custom_inbox_prefix(WRITER_INBOX),
+        "a1" | "a2" | "b1" => options = options.custom_inbox_prefix(format!("_INBOX.{user}")),
+        _ => {}
     }
     let client = options
         .connect(server.url())
@@ -166,7 +168,7 @@ async fn a_tenants_request_carries_the_servers_identity_and_a_local_one_its_own_
         let v = server.version().to_owned();
         let (serve, _) = connect(&server, "serve").await;
         let mut requests = serve
-            .queue_subscribe("api.leases.*", "dagnats-leases".into())
+            .queue_subscribe("api.leases.*.*", "dagnats-leases".into())
             .await
             .unwrap();
         round_trip(&serve).await;
@@ -183,6 +185,12 @@ async fn a_tenants_request_carries_the_servers_identity_and_a_local_one_its_own_
                     .await
             });
             let msg = next(&mut requests).await;
+            // The server names the importing account in the subject's token 3.
+            assert_eq!(
+                msg.subject.as_str(),
+                format!("api.leases.{account}.owner"),
+                "v{v} {user}"
+            );
             let reply = msg.reply.clone().expect("a reply subject");
             assert!(reply.starts_with("_R_."), "v{v} {user}: reply {reply}");
             let infos = request_info(&msg);
@@ -202,13 +210,15 @@ async fn a_tenants_request_carries_the_servers_identity_and_a_local_one_its_own_
             let answered = call.await.unwrap().expect("the reply reaches the tenant");
             assert_eq!(&answered.payload[..], b"ok");
         }
-        // Inside LEASES no import is crossed: the header arrives as its sender wrote it.
+        // Inside LEASES no import is crossed: a user there may publish to a tenant's
+        // subject, and the header arrives as its sender wrote it; only the reply
+        // (no `_R_.`) tells it from TA's.
         let (local, _) = connect(&server, "leases").await;
         let mut headers = HeaderMap::new();
         headers.insert(REQUEST_INFO, forged);
         let call = tokio::spawn(async move {
             local
-                .request_with_headers("api.leases.owner", headers, "{}".into())
+                .request_with_headers("api.leases.TA.owner", headers, "{}".into())
                 .await
         });
         let msg = next(&mut requests).await;
@@ -290,7 +300,7 @@ async fn the_serving_user_cannot_write_the_bucket_and_a_steered_reply_stays_a_re
 
         // A tenant points its request's reply at the bucket: the server hands the
         // service a `_R_.` reply instead, and the answer never reaches the bucket.
-        let mut requests = serve.subscribe("api.leases.*").await.unwrap();
+        let mut requests = serve.subscribe("api.leases.*.*").await.unwrap();
         round_trip(&serve).await;
         let (a1, _) = connect(&server, "a1").await;
         a1.publish_with_reply("api.leases.owner", "$KV.leases.TA.job", "{}".into())

@@ -69,10 +69,11 @@ use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope
 use crate::shutdown::{HANDOFF_BOUND, Shutdown, ShutdownEvent, StopPhase};
 use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
 use crate::subjects::{
-    API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_CHANGED_SUBJECTS, changed_subject,
+    API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
+    changed_subject,
 };
 use crate::sweep::{TombstoneSweep, TombstoneSweepEvent};
-use crate::tenant::{self, Caller, HDR_REQUEST_INFO, Tenancy, TenantLeases};
+use crate::tenant::{self, Caller, Tenancy, TenantAccounts, TenantLeases};
 use crate::wire::{Endpoint, ErrorReply, Response};
 
 /// The default bound on calls running at once: far above what one service needs to
@@ -115,6 +116,9 @@ pub struct ServiceConfig {
     pub reply_scope: ReplyScope,
     /// Tenancy: at most this many live leases per tenant account.
     pub max_leases_per_tenant: Option<usize>,
+    /// Tenancy: the accounts served; a request of any other is refused, and
+    /// tenancy with none named refuses to start.
+    pub tenant_accounts: TenantAccounts,
     /// How many keys' last revisions the service remembers (0: none, no change
     /// events subscribed for them).
     pub known_capacity: usize,
@@ -143,6 +147,7 @@ impl ServiceConfig {
             version: String::new(),
             reply_scope: ReplyScope::default(),
             max_leases_per_tenant: None,
+            tenant_accounts: TenantAccounts::default(),
             known_capacity: DEFAULT_KNOWN_CAPACITY,
             #[cfg(any(test, feature = "__test"))]
             unconfirmed_reads_for_tests: false,
@@ -415,6 +420,8 @@ struct Pending {
     reply: String,
     payload: Vec<u8>,
     scope: Result<Option<Caller>, ErrorReply>,
+    /// The key of an acquire that took a place under its tenant's cap.
+    acquiring: Option<String>,
     /// When it arrived, by both clocks: a call started later reads the wall clock
     /// as moved on by the monotonic time since.
     at: Instant,
@@ -437,6 +444,8 @@ struct Running {
     endpoint: Endpoint,
     reply: String,
     scope: Option<Caller>,
+    /// The key of an acquire that took a place under its tenant's cap.
+    acquiring: Option<String>,
     started: Instant,
     /// The call's deadline as indexed.
     deadline: Option<Instant>,
@@ -552,6 +561,17 @@ impl Service {
             call_config,
             config,
         };
+        if service.config.bucket.tenancy == Tenancy::Accounts
+            && service.config.tenant_accounts.is_empty()
+        {
+            service.failed = true;
+            service.events.push_back(ServiceEvent::StartRefused(
+                "tenancy accounts serves only the tenant accounts the deployment names: \
+                 name each (serve --tenant-account TA --tenant-account TB)"
+                    .to_string(),
+            ));
+            return service;
+        }
         if service.config.server_version.trim().is_empty() {
             // Judging the server from an empty INFO would settle on `unsupported`.
             service.failed = true;
@@ -569,12 +589,22 @@ impl Service {
     }
 
     fn subscribe(&mut self) {
-        for endpoint in Endpoint::ALL {
-            self.events.push_back(ServiceEvent::Subscribe {
-                subject: endpoint.subject(),
+        match self.config.bucket.tenancy {
+            Tenancy::Single => {
+                for endpoint in Endpoint::ALL {
+                    self.events.push_back(ServiceEvent::Subscribe {
+                        subject: endpoint.subject(),
+                        queue: Some(QUEUE_GROUP),
+                        kind: SubscriptionKind::Api,
+                    });
+                }
+            }
+            // Every tenant's endpoints, `api.leases.<account>.<endpoint>`.
+            Tenancy::Accounts => self.events.push_back(ServiceEvent::Subscribe {
+                subject: TENANT_API_SUBJECTS.to_string(),
                 queue: Some(QUEUE_GROUP),
                 kind: SubscriptionKind::Api,
-            });
+            }),
         }
         for subject in self.micro.subjects() {
             self.events.push_back(ServiceEvent::Subscribe {
@@ -666,13 +696,15 @@ impl Service {
             }
             return;
         }
-        let Some(endpoint) = message
-            .subject
-            .strip_prefix(API_PREFIX)
-            .and_then(|s| s.strip_prefix('.'))
-            .filter(|name| !name.contains('.'))
-            .and_then(Endpoint::from_subject)
-        else {
+        let name = match self.config.bucket.tenancy {
+            Tenancy::Single => message
+                .subject
+                .strip_prefix(API_PREFIX)
+                .and_then(|s| s.strip_prefix('.'))
+                .filter(|name| !name.contains('.')),
+            Tenancy::Accounts => tenant::tenant_endpoint_of(&message.subject).map(|(_, e)| e),
+        };
+        let Some(endpoint) = name.and_then(Endpoint::from_subject) else {
             return;
         };
         let Some(scope) = self.gate(now, RequestSource::Api, &message) else {
@@ -694,15 +726,18 @@ impl Service {
             reply,
             payload,
             scope,
+            acquiring: None,
             at: now,
             wall,
         };
-        if let Ok(Some(caller)) = &pending.scope
-            && let Err(refused) = self
+        if let Ok(Some(caller)) = &pending.scope {
+            match self
                 .tenants
-                .check_request(caller, endpoint, &pending.payload)
-        {
-            pending.scope = Err(refused);
+                .admit_request(caller, endpoint, &pending.payload)
+            {
+                Ok(key) => pending.acquiring = key,
+                Err(refused) => pending.scope = Err(refused),
+            }
         }
         let tenant = pending.tenant();
         self.admission
@@ -721,15 +756,13 @@ impl Service {
         match self.config.reply_scope.check(message.reply.as_deref()) {
             Ok(()) => {
                 let reply = message.reply.as_deref().unwrap_or_default();
-                // Every value, its exact spelling only (a client's
-                // `nats-request-info` is another header to the server).
-                let infos: Vec<&str> = message
-                    .headers
-                    .iter()
-                    .filter(|(name, _)| name == HDR_REQUEST_INFO)
-                    .map(|(_, v)| v.as_str())
-                    .collect();
-                Some(tenant::scope_of(self.config.bucket.tenancy, reply, &infos))
+                Some(tenant::scope_of(
+                    self.config.bucket.tenancy,
+                    &self.config.tenant_accounts,
+                    &message.subject,
+                    reply,
+                    &message.headers,
+                ))
             }
             Err(reason) => {
                 let log = self.refusals.handle_refused(now).map(|dropped| DroppedLog {
@@ -917,6 +950,7 @@ impl Service {
             match event {
                 AdmissionEvent::Start(endpoint, pending) => self.start(now, endpoint, pending),
                 AdmissionEvent::Refuse(endpoint, pending, response) => {
+                    self.acquire_ended(pending.scope.as_ref().ok(), pending.acquiring.as_deref());
                     self.events.push_back(ServiceEvent::Refused { endpoint });
                     self.micro
                         .handle_answered(endpoint, &response, Duration::ZERO);
@@ -943,6 +977,7 @@ impl Service {
             }
             Ok(scope) => scope,
         };
+        let acquiring = pending.acquiring;
         let call = Call::new_scoped(
             self.call_config,
             scope.clone(),
@@ -961,6 +996,7 @@ impl Service {
                 endpoint,
                 reply: pending.reply,
                 scope,
+                acquiring,
                 started: now,
                 deadline: None,
                 sent: Vec::new(),
@@ -1067,10 +1103,19 @@ impl Service {
             }
             _ => {}
         }
+        self.acquire_ended(Some(&running.scope), running.acquiring.as_deref());
         let took = now.saturating_duration_since(running.started);
         self.answered(now, running.endpoint, running.reply, response, took);
         let tenant = running.scope.map(|c| c.account);
         self.admission.handle_finished_of(now, tenant);
+    }
+
+    /// An acquire that took a place under its tenant's cap ended: the place is
+    /// given back (a grant is counted as a lease by then).
+    fn acquire_ended(&mut self, scope: Option<&Option<Caller>>, key: Option<&str>) {
+        if let (Some(Some(caller)), Some(key)) = (scope, key) {
+            self.tenants.handle_acquire_ended(&caller.account, key);
+        }
     }
 
     /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody

@@ -125,3 +125,35 @@ fn the_refusal_log_writes_one_line_per_interval_covering_the_ones_between() {
     assert_eq!(log.handle_refused(t0 + every), Some(3));
     assert_eq!(log.handle_refused(t0 + every * 3), Some(1));
 }
+
+/// A client's own inbox prefix (`--inbox-prefix`): a user's private prefix under
+/// `_INBOX.` is answered by default; what would reach the server's, the bucket's,
+/// the API's or the import replies' subjects, or is no literal subject, is refused.
+#[test]
+fn a_clients_inbox_prefix_is_literal_tokens_and_reaches_no_protected_subject() {
+    use crate::reply_scope::client_inbox_prefix;
+    for (given, want) in [
+        ("_INBOX.a1", "_INBOX.a1"),
+        ("_INBOX.a1.", "_INBOX.a1"),
+        ("_INBOX_billing", "_INBOX_billing"),
+    ] {
+        assert_eq!(client_inbox_prefix(given).as_deref(), Ok(want), "{given}");
+    }
+    let scope = ReplyScope::default();
+    assert_eq!(scope.check(Some("_INBOX.a1.Xy12.1")), Ok(()));
+    for bad in [
+        "",
+        ".",
+        "_INBOX..a1",
+        "_INBOX.*",
+        "_INBOX.>",
+        "_INBOX. a1",
+        "$JS.API",
+        "api.leases",
+        "dagnats.lease.inbox",
+        "_R_",
+        "_R_.x",
+    ] {
+        assert!(client_inbox_prefix(bad).is_err(), "{bad:?}");
+    }
+}

@@ -20,6 +20,7 @@ use crate::wire::{Endpoint, ErrorKind, Response};
 fn config() -> ServiceConfig {
     let mut c = ServiceConfig::new("2.14.0", 1 << 20);
     c.coalesce_writes = crate::coalesce::CoalesceWrites::Off;
+    c.tenant_accounts = crate::tenant::TenantAccounts::new(["TA", "TB"]).unwrap();
     c
 }
 
@@ -673,11 +674,15 @@ fn a_tenants_acquire_of_a_new_key_past_its_cap_is_refused_before_it_runs() {
     c.max_leases_per_tenant = Some(1);
     let (mut s, _) = ready(c, t0);
     let acquire = |s: &mut Service, key: &str, reply: &str, info: Option<&str>| {
+        let account = info
+            .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+            .and_then(|v| v["acc"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "TA".to_string());
         s.handle_request(
             t0,
             time::OffsetDateTime::UNIX_EPOCH,
             Received {
-                subject: Endpoint::Acquire.subject(),
+                subject: format!("api.leases.{account}.acquire"),
                 reply: Some(reply.to_string()),
                 headers: info
                     .map(|i| ("Nats-Request-Info".to_string(), i.to_string()))
@@ -745,6 +750,76 @@ fn a_tenants_acquire_of_a_new_key_past_its_cap_is_refused_before_it_runs() {
             }
         }
     }
+}
+
+/// A tenant's burst of acquires of new keys at once: the cap's places go to the
+/// first ones (their calls run or wait), every later one is answered `forbidden`
+/// at once, with no call; another tenant is served beside it.
+#[test]
+fn a_burst_of_new_keys_takes_the_caps_places_and_no_more() {
+    let t0 = Instant::now();
+    let mut c = config();
+    c.bucket.tenancy = crate::tenant::Tenancy::Accounts;
+    c.max_leases_per_tenant = Some(3);
+    c.max_calls_in_flight = 2;
+    let (mut s, _) = ready(c, t0);
+    let send = |s: &mut Service, account: &str, key: String, n: usize| {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject: format!("api.leases.{account}.acquire"),
+                reply: Some(format!("_R_.{account}.{n}")),
+                headers: vec![(
+                    "Nats-Request-Info".to_string(),
+                    format!(r#"{{"acc":"{account}"}}"#),
+                )],
+                payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
+                    .to_string()
+                    .into_bytes(),
+            },
+        )
+    };
+    for n in 0..50 {
+        send(&mut s, "TA", format!("burst-{n}"), n);
+    }
+    let sent = replies(&mut s);
+    assert_eq!(sent.len(), 47, "all but the cap's 3 answered at once");
+    for (to, body) in &sent {
+        let r = Response::decode(Endpoint::Acquire, body).unwrap();
+        assert_eq!(r.error_kind(), Some(ErrorKind::Forbidden), "{to}");
+    }
+    assert_eq!(
+        s.admission_counts().running + s.admission_counts().waiting,
+        3
+    );
+    send(&mut s, "TB", "burst-0".to_string(), 99);
+    assert!(replies(&mut s).is_empty(), "TB has places of its own");
+}
+
+#[test]
+fn tenancy_serves_every_tenants_endpoints_and_only_named_accounts() {
+    let mut c = config();
+    c.bucket.tenancy = crate::tenant::Tenancy::Accounts;
+    let mut s = Service::new(c.clone(), time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    let api: Vec<String> = std::iter::from_fn(|| s.poll_event())
+        .filter_map(|event| match event {
+            ServiceEvent::Subscribe {
+                subject,
+                kind: SubscriptionKind::Api,
+                ..
+            } => Some(subject),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(api, ["api.leases.*.*"]);
+    c.tenant_accounts = crate::tenant::TenantAccounts::default();
+    let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    let events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [ServiceEvent::StartRefused(why)] if why.contains("--tenant-account")),
+        "{events:?}"
+    );
 }
 
 #[test]

@@ -11,7 +11,10 @@ use crate::call::{Call, CallConfig};
 use crate::io::{RequestOutcome, Transmit};
 use crate::sim::MsgKind;
 use crate::subjects::HDR_LEASE_EVENT;
-use crate::tenant::{Caller, Tenancy, caller_of, scope_of, storage_key};
+use crate::tenant::{
+    Caller, HDR_REQUEST_INFO, Tenancy, TenantAccounts, caller_of, scope_of, storage_key,
+    tenant_endpoint_of,
+};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
 const SHARED: &str = r#"{"start":"2026-12-05T02:38:30Z","host":"127.0.0.1","id":9,"acc":"TA","user":"a1","name":"client-a1","rtt":493082,"kind":"Client"}"#;
@@ -23,26 +26,89 @@ fn a(user: &str) -> Caller {
     }
 }
 
+fn tenants() -> TenantAccounts {
+    TenantAccounts::new(["TA", "TB"]).unwrap()
+}
+
+/// The server's one header, as the service's intake hands it over.
+fn info(value: &str) -> Vec<(String, String)> {
+    vec![(HDR_REQUEST_INFO.to_string(), value.to_string())]
+}
+
 #[test]
-fn a_request_across_an_import_is_its_accounts_and_users_as_the_server_says() {
-    assert_eq!(caller_of("_R_.DlX5NT.DTH8Wz", &[SHARED]), Ok(a("a1")));
+fn a_request_across_an_import_is_its_subjects_account_and_the_servers_user() {
     assert_eq!(
-        caller_of("_R_.DlX5NT.x", &[r#"{"acc":"TB","rtt":470243}"#]),
+        caller_of("TA", "_R_.DlX5NT.DTH8Wz", &info(SHARED), &tenants()),
+        Ok(a("a1"))
+    );
+    assert_eq!(
+        caller_of(
+            "TB",
+            "_R_.DlX5NT.x",
+            &info(r#"{"acc":"TB","rtt":470243}"#),
+            &tenants()
+        ),
         Ok(Caller {
             account: "TB".into(),
             user: None
         })
     );
+    assert_eq!(
+        tenant_endpoint_of("api.leases.TA.acquire"),
+        Some(("TA", "acquire"))
+    );
+    for other in [
+        "api.leases.acquire",
+        "api.leases.TA.acquire.x",
+        "other.TA.acquire",
+    ] {
+        assert_eq!(tenant_endpoint_of(other), None, "{other}");
+    }
 }
 
 #[test]
 fn one_namespace_trusts_no_header_and_tenancy_asks_the_server() {
-    assert_eq!(scope_of(Tenancy::Single, "_INBOX.x", &[SHARED]), Ok(None));
+    let t = tenants();
     assert_eq!(
-        scope_of(Tenancy::Accounts, "_R_.a.b", &[SHARED]),
+        scope_of(
+            Tenancy::Single,
+            &t,
+            "api.leases.acquire",
+            "_INBOX.x",
+            &info(SHARED)
+        ),
+        Ok(None)
+    );
+    assert_eq!(
+        scope_of(
+            Tenancy::Accounts,
+            &t,
+            "api.leases.TA.acquire",
+            "_R_.a.b",
+            &info(SHARED)
+        ),
         Ok(Some(a("a1")))
     );
-    assert!(scope_of(Tenancy::Accounts, "_INBOX.x", &[SHARED]).is_err());
+    assert!(
+        scope_of(
+            Tenancy::Accounts,
+            &t,
+            "api.leases.TA.acquire",
+            "_INBOX.x",
+            &info(SHARED)
+        )
+        .is_err()
+    );
+    assert!(
+        scope_of(
+            Tenancy::Accounts,
+            &t,
+            "api.leases.acquire",
+            "_R_.a.b",
+            &info(SHARED)
+        )
+        .is_err()
+    );
     assert_eq!(storage_key(None, "job"), "job");
     assert_eq!(storage_key(Some(&a("a1")), "job"), "TA.job");
 }
@@ -50,27 +116,105 @@ fn one_namespace_trusts_no_header_and_tenancy_asks_the_server() {
 #[test]
 fn a_request_that_crossed_no_import_is_forbidden_whatever_header_it_carries() {
     for reply in ["_INBOX.abc.1", "_INBOX_billing.x", ""] {
-        let e = caller_of(reply, &[SHARED]).unwrap_err();
+        let e = caller_of("TA", reply, &info(SHARED), &tenants()).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Forbidden, "{reply}");
         assert!(e.error.contains("import"), "{}", e.error);
     }
 }
 
+/// Only accounts the deployment names are served: a made-up one, the service's
+/// own, or one that is no subject token is refused, even with a header that
+/// names it.
 #[test]
-fn the_request_info_header_must_be_there_once_and_name_one_account_token() {
-    let cases: [&[&str]; 7] = [
-        &[],
-        &[SHARED, r#"{"acc":"TB"}"#],
-        &["not json"],
-        &[r#"{"user":"a1"}"#],
-        &[r#"{"acc":"T.C","user":"a1"}"#],
-        &[r#"{"acc":"","user":"a1"}"#],
-        &[r#"{"acc":"TA *","user":"a1"}"#],
+fn an_account_the_deployment_does_not_name_is_forbidden() {
+    for account in ["NOSUCH", "LEASES", "", "ta", "T*"] {
+        let header = info(&format!(r#"{{"acc":"{account}"}}"#));
+        let e = caller_of(account, "_R_.a.b", &header, &tenants()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Forbidden, "{account}");
+        assert!(e.error.contains("--tenant-account"), "{}", e.error);
+    }
+    for bad in ["T.A", "", "T A"] {
+        assert!(TenantAccounts::new([bad]).is_err(), "{bad:?}");
+    }
+    assert!(
+        TenantAccounts::new(Vec::<String>::new())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// The headers must be exactly the server's one `Nats-Request-Info`, strict JSON
+/// of its shape naming the subject's account: anything beside it (a folded or
+/// split line leaves a client's header or a second value), another spelling, a
+/// value with trailing bytes, an unknown or repeated field, another account.
+#[test]
+fn the_headers_must_be_exactly_the_servers_one_request_info_naming_the_subjects_account() {
+    let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let folded = format!(r#"{{"acc":"TB"}} Nats-Request-Info: {SHARED}"#);
+    let cases: Vec<(&str, Vec<(String, String)>)> = vec![
+        ("none", vec![]),
+        (
+            "two values",
+            vec![
+                pair(HDR_REQUEST_INFO, SHARED),
+                pair(HDR_REQUEST_INFO, SHARED),
+            ],
+        ),
+        (
+            "a client header first",
+            vec![pair("X-A", "a"), pair(HDR_REQUEST_INFO, SHARED)],
+        ),
+        (
+            "a client header after",
+            vec![pair(HDR_REQUEST_INFO, SHARED), pair("X-B", "b")],
+        ),
+        (
+            "the forged block as a lenient reader sees it",
+            vec![
+                pair("X-A", "a"),
+                pair(HDR_REQUEST_INFO, r#"{"acc":"TB"}"#),
+                pair("X-B", &format!("b Nats-Request-Info: {SHARED}")),
+            ],
+        ),
+        ("another spelling", vec![pair("nats-request-info", SHARED)]),
+        ("a folded value", vec![pair(HDR_REQUEST_INFO, &folded)]),
+        ("not JSON", vec![pair(HDR_REQUEST_INFO, "not json")]),
+        (
+            "no account",
+            vec![pair(HDR_REQUEST_INFO, r#"{"user":"a1"}"#)],
+        ),
+        (
+            "another account",
+            vec![pair(HDR_REQUEST_INFO, r#"{"acc":"TB","user":"a1"}"#)],
+        ),
+        (
+            "an unknown field",
+            vec![pair(HDR_REQUEST_INFO, r#"{"acc":"TA","user":"a1","x":1}"#)],
+        ),
+        (
+            "a repeated field",
+            vec![pair(
+                HDR_REQUEST_INFO,
+                r#"{"acc":"TA","user":"a2","user":"a1"}"#,
+            )],
+        ),
+        (
+            "trailing bytes",
+            vec![pair(
+                HDR_REQUEST_INFO,
+                r#"{"acc":"TA","user":"a1"} {"acc":"TA"}"#,
+            )],
+        ),
+        ("an array", vec![pair(HDR_REQUEST_INFO, r#"["TA"]"#)]),
+        (
+            "a user that is no string",
+            vec![pair(HDR_REQUEST_INFO, r#"{"acc":"TA","user":1}"#)],
+        ),
     ];
-    for infos in cases {
-        let e = caller_of("_R_.a.b", infos).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Forbidden, "{infos:?}");
-        assert!(e.error.contains("Nats-Request-Info"), "{}", e.error);
+    for (name, headers) in cases {
+        let e = caller_of("TA", "_R_.a.b", &headers, &tenants()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Forbidden, "{name}");
+        assert!(e.error.contains("Nats-Request-Info"), "{name}: {}", e.error);
     }
 }
 
@@ -238,17 +382,94 @@ fn only_an_acquire_of_a_new_key_past_the_cap_is_refused() {
     let mut t = TenantLeases::new(Some(1));
     t.handle_granted("TA", "a");
     let new = br#"{"key":"b","holder":"h","ttl_ms":5000}"#;
-    assert!(t.check_request(&a("a1"), Endpoint::Acquire, new).is_err());
-    assert!(
-        t.check_request(&a("a1"), Endpoint::Owner, br#"{"key":"b"}"#)
-            .is_ok()
+    assert!(t.admit_request(&a("a1"), Endpoint::Acquire, new).is_err());
+    assert_eq!(
+        t.admit_request(&a("a1"), Endpoint::Owner, br#"{"key":"b"}"#),
+        Ok(None)
     );
-    assert!(
-        t.check_request(&a("a1"), Endpoint::Acquire, b"not json")
-            .is_ok()
+    assert_eq!(
+        t.admit_request(&a("a1"), Endpoint::Acquire, b"not json"),
+        Ok(None)
     );
     let held = br#"{"key":"a","holder":"h","ttl_ms":5000}"#;
-    assert!(t.check_request(&a("a1"), Endpoint::Acquire, held).is_ok());
+    assert_eq!(
+        t.admit_request(&a("a1"), Endpoint::Acquire, held),
+        Ok(Some("a".to_string()))
+    );
+}
+
+/// Acquires in flight count against the cap from their arrival to their end: a
+/// burst of new keys at once takes the cap's places and no more; a second
+/// acquire of a key in flight is let in; a place comes back when an acquire ends
+/// without a grant, and stays taken (as a lease) after a grant.
+#[test]
+fn acquires_in_flight_count_against_the_cap() {
+    use crate::tenant::TenantLeases;
+    enum Step {
+        Begin(&'static str, &'static str, bool),
+        Granted(&'static str, &'static str),
+        Ended(&'static str, &'static str),
+        Count(&'static str, usize),
+    }
+    use Step::*;
+    let table = [
+        Begin("TA", "k1", true),
+        Begin("TA", "k2", true),
+        Begin("TA", "k3", true),
+        Count("TA", 3),
+        Begin("TA", "k4", false),
+        Begin("TA", "k2", true),
+        Begin("TB", "k4", true),
+        Count("TA", 3),
+        // k2's two acquires end without a grant: its place comes back after both.
+        Ended("TA", "k2"),
+        Begin("TA", "k4", false),
+        Ended("TA", "k2"),
+        Count("TA", 2),
+        Begin("TA", "k4", true),
+        // k1 granted: still one place, now as a lease.
+        Granted("TA", "k1"),
+        Ended("TA", "k1"),
+        Count("TA", 3),
+        Begin("TA", "k5", false),
+        Begin("TA", "k1", true),
+        Ended("TA", "k1"),
+        // k3 and k4 end ungranted: two places back.
+        Ended("TA", "k3"),
+        Ended("TA", "k4"),
+        Count("TA", 1),
+        Count("TB", 1),
+        // An end nobody began changes nothing.
+        Ended("TA", "zz"),
+        Ended("TC", "k1"),
+        Count("TA", 1),
+    ];
+    let mut t = TenantLeases::new(Some(3));
+    for (i, step) in table.iter().enumerate() {
+        match *step {
+            Begin(acc, key, ok) => {
+                let got = t.begin_acquire(acc, key);
+                assert_eq!(got.is_ok(), ok, "step {i}: {acc} {key}: {got:?}");
+                if let Err(e) = got {
+                    assert_eq!(e.kind, ErrorKind::Forbidden);
+                    assert!(e.error.contains("cap of 3"), "{}", e.error);
+                }
+            }
+            Granted(acc, key) => t.handle_granted(acc, key),
+            Ended(acc, key) => t.handle_acquire_ended(acc, key),
+            Count(acc, n) => assert_eq!(t.count(acc), n, "step {i}: {acc}"),
+        }
+    }
+    // A burst of 1,500 new keys at once: the cap's 3 places, the rest refused.
+    let mut t = TenantLeases::new(Some(3));
+    let let_in = (0..1500)
+        .filter(|i| t.begin_acquire("TA", &format!("burst-{i}")).is_ok())
+        .count();
+    assert_eq!(let_in, 3);
+    // Without a cap nothing is counted or refused.
+    let mut t = TenantLeases::new(None);
+    assert!((0..100).all(|i| t.begin_acquire("TA", &format!("k{i}")).is_ok()));
+    assert_eq!(t.count("TA"), 0);
 }
 
 #[test]
