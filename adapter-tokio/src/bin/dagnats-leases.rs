@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
+use dagnats_leases_core::shutdown::Shutdown;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
@@ -73,28 +73,5 @@ async fn main() -> ExitCode {
 
 /// Runs one operator command (logging stays off: its output is the command's own).
 async fn operate(op: Op) -> u8 {
-    let connect = &op.common().connect;
-    let client = match connect.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "dagnats-leases: cannot connect to {}: {e}",
-                connect.nats_url
-            );
-            return commands::EXIT_NO_SERVER;
-        }
-    };
-    let mut out = std::io::stdout();
-    // `lock` passes its command's code on: never rewritten here.
-    let is_lock = matches!(op, Op::Lock { .. });
-    let code = commands::run(client.clone(), op, &mut out).await;
-    // A call that failed while the connection was down failed for want of a server.
-    let lost = client.connection_state() != async_nats::connection::State::Connected;
-    // What the command published goes out; a server gone does not hold the exit.
-    let _ = tokio::time::timeout(FLUSH_BOUND, client.flush()).await;
-    if code == commands::EXIT_ERROR && lost && !is_lock {
-        eprintln!("dagnats-leases: the connection to NATS was lost");
-        return commands::EXIT_NO_SERVER;
-    }
-    code
+    commands::operate(op, &mut std::io::stdout()).await
 }
