@@ -98,6 +98,10 @@ pub struct ServeArgs {
     /// is one write and no read; 0 turns that off (every renew and release reads).
     #[arg(long, env = "DAGNATS_LEASES_KNOWN_KEYS", default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
     pub known_keys: usize,
+    /// Log lines as readable text (colours only on a terminal) or as JSON objects,
+    /// one a line.
+    #[arg(long, env = "DAGNATS_LEASES_LOG_FORMAT", default_value = "text", value_name = "text|json", value_parser = parse_log_format)]
+    pub log_format: LogFormat,
     /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
     /// e.g. `127.0.0.1:9464`. Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
@@ -273,15 +277,44 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<(), crate::Error> {
     Ok(())
 }
 
-/// Logs to stderr through tracing, `RUST_LOG` filtering (default `info`).
+/// How `serve` writes its log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Readable lines, coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line (time, level, target, fields), never coloured.
+    Json,
+}
+
+/// `text` or `json`, as `--log-format` takes it.
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    match s {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(format!("{other:?}: expected text or json")),
+    }
+}
+
+/// Logs to stderr through tracing, `RUST_LOG` filtering (default `info`), as text.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging_as(LogFormat::Text);
+}
+
+/// Logs to stderr through tracing in `format`, `RUST_LOG` filtering (default
+/// `info`). Colours only when stderr is a terminal: a log file or a journal gets
+/// plain text.
+pub fn init_logging_as(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM (needs tokio's reactor: a runtime or `async_compat`).

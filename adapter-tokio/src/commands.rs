@@ -14,13 +14,13 @@ use std::io::Write;
 use std::time::Duration;
 
 use async_nats::Client;
+use async_nats::ServerError;
 use base64::Engine as _;
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shard::{BucketStreams, META_SHARDS, ShardMap};
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
 use dagnats_leases_core::subjects::{STREAM, changed_subject};
 use dagnats_leases_core::wire::Lease;
-use async_nats::ServerError;
 use dagnats_leases_core::wire::check_name;
 use futures::StreamExt;
 use serde_json::json;

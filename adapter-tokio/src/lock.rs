@@ -549,7 +549,11 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
-            say.say("exit", Some("internal"), &format!("cannot handle signals: {e}"));
+            say.say(
+                "exit",
+                Some("internal"),
+                &format!("cannot handle signals: {e}"),
+            );
             return EXIT_ERROR;
         }
     };

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use dagnats_leases_core::shutdown::Shutdown;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
@@ -25,6 +25,16 @@ enum Command {
     Serve(ServeArgs),
     #[command(flatten)]
     Op(Op),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (dagnats-leases.1 and one per command) into a directory.
+    Man {
+        /// The directory (made if missing).
+        dir: std::path::PathBuf,
+    },
     /// Started by `lock`: runs its command and stops it at the lease's deadline.
     #[command(name = "__lock-watchdog", hide = true)]
     LockWatchdog(lock::WatchdogArgs),
@@ -35,6 +45,12 @@ async fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
+        Command::Completions { shell } => {
+            let mut cli = Cli::command();
+            clap_complete::generate(shell, &mut cli, "dagnats-leases", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { dir } => return write_man_pages(&dir),
         Command::LockWatchdog(args) => {
             // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
             // shutdown would wait for it (for the tool's next line) otherwise.
@@ -42,7 +58,7 @@ async fn main() -> ExitCode {
             std::process::exit(code.into());
         }
     };
-    cli::init_logging();
+    cli::init_logging_as(args.log_format);
     // Taken from here on: a signal before the service serves ends the start at
     // once (as the default action did), and none can fall between two listeners.
     let mut signals = cli::StopSignals::new();
@@ -74,4 +90,26 @@ async fn main() -> ExitCode {
 /// Runs one operator command (logging stays off: its output is the command's own).
 async fn operate(op: Op) -> u8 {
     commands::operate(op, &mut std::io::stdout()).await
+}
+
+/// Writes `dagnats-leases.1` and `dagnats-leases-<command>.1` for each visible
+/// command into `dir`.
+fn write_man_pages(dir: &std::path::Path) -> ExitCode {
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        let cli = Cli::command();
+        clap_mangen::generate_to(cli, dir)
+    });
+    match written {
+        Ok(()) => {
+            println!("man pages written to {}", dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "dagnats-leases: cannot write man pages to {}: {e}",
+                dir.display()
+            );
+            ExitCode::from(commands::EXIT_ERROR)
+        }
+    }
 }
