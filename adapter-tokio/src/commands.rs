@@ -467,9 +467,10 @@ enum ListFailure {
 }
 
 /// Lists the held leases: the keys from the bucket's streams' subjects, then each
-/// key's holder through the service (several at once). A refused JetStream
-/// request (a user without that permission, such as a monitor allowed `owner`
-/// only) ends it at once, saying so.
+/// key's last record read from the streams in one pass (an ordered consumer per
+/// stream), or, where the user may not read the streams, each key's holder through
+/// the service (`owner`, several at once). A refused stream info request (a user
+/// allowed `owner` only) ends it at once, saying so.
 async fn list(
     nats: &Client,
     mut errors: UnboundedReceiver<ServerError>,
@@ -477,19 +478,7 @@ async fn list(
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> u8 {
-    let listed = tokio::select! {
-        listed = held_leases(nats, leases) => listed,
-        refused = next_refusal(&mut errors, "publish") => Err(ListFailure::Other(
-            "permission",
-            format!(
-                "the server refused a JetStream request ({refused}): list reads the \
-                 bucket's stream info ($JS.API.STREAM.INFO.{STREAM}, and \
-                 {STREAM}_<N> when sharded); give the user publish on those \
-                 subjects (docs/security.md), or ask for one key with `owner KEY`"
-            ),
-        )),
-    };
-    let held = match listed {
+    let held = match held_leases(nats, &mut errors, leases).await {
         Ok(held) => held,
         Err(ListFailure::Call(e)) => return report(&e, json, out),
         Err(ListFailure::Other(kind, message)) => {
@@ -510,11 +499,55 @@ async fn list(
     EXIT_OK
 }
 
-/// How many `owner` calls `list` has out at once.
-const LIST_CALLS_IN_FLIGHT: usize = 16;
+/// What `list` says when the server refuses its stream info request.
+fn list_refused(refused: String) -> ListFailure {
+    ListFailure::Other(
+        "permission",
+        format!(
+            "the server refused a JetStream request ({refused}): list reads the \
+             bucket's stream info ($JS.API.STREAM.INFO.{STREAM}, and \
+             {STREAM}_<N> when sharded); give the user publish on those \
+             subjects (docs/security.md), or ask for one key with `owner KEY`"
+        ),
+    )
+}
 
-async fn held_leases(nats: &Client, leases: &LeaseClient) -> Result<Vec<Lease>, ListFailure> {
+async fn held_leases(
+    nats: &Client,
+    errors: &mut UnboundedReceiver<ServerError>,
+    leases: &LeaseClient,
+) -> Result<Vec<Lease>, ListFailure> {
     let js = async_nats::jetstream::new(nats.clone());
+    let (shards, streams) = tokio::select! {
+        found = bucket_keys(&js) => found?,
+        refused = next_refusal(errors, "publish") => return Err(list_refused(refused)),
+    };
+    // Every key's last record in one pass per stream; a user who may not make a
+    // consumer (or any other failure of it) falls back to the owner calls.
+    let read = tokio::select! {
+        read = read_leases(&shards, &streams) => read.ok(),
+        _ = next_refusal(errors, "publish") => None,
+    };
+    if let Some(held) = read {
+        return Ok(held);
+    }
+    let keys: Vec<String> = streams.into_iter().flat_map(|(_, keys)| keys).collect();
+    tokio::select! {
+        held = owners(leases, keys) => held,
+        refused = next_refusal(errors, "publish") => Err(list_refused(refused)),
+    }
+}
+
+/// The bucket's layout, and each stream with its lease keys (sorted).
+async fn bucket_keys(
+    js: &async_nats::jetstream::Context,
+) -> Result<
+    (
+        ShardMap,
+        Vec<(async_nats::jetstream::stream::Stream, Vec<String>)>,
+    ),
+    ListFailure,
+> {
     // Ask what the bucket's streams say of its layout; the core reads it.
     let single = js.get_stream(STREAM).await;
     let shard_zero = match &single {
@@ -543,7 +576,7 @@ async fn held_leases(nats: &Client, leases: &LeaseClient) -> Result<Vec<Lease>, 
             return Err(ListFailure::Other("no_bucket", message));
         }
     };
-    let mut keys: Vec<String> = Vec::new();
+    let mut streams = Vec::new();
     for i in shards.indexes() {
         let stream = js.get_stream(shards.stream(i)).await.map_err(|e| {
             ListFailure::Other("no_bucket", format!("no stream {}: {e}", shards.stream(i)))
@@ -552,6 +585,7 @@ async fn held_leases(nats: &Client, leases: &LeaseClient) -> Result<Vec<Lease>, 
             ListFailure::Other("connection", format!("cannot list keys: {e}"))
         };
         // Lease keys only: `$KV.<bucket>.<key>.read` holds read confirmations.
+        let mut keys = Vec::new();
         let mut info = stream
             .info_with_subjects(shards.lease_subjects(i))
             .await
@@ -562,9 +596,75 @@ async fn held_leases(nats: &Client, leases: &LeaseClient) -> Result<Vec<Lease>, 
                 keys.push(key.to_string());
             }
         }
+        keys.sort();
+        streams.push((stream, keys));
     }
-    keys.sort();
-    // Each through the stream leader, as every call is; several at once, in order.
+    Ok((shards, streams))
+}
+
+/// How long `list` waits for the next record of a stream before it falls back to
+/// the owner calls.
+const LIST_READ_BOUND: Duration = Duration::from_secs(5);
+
+/// Reads every key's last message from each stream (an ordered consumer delivering
+/// the last message per lease subject) and keeps the held ones, by key.
+async fn read_leases(
+    shards: &ShardMap,
+    streams: &[(async_nats::jetstream::stream::Stream, Vec<String>)],
+) -> Result<Vec<Lease>, String> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let mut held = Vec::new();
+    for (i, (stream, keys)) in shards.indexes().zip(streams) {
+        if keys.is_empty() {
+            continue;
+        }
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subject: shards.lease_subjects(i),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        // One message per key listed; more keys may have come since.
+        let mut seen = 0;
+        while seen < keys.len() {
+            let message = tokio::time::timeout(LIST_READ_BOUND, messages.next())
+                .await
+                .map_err(|_| "no record within the bound".to_string())?
+                .ok_or("the consumer ended")?
+                .map_err(|e| e.to_string())?;
+            seen += 1;
+            let info = message.info().map_err(|e| e.to_string())?;
+            let (seq, pending, stored_at) = (info.stream_sequence, info.pending, info.published);
+            let headers = message.headers.as_ref();
+            let state = dagnats_leases_core::js::KeyState::of_message(
+                seq,
+                |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+                &message.payload,
+                stored_at,
+            );
+            if let Some(lease) = shards
+                .lease_key_of(i, message.subject.as_str())
+                .and_then(|key| state.lease(key))
+            {
+                held.push(lease);
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+    }
+    held.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(held)
+}
+
+/// How many `owner` calls `list` has out at once.
+const LIST_CALLS_IN_FLIGHT: usize = 16;
+
+/// Each key's holder through the service (`owner`), several at once, in order.
+async fn owners(leases: &LeaseClient, keys: Vec<String>) -> Result<Vec<Lease>, ListFailure> {
     let mut calls = futures::stream::iter(keys)
         .map(|key| async move { leases.owner(&key).await })
         .buffered(LIST_CALLS_IN_FLIGHT);
@@ -574,5 +674,6 @@ async fn held_leases(nats: &Client, leases: &LeaseClient) -> Result<Vec<Lease>, 
             held.push(lease);
         }
     }
+    held.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(held)
 }

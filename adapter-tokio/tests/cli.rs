@@ -187,8 +187,16 @@ async fn list_shows_the_held_leases() {
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&ack.payload).contains("\"seq\""));
+    // A user who may read the stream lists in one pass: no owner call per key.
+    let mut owner_calls = client.subscribe("api.leases.owner").await.unwrap();
+    client.flush().await.unwrap();
     let out = cli.run(&["list", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
+    client.flush().await.unwrap();
+    assert!(
+        futures::FutureExt::now_or_never(futures::StreamExt::next(&mut owner_calls)).is_none(),
+        "list made owner calls"
+    );
     let held: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
