@@ -217,7 +217,11 @@ async fn user_password_nkey_and_token_connect_the_service_and_the_cli() {
     // No service runs now: the connection works, the call finds no responder: no
     // lease service answers (2), not a refused login.
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("no lease service answers"), "{}", text(&out));
+    assert!(
+        text(&out).contains("no lease service answers"),
+        "{}",
+        text(&out)
+    );
 
     cli_refused(
         &url,
