@@ -36,7 +36,12 @@ pub struct ServeArgs {
     /// `single`: one key namespace for every caller. `accounts`: the service runs
     /// in its own NATS account and each tenant account that imports it has its own
     /// keys and events; a request must come through an import (docs/security.md).
-    #[arg(long, default_value = "single", value_parser = parse_tenancy)]
+    #[arg(
+        long,
+        env = "DAGNATS_LEASES_TENANCY",
+        default_value = "single",
+        value_parser = parse_tenancy
+    )]
     pub tenancy: Tenancy,
     /// With --tenancy accounts (and required by it): a tenant account the service
     /// serves (repeatable, or comma-separated in the variable). A request whose
@@ -51,7 +56,7 @@ pub struct ServeArgs {
     pub tenant_accounts: Vec<String>,
     /// With --tenancy accounts: at most this many live leases per tenant account;
     /// an acquire of a new key past it is answered `forbidden` (default: no cap).
-    #[arg(long, value_name = "N")]
+    #[arg(long, env = "DAGNATS_LEASES_MAX_LEASES_PER_TENANT", value_name = "N")]
     pub max_leases_per_tenant: Option<usize>,
     /// Stream replicas of the leases bucket (default: 1 on create, keep an existing one's).
     #[arg(long, env = "DAGNATS_LEASES_REPLICAS")]
@@ -67,37 +72,47 @@ pub struct ServeArgs {
         value_name = "N"
     )]
     pub shards: u32,
-    /// Bound on each JetStream request, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    /// Bound on each JetStream request, in milliseconds (or with a unit: `5s`).
+    #[arg(long, env = "DAGNATS_LEASES_KV_TIMEOUT_MS", default_value = "5000", value_parser = parse_millis)]
     pub kv_timeout_ms: u64,
-    /// How long shutdown waits for calls in flight, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
+    /// How long shutdown waits for calls in flight, in milliseconds (or with a
+    /// unit: `10s`).
+    #[arg(long, env = "DAGNATS_LEASES_SHUTDOWN_TIMEOUT_MS", default_value = "10000", value_parser = parse_millis)]
     pub shutdown_timeout_ms: u64,
     /// At most this many calls run at once; further requests wait (see
     /// --max-calls-waiting), so memory stays flat under a burst.
-    #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
+    #[arg(long, env = "DAGNATS_LEASES_MAX_CALLS_IN_FLIGHT", default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_in_flight: usize,
     /// At most this many requests wait for a call to end (half kept for renew and
     /// release); past that a request is answered `unavailable` at once.
-    #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
+    #[arg(long, env = "DAGNATS_LEASES_MAX_CALLS_WAITING", default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
     /// Gather the calls' writes into atomic batches under load (nats-server 2.12+):
     /// `false` (the default), `auto` (on for a single-replica bucket: for a server
     /// with `sync_interval: always`, where it was measured to win; see
     /// docs/benchmarks.md) or `true`.
-    #[arg(long, default_value = "false", value_name = "auto|true|false")]
+    #[arg(
+        long,
+        env = "DAGNATS_LEASES_COALESCE_WRITES",
+        default_value = "false",
+        value_name = "auto|true|false"
+    )]
     pub coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites,
     /// Single writes in flight before writes start to gather into batches.
-    #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]
+    #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]
     pub batch_after: usize,
     /// The smallest batch sent; fewer gathered writes wait for a single to come back.
-    #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_MIN_BATCH)]
+    #[arg(long, env = "DAGNATS_LEASES_MIN_BATCH", default_value_t = dagnats_leases_core::coalesce::DEFAULT_MIN_BATCH)]
     pub min_batch: usize,
     /// How many keys' last revisions the service remembers (learnt from its own
     /// calls and the change events), so a renew or release of a revision it knows
     /// is one write and no read; 0 turns that off (every renew and release reads).
-    #[arg(long, default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
+    #[arg(long, env = "DAGNATS_LEASES_KNOWN_KEYS", default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
     pub known_keys: usize,
+    /// Log lines as readable text (colours only on a terminal) or as JSON objects,
+    /// one a line.
+    #[arg(long, env = "DAGNATS_LEASES_LOG_FORMAT", default_value = "text", value_name = "text|json", value_parser = parse_log_format)]
+    pub log_format: LogFormat,
     /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
     /// e.g. `127.0.0.1:9464`. Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
@@ -125,6 +140,30 @@ pub struct BackendAuth {
     /// Backend user's nkey seed.
     #[arg(long, env = "DAGNATS_BACKEND_NKEY")]
     pub backend_nkey: Option<String>,
+}
+
+/// Reads a duration given as a time (`--wait`, `--grace`, `--ttl`): humantime's
+/// `250ms`, `5s`, `1.5s`, `2m`, `1h 30m`, or a bare number of seconds (`30`, `0`).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(secs));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 0, 30, 500ms, 5s, 2m"))
+}
+
+/// Reads a `--*-ms` option: a bare number of milliseconds (`15000`, as ever), or a
+/// duration with a unit (`15s`, `1m`, `500ms`).
+pub fn parse_millis(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let d = humantime::parse_duration(text).map_err(|e| {
+        format!("{text:?} is neither milliseconds nor a duration ({e}); e.g. 15000, 15s, 1m")
+    })?;
+    u64::try_from(d.as_millis()).map_err(|_| format!("{text:?} is too long"))
 }
 
 /// The reply inbox prefix of the service's backend connection.
@@ -269,15 +308,44 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<(), crate::Error> {
     Ok(())
 }
 
-/// Logs to stderr through tracing, `RUST_LOG` filtering (default `info`).
+/// How `serve` writes its log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Readable lines, coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line (time, level, target, fields), never coloured.
+    Json,
+}
+
+/// `text` or `json`, as `--log-format` takes it.
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    match s {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(format!("{other:?}: expected text or json")),
+    }
+}
+
+/// Logs to stderr through tracing, `RUST_LOG` filtering (default `info`), as text.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging_as(LogFormat::Text);
+}
+
+/// Logs to stderr through tracing in `format`, `RUST_LOG` filtering (default
+/// `info`). Colours only when stderr is a terminal: a log file or a journal gets
+/// plain text.
+pub fn init_logging_as(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM (needs tokio's reactor: a runtime or `async_compat`).

@@ -62,6 +62,21 @@ pub enum LeaseErrorKind {
     BadReply,
 }
 
+impl LeaseErrorKind {
+    /// Its snake_case name, as `--json` prints it beside the service's kinds: a
+    /// refusal's own (`lost`, `not_held`, ...), else `no_service`, `timed_out`,
+    /// `connection` or `bad_reply`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refused(kind) => kind.as_str(),
+            Self::NoService => "no_service",
+            Self::TimedOut => "timed_out",
+            Self::Connection => "connection",
+            Self::BadReply => "bad_reply",
+        }
+    }
+}
+
 /// A failed lease call, in async-nats' `Error<Kind>` style.
 #[derive(Debug, Clone)]
 pub struct LeaseError {

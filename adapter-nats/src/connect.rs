@@ -35,7 +35,7 @@ pub struct ConnectOptions {
     #[arg(long, env = "NATS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Connection name shown by the server.
-    #[arg(long, default_value = "dagnats-leases")]
+    #[arg(long, env = "NATS_NAME", default_value = "dagnats-leases")]
     pub name: String,
     /// The prefix of this connection's reply inboxes (`_INBOX` when unset), e.g.
     /// `_INBOX.a1`: where a deployment lets each user subscribe to its own prefix
@@ -49,6 +49,17 @@ impl ConnectOptions {
     /// Connects with these options (failing fast if no server answers now);
     /// async-nats reconnects on its own afterwards.
     pub async fn connect(&self) -> Result<async_nats::Client, Error> {
+        self.connect_reporting(None).await
+    }
+
+    /// [`Self::connect`], sending each error the server reports on the connection
+    /// (`-ERR`, such as a permissions violation) to `errors`: a command can then
+    /// fail at once on a refused subscribe or publish instead of waiting for
+    /// messages or replies that never come.
+    pub async fn connect_reporting(
+        &self,
+        errors: Option<tokio::sync::mpsc::UnboundedSender<async_nats::ServerError>>,
+    ) -> Result<async_nats::Client, Error> {
         let mut options = match &self.creds {
             Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
                 .await
@@ -91,8 +102,13 @@ impl ConnectOptions {
         }
         options = options
             .name(self.name.clone())
-            .event_callback(|event| async move {
-                tracing::info!("nats: {event}");
+            .event_callback(move |event| {
+                if let (async_nats::Event::ServerError(e), Some(errors)) = (&event, &errors) {
+                    let _ = errors.send(e.clone());
+                }
+                async move {
+                    tracing::info!("nats: {event}");
+                }
             });
         let urls: Vec<&str> = self.nats_url.split(',').map(str::trim).collect();
         let addrs = urls

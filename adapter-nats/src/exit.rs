@@ -16,7 +16,8 @@ pub use dagnats_leases_core::supervise::{
 pub const EXIT_OK: u8 = 0;
 /// `serve`: the service could not start (the same code as [`EXIT_ERROR`]).
 pub const EXIT_START_FAILED: u8 = 1;
-/// No NATS server could be reached (clap also uses 2 for bad arguments).
+/// Nothing answers: no NATS server could be reached, or no lease service runs on
+/// it (clap also uses 2 for bad arguments).
 pub const EXIT_NO_SERVER: u8 = 2;
 /// The lease is not the caller's, or nobody holds it.
 pub const EXIT_NOT_HELD: u8 = 3;
@@ -28,7 +29,7 @@ pub fn exit_code(e: &LeaseError) -> u8 {
     match e.kind() {
         LeaseErrorKind::Refused(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
         LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
-        LeaseErrorKind::Connection => EXIT_NO_SERVER,
+        LeaseErrorKind::Connection | LeaseErrorKind::NoService => EXIT_NO_SERVER,
         _ => EXIT_ERROR,
     }
 }

@@ -52,6 +52,16 @@ pub enum ErrorKind {
     Config,
 }
 
+impl ErrorKind {
+    /// Its snake_case name: `nats` or `config`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nats => "nats",
+            Self::Config => "config",
+        }
+    }
+}
+
 /// An adapter error in async-nats' style: a kind and its source.
 #[derive(Debug)]
 pub struct Error {
@@ -79,7 +89,7 @@ impl Error {
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}: {}", self.kind, self.source)
+        write!(f, "{}: {}", self.kind.as_str(), self.source)
     }
 }
 

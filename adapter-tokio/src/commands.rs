@@ -4,22 +4,27 @@
 //!
 //! Exit codes: 0 done; 3 the lease is not yours or not held (`lost`, `not_held`,
 //! acquire not granted, owner of a free key, `lock --wait` ended without the lease);
-//! 4 `fence_mismatch`; 5 `lock`: the lease was lost while the command ran; 1 any
-//! other error; 2 no NATS server (or bad arguments). `lock` otherwise exits with its
-//! command's code.
+//! 4 `fence_mismatch`; 5 `lock`: the lease was lost while the command ran; 6 `lock`:
+//! `--grace` over half the TTL; 1 any other error; 2 nothing answers (no NATS
+//! server, no lease service) or bad arguments. `lock` otherwise exits with its
+//! command's code. With `--json` every outcome is one JSON object on stdout, an
+//! error as ``{"error": sentence, "kind": snake_case}``.
 
 use std::io::Write;
 use std::time::Duration;
 
 use async_nats::Client;
+use async_nats::ServerError;
 use base64::Engine as _;
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::shard::{BucketStreams, META_SHARDS, ShardMap};
 use dagnats_leases_core::shutdown::FLUSH_BOUND;
 use dagnats_leases_core::subjects::{STREAM, changed_subject};
 use dagnats_leases_core::wire::Lease;
+use dagnats_leases_core::wire::check_name;
 use futures::StreamExt;
 use serde_json::json;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::client::{LeaseClient, LeaseError};
 use crate::connect::ConnectOptions;
@@ -65,12 +70,17 @@ pub enum Op {
         /// Your holder ID.
         #[arg(long)]
         holder: String,
-        /// Time to live, whole seconds in milliseconds.
-        #[arg(long, default_value_t = 15_000)]
+        /// Time to live, whole seconds, in milliseconds (`15000`) or with a unit
+        /// (`15s`).
+        #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis)]
         ttl_ms: u64,
-        /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`),
-        /// trying again when it is released or expires; `0` tries once.
-        #[arg(long, value_parser = crate::lock::parse_duration)]
+        /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
+        #[arg(long, value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        ttl: Option<Duration>,
+        /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`;
+        /// a bare number is seconds), trying again when it is released or
+        /// expires; `0` tries once.
+        #[arg(long, value_parser = crate::cli::parse_duration)]
         wait: Option<Duration>,
     },
     /// Extend a lease under its fence.
@@ -81,9 +91,12 @@ pub enum Op {
         /// The lease and its fence.
         #[command(flatten)]
         lease: FencedLease,
-        /// New time to live (default: the lease's own).
-        #[arg(long)]
+        /// New time to live in milliseconds or with a unit (default: the lease's own).
+        #[arg(long, value_parser = crate::cli::parse_millis)]
         ttl_ms: Option<u64>,
+        /// New time to live (`15s`; a bare number is seconds): instead of --ttl-ms.
+        #[arg(long, value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        ttl: Option<Duration>,
     },
     /// Free a lease under its fence.
     Release {
@@ -112,8 +125,8 @@ pub enum Op {
         /// The request body.
         #[arg(long, default_value = "")]
         payload: String,
-        /// Bound on the whole call, 100 to 30000 ms.
-        #[arg(long, default_value_t = 5000)]
+        /// Bound on the whole call, 100 to 30000 ms (or with a unit: `5s`).
+        #[arg(long, default_value = "5000", value_parser = crate::cli::parse_millis)]
         timeout_ms: u64,
     },
     /// Print change events, one line each (an expiry shows as `expired`).
@@ -173,8 +186,60 @@ impl Op {
     }
 }
 
-/// Runs `op` and returns the exit code; output goes to `out`, errors to stderr.
+/// Connects as `op` says and runs it; returns the exit code. Output goes to `out`
+/// (errors too with `--json`), readable errors to stderr.
+pub async fn operate(op: Op, out: &mut (dyn Write + Send)) -> u8 {
+    let json = op.common().json;
+    let connect = op.common().connect.clone();
+    let (errors_tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    let client = match connect.connect_reporting(Some(errors_tx)).await {
+        Ok(c) => c,
+        Err(e) => {
+            let message = format!("cannot connect to {}: {e}", connect.nats_url);
+            return fail(out, json, "no_server", &message, EXIT_NO_SERVER);
+        }
+    };
+    // `lock` passes its command's code on: never rewritten here.
+    let is_lock = matches!(op, Op::Lock { .. });
+    let code = run_reporting(client.clone(), errors, op, out).await;
+    // A call that failed while the connection was down failed for want of a server.
+    let lost = client.connection_state() != async_nats::connection::State::Connected;
+    // What the command published goes out; a server gone does not hold the exit.
+    let _ = tokio::time::timeout(FLUSH_BOUND, client.flush()).await;
+    if code == EXIT_ERROR && lost && !is_lock {
+        if !json {
+            eprintln!("dagnats-leases: the connection to NATS was lost");
+        }
+        return EXIT_NO_SERVER;
+    }
+    code
+}
+
+/// Prints a failure of the command itself (not a call's): a sentence on stderr,
+/// or with `--json` `{"error", "kind"}` on `out`; returns `code`.
+pub fn fail(out: &mut (dyn Write + Send), json: bool, kind: &str, message: &str, code: u8) -> u8 {
+    if json {
+        let _ = writeln!(out, "{}", json!({"error": message, "kind": kind}));
+    } else {
+        eprintln!("dagnats-leases: {message}");
+    }
+    code
+}
+
+/// Runs `op` on a connection made without an error report (see [`operate`]).
 pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
+    let (_keep, errors) = tokio::sync::mpsc::unbounded_channel();
+    run_reporting(nats, errors, op, out).await
+}
+
+/// Runs `op` and returns the exit code; `errors` are the server's errors on the
+/// connection (a refused subscribe or publish ends `watch` and `list` at once).
+pub async fn run_reporting(
+    nats: Client,
+    errors: UnboundedReceiver<ServerError>,
+    op: Op,
+    out: &mut (dyn Write + Send),
+) -> u8 {
     let json = op.common().json;
     let leases = LeaseClient::new(nats.clone());
     let result = match op {
@@ -182,9 +247,10 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             key,
             holder,
             ttl_ms,
+            ttl,
             wait,
             ..
-        } => match acquire_for(&leases, &key, &holder, ttl_ms, wait).await {
+        } => match acquire_for(&leases, &key, &holder, ttl_ms, ttl, wait).await {
             Ok(r) => {
                 let line = if json {
                     serde_json::to_string(&r).expect("replies serialise")
@@ -198,12 +264,14 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
             }
             Err(e) => Err(e),
         },
-        Op::Renew { lease, ttl_ms, .. } => leases
+        Op::Renew {
+            lease, ttl_ms, ttl, ..
+        } => leases
             .renew(
                 &lease.key,
                 &lease.holder,
                 lease.revision,
-                ttl_ms.map(Duration::from_millis),
+                ttl.or(ttl_ms.map(Duration::from_millis)),
             )
             .await
             .map(|l| print_lease(out, json, "renewed", &l)),
@@ -252,9 +320,11 @@ pub async fn run(nats: Client, op: Op, out: &mut (dyn Write + Send)) -> u8 {
                 let _ = writeln!(out, "{line}");
                 EXIT_OK
             }),
-        Op::Watch { key, count, .. } => return watch(&nats, key, count, json, out).await,
-        Op::List { .. } => return list(&nats, &leases, json, out).await,
-        Op::Lock { args, .. } => return crate::lock::run(nats, args).await,
+        Op::Watch { key, count, .. } => {
+            return watch(&nats, errors, key, count, json, out).await;
+        }
+        Op::List { .. } => return list(&nats, errors, &leases, json, out).await,
+        Op::Lock { args, .. } => return crate::lock::run(nats, args, json).await,
         Op::Elect { args, .. } => return crate::elect::run(nats, args, json, out).await,
     };
     match result {
@@ -270,9 +340,10 @@ async fn acquire_for(
     key: &str,
     holder: &str,
     ttl_ms: u64,
+    ttl: Option<Duration>,
     wait: Option<Duration>,
 ) -> Result<dagnats_leases_core::wire::AcquireReply, LeaseError> {
-    let ttl = Duration::from_millis(ttl_ms);
+    let ttl = ttl.unwrap_or(Duration::from_millis(ttl_ms));
     let Some(wait) = wait else {
         return leases.acquire(key, holder, ttl).await;
     };
@@ -309,7 +380,7 @@ fn report(e: &LeaseError, json: bool, out: &mut (dyn Write + Send)) -> u8 {
     if json {
         let value = match e.reply() {
             Some(reply) => serde_json::to_value(reply).expect("replies serialise"),
-            None => json!({"error": e.to_string(), "kind": format!("{:?}", e.kind())}),
+            None => json!({"error": e.to_string(), "kind": e.kind().as_str()}),
         };
         let _ = writeln!(out, "{value}");
     } else {
@@ -318,19 +389,45 @@ fn report(e: &LeaseError, json: bool, out: &mut (dyn Write + Send)) -> u8 {
     exit_code(e)
 }
 
+/// The server's error for a subscribe or publish it refused (a permissions
+/// violation), as a sentence, or `None` for any other error.
+fn refusal(e: &ServerError, what: &str) -> Option<String> {
+    let text = e.to_string();
+    text.to_ascii_lowercase()
+        .contains(&format!("permissions violation for {what}"))
+        .then_some(text)
+}
+
+/// The next permissions violation of `what` (`subscription`, `publish`) the server
+/// reports on the connection; pending for ever without one.
+async fn next_refusal(errors: &mut UnboundedReceiver<ServerError>, what: &str) -> String {
+    while let Some(e) = errors.recv().await {
+        if let Some(text) = refusal(&e, what) {
+            return text;
+        }
+    }
+    std::future::pending().await
+}
+
 async fn watch(
     nats: &Client,
+    mut errors: UnboundedReceiver<ServerError>,
     key: Option<String>,
     count: Option<u64>,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> u8 {
+    // A key no lease can have is refused before anything is sent: a subscription
+    // to it would wait for ever.
+    if let Some(Err(e)) = key.as_deref().map(|k| check_name("key", k)) {
+        return fail(out, json, e.kind.as_str(), &e.error, EXIT_ERROR);
+    }
     let subject = changed_subject(key.as_deref().unwrap_or("*"));
     let mut sub = match nats.subscribe(subject.clone()).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("dagnats-leases: cannot subscribe: {e}");
-            return EXIT_NO_SERVER;
+            let message = format!("cannot subscribe to {subject}: {e}");
+            return fail(out, json, "connection", &message, EXIT_NO_SERVER);
         }
     };
     // Bounded: a server gone between the connect and here does not hold the start.
@@ -339,7 +436,18 @@ async fn watch(
     eprintln!("watching {subject}");
     let mut seen = 0;
     while count.is_none_or(|c| seen < c) {
-        let Some(message) = sub.next().await else {
+        let message = tokio::select! {
+            message = sub.next() => message,
+            // The server refused the subscription: no event would ever come.
+            refused = next_refusal(&mut errors, "subscription") => {
+                let message = format!(
+                    "the server refused the subscription to {subject} ({refused}): \
+                     the user needs subscribe permission on it (docs/security.md)"
+                );
+                return fail(out, json, "permission", &message, EXIT_ERROR);
+            }
+        };
+        let Some(message) = message else {
             break;
         };
         // Every subject subscribed to names a key (`changed.<key>`, or `changed.*`).
@@ -363,8 +471,96 @@ async fn watch(
     EXIT_OK
 }
 
-async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+/// Why `list` could not list.
+enum ListFailure {
+    /// A lease call failed.
+    Call(LeaseError),
+    /// Anything else: its kind and sentence.
+    Other(&'static str, String),
+}
+
+/// Lists the held leases: the keys from the bucket's streams' subjects, then each
+/// key's last record read from the streams in one pass (an ordered consumer per
+/// stream), or, where the user may not read the streams, each key's holder through
+/// the service (`owner`, several at once). A refused stream info request (a user
+/// allowed `owner` only) ends it at once, saying so.
+async fn list(
+    nats: &Client,
+    mut errors: UnboundedReceiver<ServerError>,
+    leases: &LeaseClient,
+    json: bool,
+    out: &mut (dyn Write + Send),
+) -> u8 {
+    let held = match held_leases(nats, &mut errors, leases).await {
+        Ok(held) => held,
+        Err(ListFailure::Call(e)) => return report(&e, json, out),
+        Err(ListFailure::Other(kind, message)) => {
+            return fail(out, json, kind, &message, EXIT_ERROR);
+        }
+    };
+    for l in &held {
+        let line = if json {
+            serde_json::to_string(l).expect("leases serialise")
+        } else {
+            describe(l)
+        };
+        let _ = writeln!(out, "{line}");
+    }
+    if !json {
+        let _ = writeln!(out, "{} held", held.len());
+    }
+    EXIT_OK
+}
+
+/// What `list` says when the server refuses its stream info request.
+fn list_refused(refused: String) -> ListFailure {
+    ListFailure::Other(
+        "permission",
+        format!(
+            "the server refused a JetStream request ({refused}): list reads the \
+             bucket's stream info ($JS.API.STREAM.INFO.{STREAM}, and \
+             {STREAM}_<N> when sharded); give the user publish on those \
+             subjects (docs/security.md), or ask for one key with `owner KEY`"
+        ),
+    )
+}
+
+async fn held_leases(
+    nats: &Client,
+    errors: &mut UnboundedReceiver<ServerError>,
+    leases: &LeaseClient,
+) -> Result<Vec<Lease>, ListFailure> {
     let js = async_nats::jetstream::new(nats.clone());
+    let (shards, streams) = tokio::select! {
+        found = bucket_keys(&js) => found?,
+        refused = next_refusal(errors, "publish") => return Err(list_refused(refused)),
+    };
+    // Every key's last record in one pass per stream; a user who may not make a
+    // consumer (or any other failure of it) falls back to the owner calls.
+    let read = tokio::select! {
+        read = read_leases(&shards, &streams) => read.ok(),
+        _ = next_refusal(errors, "publish") => None,
+    };
+    if let Some(held) = read {
+        return Ok(held);
+    }
+    let keys: Vec<String> = streams.into_iter().flat_map(|(_, keys)| keys).collect();
+    tokio::select! {
+        held = owners(leases, keys) => held,
+        refused = next_refusal(errors, "publish") => Err(list_refused(refused)),
+    }
+}
+
+/// The bucket's layout, and each stream with its lease keys (sorted).
+async fn bucket_keys(
+    js: &async_nats::jetstream::Context,
+) -> Result<
+    (
+        ShardMap,
+        Vec<(async_nats::jetstream::stream::Stream, Vec<String>)>,
+    ),
+    ListFailure,
+> {
     // Ask what the bucket's streams say of its layout; the core reads it.
     let single = js.get_stream(STREAM).await;
     let shard_zero = match &single {
@@ -386,70 +582,111 @@ async fn list(nats: &Client, leases: &LeaseClient, json: bool, out: &mut (dyn Wr
     let shards = match ShardMap::of_bucket(found) {
         Ok(map) => map,
         Err(why) => {
-            match single {
-                Err(e) if found == BucketStreams::Neither => {
-                    eprintln!("dagnats-leases: {why} ({STREAM}: {e})")
-                }
-                _ => eprintln!("dagnats-leases: {why}"),
-            }
-            return EXIT_ERROR;
+            let message = match single {
+                Err(e) if found == BucketStreams::Neither => format!("{why} ({STREAM}: {e})"),
+                _ => why.to_string(),
+            };
+            return Err(ListFailure::Other("no_bucket", message));
         }
     };
-    let mut keys: Vec<String> = Vec::new();
+    let mut streams = Vec::new();
     for i in shards.indexes() {
-        let stream = match js.get_stream(shards.stream(i)).await {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("dagnats-leases: no stream {}: {e}", shards.stream(i));
-                return EXIT_ERROR;
-            }
+        let stream = js.get_stream(shards.stream(i)).await.map_err(|e| {
+            ListFailure::Other("no_bucket", format!("no stream {}: {e}", shards.stream(i)))
+        })?;
+        let cannot = |e: &dyn std::fmt::Display| {
+            ListFailure::Other("connection", format!("cannot list keys: {e}"))
         };
         // Lease keys only: `$KV.<bucket>.<key>.read` holds read confirmations.
-        let subjects = match stream.info_with_subjects(shards.lease_subjects(i)).await {
-            Ok(mut info) => {
-                let mut all = Vec::new();
-                while let Some(page) = info.next().await {
-                    match page {
-                        Ok((subject, _)) => all.push(subject),
-                        Err(e) => {
-                            eprintln!("dagnats-leases: cannot list keys: {e}");
-                            return EXIT_ERROR;
-                        }
-                    }
-                }
-                all
+        let mut keys = Vec::new();
+        let mut info = stream
+            .info_with_subjects(shards.lease_subjects(i))
+            .await
+            .map_err(|e| cannot(&e))?;
+        while let Some(page) = info.next().await {
+            let (subject, _) = page.map_err(|e| cannot(&e))?;
+            if let Some(key) = shards.lease_key_of(i, &subject) {
+                keys.push(key.to_string());
             }
-            Err(e) => {
-                eprintln!("dagnats-leases: cannot list keys: {e}");
-                return EXIT_ERROR;
-            }
-        };
-        keys.extend(
-            subjects
-                .iter()
-                .filter_map(|s| shards.lease_key_of(i, s).map(str::to_string)),
-        );
+        }
+        keys.sort();
+        streams.push((stream, keys));
     }
-    keys.sort();
-    let mut held = 0;
-    for key in keys {
-        // Each through the stream leader, as every call is.
-        match leases.owner(&key).await {
-            Ok(Some(l)) => {
-                held += 1;
-                let line = if json {
-                    serde_json::to_string(&l).expect("leases serialise")
-                } else {
-                    describe(&l)
-                };
-                let _ = writeln!(out, "{line}");
+    Ok((shards, streams))
+}
+
+/// How long `list` waits for the next record of a stream before it falls back to
+/// the owner calls.
+const LIST_READ_BOUND: Duration = Duration::from_secs(5);
+
+/// Reads every key's last message from each stream (an ordered consumer delivering
+/// the last message per lease subject) and keeps the held ones, by key.
+async fn read_leases(
+    shards: &ShardMap,
+    streams: &[(async_nats::jetstream::stream::Stream, Vec<String>)],
+) -> Result<Vec<Lease>, String> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let mut held = Vec::new();
+    for (i, (stream, keys)) in shards.indexes().zip(streams) {
+        if keys.is_empty() {
+            continue;
+        }
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subject: shards.lease_subjects(i),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        // One message per key listed; more keys may have come since.
+        let mut seen = 0;
+        while seen < keys.len() {
+            let message = tokio::time::timeout(LIST_READ_BOUND, messages.next())
+                .await
+                .map_err(|_| "no record within the bound".to_string())?
+                .ok_or("the consumer ended")?
+                .map_err(|e| e.to_string())?;
+            seen += 1;
+            let info = message.info().map_err(|e| e.to_string())?;
+            let (seq, pending, stored_at) = (info.stream_sequence, info.pending, info.published);
+            let headers = message.headers.as_ref();
+            let state = dagnats_leases_core::js::KeyState::of_message(
+                seq,
+                |name| headers.and_then(|h| h.get(name)).map(|v| v.as_str()),
+                &message.payload,
+                stored_at,
+            );
+            if let Some(lease) = shards
+                .lease_key_of(i, message.subject.as_str())
+                .and_then(|key| state.lease(key))
+            {
+                held.push(lease);
             }
-            Ok(None) => {}
-            Err(e) => return report(&e, json, out),
+            if pending == 0 {
+                break;
+            }
         }
     }
-    if !json {
-        let _ = writeln!(out, "{held} held");
+    held.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(held)
+}
+
+/// How many `owner` calls `list` has out at once.
+const LIST_CALLS_IN_FLIGHT: usize = 16;
+
+/// Each key's holder through the service (`owner`), several at once, in order.
+async fn owners(leases: &LeaseClient, keys: Vec<String>) -> Result<Vec<Lease>, ListFailure> {
+    let mut calls = futures::stream::iter(keys)
+        .map(|key| async move { leases.owner(&key).await })
+        .buffered(LIST_CALLS_IN_FLIGHT);
+    let mut held = Vec::new();
+    while let Some(answer) = calls.next().await {
+        if let Some(lease) = answer.map_err(ListFailure::Call)? {
+            held.push(lease);
+        }
     }
-    EXIT_OK
+    held.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(held)
 }

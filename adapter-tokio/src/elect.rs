@@ -57,8 +57,8 @@ pub struct ElectArgs {
     /// Holder ID, unique to this process (default: `elect-` and random hex).
     #[arg(long, conflicts_with = "observe")]
     pub holder: Option<String>,
-    /// Time to live, whole seconds in milliseconds.
-    #[arg(long, default_value_t = 15_000, conflicts_with = "observe")]
+    /// Time to live, whole seconds: milliseconds, or with a unit (`15s`).
+    #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis, conflicts_with = "observe")]
     pub ttl_ms: u64,
     /// Candidate priority, 0 to 10 (higher preferred after a release or expiry).
     #[arg(long, conflicts_with = "observe")]

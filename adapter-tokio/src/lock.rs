@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use dagnats_leases_core::holder::HolderEvent;
 use dagnats_leases_core::supervise::{
-    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace,
 };
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -50,7 +50,7 @@ use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::clock;
-use crate::exit::{EXIT_ERROR, EXIT_NOT_HELD};
+use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_NOT_HELD};
 use crate::member::{CampaignObserver, Change, Elector, HeldKey, Member, Ownership, Semaphore};
 
 pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
@@ -64,11 +64,29 @@ pub const ENV_HOLDER: &str = "DAGNATS_LEASE_HOLDER";
 /// The environment variable holding the fence (the tenure's revision), for the command.
 pub const ENV_FENCE: &str = "DAGNATS_LEASE_FENCE";
 
-/// Reads a duration for `--wait` and `--grace` with humantime: `250ms`, `5s`, `1.5s`,
-/// `2m`, `1h 30m`, or `0`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 0, 500ms, 5s, 2m"))
+pub use crate::cli::parse_duration;
+
+/// How `lock` tells what it does and how it ended, on stderr (stdout is the
+/// command's): a readable sentence, or with `--json` one JSON object a line,
+/// `{"event", "key", "message"}` and `kind` (snake_case) for a failure.
+#[derive(Debug, Clone)]
+struct Say {
+    json: bool,
+    key: String,
+}
+
+impl Say {
+    fn say(&self, event: &str, kind: Option<&str>, message: &str) {
+        if self.json {
+            let mut line = serde_json::json!({"event": event, "key": self.key, "message": message});
+            if let Some(kind) = kind {
+                line["kind"] = kind.into();
+            }
+            eprintln!("{line}");
+        } else {
+            eprintln!("dagnats-leases: {message}");
+        }
+    }
 }
 
 /// The options of `lock`.
@@ -79,14 +97,19 @@ pub struct LockArgs {
     /// Holder ID (default: `lock-` and random hex, unique to this process).
     #[arg(long)]
     pub holder: Option<String>,
-    /// Time to live, whole seconds in milliseconds.
-    #[arg(long, default_value_t = 15_000)]
+    /// Time to live, whole seconds, in milliseconds (`15000`) or with a unit
+    /// (`15s`).
+    #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis)]
     pub ttl_ms: u64,
+    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
+    #[arg(long, value_parser = parse_duration, conflicts_with = "ttl_ms")]
+    pub ttl: Option<Duration>,
     /// Hold one of N slots of a semaphore named KEY (the leases `KEY-0` to
     /// `KEY-<N-1>`) instead of KEY itself: at most N commands run at once.
     #[arg(long)]
     pub permits: Option<usize>,
-    /// How long to wait to be elected (default: for ever); `0` tries once.
+    /// How long to wait to be elected (default: for ever; a bare number is
+    /// seconds); `0` tries once.
     #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// Between SIGTERM and SIGKILL when the lease is lost (default: ttl/3, at most
@@ -147,8 +170,12 @@ impl Campaigner {
 
 /// What the campaign's observer passes on to the tool's loop.
 enum Observed {
-    /// An acquire did not win the key (the [`Lock`] counts them for `--wait`).
-    Refused,
+    /// An acquire did not win the key (the [`Lock`] counts them for `--wait`),
+    /// naming the holder when the service did.
+    Refused {
+        why: Refusal,
+        holder: Option<String>,
+    },
     /// A renewal of `key`: a new deadline.
     Renewed { key: String, deadline: Instant },
 }
@@ -162,7 +189,10 @@ impl CampaignObserver for Observer {
                 key: key.to_string(),
                 deadline: *deadline,
             },
-            HolderEvent::Refused { .. } => Observed::Refused,
+            HolderEvent::Refused { holder, answer } => Observed::Refused {
+                why: Refusal::of(holder.is_some(), *answer),
+                holder: holder.clone(),
+            },
             _ => return,
         };
         let _ = self.0.send(seen);
@@ -394,36 +424,100 @@ fn start_watchdog(
     })
 }
 
-/// The exit code for how `lock` ended, with the sentence said on stderr.
-fn exit_code(exit: LockExit, key: &str, wait: Option<Duration>) -> u8 {
-    match exit {
-        LockExit::Command(code) => code,
-        LockExit::LeaseLost => {
-            eprintln!("dagnats-leases: lost {key}: the command was stopped (or never started)");
-            EXIT_LEASE_LOST
-        }
-        LockExit::NotHeld => {
-            eprintln!(
-                "dagnats-leases: {key} is held by another holder (waited {:?})",
-                wait.unwrap_or_default()
-            );
-            EXIT_NOT_HELD
-        }
-        LockExit::Interrupted(signal) => signal.exit_code(),
-        LockExit::WatchdogGone => {
-            eprintln!("dagnats-leases: the watchdog process died: the command was stopped by lock");
-            EXIT_ERROR
-        }
+/// The sentence `lock` says while it campaigns, for a refusal unlike the last.
+fn say_waiting(say: &Say, why: Refusal, key: &str, holder: Option<&str>) {
+    match why {
+        Refusal::Held => say.say(
+            "waiting",
+            None,
+            &format!(
+                "waiting for {key} (held by {})",
+                holder.unwrap_or("another holder")
+            ),
+        ),
+        Refusal::NoService => say.say(
+            "waiting",
+            Some("no_service"),
+            &format!(
+                "no lease service answers on {}: trying again",
+                dagnats_leases_core::wire::Endpoint::Acquire.subject()
+            ),
+        ),
+        Refusal::NoAnswer => say.say(
+            "waiting",
+            Some("no_answer"),
+            "the lease service gave no usable answer: trying again",
+        ),
     }
 }
 
-/// Runs `lock`; returns the exit code. Messages go to stderr.
-pub async fn run(nats: Client, args: LockArgs) -> u8 {
-    let ttl = Duration::from_millis(args.ttl_ms);
+/// The exit code for how `lock` ended, with the sentence said on stderr.
+fn exit_code(
+    say: &Say,
+    exit: LockExit,
+    key: &str,
+    wait: Option<Duration>,
+    holder: Option<&str>,
+) -> u8 {
+    let waited = humantime::format_duration(wait.unwrap_or_default());
+    let (code, kind, message) = match exit {
+        LockExit::Command(code) => (code, None, format!("the command exited with {code}")),
+        LockExit::LeaseLost => (
+            EXIT_LEASE_LOST,
+            Some("lost"),
+            format!("lost {key}: the command was stopped (or never started)"),
+        ),
+        LockExit::NotHeld => (
+            EXIT_NOT_HELD,
+            Some("not_held"),
+            format!(
+                "{key} is held by {} (waited {waited})",
+                holder.unwrap_or("another holder")
+            ),
+        ),
+        LockExit::NoService => (
+            EXIT_NO_SERVER,
+            Some("no_service"),
+            format!(
+                "no lease service answers on {} (waited {waited})",
+                dagnats_leases_core::wire::Endpoint::Acquire.subject()
+            ),
+        ),
+        LockExit::NoAnswer => (
+            EXIT_ERROR,
+            Some("no_answer"),
+            format!("the lease service gave no usable answer for {key} (waited {waited})"),
+        ),
+        LockExit::Interrupted(signal) => (
+            signal.exit_code(),
+            Some("interrupted"),
+            format!("{signal:?} before the command started"),
+        ),
+        LockExit::WatchdogGone => (
+            EXIT_ERROR,
+            Some("watchdog_gone"),
+            "the watchdog process died: the command was stopped by lock".to_string(),
+        ),
+    };
+    // The command's own end and an interrupt are not news in readable output.
+    if say.json || !matches!(exit, LockExit::Command(_) | LockExit::Interrupted(_)) {
+        say.say("exit", kind, &message);
+    }
+    code
+}
+
+/// Runs `lock`; returns the exit code. Messages go to stderr (JSON lines with
+/// `json`).
+pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
+    let say = Say {
+        json,
+        key: args.key.clone(),
+    };
+    let ttl = args.ttl.unwrap_or(Duration::from_millis(args.ttl_ms));
     let grace = match lock_grace(ttl, args.grace) {
         Ok(grace) => grace,
         Err(e) => {
-            eprintln!("dagnats-leases: {e}");
+            say.say("exit", Some("invalid"), &e.to_string());
             return EXIT_BAD_GRACE;
         }
     };
@@ -435,7 +529,7 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     let member = match Member::new(nats, holder.clone()) {
         Ok(m) => m.with_observer(Arc::new(Observer(observed_tx))),
         Err(e) => {
-            eprintln!("dagnats-leases: {e}");
+            say.say("exit", Some(e.kind().as_str()), &e.to_string());
             return crate::exit::exit_code(&e);
         }
     };
@@ -448,14 +542,18 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     let mut campaign = match started {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("dagnats-leases: {e}");
+            say.say("exit", Some(e.kind().as_str()), &e.to_string());
             return crate::exit::exit_code(&e);
         }
     };
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("dagnats-leases: cannot handle signals: {e}");
+            say.say(
+                "exit",
+                Some("internal"),
+                &format!("cannot handle signals: {e}"),
+            );
             return EXIT_ERROR;
         }
     };
@@ -468,13 +566,20 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut held_key = args.key.clone();
     let mut fence = 0;
+    // The holder the service last named, for what `lock` says.
+    let mut other: Option<String> = None;
     loop {
         while let Some(event) = lock.poll_event() {
             match event {
+                LockEvent::Waiting(why) => say_waiting(&say, why, &args.key, other.as_deref()),
                 LockEvent::StartWatchdog { deadline } => {
-                    eprintln!(
-                        "dagnats-leases: holding {held_key} as {holder} (fence {fence}); running {}",
-                        args.command[0]
+                    say.say(
+                        "holding",
+                        None,
+                        &format!(
+                            "holding {held_key} as {holder} (fence {fence}); running {}",
+                            args.command[0]
+                        ),
                     );
                     let env = [
                         (ENV_KEY, held_key.clone()),
@@ -485,7 +590,11 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                         Ok(g) => watchdog = Some(g),
                         Err(e) => {
                             campaign.stop().await;
-                            eprintln!("dagnats-leases: cannot start the watchdog: {e}");
+                            say.say(
+                                "exit",
+                                Some("internal"),
+                                &format!("cannot start the watchdog: {e}"),
+                            );
                             return EXIT_ERROR;
                         }
                     }
@@ -498,11 +607,15 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                 LockEvent::Signal { pgid, signal } => signal_command(pgid, signal),
                 LockEvent::WatchGroup { .. } => reaped = Some(reap_children()),
                 LockEvent::Exit { exit, release } => {
-                    let code = exit_code(exit, &held_key, args.wait);
+                    let code = exit_code(&say, exit, &held_key, args.wait, other.as_deref());
                     if !release {
-                        eprintln!(
-                            "dagnats-leases: the watchdog died before it could name the command's \
-                             processes: the lease on {held_key} is left to run out by its TTL"
+                        say.say(
+                            "left_to_expire",
+                            None,
+                            &format!(
+                                "the watchdog died before it could name the command's \
+                                 processes: the lease on {held_key} is left to run out by its TTL"
+                            ),
                         );
                         // Exit now: no release may go out, nor any renewal.
                         std::process::exit(code.into());
@@ -532,13 +645,18 @@ pub async fn run(nats: Client, args: LockArgs) -> u8 {
                     }
                     Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
                     None => {
-                        eprintln!("dagnats-leases: the campaign for {} ended", args.key);
+                        say.say("exit", Some("internal"), &format!("the campaign for {} ended", args.key));
                         return EXIT_ERROR;
                     }
                 }
             }
             Some(seen) = observed.recv() => match seen {
-                Observed::Refused => lock.handle_refused(clock::now()),
+                Observed::Refused { why, holder } => {
+                    if holder.is_some() {
+                        other = holder;
+                    }
+                    lock.handle_refused(clock::now(), why)
+                }
                 Observed::Renewed { key, deadline } if key == held_key => {
                     lock.handle_deadline(clock::now(), deadline)
                 }

@@ -187,8 +187,16 @@ async fn list_shows_the_held_leases() {
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&ack.payload).contains("\"seq\""));
+    // A user who may read the stream lists in one pass: no owner call per key.
+    let mut owner_calls = client.subscribe("api.leases.owner").await.unwrap();
+    client.flush().await.unwrap();
     let out = cli.run(&["list", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
+    client.flush().await.unwrap();
+    assert!(
+        futures::FutureExt::now_or_never(futures::StreamExt::next(&mut owner_calls)).is_none(),
+        "list made owner calls"
+    );
     let held: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -346,9 +354,9 @@ async fn acquire_wait_is_woken_by_the_release_and_wait_0_tries_once() {
         .json(&["acquire", "w", "--holder", "ops-2", "--wait", "0"])
         .await;
     assert_eq!((code, got["holder"].as_str()), (3, Some("ops-1")));
-    // A duration without a unit, or no duration at all, is refused before any
-    // request: exit 2 with a sentence naming the option.
-    for bad in ["5", "soon"] {
+    // No duration at all is refused before any request: exit 2 with a sentence
+    // naming the option (a bare number is seconds).
+    for bad in ["soon", "5 parsecs"] {
         let out = cli
             .run(&["acquire", "w", "--holder", "ops-2", "--wait", bad])
             .await;
@@ -476,4 +484,338 @@ async fn library_acquire_waiting_is_woken_by_the_release() {
         .unwrap()
         .unwrap();
     assert_eq!((got.granted, got.lease.holder.as_str()), (true, "ops-2"));
+}
+
+/// Far past every command's documented bound: a command still running then has
+/// hung, and the test fails saying so (never a timing assertion).
+const HUNG: Duration = Duration::from_secs(60);
+
+/// Runs the binary with exactly `args` (no URL added) and returns what it did, or
+/// fails if it has not ended by [`HUNG`].
+async fn bounded(args: &[&str]) -> Output {
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(HUNG, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} did not end: it hangs"))
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The one JSON line on stdout.
+fn json_line(out: &Output) -> Value {
+    let stdout = text(&out.stdout);
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON line ({e}): {stdout:?} {out:?}"))
+}
+
+/// A NATS server with no lease service: every command says no lease service
+/// answers (exit 2), never that a key is held by someone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_service_is_never_held_by_another_holder() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let u = url.as_str();
+    for args in [
+        &[
+            "lock",
+            "k",
+            "--wait",
+            "2s",
+            "--nats-url",
+            u,
+            "--",
+            "echo",
+            "hi",
+        ][..],
+        &["acquire", "k", "--holder", "h", "--nats-url", u],
+        &[
+            "acquire",
+            "k",
+            "--holder",
+            "h",
+            "--wait",
+            "2s",
+            "--nats-url",
+            u,
+        ],
+        &["owner", "k", "--nats-url", u],
+    ] {
+        let out = bounded(args).await;
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("no lease service answers"), "{args:?}: {err}");
+        assert!(!err.contains("held by"), "{args:?}: {err}");
+        assert!(
+            text(&out.stdout).is_empty(),
+            "{args:?}: the command never ran"
+        );
+    }
+    // The same outcomes with --json: one spelling of the kind.
+    for args in [
+        &["acquire", "k", "--holder", "h", "--json", "--nats-url", u][..],
+        &[
+            "acquire",
+            "k",
+            "--holder",
+            "h",
+            "--wait",
+            "1s",
+            "--json",
+            "--nats-url",
+            u,
+        ],
+        &["owner", "k", "--json", "--nats-url", u],
+    ] {
+        let out = bounded(args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(json_line(&out)["kind"], "no_service", "{args:?}");
+    }
+    let out = bounded(&[
+        "lock",
+        "k",
+        "--wait",
+        "0",
+        "--json",
+        "--nats-url",
+        u,
+        "--",
+        "true",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let last: Value = serde_json::from_str(text(&out.stderr).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (last["event"].as_str(), last["kind"].as_str()),
+        (Some("exit"), Some("no_service"))
+    );
+
+    // Without --wait, lock waits (as documented) but says why at once.
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["lock", "k", "--nats-url", u, "--", "echo", "hi"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stderr.take().unwrap()));
+    let first = tokio::time::timeout(HUNG, lines.next_line())
+        .await
+        .expect("lock said nothing: it waits in silence")
+        .unwrap()
+        .unwrap();
+    assert!(first.contains("no lease service answers"), "{first}");
+    child.kill().await.unwrap();
+}
+
+/// --json errors before any call: no server, a bad key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_errors_for_no_server_and_a_bad_key() {
+    let out = bounded(&["owner", "job", "--json", "--nats-url", "nats://127.0.0.1:1"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let got = json_line(&out);
+    assert_eq!(got["kind"], "no_server");
+    assert!(got["error"].as_str().unwrap().contains("cannot connect"));
+    let server = NatsServer::start();
+    let url = server.url();
+    // A key no lease can have: refused at once, not watched for ever.
+    let out = bounded(&["watch", "bad.key", "--nats-url", &url]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("field `key`"), "{out:?}");
+    let out = bounded(&["watch", "bad.key", "--json", "--nats-url", &url]).await;
+    assert_eq!(
+        (out.status.code(), json_line(&out)["kind"].clone()),
+        (Some(1), "invalid".into())
+    );
+}
+
+/// Times take units everywhere, and the old forms still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_take_units_and_the_old_forms_still_work() {
+    let (_server, _service, cli) = setup().await;
+    for (key, ttl) in [
+        ("a", &["--ttl-ms", "15000"][..]),
+        ("b", &["--ttl-ms", "15s"]),
+        ("c", &["--ttl", "15s"]),
+        ("d", &["--ttl", "15"]),
+    ] {
+        let mut args = vec!["acquire", key, "--holder", "h"];
+        args.extend_from_slice(ttl);
+        let (code, got) = cli.json(&args).await;
+        assert_eq!((code, got["ttl_ms"].as_u64()), (0, Some(15_000)), "{ttl:?}");
+    }
+    let (code, got) = cli
+        .json(&["acquire", "a", "--holder", "x", "--wait", "0"])
+        .await;
+    assert_eq!((code, got["granted"].clone()), (3, false.into()));
+    let out = cli
+        .run(&["acquire", "e", "--holder", "h", "--ttl-ms", "soon"])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "a bad time is a bad argument");
+    assert!(text(&out.stderr).contains("neither milliseconds nor a duration"));
+}
+
+/// The documented monitor (publish `api.leases.owner` only): `list` and `watch`
+/// end at once saying what was refused; with the stream info allowed too, `list`
+/// lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_watch_without_permission_end_at_once_saying_so() {
+    use dagnats_leases_tests::secure::{Permissions, Users};
+    let service_permissions = Permissions::new()
+        .subscribe([
+            "api.leases.>",
+            "$SRV.>",
+            "_INBOX.>",
+            "dagnats.lease.changed.*",
+        ])
+        .publish([
+            "$JS.API.>",
+            "$KV.leases.>",
+            "dagnats.lease.inbox.>",
+            "_INBOX.>",
+        ]);
+    let monitor = Permissions::new()
+        .publish(["api.leases.owner"])
+        .subscribe(["_INBOX.>"]);
+    let lister = Permissions::new()
+        .publish([
+            "api.leases.owner",
+            "$JS.API.STREAM.INFO.KV_leases",
+            "$JS.API.STREAM.INFO.KV_leases_*",
+        ])
+        .subscribe(["_INBOX.>"]);
+    let users = Users::new()
+        .password("svc", "svc", service_permissions)
+        .password("ops", "ops", Permissions::all())
+        .password("monitor", "monitor", monitor)
+        .password("lister", "lister", lister);
+    let server = NatsServer::builder().config(users.config()).start();
+    let url = server.url();
+    let svc = async_nats::ConnectOptions::with_user_and_password("svc".into(), "svc".into())
+        .connect(&url)
+        .await
+        .unwrap();
+    let _service = service::start(svc, ServiceOptions::default())
+        .await
+        .unwrap();
+    let as_user = |user: &'static str, args: &[&'static str]| -> Vec<String> {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(["--nats-url", &url, "--user", user, "--password", user].map(String::from));
+        all
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bounded(&args).await
+    };
+    let out = run(as_user("ops", &["acquire", "job", "--holder", "h"])).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(as_user("monitor", &["owner", "job"])).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the monitor may ask owner: {out:?}"
+    );
+
+    let out = run(as_user("monitor", &["list"])).await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("refused a JetStream request") && err.contains("owner KEY"),
+        "{err}"
+    );
+    let out = run(as_user("monitor", &["list", "--json"])).await;
+    assert_eq!(json_line(&out)["kind"], "permission");
+
+    let out = run(as_user("monitor", &["watch", "job"])).await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("refused the subscription"), "{err}");
+    let out = run(as_user("monitor", &["watch", "--json"])).await;
+    assert_eq!(json_line(&out)["kind"], "permission");
+
+    let out = run(as_user("lister", &["list", "--json"])).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json_line(&out)["key"], "job");
+}
+
+/// Completions and man pages come from the clap definitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_man_pages_are_generated() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = bounded(&["completions", shell]).await;
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("dagnats-leases") && script.contains("acquire"),
+            "{shell}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man");
+    let out = bounded(&["man", man.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for page in [
+        "dagnats-leases.1",
+        "dagnats-leases-acquire.1",
+        "dagnats-leases-lock.1",
+    ] {
+        let roff = std::fs::read_to_string(man.join(page)).unwrap();
+        assert!(roff.contains(".TH"), "{page}");
+    }
+    let acquire = std::fs::read_to_string(man.join("dagnats-leases-acquire.1")).unwrap();
+    assert!(acquire.contains("ttl"), "the flags are in the page");
+}
+
+/// Every `serve` flag can be set from the environment: walks clap's definition.
+#[test]
+fn every_serve_flag_has_an_environment_variable() {
+    use clap::Args;
+    let serve = dagnats_leases_tokio::cli::ServeArgs::augment_args(clap::Command::new("serve"));
+    let missing: Vec<String> = serve
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && !a.is_positional())
+        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        .filter(|a| a.get_env().is_none())
+        .map(|a| a.get_id().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "serve flags without an env var: {missing:?}"
+    );
+}
+
+/// Logs to a pipe carry no colours; --log-format json writes JSON lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_and_json_is_json() {
+    let out = bounded(&["serve", "--nats-url", "nats://127.0.0.1:1"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("cannot connect"), "{err}");
+    assert!(!err.contains('\u{1b}'), "ANSI escapes in a pipe: {err:?}");
+    let out = bounded(&[
+        "serve",
+        "--log-format",
+        "json",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    let lines: Vec<Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(lines.iter().any(|l| l["level"] == "ERROR"), "{err}");
 }

@@ -266,7 +266,7 @@ async fn exit_codes_wait_and_signals() {
     wait_line(&stamps, "start").await;
     let out = finish(s.lock(&["k2", "--wait", "0"], "echo never")).await;
     assert_eq!(code(out.status), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("held by another"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("k2 is held by lock-a"));
     let started = Instant::now();
     let out = finish(s.lock(&["k2", "--wait", "500ms"], "echo never")).await;
     assert_eq!(code(out.status), Some(3));

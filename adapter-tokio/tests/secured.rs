@@ -215,8 +215,14 @@ async fn user_password_nkey_and_token_connect_the_service_and_the_cli() {
     })
     .await
     .unwrap();
-    // No service runs now: the connection works, the call finds no responder (1).
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // No service runs now: the connection works, the call finds no responder: no
+    // lease service answers (2), not a refused login.
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("no lease service answers"),
+        "{}",
+        text(&out)
+    );
 
     cli_refused(
         &url,

@@ -341,6 +341,9 @@ pub enum HolderEvent {
     Refused {
         /// The holder the service named, if it answered.
         holder: Option<String>,
+        /// What came back: [`OutcomeClass::Clear`] when the service answered,
+        /// [`OutcomeClass::NoResponders`] when no lease service is there at all.
+        answer: OutcomeClass,
     },
     /// The service refused for good; the holder is done.
     Failed {
@@ -856,6 +859,7 @@ impl Holder {
         };
         let campaign =
             flight.purpose == Purpose::Acquire && matches!(self.phase, Phase::Campaigning { .. });
+        let answer = OutcomeClass::of(Endpoint::Acquire, &outcome);
         let holder = match &outcome {
             RequestOutcome::Reply { payload, .. } if campaign => {
                 match Response::decode(Endpoint::Acquire, payload) {
@@ -867,7 +871,8 @@ impl Holder {
         };
         self.on_outcome(now, flight, outcome);
         if campaign && matches!(self.phase, Phase::Campaigning { .. }) {
-            self.events.push_back(HolderEvent::Refused { holder });
+            self.events
+                .push_back(HolderEvent::Refused { holder, answer });
         }
     }
 

@@ -15,7 +15,7 @@ use crate::io::{NatsRequest, RequestOutcome};
 use crate::record::LeaseRecord;
 use crate::shard::ShardMap;
 use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON};
-use crate::wire::ErrorKind;
+use crate::wire::{ErrorKind, Lease};
 
 /// JetStream's error code for a failed expected-last-sequence check.
 pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
@@ -259,30 +259,75 @@ pub fn parse_read(outcome: &RequestOutcome) -> Result<KeyState, JsFailure> {
         }
         _ => Vec::new(),
     };
-    let is_free = headers.iter().any(|(name, value)| {
-        name.eq_ignore_ascii_case(HDR_MARKER_REASON)
-            || (name.eq_ignore_ascii_case(HDR_KV_OPERATION) && (value == "DEL" || value == "PURGE"))
-    });
-    if is_free {
-        return Ok(KeyState::Free { revision: msg.seq });
-    }
     let data = match msg.data.as_deref() {
         Some(d) => b64
             .decode(d)
             .map_err(|e| JsFailure::internal(format!("stored data is not base64: {e}"))),
         None => Ok(Vec::new()),
     }?;
-    Ok(match LeaseRecord::parse(&data) {
-        Ok(record) => KeyState::Held {
-            revision: msg.seq,
+    Ok(KeyState::of_message(
+        msg.seq,
+        |name| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        },
+        &data,
+        msg.time,
+    ))
+}
+
+impl KeyState {
+    /// What a stored message of a key says: its sequence `seq`, its headers (by
+    /// name, case-insensitive), its data and the server's store time. A marker, a
+    /// tombstone or a purge is free; a record that does not parse is corrupt.
+    pub fn of_message<'a>(
+        seq: u64,
+        header: impl Fn(&str) -> Option<&'a str>,
+        data: &[u8],
+        stored_at: OffsetDateTime,
+    ) -> Self {
+        let is_free = header(HDR_MARKER_REASON).is_some()
+            || header(HDR_KV_OPERATION).is_some_and(|v| v == "DEL" || v == "PURGE");
+        if is_free {
+            return Self::Free { revision: seq };
+        }
+        match LeaseRecord::parse(data) {
+            Ok(record) => Self::Held {
+                revision: seq,
+                record,
+                written_at: stored_at,
+            },
+            Err(reason) => Self::Corrupt {
+                revision: seq,
+                reason,
+            },
+        }
+    }
+
+    /// The lease of `key` as `owner` answers it from this state: held, or `None`.
+    pub fn lease(&self, key: &str) -> Option<Lease> {
+        let Self::Held {
+            revision,
             record,
-            written_at: msg.time,
-        },
-        Err(reason) => KeyState::Corrupt {
-            revision: msg.seq,
-            reason,
-        },
-    })
+            written_at,
+        } = self
+        else {
+            return None;
+        };
+        Some(Lease {
+            held: true,
+            key: key.to_string(),
+            holder: record.holder.clone(),
+            revision: *revision,
+            acquired_at: record.acquired_at.clone(),
+            expires_at: crate::record::format_time(
+                *written_at + Duration::from_millis(record.ttl_ms),
+            ),
+            ttl_ms: record.ttl_ms,
+        })
+    }
 }
 
 /// Parses a NATS header block (`NATS/1.0\r\nName: value\r\n\r\n`) into pairs.

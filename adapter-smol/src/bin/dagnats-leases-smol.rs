@@ -33,8 +33,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    cli::init_logging();
     let Command::Serve(args) = Cli::parse().command;
+    cli::init_logging_as(args.log_format);
     let io = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

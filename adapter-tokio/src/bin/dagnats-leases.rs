@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use dagnats_leases_core::shutdown::{FLUSH_BOUND, Shutdown};
+use clap::{CommandFactory, Parser, Subcommand};
+use dagnats_leases_core::shutdown::Shutdown;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
@@ -25,6 +25,16 @@ enum Command {
     Serve(ServeArgs),
     #[command(flatten)]
     Op(Op),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (dagnats-leases.1 and one per command) into a directory.
+    Man {
+        /// The directory (made if missing).
+        dir: std::path::PathBuf,
+    },
     /// Started by `lock`: runs its command and stops it at the lease's deadline.
     #[command(name = "__lock-watchdog", hide = true)]
     LockWatchdog(lock::WatchdogArgs),
@@ -35,6 +45,12 @@ async fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
+        Command::Completions { shell } => {
+            let mut cli = Cli::command();
+            clap_complete::generate(shell, &mut cli, "dagnats-leases", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { dir } => return write_man_pages(&dir),
         Command::LockWatchdog(args) => {
             // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
             // shutdown would wait for it (for the tool's next line) otherwise.
@@ -42,7 +58,7 @@ async fn main() -> ExitCode {
             std::process::exit(code.into());
         }
     };
-    cli::init_logging();
+    cli::init_logging_as(args.log_format);
     // Taken from here on: a signal before the service serves ends the start at
     // once (as the default action did), and none can fall between two listeners.
     let mut signals = cli::StopSignals::new();
@@ -73,28 +89,27 @@ async fn main() -> ExitCode {
 
 /// Runs one operator command (logging stays off: its output is the command's own).
 async fn operate(op: Op) -> u8 {
-    let connect = &op.common().connect;
-    let client = match connect.connect().await {
-        Ok(c) => c,
+    commands::operate(op, &mut std::io::stdout()).await
+}
+
+/// Writes `dagnats-leases.1` and `dagnats-leases-<command>.1` for each visible
+/// command into `dir`.
+fn write_man_pages(dir: &std::path::Path) -> ExitCode {
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        let cli = Cli::command();
+        clap_mangen::generate_to(cli, dir)
+    });
+    match written {
+        Ok(()) => {
+            println!("man pages written to {}", dir.display());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!(
-                "dagnats-leases: cannot connect to {}: {e}",
-                connect.nats_url
+                "dagnats-leases: cannot write man pages to {}: {e}",
+                dir.display()
             );
-            return commands::EXIT_NO_SERVER;
+            ExitCode::from(commands::EXIT_ERROR)
         }
-    };
-    let mut out = std::io::stdout();
-    // `lock` passes its command's code on: never rewritten here.
-    let is_lock = matches!(op, Op::Lock { .. });
-    let code = commands::run(client.clone(), op, &mut out).await;
-    // A call that failed while the connection was down failed for want of a server.
-    let lost = client.connection_state() != async_nats::connection::State::Connected;
-    // What the command published goes out; a server gone does not hold the exit.
-    let _ = tokio::time::timeout(FLUSH_BOUND, client.flush()).await;
-    if code == commands::EXIT_ERROR && lost && !is_lock {
-        eprintln!("dagnats-leases: the connection to NATS was lost");
-        return commands::EXIT_NO_SERVER;
     }
-    code
 }

@@ -7,16 +7,10 @@ use crate::wire::{FreeReply, Response};
 impl Call {
     /// A current read of the key: its lease, or free.
     pub(super) fn decide_owner(&mut self, key: String, state: KeyState) {
-        match state {
-            KeyState::Held {
-                revision,
-                record,
-                written_at,
-            } => {
-                let lease = self.lease_from_record(&key, revision, &record, written_at);
-                self.reply(Response::Lease(lease));
-            }
-            _ => self.reply(Response::Free(FreeReply { held: false, key })),
+        // The same lease `list` reads from a stored message ([`KeyState::lease`]).
+        match state.lease(&key) {
+            Some(lease) => self.reply(Response::Lease(lease)),
+            None => self.reply(Response::Free(FreeReply { held: false, key })),
         }
     }
 }

@@ -7,6 +7,35 @@ use std::time::{Duration, Instant};
 use super::{
     GroupSignal, StopCause, Supervisor, SupervisorEvent, WatchdogMessage, WatchdogReport, may_start,
 };
+use crate::holder::OutcomeClass;
+
+/// Why a campaign's acquire did not win the key, as `lock` tells it: a lease
+/// service that answered "held" is not the same as no lease service at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The service answered: another holder has the key.
+    Held,
+    /// Nobody received the acquire: no lease service is running.
+    NoService,
+    /// No usable answer (timed out, `unavailable`, `internal`, the connection failed).
+    NoAnswer,
+}
+
+impl Refusal {
+    /// The refusal a [`HolderEvent::Refused`] reports: `holder_named` when the
+    /// service named the current holder, `answer` what came back.
+    ///
+    /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
+    pub fn of(holder_named: bool, answer: OutcomeClass) -> Self {
+        match answer {
+            _ if holder_named => Self::Held,
+            OutcomeClass::NoResponders => Self::NoService,
+            // A clear answer that names nobody is still the service's "no".
+            OutcomeClass::Clear => Self::Held,
+            _ => Self::NoAnswer,
+        }
+    }
+}
 
 /// How `lock` ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +47,11 @@ pub enum LockExit {
     LeaseLost,
     /// `--wait` passed and the key was still another holder's.
     NotHeld,
+    /// `--wait` passed and no lease service answered the last acquire.
+    NoService,
+    /// `--wait` passed and the last acquire got no usable answer (timed out,
+    /// `unavailable`, ...).
+    NoAnswer,
     /// A signal arrived before the command started.
     Interrupted(GroupSignal),
     /// The watchdog died: the tool stopped the command itself, or could not tell
@@ -28,6 +62,9 @@ pub enum LockExit {
 /// What a [`Lock`] wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockEvent {
+    /// Campaigning: the acquire was refused for another reason than the last one
+    /// told (the first refusal included). Say so on stderr; the campaign goes on.
+    Waiting(Refusal),
     /// Start the watchdog (and through it the command) under `deadline`.
     StartWatchdog {
         /// The lease's deadline now.
@@ -64,7 +101,8 @@ enum LockPhase {
     /// Not holding the key yet.
     Campaigning {
         wait_until: Option<Instant>,
-        refused: bool,
+        /// The last refusal since the start, if any.
+        refused: Option<Refusal>,
         waited_out: bool,
     },
     /// Elected, but with no more than the grace period left: wait for a renewal.
@@ -103,7 +141,7 @@ impl Lock {
             grace,
             phase: LockPhase::Campaigning {
                 wait_until: wait.map(|w| now + w),
-                refused: false,
+                refused: None,
                 waited_out: false,
             },
             deadline: None,
@@ -112,24 +150,38 @@ impl Lock {
         }
     }
 
-    /// The holder's acquire did not win the key ([`HolderEvent::Refused`]): `--wait`
-    /// gives up once it has passed and an acquire was refused since the start.
+    /// The holder's acquire did not win the key ([`HolderEvent::Refused`], read
+    /// with [`Refusal::of`]): a refusal unlike the last one is told
+    /// ([`LockEvent::Waiting`]); `--wait` gives up once it has passed and an
+    /// acquire was refused since the start, with an exit that says why.
     ///
     /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
-    pub fn handle_refused(&mut self, now: Instant) {
+    pub fn handle_refused(&mut self, now: Instant, why: Refusal) {
         if let LockPhase::Campaigning {
             refused,
             waited_out,
             ..
         } = &mut self.phase
         {
-            *refused = true;
+            let told = refused.replace(why) == Some(why);
             if *waited_out {
-                self.exit(LockExit::NotHeld, true);
+                self.exit(Self::waited_out(why), true);
                 return;
+            }
+            if !told {
+                self.events.push_back(LockEvent::Waiting(why));
             }
         }
         self.handle_timeout(now);
+    }
+
+    /// How `lock` ends when `--wait` passed after `why`.
+    fn waited_out(why: Refusal) -> LockExit {
+        match why {
+            Refusal::Held => LockExit::NotHeld,
+            Refusal::NoService => LockExit::NoService,
+            Refusal::NoAnswer => LockExit::NoAnswer,
+        }
     }
 
     /// Elected, with the tenure's deadline as the campaign holds it now: `None`
@@ -261,8 +313,8 @@ impl Lock {
                 waited_out,
             } if now >= *at && !*waited_out => {
                 *waited_out = true;
-                if *refused {
-                    self.exit(LockExit::NotHeld, true);
+                if let Some(why) = *refused {
+                    self.exit(Self::waited_out(why), true);
                 }
             }
             LockPhase::TakingOver { supervisor, .. } => {

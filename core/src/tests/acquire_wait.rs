@@ -175,6 +175,23 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
     assert_eq!(w.poll_event(), None);
 }
 
+/// A service gone while it waits (a later acquire nobody receives) ends the wait
+/// with that failure, never with the last refusal: no service is not "held".
+#[test]
+fn no_service_while_waiting_is_a_failure_not_the_last_refusal() {
+    let t0 = Instant::now();
+    let (mut w, first) = first_answer(t0, 60_000, false);
+    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
+    w.handle_change(ms(t0, 1_000), &event(ChangeKind::Released));
+    let r = asked(&mut w);
+    w.handle_outcome(ms(t0, 1_001), r.id, RequestOutcome::NoResponders);
+    assert_eq!(
+        w.poll_event(),
+        Some(WaitingAcquireEvent::Failed(RequestOutcome::NoResponders))
+    );
+    assert!(w.is_done());
+}
+
 /// Nothing but the subscribe before it is over: no acquire, no flush.
 fn subscribing(t0: Instant, wait: Duration) -> WaitingAcquire {
     let mut w = WaitingAcquire::new(request(), TIMEOUT, wait, t0);

@@ -9,7 +9,7 @@ use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, MAX_STOP_REQUESTS,
-    StepDownReason, owner_retry_delay,
+    OutcomeClass, StepDownReason, owner_retry_delay,
 };
 use crate::io::RequestOutcome;
 use crate::test_support::HolderRequest;
@@ -786,12 +786,32 @@ fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     run.answer(10, &r, refused(4));
     let by = |h: &str| HolderEvent::Refused {
         holder: Some(h.to_string()),
+        answer: OutcomeClass::Clear,
     };
     assert_eq!(run.all_events(), [by("h2")]);
     run.holder.handle_timeout(run.at(5010));
     let r = run.request();
     run.answer(5020, &r, RequestOutcome::TimedOut);
-    assert_eq!(run.all_events(), [HolderEvent::Refused { holder: None }]);
+    assert_eq!(
+        run.all_events(),
+        [HolderEvent::Refused {
+            holder: None,
+            answer: OutcomeClass::TimedOut
+        }]
+    );
+    let next = run.holder.poll_timeout().expect("it campaigns on");
+    run.holder.handle_timeout(next);
+    let r = run.request();
+    let later = u64::try_from((next - run.at(0)).as_millis()).unwrap() + 10;
+    run.answer(later, &r, RequestOutcome::NoResponders);
+    assert_eq!(
+        run.all_events(),
+        [HolderEvent::Refused {
+            holder: None,
+            answer: OutcomeClass::NoResponders
+        }],
+        "no service is told apart from a holder"
+    );
     let mut run = Run::new(config());
     let r = run.request();
     run.answer(10, &r, granted(4));

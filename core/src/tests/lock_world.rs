@@ -9,6 +9,7 @@
 //! killed, requests and replies lost or slow, commands that ignore SIGTERM or leave
 //! children behind.
 
+use crate::supervise::Refusal;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -359,7 +360,9 @@ impl World {
                 }
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
-                HolderEvent::Refused { .. } => tool.lock.handle_refused(now),
+                HolderEvent::Refused { holder, answer } => tool
+                    .lock
+                    .handle_refused(now, Refusal::of(holder.is_some(), answer)),
                 HolderEvent::Failed { kind, message } => {
                     return Err(format!("{} failed: {kind}: {message}", tool.name));
                 }
@@ -398,6 +401,7 @@ impl World {
                     ));
                     stats.commands += 1;
                 }
+                LockEvent::Waiting(_) => {}
                 LockEvent::ToWatchdog(m) => {
                     if let Some(g) = &mut tool.watchdog {
                         g.inbox.push_back((t + 1, m));

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::supervise::{
     DEFAULT_GRACE_MAX, EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST, GraceTooLong,
-    GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace, may_start,
 };
 
@@ -345,8 +345,8 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     let t = Instant::now();
     let mut lock = Lock::new(GRACE, Some(Duration::from_millis(500)), t);
     assert_eq!(lock.poll_timeout(), Some(ms(t, 500)));
-    lock.handle_refused(ms(t, 10));
-    assert_eq!(drain_lock(&mut lock), []);
+    lock.handle_refused(ms(t, 10), Refusal::Held);
+    assert_eq!(drain_lock(&mut lock), [LockEvent::Waiting(Refusal::Held)]);
     lock.handle_timeout(ms(t, 500));
     let exit = LockEvent::Exit {
         exit: LockExit::NotHeld,
@@ -358,7 +358,7 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
     lock.handle_timeout(t);
     assert_eq!(drain_lock(&mut lock), []);
-    lock.handle_refused(ms(t, 10));
+    lock.handle_refused(ms(t, 10), Refusal::Held);
     assert_eq!(drain_lock(&mut lock), [exit]);
     assert!(lock.is_done());
     let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
@@ -368,6 +368,66 @@ fn lock_waits_out_wait_only_after_a_refusal() {
         drain_lock(&mut lock)[..],
         [LockEvent::StartWatchdog { .. }]
     ));
+}
+
+/// What a refused acquire was decides how the wait ends and what is told while it
+/// lasts: no lease service is never "held by another holder".
+#[test]
+fn lock_tells_no_service_apart_from_a_held_key() {
+    use crate::holder::OutcomeClass;
+    // How the holder's report reads.
+    for (named, answer, want) in [
+        (true, OutcomeClass::Clear, Refusal::Held),
+        (false, OutcomeClass::Clear, Refusal::Held),
+        (false, OutcomeClass::NoResponders, Refusal::NoService),
+        (false, OutcomeClass::TimedOut, Refusal::NoAnswer),
+        (false, OutcomeClass::RequestFailed, Refusal::NoAnswer),
+        (false, OutcomeClass::Unavailable, Refusal::NoAnswer),
+        (false, OutcomeClass::Internal, Refusal::NoAnswer),
+    ] {
+        assert_eq!(Refusal::of(named, answer), want, "{named} {answer:?}");
+    }
+    // How the wait ends: by the last refusal.
+    let t = Instant::now();
+    for (refusals, want) in [
+        (&[Refusal::NoService][..], LockExit::NoService),
+        (&[Refusal::NoAnswer], LockExit::NoAnswer),
+        (&[Refusal::Held], LockExit::NotHeld),
+        (&[Refusal::Held, Refusal::NoService], LockExit::NoService),
+        (&[Refusal::NoService, Refusal::Held], LockExit::NotHeld),
+    ] {
+        let mut lock = Lock::new(GRACE, Some(Duration::from_millis(500)), t);
+        for (i, why) in refusals.iter().enumerate() {
+            lock.handle_refused(ms(t, 10 + i as u64), *why);
+        }
+        lock.handle_timeout(ms(t, 500));
+        let events = drain_lock(&mut lock);
+        let exit = LockEvent::Exit {
+            exit: want,
+            release: true,
+        };
+        assert_eq!(events.last(), Some(&exit), "{refusals:?}");
+    }
+    // Without --wait it campaigns on, telling each change of reason once.
+    let mut lock = Lock::new(GRACE, None, t);
+    for (at, why) in [
+        (10, Refusal::NoService),
+        (20, Refusal::NoService),
+        (30, Refusal::Held),
+        (40, Refusal::Held),
+        (50, Refusal::NoService),
+    ] {
+        lock.handle_refused(ms(t, at), why);
+    }
+    assert_eq!(
+        drain_lock(&mut lock),
+        [
+            LockEvent::Waiting(Refusal::NoService),
+            LockEvent::Waiting(Refusal::Held),
+            LockEvent::Waiting(Refusal::NoService),
+        ]
+    );
+    assert!(!lock.is_done());
 }
 
 #[test]

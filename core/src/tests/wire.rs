@@ -316,3 +316,62 @@ fn a_client_waits_for_a_forward_past_its_timeout_by_the_two_hops_room() {
     }
     assert_eq!(FORWARD_HOP_ROOM, Duration::from_secs(1));
 }
+
+/// A stored message of a key, as `list` reads it from the stream and `owner` from
+/// a leader read: one rule for both, a row per kind of message.
+#[test]
+fn a_stored_message_reads_as_held_free_or_corrupt() {
+    use crate::js::KeyState;
+    use crate::record::format_time;
+    use time::macros::datetime;
+    let at = datetime!(2026-12-05 12:00:00 UTC);
+    let record = br#"{"holder":"h1","acquired_at":"2026-12-05T11:59:00Z","ttl_ms":15000}"#;
+    let none = |_: &str| None;
+    let marker = |n: &str| (n == "Nats-Marker-Reason").then_some("MaxAge");
+    let deleted = |n: &str| (n == "KV-Operation").then_some("DEL");
+    let purged = |n: &str| (n == "KV-Operation").then_some("PURGE");
+    let put = |n: &str| (n == "Dagnats-Lease-Event").then_some("acquired");
+    for (what, state, held) in [
+        ("a record", KeyState::of_message(7, none, record, at), true),
+        (
+            "with a lease event",
+            KeyState::of_message(7, put, record, at),
+            true,
+        ),
+        (
+            "an expiry marker",
+            KeyState::of_message(7, marker, b"", at),
+            false,
+        ),
+        (
+            "a tombstone",
+            KeyState::of_message(7, deleted, b"", at),
+            false,
+        ),
+        ("a purge", KeyState::of_message(7, purged, b"", at), false),
+        (
+            "a corrupt record",
+            KeyState::of_message(7, none, b"{", at),
+            false,
+        ),
+    ] {
+        assert_eq!(state.revision(), 7, "{what}");
+        let lease = state.lease("k");
+        assert_eq!(lease.is_some(), held, "{what}: {state:?}");
+        if let Some(l) = lease {
+            assert_eq!(
+                (l.key.as_str(), l.holder.as_str(), l.revision),
+                ("k", "h1", 7)
+            );
+            assert_eq!(
+                l.expires_at,
+                format_time(at + std::time::Duration::from_secs(15))
+            );
+            assert_eq!(l.ttl_ms, 15_000);
+        }
+    }
+    assert!(matches!(
+        KeyState::of_message(7, none, b"{", at),
+        KeyState::Corrupt { .. }
+    ));
+}
