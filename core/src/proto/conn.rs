@@ -255,6 +255,8 @@ pub enum ConnEvent {
     },
     /// Every byte asked before the flush reached the server.
     Flushed(FlushId),
+    /// A drained subscription's last message was delivered ([`Connection::drain`]).
+    Drained(Sid),
     /// The server's `-ERR` (a permissions violation, or why it closes).
     ServerError(String),
     /// Closed for good ([`Connection::close`]).
@@ -267,6 +269,7 @@ enum PongFor {
     Handshake,
     Keepalive,
     Flush(FlushId),
+    Drain(Sid),
 }
 
 #[derive(Debug, Clone)]
@@ -299,6 +302,9 @@ enum State {
 struct Subscription {
     subject: String,
     queue: Option<String>,
+    /// Unsubscribed, its messages still delivered until the server has read the
+    /// UNSUB ([`Connection::drain`]).
+    draining: bool,
 }
 
 /// The connection machine.
@@ -540,7 +546,7 @@ impl Connection {
         }
         self.out.clear();
         self.out.extend_from_slice(&encode::connect(&fields));
-        for (sid, sub) in &self.subs {
+        for (sid, sub) in self.subs.iter().filter(|(_, s)| !s.draining) {
             // Checked when first made.
             if let Ok(bytes) = encode::sub(&sub.subject, sub.queue.as_deref(), *sid) {
                 self.out.extend_from_slice(&bytes);
@@ -578,6 +584,10 @@ impl Connection {
                 }
             }
             Some(PongFor::Flush(id)) => self.events.push_back(ConnEvent::Flushed(id)),
+            Some(PongFor::Drain(sid)) => {
+                self.subs.remove(&sid);
+                self.events.push_back(ConnEvent::Drained(sid));
+            }
             Some(PongFor::Keepalive) | None => {}
         }
     }
@@ -634,6 +644,17 @@ impl Connection {
             if let PongFor::Flush(id) = pong {
                 self.unsent_flushes.push(id);
             }
+        }
+        // The server forgot the drained subscriptions with the socket.
+        let drained: Vec<Sid> = self
+            .subs
+            .iter()
+            .filter(|(_, s)| s.draining)
+            .map(|(sid, _)| *sid)
+            .collect();
+        for sid in drained {
+            self.subs.remove(&sid);
+            self.events.push_back(ConnEvent::Drained(sid));
         }
         self.unsent_flushes.sort();
         self.server = (self.server + 1) % self.config.servers.len();
@@ -701,6 +722,7 @@ impl Connection {
             Subscription {
                 subject: subject.to_string(),
                 queue: queue.map(str::to_string),
+                draining: false,
             },
         );
         if self.live() {
@@ -713,6 +735,28 @@ impl Connection {
     pub fn unsubscribe(&mut self, sid: Sid) {
         if self.subs.remove(&sid).is_some() && self.live() {
             self.out.extend_from_slice(&encode::unsub(sid));
+        }
+    }
+
+    /// Unsubscribes `sid` and keeps delivering what the server sent before it read
+    /// the UNSUB: [`ConnEvent::Drained`] says the last one came (at once while
+    /// disconnected).
+    pub fn drain(&mut self, sid: Sid) {
+        let live = self.live();
+        let Some(sub) = self.subs.get_mut(&sid) else {
+            return;
+        };
+        if sub.draining {
+            return;
+        }
+        if live {
+            sub.draining = true;
+            self.out.extend_from_slice(&encode::unsub(sid));
+            self.pongs.push_back(PongFor::Drain(sid));
+            self.out.extend_from_slice(encode::PING);
+        } else {
+            self.subs.remove(&sid);
+            self.events.push_back(ConnEvent::Drained(sid));
         }
     }
 

@@ -845,3 +845,27 @@ proptest! {
         prop_assert_eq!(whole, chunked);
     }
 }
+
+#[test]
+fn a_drained_subscription_delivers_what_came_before_its_unsub_was_read() {
+    let now = Instant::now();
+    let mut conn = connected(config(1), now);
+    let sid = conn.subscribe("api.leases.*", None).unwrap();
+    written(&mut conn);
+    conn.drain(sid);
+    assert_eq!(written(&mut conn), format!("UNSUB {sid}\r\nPING\r\n"));
+    conn.handle_read(
+        now,
+        format!("MSG api.leases.renew {sid} 0\r\n\r\nPONG\r\n").as_bytes(),
+    );
+    let got = events(&mut conn);
+    assert!(
+        matches!(got[..], [ConnEvent::Message { .. }, ConnEvent::Drained(s)] if s == sid),
+        "{got:?}"
+    );
+    conn.handle_read(
+        now,
+        format!("MSG api.leases.renew {sid} 0\r\n\r\n").as_bytes(),
+    );
+    assert!(events(&mut conn).is_empty(), "nothing after the drain");
+}
