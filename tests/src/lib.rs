@@ -32,6 +32,7 @@ pub mod history;
 pub mod load;
 pub mod probe;
 pub mod proxy;
+pub mod raw;
 pub mod secure;
 pub mod server;
 
