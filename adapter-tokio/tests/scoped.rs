@@ -49,11 +49,11 @@ fn serving_user() -> Permissions {
         .publish(["_INBOX.>", "_R_.>", "dagnats.lease.inbox.>"])
 }
 
-/// The documented backend user: JetStream, the bucket, the owners' inboxes.
+/// The documented backend user: JetStream and the bucket.
 fn backend_user() -> Permissions {
     Permissions::new()
         .subscribe(["_dagnats_backend.>", "dagnats.lease.changed.>"])
-        .publish(["$JS.API.>", "$KV.leases.>", "dagnats.lease.inbox.>"])
+        .publish(["$JS.API.>", "$KV.leases.>"])
 }
 
 /// A caller who may publish requests and read its own replies, nothing more.
