@@ -44,6 +44,12 @@
 //! task ran under one). The service's serving future, the holder library's driver
 //! task and the client's calls are all plain smol futures.
 //!
+//! The service's serving connection is not async-nats at all: it is the strict
+//! connection of `dagnats_leases_nats::strict`, whose socket comes from
+//! [`SmolRuntime`]'s `connect_tcp` ([`smol::net::TcpStream`]) and whose task runs
+//! on smol's executor; only its backend client (JetStream, change events) is
+//! async-nats.
+//!
 //! A client connected some other way (`async_nats::connect` inside your own tokio
 //! runtime, or under `Compat`) works the same: only the connection task needs
 //! tokio, and it has it.

@@ -869,3 +869,35 @@ fn a_drained_subscription_delivers_what_came_before_its_unsub_was_read() {
     );
     assert!(events(&mut conn).is_empty(), "nothing after the drain");
 }
+
+proptest! {
+    /// Any header block at all, framed by correct byte counts and fed in any
+    /// chunks, is delivered as its message (with its error if malformed) and the
+    /// connection stays; the fuzz target `nats_protocol` runs the same longer.
+    #[test]
+    fn no_header_block_ends_the_connection(
+        block in proptest::collection::vec(any::<u8>(), 0..80),
+        payload in proptest::collection::vec(any::<u8>(), 0..20),
+        chunk in 1usize..40,
+    ) {
+        let now = Instant::now();
+        let mut conn = Connection::new(config(1), now);
+        let sid = conn.subscribe("api.leases.*", None).unwrap();
+        conn.handle_connected(now);
+        conn.handle_read(now, INFO);
+        conn.handle_read(now, b"PONG\r\n");
+        events(&mut conn);
+        let mut frame = format!("HMSG api.leases.renew {sid} _INBOX.x {} {}\r\n", block.len(), block.len() + payload.len()).into_bytes();
+        frame.extend_from_slice(&block);
+        frame.extend_from_slice(&payload);
+        frame.extend_from_slice(b"\r\n");
+        for part in frame.chunks(chunk) {
+            conn.handle_read(now, part);
+        }
+        let got = events(&mut conn);
+        prop_assert_eq!(got.len(), 1, "{:?}", got);
+        let delivered = matches!(&got[0], ConnEvent::Message { message, .. } if message.payload == payload);
+        prop_assert!(delivered, "{:?}", got);
+        prop_assert!(conn.is_connected());
+    }
+}
