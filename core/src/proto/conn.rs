@@ -1,6 +1,7 @@
 //! One client connection to NATS as a machine: the handshake, keepalive,
-//! subscriptions kept across reconnects, reconnection with backoff, the request
-//! helper, and `INFO`'s `max_payload`. The adapter dials, upgrades to TLS, reads
+//! subscriptions kept across reconnects, reconnection with backoff (to the
+//! configured servers and the cluster's others from `INFO`'s `connect_urls`), the
+//! request helper, and `INFO`'s `max_payload`. The adapter dials, upgrades to TLS, reads
 //! and writes bytes when told; every decision (when to dial which server, when a
 //! connection is stale, what a message is) is here.
 //!
@@ -26,6 +27,8 @@ use crate::io::RequestOutcome;
 const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// What a delivered message may carry past `max_payload` (its header block).
 const MESSAGE_SLACK: usize = 64 * 1024;
+/// The most servers dialed in turn, configured and learnt from INFO together.
+pub const MAX_SERVERS: usize = 64;
 
 /// Signs the server's nonce with the client's nkey: what nkey and JWT
 /// authentication send back. The adapter supplies it (the core holds no keys).
@@ -469,6 +472,7 @@ impl Connection {
                 if info.max_payload > 0 {
                     self.set_max_payload(info.max_payload);
                 }
+                self.learn_servers(&info);
             }
             ServerOp::Ping => self.out.extend_from_slice(encode::PONG),
             ServerOp::Pong => self.handle_pong(now),
@@ -487,10 +491,35 @@ impl Connection {
             .set_max_message(max.saturating_add(MESSAGE_SLACK));
     }
 
+    /// The cluster's other servers, from INFO's `connect_urls`: dialed in turn
+    /// after the configured ones when a connection is lost (at most
+    /// [`MAX_SERVERS`] in all).
+    fn learn_servers(&mut self, info: &ServerInfo) {
+        let tls = self.config.servers[self.server].tls;
+        for url in &info.connect_urls {
+            if self.config.servers.len() >= MAX_SERVERS {
+                return;
+            }
+            let Ok(mut addr) = ServerAddr::parse(url) else {
+                continue;
+            };
+            addr.tls = tls;
+            if !self
+                .config
+                .servers
+                .iter()
+                .any(|s| s.host == addr.host && s.port == addr.port)
+            {
+                self.config.servers.push(addr);
+            }
+        }
+    }
+
     fn handle_info(&mut self, now: Instant, info: Box<ServerInfo>) {
         if info.max_payload > 0 {
             self.set_max_payload(info.max_payload);
         }
+        self.learn_servers(&info);
         let addr = &self.config.servers[self.server];
         let tls = info.tls_required || self.config.tls || addr.tls;
         if tls && !info.tls_required && !info.tls_available {

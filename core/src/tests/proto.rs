@@ -901,3 +901,33 @@ proptest! {
         prop_assert!(conn.is_connected());
     }
 }
+
+#[test]
+fn the_clusters_other_servers_from_info_are_dialed_in_turn_after_a_loss() {
+    let now = Instant::now();
+    let mut conn = Connection::new(config(1), now);
+    events(&mut conn);
+    conn.handle_connected(now);
+    conn.handle_read(
+        now,
+        b"INFO {\"connect_urls\":[\"n2:4222\",\"h0:4222\",\"[::1]:4333\",\"bad:port\"]}\r\n",
+    );
+    written(&mut conn);
+    conn.handle_read(now, b"PONG\r\n");
+    let mut dialed = Vec::new();
+    for _ in 0..3 {
+        conn.handle_closed(now, "gone");
+        events(&mut conn);
+        let at = conn.poll_timeout().unwrap();
+        conn.handle_timeout(at);
+        for event in events(&mut conn) {
+            if let ConnEvent::Dial { addr, .. } = event {
+                dialed.push(format!("{}:{}", addr.host, addr.port));
+            }
+        }
+        conn.handle_dial_failed(at, "refused");
+        events(&mut conn);
+    }
+    // The configured one is not added twice; a URL that does not parse is skipped.
+    assert_eq!(dialed, vec!["n2:4222", "::1:4333", "h0:4222"]);
+}
