@@ -1,6 +1,7 @@
 //! The lease service's IO loop around the core's
 //! [`Service`] machine, one serving future
-//! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
+//! that keeps time on a [`Runtime`] (the one task it spawns there is its strict
+//! serving connection's, [`crate::strict`]): it subscribes to what the
 //! machine asks (and tells it of a subscription that failed), feeds it every
 //! message, outcome, timer and the stop, sends its requests untimed and drops the
 //! ones it cancels, publishes its replies (and tells it as each is handed to the
@@ -277,9 +278,10 @@ pub async fn start_on(
 }
 
 /// A service ready to serve: its mode, its stop switch, and the one future that
-/// serves every request until the switch is thrown. The future spawns nothing and
-/// keeps time on the [`Runtime`] it was prepared with, so that runtime's executor
-/// (or any other) can poll it.
+/// serves every request until the switch is thrown. The future spawns nothing (its
+/// strict connection's task was spawned when it was prepared) and keeps time on the
+/// [`Runtime`] it was prepared with, so that runtime's executor (or any other) can
+/// poll it.
 pub struct Prepared {
     /// `Ready`, or `Unsupported` on a server without per-message TTL.
     pub mode: Mode,
@@ -306,8 +308,9 @@ impl std::fmt::Debug for Prepared {
 ///
 /// Every decision is the core's [`Service`] machine's; this drives it: it
 /// subscribes, receives, sends, publishes the replies, flushes, arms one timer and
-/// records what the machine reports. async-nats needs a tokio context: on smol,
-/// poll this future and the serving one under `async_compat::Compat`.
+/// records what the machine reports. It opens the strict serving connection on
+/// `runtime` (its task spawned there). The backend async-nats client needs a
+/// tokio context only where it was connected.
 pub async fn prepare(
     runtime: Arc<dyn Runtime>,
     clients: impl Into<Clients>,
@@ -340,8 +343,8 @@ pub async fn prepare(
         io.record(&mut service, event).await?;
     }
     io.drain(&mut service).await?;
-    // Push the subscriptions onto the socket (async-nats' flush does not wait for the
-    // server): the server reads them before anything this client sends after them.
+    // Wait for the server's PONG after the subscriptions: it has read them before
+    // anything any client sends after this returns.
     io.serving
         .flush()
         .await
