@@ -1,4 +1,4 @@
-//! The strict NATS connection: the core's [`Connection`] machine
+//! The strict NATS connection: the core's [`Connection`](dagnats_leases_core::proto::Connection) machine
 //! ([`dagnats_leases_core::proto`]) driven over a socket of the [`Runtime`]'s
 //! (TCP from [`Runtime::connect_tcp`], TLS with futures-rustls over it). It carries
 //! what callers and owners write (the service's requests, its replies, its
