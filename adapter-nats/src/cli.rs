@@ -205,17 +205,15 @@ impl BackendAuth {
 }
 
 impl ServeArgs {
-    /// Connects the service's connections: one, or a serving and a backend one
-    /// when `--backend-*` is given.
+    /// The service's connections: the strict serving connection's options (the
+    /// service opens it) and the backend client, connected as the serving user or,
+    /// when `--backend-*` is given, as the backend user.
     pub async fn connect(&self) -> Result<Clients, crate::Error> {
-        let serving = self.connect.connect().await?;
-        match self.backend.options(&self.connect) {
-            None => Ok(Clients::from(serving)),
-            Some(backend) => Ok(Clients {
-                serving,
-                backend: backend.connect().await?,
-            }),
-        }
+        let backend = match self.backend.options(&self.connect) {
+            None => self.connect.connect().await?,
+            Some(backend) => backend.connect().await?,
+        };
+        Ok(Clients::new(self.connect.strict(), backend))
     }
 
     /// The service options these arguments give, or why they cannot be had.

@@ -46,6 +46,25 @@ pub struct ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// The same server, credentials and TLS for the service's strict serving
+    /// connection ([`crate::strict`]).
+    pub fn strict(&self) -> crate::strict::StrictOptions {
+        crate::strict::StrictOptions {
+            urls: self.nats_url.clone(),
+            user: self.user.clone(),
+            password: self.password.clone(),
+            token: self.token.clone(),
+            nkey: self.nkey.clone(),
+            creds: self.creds.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            name: Some(self.name.clone()),
+            inbox_prefix: self.inbox_prefix.clone(),
+            ..Default::default()
+        }
+    }
+
     /// Connects with these options (failing fast if no server answers now);
     /// async-nats reconnects on its own afterwards.
     pub async fn connect(&self) -> Result<async_nats::Client, Error> {

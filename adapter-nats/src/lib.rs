@@ -16,8 +16,11 @@
 //! ```no_run
 //! # #[cfg(feature = "runtime-tokio")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
-//! let service = dagnats_leases_nats::service::start(client, Default::default()).await?;
+//! let url = "nats://127.0.0.1:4222";
+//! let client = async_nats::connect(url).await?;
+//! // The strict serving connection to `url` (opened by the service) and the
+//! // backend client.
+//! let service = dagnats_leases_nats::service::start((url, client), Default::default()).await?;
 //! // ... until it is time to stop:
 //! service.shutdown().await;
 //! # Ok(()) }
@@ -40,6 +43,7 @@ pub mod member;
 pub mod nats_request;
 pub mod runtime;
 pub mod service;
+pub mod strict;
 pub mod telemetry;
 
 /// What went wrong in the adapter (not a lease outcome: those are replies).

@@ -22,7 +22,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::future::{Either, select};
+use futures::future::{BoxFuture, Either, select};
+use futures::io::{AsyncRead, AsyncWrite};
+
+/// A byte stream (TCP, or TLS over it) as the strict connection reads and writes it.
+pub trait Socket: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Socket for T {}
+
+/// A socket as [`Runtime::connect_tcp`] gives it.
+pub type BoxSocket = Box<dyn Socket>;
 
 /// A future this crate hands to a [`Runtime`] to run in the background.
 pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -38,6 +47,14 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// A future that resolves at `deadline`, an instant of [`Runtime::now`]'s clock
     /// (at once if it has passed).
     fn sleep_until(&self, deadline: Instant) -> Sleep;
+
+    /// Opens a TCP connection to `host`:`port` on this runtime's reactor, as a
+    /// futures-io stream: the strict connection's socket.
+    fn connect_tcp(
+        &self,
+        host: String,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<BoxSocket>>;
 
     /// Now, on the clock of every deadline the shared code computes and arms:
     /// [`crate::clock::now`], which counts time suspended (a holder's deadline must,
@@ -75,6 +92,20 @@ impl Runtime for TokioRuntime {
         Box::pin(tokio::time::sleep(
             deadline.saturating_duration_since(self.now()),
         ))
+    }
+
+    /// tokio's TCP stream through tokio-util's compat (futures-io's traits).
+    fn connect_tcp(
+        &self,
+        host: String,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<BoxSocket>> {
+        use tokio_util::compat::TokioAsyncReadCompatExt as _;
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream.compat()) as BoxSocket)
+        })
     }
 }
 

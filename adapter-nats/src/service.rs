@@ -1,6 +1,7 @@
 //! The lease service's IO loop around the core's
 //! [`Service`] machine, one serving future
-//! that spawns nothing and keeps time on a [`Runtime`]: it subscribes to what the
+//! that keeps time on a [`Runtime`] (the one task it spawns there is its strict
+//! serving connection's, [`crate::strict`]): it subscribes to what the
 //! machine asks (and tells it of a subscription that failed), feeds it every
 //! message, outcome, timer and the stop, sends its requests untimed and drops the
 //! ones it cancels, publishes its replies (and tells it as each is handed to the
@@ -17,7 +18,9 @@ use async_nats::{Client, Message, Subscriber};
 use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::call::DEFAULT_KV_TIMEOUT;
 use dagnats_leases_core::coalesce;
+use dagnats_leases_core::io::TransmitKind;
 use dagnats_leases_core::io::{EffectId, Mode};
+use dagnats_leases_core::proto::Delivered;
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::service::{
     KvFact, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
@@ -40,6 +43,7 @@ use crate::nats_request;
 #[cfg(feature = "runtime-tokio")]
 use crate::runtime::TokioRuntime;
 use crate::runtime::{self, Runtime};
+use crate::strict::{StrictClient, StrictOptions, Subscription};
 use crate::telemetry;
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
@@ -202,26 +206,47 @@ impl Drop for ServiceHandle {
     }
 }
 
-/// The service's connections: `serving` reads the requests and publishes the
-/// replies, `backend` makes every other request (JetStream, the owners' inboxes).
+/// The service's connections: `serving` is the strict connection
+/// ([`crate::strict`]) the service opens from these options, which reads the
+/// requests, publishes the replies and sends the forwards to owners' inboxes
+/// (everything a caller or an owner writes); `backend` is an async-nats client for
+/// JetStream and the change events (bytes only the server writes).
 ///
-/// One client serves as both (`From<Client>`). The documented deployment gives
-/// them two NATS users: the serving user may publish only to reply inboxes, so
-/// even a broken reply check could not write the bucket (docs/security.md).
+/// The documented deployment gives them two NATS users: the serving user may
+/// publish only to reply inboxes and owners' inboxes, so even a broken reply
+/// check could not write the bucket (docs/security.md).
 #[derive(Debug, Clone)]
 pub struct Clients {
-    /// Subscribes to the lease API and `$SRV`, and publishes replies.
-    pub serving: Client,
-    /// Talks to JetStream and to the owners' inboxes.
+    /// How to open the strict serving connection.
+    pub serving: StrictOptions,
+    /// Talks to JetStream and reads the change events.
     pub backend: Client,
 }
 
-impl From<Client> for Clients {
-    fn from(client: Client) -> Self {
-        Self {
-            serving: client.clone(),
-            backend: client,
-        }
+impl Clients {
+    /// The serving connection's options and the backend client.
+    pub fn new(serving: StrictOptions, backend: Client) -> Self {
+        Self { serving, backend }
+    }
+}
+
+/// The serving connection to this URL, without credentials, and the backend client.
+impl From<(String, Client)> for Clients {
+    fn from((url, backend): (String, Client)) -> Self {
+        Self::new(StrictOptions::new(url), backend)
+    }
+}
+
+/// The serving connection to this URL, without credentials, and the backend client.
+impl From<(&str, Client)> for Clients {
+    fn from((url, backend): (&str, Client)) -> Self {
+        Self::new(StrictOptions::new(url), backend)
+    }
+}
+
+impl From<(StrictOptions, Client)> for Clients {
+    fn from((serving, backend): (StrictOptions, Client)) -> Self {
+        Self::new(serving, backend)
     }
 }
 
@@ -258,9 +283,10 @@ pub async fn start_on(
 }
 
 /// A service ready to serve: its mode, its stop switch, and the one future that
-/// serves every request until the switch is thrown. The future spawns nothing and
-/// keeps time on the [`Runtime`] it was prepared with, so that runtime's executor
-/// (or any other) can poll it.
+/// serves every request until the switch is thrown. The future spawns nothing (its
+/// strict connection's task was spawned when it was prepared) and keeps time on the
+/// [`Runtime`] it was prepared with, so that runtime's executor (or any other) can
+/// poll it.
 pub struct Prepared {
     /// `Ready`, or `Unsupported` on a server without per-message TTL.
     pub mode: Mode,
@@ -287,8 +313,9 @@ impl std::fmt::Debug for Prepared {
 ///
 /// Every decision is the core's [`Service`] machine's; this drives it: it
 /// subscribes, receives, sends, publishes the replies, flushes, arms one timer and
-/// records what the machine reports. async-nats needs a tokio context: on smol,
-/// poll this future and the serving one under `async_compat::Compat`.
+/// records what the machine reports. It opens the strict serving connection on
+/// `runtime` (its task spawned there). The backend async-nats client needs a
+/// tokio context only where it was connected.
 pub async fn prepare(
     runtime: Arc<dyn Runtime>,
     clients: impl Into<Clients>,
@@ -297,10 +324,19 @@ pub async fn prepare(
     let Clients { serving, backend } = clients.into();
     let info = backend.server_info();
     // The instance id: unique per process, as the micro protocol asks.
-    let inbox = serving.new_inbox();
-    let id = inbox.rsplit('.').next().unwrap_or_default().to_string();
+    let id = nuid::next().to_string();
     let config = options.service_config(&info.version, info.max_payload, id);
-    let service = Service::new(config, OffsetDateTime::now_utc(), runtime.now());
+    let mut service = Service::new(config, OffsetDateTime::now_utc(), runtime.now());
+    // What the machine says before anything is carried out: a start it refuses
+    // (no INFO on the backend client) ends here, with no serving connection.
+    let early: Vec<ServiceEvent> = std::iter::from_fn(|| service.poll_event()).collect();
+    if let Some(ServiceEvent::StartRefused(why)) = early
+        .iter()
+        .find(|e| matches!(e, ServiceEvent::StartRefused(_)))
+    {
+        return Err(Error::new(ServiceErrorKind::Config, why.clone()));
+    }
+    let serving = StrictClient::connect(runtime.clone(), &serving).await?;
     let mut io = Io::new(
         runtime,
         serving,
@@ -308,10 +344,12 @@ pub async fn prepare(
         info.max_payload,
         info.version.clone(),
     );
-    let mut service = service;
+    for event in early {
+        io.record(&mut service, event).await?;
+    }
     io.drain(&mut service).await?;
-    // Push the subscriptions onto the socket (async-nats' flush does not wait for the
-    // server): the server reads them before anything this client sends after them.
+    // Wait for the server's PONG after the subscriptions: it has read them before
+    // anything any client sends after this returns.
     io.serving
         .flush()
         .await
@@ -341,11 +379,11 @@ pub async fn prepare(
 /// one timer.
 struct Io {
     runtime: Arc<dyn Runtime>,
-    serving: Client,
+    serving: StrictClient,
     backend: Client,
     max_payload: usize,
     server: String,
-    requests: SelectAll<Subscriber>,
+    requests: SelectAll<Subscription>,
     changes: Option<Subscriber>,
     /// The requests out, each until its outcome or the machine's cancel.
     outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
@@ -370,7 +408,7 @@ struct Io {
 impl Io {
     fn new(
         runtime: Arc<dyn Runtime>,
-        serving: Client,
+        serving: StrictClient,
         backend: Client,
         max_payload: usize,
         server: String,
@@ -463,7 +501,7 @@ impl Io {
                 service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
             }
             next = self.requests.next(), if self.intake_open => match next {
-                Some(m) => service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m)),
+                Some(m) => service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), delivered(m)),
                 None => {
                     self.intake_open = false;
                     service.handle_intake_closed(self.runtime.now());
@@ -503,8 +541,27 @@ impl Io {
     /// Carries out every output of `service`.
     async fn drain(&mut self, service: &mut Service) -> Result<(), Error> {
         while let Some(t) = service.poll_transmit() {
-            let client = self.backend.clone();
             let id = t.id;
+            if t.kind == TransmitKind::Inbox {
+                // A forward: what an owner writes back comes on the strict
+                // connection, so a malformed reply fails only this request.
+                let serving = self.serving.clone();
+                let request = t.request;
+                let send = self.cancels.start(id, async move {
+                    let headers = request
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (n.to_string(), v.clone()))
+                        .collect();
+                    let outcome = serving
+                        .request(request.subject, headers, request.payload)
+                        .await;
+                    (id, outcome)
+                });
+                self.outcomes.push(send);
+                continue;
+            }
+            let client = self.backend.clone();
             let send = self.cancels.start(id, async move {
                 for m in t.publish {
                     // A message lost here leaves a gap: the commit is answered
@@ -537,16 +594,30 @@ impl Io {
             } => {
                 let subscribed = match (kind, queue) {
                     (SubscriptionKind::Changes, _) => self.backend.subscribe(subject.clone()).await,
-                    (_, Some(queue)) => {
-                        self.serving
-                            .queue_subscribe(subject.clone(), queue.to_string())
+                    (_, queue) => {
+                        match self
+                            .serving
+                            .subscribe(subject.clone(), queue.map(str::to_string))
                             .await
+                        {
+                            Ok(s) => {
+                                self.requests.push(s);
+                                return Ok(());
+                            }
+                            Err(e) => {
+                                service.handle_subscribe_failed(
+                                    self.runtime.now(),
+                                    kind,
+                                    &subject,
+                                    &e.to_string(),
+                                );
+                                return Ok(());
+                            }
+                        }
                     }
-                    (_, None) => self.serving.subscribe(subject.clone()).await,
                 };
                 match (subscribed, kind) {
-                    (Ok(s), SubscriptionKind::Changes) => self.changes = Some(s),
-                    (Ok(s), _) => self.requests.push(s),
+                    (Ok(s), _) => self.changes = Some(s),
                     (Err(e), kind) => service.handle_subscribe_failed(
                         self.runtime.now(),
                         kind,
@@ -559,7 +630,7 @@ impl Io {
             ServiceEvent::Reply { id, to, body } => {
                 let serving = self.serving.clone();
                 let send = self.reply_cancels.start(id, async move {
-                    intake::reply(&serving, to.into(), body).await;
+                    intake::reply(&serving, to, body).await;
                     id
                 });
                 self.sending.push(send);
@@ -640,6 +711,23 @@ fn received(m: Message) -> Received {
         reply: m.reply.map(|r| r.to_string()),
         headers: crate::nats_request::header_pairs(m.headers.as_ref()),
         payload: m.payload.to_vec(),
+        header_error: None,
+    }
+}
+
+/// A message of the strict connection as the core reads it: a malformed header
+/// block is passed on as its error, none of its headers read.
+fn delivered(m: Delivered) -> Received {
+    let (headers, header_error) = match m.headers {
+        Ok(h) => (h.pairs, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Received {
+        subject: m.subject,
+        reply: m.reply,
+        headers,
+        payload: m.payload,
+        header_error,
     }
 }
 

@@ -8,8 +8,11 @@
 //!
 //! ```no_run
 //! smol::block_on(async {
-//!     let client = dagnats_leases_smol::connect("nats://127.0.0.1:4222").await?;
-//!     let service = dagnats_leases_smol::start(client, Default::default()).await?;
+//!     let url = "nats://127.0.0.1:4222";
+//!     let client = dagnats_leases_smol::connect(url).await?;
+//!     // The strict serving connection to `url` (opened by the service) and the
+//!     // backend client.
+//!     let service = dagnats_leases_smol::start((url, client), Default::default()).await?;
 //!     service.shutdown().await;
 //!     Ok::<_, Box<dyn std::error::Error>>(())
 //! })
@@ -41,6 +44,12 @@
 //! task ran under one). The service's serving future, the holder library's driver
 //! task and the client's calls are all plain smol futures.
 //!
+//! The service's serving connection is not async-nats at all: it is the strict
+//! connection of `dagnats_leases_nats::strict`, whose socket comes from
+//! [`SmolRuntime`]'s `connect_tcp` ([`smol::net::TcpStream`]) and whose task runs
+//! on smol's executor; only its backend client (JetStream, change events) is
+//! async-nats.
+//!
 //! A client connected some other way (`async_nats::connect` inside your own tokio
 //! runtime, or under `Compat`) works the same: only the connection task needs
 //! tokio, and it has it.
@@ -69,8 +78,9 @@ pub use dagnats_leases_nats::member::{
     Ownership, Semaphore, Shards, StepDownReason, Tenure,
 };
 pub use dagnats_leases_nats::runtime::Runtime;
-use dagnats_leases_nats::runtime::{Sleep, Task};
-pub use dagnats_leases_nats::service::{ServiceHandle, ServiceOptions};
+use dagnats_leases_nats::runtime::{BoxSocket, Sleep, Task};
+pub use dagnats_leases_nats::service::{Clients, ServiceHandle, ServiceOptions};
+pub use dagnats_leases_nats::strict::StrictOptions;
 pub use dagnats_leases_nats::{Error, ErrorKind};
 
 /// Runs the shared async code on smol: [`smol::spawn`] (detached) and
@@ -98,6 +108,19 @@ impl Runtime for SmolRuntime {
             timer.await;
         })
     }
+
+    /// [`smol::net::TcpStream`], a futures-io stream already.
+    fn connect_tcp(
+        &self,
+        host: String,
+        port: u16,
+    ) -> smol::future::Boxed<std::io::Result<BoxSocket>> {
+        Box::pin(async move {
+            let stream = smol::net::TcpStream::connect((host.as_str(), port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream) as BoxSocket)
+        })
+    }
 }
 
 /// Connects to NATS from smol (under [`Compat`]: the connection task is tokio's).
@@ -111,12 +134,12 @@ pub async fn connect(url: &str) -> Result<async_nats::Client, Error> {
 /// [`Compat`] (async-nats' micro service spawns its handler on tokio); the serving
 /// future runs on smol alone.
 pub async fn start(
-    client: async_nats::Client,
+    clients: impl Into<Clients>,
     options: ServiceOptions,
 ) -> Result<ServiceHandle, Error> {
     Compat::new(dagnats_leases_nats::service::start_on(
         SmolRuntime::shared(),
-        client,
+        clients,
         options,
     ))
     .await

@@ -28,7 +28,7 @@ async fn futures_lite_timeout<T>(
 /// The service on smol, connected to `url`.
 async fn serve(url: &str) -> dagnats_leases_smol::ServiceHandle {
     let client = dagnats_leases_smol::connect(url).await.unwrap();
-    dagnats_leases_smol::start(client, Default::default())
+    dagnats_leases_smol::start((url, client), Default::default())
         .await
         .unwrap()
 }

@@ -9,8 +9,11 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
-//! let service = dagnats_leases_tokio::service::start(client, Default::default()).await?;
+//! let url = "nats://127.0.0.1:4222";
+//! let client = async_nats::connect(url).await?;
+//! // The strict serving connection to `url` (opened by the service) and the
+//! // backend client.
+//! let service = dagnats_leases_tokio::service::start((url, client), Default::default()).await?;
 //! // ... until it is time to stop:
 //! service.shutdown().await;
 //! # Ok(()) }
@@ -20,7 +23,7 @@
 #![warn(clippy::use_self)]
 
 pub use dagnats_leases_nats::{
-    Error, ErrorKind, client, clock, member, nats_request, runtime, service, telemetry,
+    Error, ErrorKind, client, clock, member, nats_request, runtime, service, strict, telemetry,
 };
 #[cfg(feature = "cli")]
 pub use dagnats_leases_nats::{cli, connect, exit};

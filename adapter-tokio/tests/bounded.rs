@@ -22,7 +22,9 @@ async fn calls_past_the_bound_wait_until_one_ends() {
         max_calls_in_flight: 2,
         ..ServiceOptions::default()
     };
-    let _service = service::start(client.clone(), options).await.unwrap();
+    let _service = service::start((server.url(), client.clone()), options)
+        .await
+        .unwrap();
     let leases = LeaseClient::new(client.clone());
     let granted = leases
         .acquire("k", "owner", Duration::from_secs(30))
@@ -102,7 +104,9 @@ async fn past_the_waiting_room_a_request_is_refused_at_once_and_renewals_keep_ha
         max_calls_waiting: 2,
         ..ServiceOptions::default()
     };
-    let _service = service::start(client.clone(), options).await.unwrap();
+    let _service = service::start((server.url(), client.clone()), options)
+        .await
+        .unwrap();
     let leases = LeaseClient::new(client.clone());
     let lease = leases
         .acquire("k", "owner", Duration::from_secs(30))

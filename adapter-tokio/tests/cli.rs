@@ -39,7 +39,7 @@ impl Cli {
 async fn setup() -> (NatsServer, service::ServiceHandle, Cli) {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let handle = service::start(client, ServiceOptions::default())
+    let handle = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     let cli = Cli { url: server.url() };
@@ -218,7 +218,9 @@ async fn list_reads_every_shard_of_a_sharded_bucket() {
         shards,
         ..ServiceOptions::default()
     };
-    let _service = service::start(client, options).await.unwrap();
+    let _service = service::start((server.url(), client), options)
+        .await
+        .unwrap();
     let cli = Cli { url: server.url() };
     let keys: Vec<String> = (0..12).map(|n| format!("s{n}")).collect();
     let spread: std::collections::BTreeSet<u32> = keys.iter().map(|k| shards.shard_of(k)).collect();
@@ -706,7 +708,12 @@ async fn list_and_watch_without_permission_end_at_once_saying_so() {
         .connect(&url)
         .await
         .unwrap();
-    let _service = service::start(svc, ServiceOptions::default())
+    let serving = dagnats_leases_tokio::strict::StrictOptions {
+        user: Some("svc".into()),
+        password: Some("svc".into()),
+        ..dagnats_leases_tokio::strict::StrictOptions::new(url.clone())
+    };
+    let _service = service::start((serving, svc), ServiceOptions::default())
         .await
         .unwrap();
     let as_user = |user: &'static str, args: &[&'static str]| -> Vec<String> {

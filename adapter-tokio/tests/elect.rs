@@ -175,7 +175,7 @@ impl Follower {
 async fn a_python_reader_of_elect_http_never_sees_two_leaders_through_kill_freeze_and_stop() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let _service = service::start(client, ServiceOptions::default())
+    let _service = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     let url = server.url();
@@ -306,7 +306,7 @@ async fn poll(
 async fn two_elect_shard_sets_split_four_shards_and_the_survivor_takes_them_all() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let _service = service::start(client, ServiceOptions::default())
+    let _service = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     let url = server.url();
@@ -396,7 +396,7 @@ async fn two_elect_shard_sets_split_four_shards_and_the_survivor_takes_them_all(
 async fn observe_prints_the_leader_then_no_leader_after_its_release() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let _service = service::start(client, ServiceOptions::default())
+    let _service = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     let url = server.url();

@@ -23,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(30);
 async fn setup() -> (NatsServer, ServiceHandle) {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let service = service::start(client, ServiceOptions::default())
+    let service = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     (server, service)

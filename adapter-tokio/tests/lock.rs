@@ -24,7 +24,7 @@ struct Setup {
 async fn setup() -> Setup {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let service = service::start(client, ServiceOptions::default())
+    let service = service::start((server.url(), client), ServiceOptions::default())
         .await
         .unwrap();
     Setup {

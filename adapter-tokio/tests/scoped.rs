@@ -41,18 +41,19 @@ fn one_user_service() -> Permissions {
         ])
 }
 
-/// The documented serving user: reads requests, publishes only to reply inboxes.
+/// The documented serving user: reads requests, publishes replies to reply inboxes
+/// and forwards to owners' inboxes (their replies come to its own `_INBOX.`).
 fn serving_user() -> Permissions {
     Permissions::new()
-        .subscribe(["api.leases.>", "$SRV.>"])
-        .publish(["_INBOX.>", "_R_.>"])
+        .subscribe(["api.leases.>", "$SRV.>", "_INBOX.>"])
+        .publish(["_INBOX.>", "_R_.>", "dagnats.lease.inbox.>"])
 }
 
-/// The documented backend user: JetStream, the bucket, the owners' inboxes.
+/// The documented backend user: JetStream and the bucket.
 fn backend_user() -> Permissions {
     Permissions::new()
         .subscribe(["_dagnats_backend.>", "dagnats.lease.changed.>"])
-        .publish(["$JS.API.>", "$KV.leases.>", "dagnats.lease.inbox.>"])
+        .publish(["$JS.API.>", "$KV.leases.>"])
 }
 
 /// A caller who may publish requests and read its own replies, nothing more.

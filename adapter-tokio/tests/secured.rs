@@ -16,6 +16,7 @@ use dagnats_leases_tokio::client::LeaseClient;
 use dagnats_leases_tokio::client::change_event;
 use dagnats_leases_tokio::member::{Member, Ownership};
 use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::strict::StrictOptions;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
@@ -357,7 +358,17 @@ async fn permissioned() -> (NatsServer, service::ServiceHandle) {
     let (svc, mut svc_errors) = connect_as(&server.url(), "svc").await;
     let handle = until(
         "the service's start",
-        service::start(svc.clone(), ServiceOptions::default()),
+        service::start(
+            (
+                StrictOptions {
+                    user: Some("svc".into()),
+                    password: Some("pw".into()),
+                    ..StrictOptions::new(server.url())
+                },
+                svc.clone(),
+            ),
+            ServiceOptions::default(),
+        ),
     )
     .await
     .expect("the service starts with the README's service permissions");

@@ -114,7 +114,7 @@ impl World {
         let direct = async_nats::connect(server.url()).await.expect("connects");
         let service = if with_service {
             Some(
-                service::start(direct.clone(), ServiceOptions::default())
+                service::start((server.url(), direct.clone()), ServiceOptions::default())
                     .await
                     .expect("the service starts"),
             )

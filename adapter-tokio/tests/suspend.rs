@@ -44,13 +44,24 @@ impl Runtime for JumpingClock {
     fn now(&self) -> Instant {
         clock::now() + Duration::from_millis(self.ahead_ms.load(Ordering::SeqCst))
     }
+
+    fn connect_tcp(
+        &self,
+        host: String,
+        port: u16,
+    ) -> futures::future::BoxFuture<
+        'static,
+        std::io::Result<dagnats_leases_tokio::runtime::BoxSocket>,
+    > {
+        dagnats_leases_tokio::runtime::TokioRuntime.connect_tcp(host, port)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_suspend_longer_than_the_lease_the_holder_believes_nothing() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let _service = service::start(client.clone(), ServiceOptions::default())
+    let _service = service::start((server.url(), client.clone()), ServiceOptions::default())
         .await
         .unwrap();
     let runtime = Arc::new(JumpingClock::default());

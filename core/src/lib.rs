@@ -103,6 +103,7 @@ pub mod io;
 pub mod js;
 pub mod known;
 pub mod micro;
+pub mod proto;
 pub mod record;
 pub mod replicas;
 pub mod reply_scope;

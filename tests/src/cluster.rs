@@ -313,14 +313,14 @@ pub async fn start_r3_service(
     options: dagnats_leases_tokio::service::ServiceOptions,
 ) -> dagnats_leases_tokio::service::ServiceHandle {
     let client = async_nats::ConnectOptions::new()
-        .connect(url)
+        .connect(url.clone())
         .await
         .expect("connect the service");
     let options = dagnats_leases_tokio::service::ServiceOptions {
         replicas: Some(3),
         ..options
     };
-    dagnats_leases_tokio::service::start(client, options)
+    dagnats_leases_tokio::service::start((url, client), options)
         .await
         .expect("service starts")
 }

@@ -265,9 +265,12 @@ fn bodies(held: &str, owner: &str, rev: u64, max_payload: usize) -> Vec<Hostile>
 #[tokio::test]
 async fn hostile_bodies_are_invalid_and_change_nothing() {
     let server = NatsServer::start();
-    let svc = service::start(connect(&server).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), connect(&server).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let client = connect(&server).await;
     let max_payload = client.server_info().max_payload;
 
@@ -538,9 +541,12 @@ fn hostile_reply_subjects() -> Vec<String> {
 
 async fn hostile_reply_subjects_are_not_answered_and_change_nothing(binary: Binary) {
     let server = NatsServer::builder().binary(binary).start();
-    let svc = service::start(connect(&server).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), connect(&server).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let client = connect(&server).await;
     let attacker = connect(&server).await;
     // A client with async-nats' subject validation off, for the whitespace subjects.
@@ -942,9 +948,12 @@ async fn life(
 async fn hostile_request_headers_are_never_copied_into_a_write(binary: Binary) {
     use futures::StreamExt;
     let server = NatsServer::builder().binary(binary).start();
-    let svc = service::start(connect(&server).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), connect(&server).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let client = connect(&server).await;
     let mut events = client.subscribe("dagnats.lease.changed.>").await.unwrap();
     // The owner `fh` answers forwards and reports the headers it was sent.
@@ -1097,9 +1106,12 @@ async fn hostile_request_headers_are_never_copied_into_a_write(binary: Binary) {
 async fn churned_key_names_leave_an_empty_stream() {
     use futures::StreamExt;
     let server = NatsServer::start();
-    let svc = service::start(connect(&server).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), connect(&server).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let client = connect(&server).await;
     // Fresh names of every allowed shape: letters, digits, `_`, `-`, 1 to 128 bytes.
     let n = 400;
@@ -1219,9 +1231,12 @@ async fn a_flood_of_bogus_renews_is_refused_and_another_callers_renewals_go_on()
     use futures::StreamExt;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let server = NatsServer::start();
-    let svc = service::start(connect(&server).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), connect(&server).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let holder = connect(&server).await;
     let attacker = connect(&server).await;
     let held = call_raw(

@@ -118,7 +118,7 @@ fn options(shards: ShardMap) -> ServiceOptions {
 async fn nine_thousand_fresh_keys_churned_128_at_a_time_leave_an_empty_stream() {
     let server = NatsServer::start();
     let shards = ShardMap::SINGLE;
-    let svc = service::start(connect(&server).await, options(shards))
+    let svc = service::start((server.url(), connect(&server).await), options(shards))
         .await
         .expect("service starts");
     let client = connect(&server).await;
@@ -148,7 +148,7 @@ async fn nine_thousand_fresh_keys_churned_128_at_a_time_leave_an_empty_stream() 
 /// expire (1 s). A new service on the same bucket empties it.
 async fn killed_mid_churn_then_started_again(shards: ShardMap, before: usize) {
     let server = NatsServer::start();
-    let svc = service::start(connect(&server).await, options(shards))
+    let svc = service::start((server.url(), connect(&server).await), options(shards))
         .await
         .expect("service starts");
     let client = connect(&server).await;
@@ -171,7 +171,7 @@ async fn killed_mid_churn_then_started_again(shards: ShardMap, before: usize) {
     churner.abort();
     let _ = churner.await;
     let at_kill = messages(&client, shards).await;
-    let svc = service::start(connect(&server).await, options(shards))
+    let svc = service::start((server.url(), connect(&server).await), options(shards))
         .await
         .expect("service starts again");
     let left = until_empty(&client, shards).await;

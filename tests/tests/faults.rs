@@ -797,7 +797,7 @@ async fn without_read_confirmation_the_partition_shows_stale_reads() {
             ..ServiceOptions::default()
         };
         fx.services.push(
-            service::start(client, options)
+            service::start((fx.cluster.url(i), client), options)
                 .await
                 .expect("service starts"),
         );

@@ -47,9 +47,12 @@ async fn a_renew_or_release_of_a_lease_just_granted_is_one_write_and_no_read() {
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let svc = service::start(client(server.url()).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), client(server.url()).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let c = client(server.url()).await;
     let mut tap = Tap::new(server.url()).await;
 
@@ -132,9 +135,12 @@ async fn a_renew_of_a_lease_known_from_its_change_event_is_one_write_and_no_read
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let svc = service::start(client(server.url()).await, ServiceOptions::default())
-        .await
-        .expect("service starts");
+    let svc = service::start(
+        (server.url(), client(server.url()).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("service starts");
     let c = client(server.url()).await;
     let mut events = c.subscribe("dagnats.lease.changed.k").await.unwrap();
     let mut tap = Tap::new(server.url()).await;

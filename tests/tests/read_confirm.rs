@@ -102,7 +102,7 @@ async fn start_service(url: String, options: ServiceOptions) -> ServiceHandle {
         shards: test_shards(),
         ..options
     };
-    service::start(client(url).await, options)
+    service::start((url.clone(), client(url).await), options)
         .await
         .expect("service starts")
 }

@@ -609,7 +609,8 @@ async fn a_client_without_the_servers_info_cannot_start_a_service() {
         .await
         .expect("a client that retries");
     assert!(client.server_info().version.is_empty());
-    let e = dagnats_leases_tokio::service::start(client, ServiceOptions::default())
+    let url = format!("nats://127.0.0.1:{port}");
+    let e = dagnats_leases_tokio::service::start((url, client), ServiceOptions::default())
         .await
         .expect_err("no INFO, no start");
     assert_eq!(e.kind(), dagnats_leases_tokio::ErrorKind::Config, "{e}");
@@ -914,7 +915,7 @@ async fn stopping_the_service_answers_the_requests_delivered_but_unread() {
     let server = NatsServer::start();
     let prepared = dagnats_leases_tokio::service::prepare(
         dagnats_leases_tokio::runtime::TokioRuntime::shared(),
-        connect(&server).await,
+        (server.url(), connect(&server).await),
         Default::default(),
     )
     .await
@@ -955,7 +956,7 @@ async fn calls_during_startup_are_unavailable_then_served() {
     let mut server = NatsServer::builder().jetstream(false).start();
     let service_client = connect(&server).await;
     let starting = tokio::spawn(dagnats_leases_tokio::service::start(
-        service_client,
+        (server.url(), service_client),
         Default::default(),
     ));
     let client = connect(&server).await;

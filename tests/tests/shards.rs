@@ -258,7 +258,7 @@ async fn another_shard_count_is_refused_and_fences_carry_on() {
     service.unwrap().stop().await;
     for count in [1, 2, 4] {
         let options = with_shards(ShardMap::new(count).unwrap());
-        let refused = service::start(connect(&server).await, options)
+        let refused = service::start((server.url(), connect(&server).await), options)
             .await
             .err()
             .unwrap_or_else(|| panic!("--shards {count} over a bucket of 3 started"));
@@ -299,11 +299,14 @@ async fn another_shard_count_is_refused_and_fences_carry_on() {
 
     // And the other way: a one-stream bucket refuses any count but one.
     let single = NatsServer::start();
-    let one = service::start(connect(&single).await, ServiceOptions::default())
-        .await
-        .expect("one shard starts");
+    let one = service::start(
+        (single.url(), connect(&single).await),
+        ServiceOptions::default(),
+    )
+    .await
+    .expect("one shard starts");
     one.shutdown().await;
-    let refused = service::start(connect(&single).await, with_shards(three()))
+    let refused = service::start((single.url(), connect(&single).await), with_shards(three()))
         .await
         .expect_err("--shards 3 over a one-stream bucket started");
     assert!(refused.to_string().contains("--shards 3"), "{refused}");
@@ -339,8 +342,11 @@ async fn two_layouts_created_at_once_never_both_serve() {
 
     let server = NatsServer::start();
     let (one, sharded) = tokio::join!(
-        service::start(connect(&server).await, ServiceOptions::default()),
-        service::start(connect(&server).await, with_shards(three())),
+        service::start(
+            (server.url(), connect(&server).await),
+            ServiceOptions::default()
+        ),
+        service::start((server.url(), connect(&server).await), with_shards(three())),
     );
     // Two creates at the same moment can both pass a single server's overlap
     // check: then each asks for the other layout after its shard 0 is there,
@@ -371,7 +377,7 @@ async fn shard_0_made_before_the_guard_subject_gets_it() {
     old["subjects"] = json!(["$KV.leases_0.>"]);
     let made = js_api(&client, "$JS.API.STREAM.CREATE.KV_leases_0", old).await;
     assert!(made.get("error").is_none(), "{made}");
-    let svc = service::start(connect(&server).await, with_shards(three()))
+    let svc = service::start((server.url(), connect(&server).await), with_shards(three()))
         .await
         .expect("the sharded bucket serves");
     let info = js_api(&client, "$JS.API.STREAM.INFO.KV_leases_0", json!({})).await;

@@ -51,7 +51,7 @@ async fn soak_many_keys_renewed_at_a_third_of_the_ttl() {
 
     let server = NatsServer::builder().sync_always(true).start();
     let svc_client = async_nats::connect(server.url()).await.expect("connect");
-    let svc = service::start(svc_client, ServiceOptions::default())
+    let svc = service::start((server.url(), svc_client), ServiceOptions::default())
         .await
         .expect("service starts");
     let client = load::connect(&[server.url()]).await;
@@ -207,7 +207,7 @@ async fn soak_library_members_keep_every_shard() {
 
     let server = NatsServer::builder().sync_always(true).start();
     let svc_client = async_nats::connect(server.url()).await.expect("connect");
-    let svc = service::start(svc_client, ServiceOptions::default())
+    let svc = service::start((server.url(), svc_client), ServiceOptions::default())
         .await
         .expect("service starts");
     let counter = Arc::new(RenewCounter::default());

@@ -23,6 +23,9 @@
 //!
 //! - a reply goes only to a reply subject [`ReplyScope::check`] lets through; any
 //!   other request is dropped unanswered, no call runs for it, and it is counted;
+//! - a request whose header block the connection read as malformed
+//!   ([`Received::header_error`]) is answered `invalid`, naming the headers, and
+//!   runs no call (a `$SRV` verb with one is dropped);
 //! - while the bucket is ensured every call is answered `unavailable` at once;
 //! - read confirmation starts from the stream's replicas and follows the
 //!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
@@ -74,7 +77,7 @@ use crate::subjects::{
 };
 use crate::sweep::{TombstoneSweep, TombstoneSweepEvent};
 use crate::tenant::{self, Caller, Tenancy, TenantAccounts, TenantLeases};
-use crate::wire::{Endpoint, ErrorReply, Response};
+use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
 /// The default bound on calls running at once: far above what one service needs to
 /// keep JetStream busy (a call is a few round trips), far below what a burst of
@@ -166,6 +169,10 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     /// Its body.
     pub payload: Vec<u8>,
+    /// What is wrong with its header block, when the connection read it as
+    /// malformed ([`crate::proto::HeaderError`]); `headers` is then empty. A
+    /// request with one is answered `invalid` and runs no call.
+    pub header_error: Option<String>,
 }
 
 /// What a subscription the service wants is for (which connection takes it is the
@@ -687,7 +694,9 @@ impl Service {
             return self.handle_change(&message);
         }
         if message.subject.starts_with("$SRV.") {
-            if self.gate(now, RequestSource::Srv, &message).is_none() {
+            if self.gate(now, RequestSource::Srv, &message).is_none()
+                || message.header_error.is_some()
+            {
                 return;
             }
             if let Some(verb) = self.micro.verb_of(&message.subject) {
@@ -710,6 +719,16 @@ impl Service {
         let Some(scope) = self.gate(now, RequestSource::Api, &message) else {
             return;
         };
+        if let Some(why) = &message.header_error {
+            // Nothing of a malformed block is read (its Nats-Request-Info
+            // included): the caller is told, and no call runs.
+            let response = Response::Error(ErrorReply::new(
+                ErrorKind::Invalid,
+                format!("the request's headers are malformed: {why}"),
+            ));
+            let reply = message.reply.unwrap_or_default();
+            return self.answered(now, endpoint, reply, response, Duration::ZERO);
+        }
         let Received { reply, payload, .. } = message;
         let reply = reply.unwrap_or_default();
         match (&self.phase, self.stop.as_ref().map(Shutdown::phase)) {

@@ -554,6 +554,7 @@ impl ServiceWorld {
             reply: Some(reply.clone()),
             headers: Vec::new(),
             payload: body.to_string().into_bytes(),
+            header_error: None,
         };
         self.service
             .handle_request(self.now(), self.sim.wall(), message);

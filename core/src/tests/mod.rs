@@ -15,6 +15,7 @@ mod lock_world;
 mod micro;
 mod priority_world;
 mod properties;
+mod proto;
 mod replicas;
 mod reply_scope;
 mod rules;

@@ -223,6 +223,81 @@ fn a_reply_goes_only_to_a_reply_inbox_and_no_call_runs_otherwise() {
 }
 
 #[test]
+fn a_request_with_a_malformed_header_block_is_answered_invalid_and_runs_no_call() {
+    let t0 = Instant::now();
+    let (mut s, _) = ready(config(), t0);
+    let renew = |s: &mut Service, subject: String, reply: &str, error: Option<&str>| {
+        s.handle_request(
+            t0,
+            time::OffsetDateTime::UNIX_EPOCH,
+            Received {
+                subject,
+                reply: Some(reply.to_string()),
+                payload: br#"{"key":"k","holder":"h","revision":1}"#.to_vec(),
+                header_error: error.map(str::to_string),
+                ..Received::default()
+            },
+        );
+        let sent = std::iter::from_fn(|| s.poll_transmit()).count();
+        (sent, replies(s))
+    };
+    let bad = Some("malformed header block, line 2: a bare LF ends or splits a line");
+    let table = [
+        // (name, subject, reply, header error, calls sent, answered invalid)
+        (
+            "malformed, a reply inbox",
+            Endpoint::Renew.subject(),
+            "_INBOX.bad.1",
+            bad,
+            0,
+            true,
+        ),
+        (
+            "malformed, a reply the rule refuses",
+            Endpoint::Renew.subject(),
+            "$KV.leases.victim",
+            bad,
+            0,
+            false,
+        ),
+        (
+            "malformed, a $SRV verb",
+            "$SRV.PING".to_string(),
+            "_INBOX.srv.1",
+            bad,
+            0,
+            false,
+        ),
+        (
+            "well-formed: its call runs",
+            Endpoint::Renew.subject(),
+            "_INBOX.good.1",
+            None,
+            1,
+            false,
+        ),
+    ];
+    for (name, subject, reply, error, calls, invalid) in table {
+        let (sent, replied) = renew(&mut s, subject, reply, error);
+        assert_eq!(sent, calls, "{name}: calls sent");
+        let answer = replied
+            .iter()
+            .find(|(to, _)| to == reply)
+            .map(|(_, body)| String::from_utf8_lossy(body).into_owned());
+        if invalid {
+            let body = answer.unwrap_or_else(|| panic!("{name}: unanswered"));
+            assert!(body.contains(r#""kind":"invalid""#), "{name}: {body}");
+            assert!(
+                body.contains("headers are malformed") && body.contains("bare LF"),
+                "{name}: {body}"
+            );
+        } else {
+            assert_eq!(answer, None, "{name}");
+        }
+    }
+}
+
+#[test]
 fn while_the_bucket_is_ensured_every_call_is_answered_unavailable_at_once() {
     let mut w = ServiceWorld::new(config(), 1);
     assert_eq!(w.service.mode(), Mode::Starting);
@@ -691,6 +766,7 @@ fn a_tenants_acquire_of_a_new_key_past_its_cap_is_refused_before_it_runs() {
                 payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
                     .to_string()
                     .into_bytes(),
+                header_error: None,
             },
         )
     };
@@ -777,6 +853,7 @@ fn a_burst_of_new_keys_takes_the_caps_places_and_no_more() {
                 payload: json!({"key": key, "holder": "h", "ttl_ms": 5000})
                     .to_string()
                     .into_bytes(),
+                header_error: None,
             },
         )
     };

@@ -53,7 +53,7 @@ async fn main() {
                 shards: dagnats_leases_tests::test_shards(),
                 ..ServiceOptions::default()
             };
-            let handle = service::start(client, options)
+            let handle = service::start((url.as_str(), client), options)
                 .await
                 .expect("service starts");
             line(serde_json::json!("ready"));

@@ -145,7 +145,7 @@ pub async fn start_service_with(server: &NatsServer, mut options: ServiceOptions
     match runtime().as_str() {
         "tokio" => {
             let client = connect(server).await;
-            let handle = service::start(client, options)
+            let handle = service::start((server.url(), client), options)
                 .await
                 .expect("service starts");
             Service::Tokio(handle)
@@ -157,7 +157,7 @@ pub async fn start_service_with(server: &NatsServer, mut options: ServiceOptions
             let thread = std::thread::spawn(move || {
                 smol::block_on(async move {
                     let client = dagnats_leases_smol::connect(&url).await.expect("connect");
-                    let handle = dagnats_leases_smol::start(client, options)
+                    let handle = dagnats_leases_smol::start((url.as_str(), client), options)
                         .await
                         .expect("service starts on smol");
                     mode_tx.send(handle.mode()).unwrap();
