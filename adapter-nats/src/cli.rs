@@ -82,8 +82,9 @@ pub struct ServeArgs {
     /// is one write and no read; 0 turns that off (every renew and release reads).
     #[arg(long, default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
     pub known_keys: usize,
-    /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
-    /// e.g. `127.0.0.1:9464`. Off when left out.
+    /// Serve the metrics over HTTP on this address, e.g. `127.0.0.1:9464`:
+    /// `/metrics` (Prometheus text), `/livez` and `/readyz` (200, or 503 with
+    /// the reason). Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Test only (feature `__test`): answer from unconfirmed reads on a replicated
@@ -225,9 +226,10 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 /// HTTP on `addr` (bound before it returns). Call it inside a tokio runtime
 /// (on smol: in the `block_on` of one), where the listener is spawned.
 pub fn serve_metrics(addr: SocketAddr) -> Result<(), crate::Error> {
-    prometheus_builder()
-        .with_http_listener(addr)
-        .install()
+    let handle = prometheus_builder()
+        .install_recorder()
+        .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+    crate::probe::serve(addr, handle)
         .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
     telemetry::describe();
     Ok(())
@@ -322,12 +324,18 @@ where
             tracing::error!("cannot serve metrics on {addr}: {e}");
             return Err(EXIT_START_FAILED);
         }
-        tracing::info!("serving metrics on http://{addr}/metrics");
+        tracing::info!("serving metrics on http://{addr}/metrics (and /livez, /readyz)");
     }
-    let options = args.service_options().map_err(|e| {
+    let mut options = args.service_options().map_err(|e| {
         tracing::error!("{e}");
         EXIT_START_FAILED
     })?;
+    // Each connection counts itself down and up: readiness follows.
+    let links = crate::connect::LinksDown::new();
+    options.links_down = Some(links.subscribe());
+    let mut args = args.clone();
+    args.connect.links_down = Some(links);
+    let args = &args;
     let shutdown_timeout = options.shutdown_timeout;
     let starting = async {
         let clients = args.connect().await.map_err(|e| {

@@ -1,8 +1,51 @@
 //! Connection options a production deployment needs, shared by the binary's commands.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dagnats_leases_core::health::{ConnectionLog, LinkEvent};
+use dagnats_leases_core::service::LogLevel;
+use tokio::sync::watch;
 
 use crate::{Error, ErrorKind};
+
+/// How many of a process's NATS connections are down now: each connection made
+/// with it counts itself down on a lost connection and up again when it is
+/// back. The service's readiness reads it ([`crate::service::ServiceOptions`]).
+#[derive(Debug, Clone)]
+pub struct LinksDown(Arc<watch::Sender<u32>>);
+
+impl LinksDown {
+    /// None down yet.
+    pub fn new() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+
+    /// The count, changes notified.
+    pub fn subscribe(&self) -> watch::Receiver<u32> {
+        self.0.subscribe()
+    }
+}
+
+impl Default for LinksDown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An async-nats event as the core's connection log reads it.
+fn link_event(event: async_nats::Event) -> LinkEvent {
+    use async_nats::Event;
+    match event {
+        Event::Connected => LinkEvent::Connected,
+        Event::Disconnected => LinkEvent::Disconnected,
+        Event::LameDuckMode => LinkEvent::LameDuck,
+        Event::Draining | Event::Closed => LinkEvent::Closed,
+        Event::SlowConsumer(sid) => LinkEvent::SlowConsumer(sid),
+        Event::ServerError(e) => LinkEvent::ServerError(e.to_string()),
+        Event::ClientError(e) => LinkEvent::AttemptFailed(e.to_string()),
+    }
+}
 
 /// How to reach and authenticate to NATS.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -41,6 +84,10 @@ pub struct ConnectOptions {
     /// a flag: the service's backend connection takes its own.
     #[arg(skip)]
     pub inbox_prefix: Option<String>,
+    /// Where this connection counts itself down and up again (the service's
+    /// readiness); not a flag.
+    #[arg(skip)]
+    pub links_down: Option<LinksDown>,
 }
 
 impl ConnectOptions {
@@ -85,10 +132,40 @@ impl ConnectOptions {
         if let Some(prefix) = &self.inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
         }
+        // One warning per outage, not one per reconnect attempt: the core's
+        // connection log decides what each event is worth.
+        let log = Arc::new(Mutex::new(ConnectionLog::new()));
+        let links = self.links_down.clone();
+        let name = self.name.clone();
         options = options
             .name(self.name.clone())
-            .event_callback(|event| async move {
-                tracing::info!("nats: {event}");
+            .event_callback(move |event| {
+                let (said, was, is) = {
+                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                    let was = log.connected();
+                    let said = log.handle(link_event(event));
+                    (said, was, log.connected())
+                };
+                if let Some(links) = &links
+                    && was != is
+                {
+                    links.0.send_modify(|down| {
+                        *down = if is {
+                            down.saturating_sub(1)
+                        } else {
+                            *down + 1
+                        }
+                    });
+                }
+                if let Some((level, line)) = said {
+                    match level {
+                        LogLevel::Error => tracing::error!(connection = %name, "{line}"),
+                        LogLevel::Warn => tracing::warn!(connection = %name, "{line}"),
+                        LogLevel::Info => tracing::info!(connection = %name, "{line}"),
+                        LogLevel::Debug => tracing::debug!(connection = %name, "{line}"),
+                    }
+                }
+                async {}
             });
         let urls: Vec<&str> = self.nats_url.split(',').map(str::trim).collect();
         let addrs = urls

@@ -97,6 +97,7 @@ pub mod change;
 pub mod coalesce;
 pub mod effect;
 pub mod guard;
+pub mod health;
 pub mod holder;
 pub mod io;
 pub mod js;

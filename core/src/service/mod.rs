@@ -61,6 +61,7 @@ use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
+use crate::health::{self, Health, NotReady};
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
@@ -204,6 +205,8 @@ pub enum LogLevel {
     Warn,
     /// Detail.
     Debug,
+    /// Something is wrong and needs an operator.
+    Error,
 }
 
 /// The once-per-interval log line of requests dropped for their reply subject.
@@ -321,6 +324,13 @@ pub enum ServiceEvent {
     },
     /// The stream is gone or was made anew: every known revision was forgotten.
     StreamReplaced,
+    /// The service refuses its bucket from now on: the stream's sequence went
+    /// back under it, so its fences would repeat. Every call is answered
+    /// `unavailable` with this sentence until the service is restarted after the
+    /// restore procedure (docs/operations.md).
+    BucketRefused(String),
+    /// Readiness or the connection state changed (a probe's answer, a gauge).
+    Health(Health),
     /// A released key's tombstone stays in the stream (`failed` or `dropped`).
     TombstoneLeft {
         /// The metric label.
@@ -491,6 +501,14 @@ pub struct Service {
     next_write: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServiceEvent>,
+    /// Whether every connection is up, as the adapter last said.
+    connected: bool,
+    /// Whether the bucket answered the last look, or why not.
+    bucket: Result<(), String>,
+    /// Why the bucket is refused, once its sequence went back.
+    refused: Option<String>,
+    /// The health last reported.
+    health: Option<Health>,
 }
 
 impl Service {
@@ -546,6 +564,10 @@ impl Service {
             next_write: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            connected: true,
+            bucket: Ok(()),
+            refused: None,
+            health: None,
             phase: Phase::Starting(Box::new(startup)),
             mode: Mode::Starting,
             call_config,
@@ -610,6 +632,45 @@ impl Service {
     /// The mode calls are answered in now.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// What a readiness probe answers now, and whether the connections are up:
+    /// ready only while serving, connected, the bucket reachable at its last
+    /// look, not refused and not stopping ([`health::readiness`]).
+    pub fn health(&self) -> Health {
+        let not_serving = match self.mode {
+            Mode::Ready => None,
+            Mode::Starting => Some(NotReady::Starting),
+            Mode::Unsupported => Some(NotReady::Unsupported),
+        };
+        Health {
+            ready: health::readiness(
+                not_serving,
+                self.connected,
+                self.bucket.clone(),
+                self.refused.as_deref(),
+                self.stop.is_some() || self.failed,
+            ),
+            connected: self.connected,
+        }
+    }
+
+    /// A connection of the service was lost (`false`) or is back (`true`), as
+    /// the client's events said. Back, the bucket is asked at once: readiness
+    /// waits on its answer.
+    pub fn handle_connection(&mut self, now: Instant, connected: bool) {
+        if connected == self.connected {
+            return;
+        }
+        self.connected = connected;
+        if connected
+            && self.stop.is_none()
+            && let Some(check) = &mut self.check
+        {
+            check.check_soon(now);
+            check.handle_timeout(now);
+            self.pump(now);
+        }
     }
 
     /// Whether reads are confirmed now.
@@ -679,6 +740,13 @@ impl Service {
         };
         let Received { reply, payload, .. } = message;
         let reply = reply.unwrap_or_default();
+        if let (Some(why), None) = (&self.refused, &self.stop) {
+            let response = Response::Error(ErrorReply::new(
+                crate::wire::ErrorKind::Unavailable,
+                format!("the lease service refuses its bucket: {why}"),
+            ));
+            return self.answered(now, endpoint, reply, response, Duration::ZERO);
+        }
         match (&self.phase, self.stop.as_ref().map(Shutdown::phase)) {
             // No effects while starting: the reply is at hand.
             (Phase::Starting(_), None) => {
@@ -1234,6 +1302,17 @@ impl Service {
                     }
                     self.events.push_back(ServiceEvent::StreamReplaced);
                 }
+                ReplicasCheckEvent::Reachable(reachable) => self.bucket = reachable,
+                ReplicasCheckEvent::Rewound(why) => {
+                    if let Some(known) = &mut self.known {
+                        known.clear();
+                    }
+                    if self.refused.is_none() {
+                        self.events
+                            .push_back(ServiceEvent::BucketRefused(why.clone()));
+                        self.refused = Some(why);
+                    }
+                }
             }
         }
     }
@@ -1532,7 +1611,17 @@ impl Service {
     }
 
     /// The next thing to do or to count.
+    ///
+    /// Once the queue is empty, a change of [`Service::health`] since it was
+    /// last reported comes as [`ServiceEvent::Health`].
     pub fn poll_event(&mut self) -> Option<ServiceEvent> {
+        if self.events.is_empty() {
+            let health = self.health();
+            if self.health.as_ref() != Some(&health) {
+                self.health = Some(health.clone());
+                return Some(ServiceEvent::Health(health));
+            }
+        }
         self.events.pop_front()
     }
 

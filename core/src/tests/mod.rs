@@ -6,6 +6,7 @@ mod campaign;
 mod coalesce;
 mod coalesce_props;
 mod confirm;
+mod health;
 mod holder;
 mod holder_world;
 mod known;
