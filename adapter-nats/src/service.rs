@@ -632,6 +632,9 @@ impl Io {
                  service is restarted after the restore procedure (docs/operations.md, \
                  \"Backup and restore\"): {why}"
             ),
+            ServiceEvent::StreamSequence { stream, last_seq } => {
+                metrics::gauge!(telemetry::STREAM_LAST_SEQ, "stream" => stream).set(last_seq as f64)
+            }
             ServiceEvent::Health(health) => {
                 telemetry::set_health(&health);
                 match &health.ready {

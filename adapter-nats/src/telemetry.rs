@@ -23,6 +23,7 @@
 //! | [`READY`] | gauge | | 1 while the service is ready (what `/readyz` answers 200 for) |
 //! | [`CONNECTED`] | gauge | | 1 while every NATS connection of the service is up |
 //! | [`BUCKET_REFUSED`] | gauge | | 1 once the service refused its bucket (its sequence went back) |
+//! | [`STREAM_LAST_SEQ`] | gauge | `stream` | the highest last sequence seen of the stream: no fence handed out on it is above |
 //! | [`BUILD_INFO`] | gauge | `version` | always 1: the running version |
 //!
 //! Holder library (recorded by [`crate::member`]):
@@ -88,6 +89,10 @@ pub const CONNECTED: &str = "dagnats_leases_connected";
 /// went back (restored or made anew under it); it answers every call
 /// `unavailable` until restarted after the restore procedure.
 pub const BUCKET_REFUSED: &str = "dagnats_leases_bucket_refused";
+/// Gauge, label `stream`: the highest last sequence the service has seen of the
+/// stream (asked every replicas re-check). Every fence handed out on it is at
+/// most this: a restore starts the stream above it (docs/operations.md).
+pub const STREAM_LAST_SEQ: &str = "dagnats_leases_stream_last_seq";
 /// Gauge, label `version`: always 1, the version of the running binary.
 pub const BUILD_INFO: &str = "dagnats_leases_build_info";
 
@@ -157,6 +162,10 @@ pub fn describe() {
     describe_gauge!(
         BUCKET_REFUSED,
         "1 once the service refused its bucket: the stream's sequence went back."
+    );
+    describe_gauge!(
+        STREAM_LAST_SEQ,
+        "The highest last sequence seen of the stream: no fence on it is above."
     );
     describe_gauge!(BUILD_INFO, "Always 1, labelled with the running version.");
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);

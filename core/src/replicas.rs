@@ -44,6 +44,14 @@ pub enum ReplicasCheckEvent {
     /// below the highest it had, or it was made anew from a sequence at or below
     /// it. Serving it would hand out fences already used. The sentence says which.
     Rewound(String),
+    /// A stream's highest last sequence seen grew: every fence handed out on it
+    /// so far is at most this (a gauge; the restore procedure starts above it).
+    Sequence {
+        /// The stream.
+        stream: String,
+        /// Its highest last sequence seen.
+        last_seq: u64,
+    },
     /// Whether the last look at the streams got an answer (`Ok`) or why not:
     /// said when it changes.
     Reachable(Result<(), String>),
@@ -205,8 +213,14 @@ impl ReplicasCheck {
                 } else if replaced {
                     self.events.push_back(ReplicasCheckEvent::StreamReplaced);
                 }
-                if let Some(last) = last {
-                    self.high[asked] = self.high[asked].max(last);
+                if let Some(last) = last
+                    && last > self.high[asked]
+                {
+                    self.high[asked] = last;
+                    self.events.push_back(ReplicasCheckEvent::Sequence {
+                        stream: stream.clone(),
+                        last_seq: last,
+                    });
                 }
                 Ok(())
             }

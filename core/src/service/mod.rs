@@ -329,6 +329,14 @@ pub enum ServiceEvent {
     /// `unavailable` with this sentence until the service is restarted after the
     /// restore procedure (docs/operations.md).
     BucketRefused(String),
+    /// A stream's highest last sequence seen grew (a gauge: every fence handed
+    /// out on it so far is at most this, so a restore starts above it).
+    StreamSequence {
+        /// The stream.
+        stream: String,
+        /// Its highest last sequence seen.
+        last_seq: u64,
+    },
     /// Readiness or the connection state changed (a probe's answer, a gauge).
     Health(Health),
     /// A released key's tombstone stays in the stream (`failed` or `dropped`).
@@ -1303,6 +1311,9 @@ impl Service {
                     self.events.push_back(ServiceEvent::StreamReplaced);
                 }
                 ReplicasCheckEvent::Reachable(reachable) => self.bucket = reachable,
+                ReplicasCheckEvent::Sequence { stream, last_seq } => self
+                    .events
+                    .push_back(ServiceEvent::StreamSequence { stream, last_seq }),
                 ReplicasCheckEvent::Rewound(why) => {
                     if let Some(known) = &mut self.known {
                         known.clear();

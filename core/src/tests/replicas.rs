@@ -21,7 +21,12 @@ fn ms(t0: Instant, ms: u64) -> Instant {
 
 /// The next event other than reachability (tested on its own below).
 fn next_event(c: &mut ReplicasCheck) -> Option<ReplicasCheckEvent> {
-    std::iter::from_fn(|| c.poll_event()).find(|e| !matches!(e, ReplicasCheckEvent::Reachable(_)))
+    std::iter::from_fn(|| c.poll_event()).find(|e| {
+        !matches!(
+            e,
+            ReplicasCheckEvent::Reachable(_) | ReplicasCheckEvent::Sequence { .. }
+        )
+    })
 }
 
 /// Fires the timer at `at` and takes the check it sends.
