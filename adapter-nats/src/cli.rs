@@ -66,10 +66,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
     /// Gather the calls' writes into atomic batches under load (nats-server 2.12+):
-    /// `false` (the default), `auto` (on for a single-replica bucket: for a server
-    /// with `sync_interval: always`, where it was measured to win; see
-    /// docs/benchmarks.md) or `true`.
-    #[arg(long, default_value = "false", value_name = "auto|true|false")]
+    /// `auto` (the default: on for a single-replica bucket, for the advised
+    /// `sync_interval: always` server, where it was measured to win; see
+    /// docs/benchmarks.md), `true`, or `false` (a server on the lazy default sync).
+    #[arg(long, default_value = "auto", value_name = "auto|true|false")]
     pub coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites,
     /// Single writes in flight before writes start to gather into batches.
     #[arg(long, default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]

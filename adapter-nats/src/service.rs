@@ -153,7 +153,7 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: coalesce::CoalesceWrites::Off,
+            coalesce_writes: coalesce::CoalesceWrites::Auto,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),

@@ -28,7 +28,7 @@
 //!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
 //!   rule living in [`ReplicasCheck`] only; the check runs only when serving;
 //! - writes gather into atomic batches only when the stream takes them and the
-//!   setting says so (`coalesce_writes`: off by default, `auto` on a one-replica
+//!   setting says so (`coalesce_writes`: `auto` by default, on a one-replica
 //!   bucket only);
 //! - a write still queued in the coalescer whose call gave up (timed out, cut off)
 //!   is never sent;
@@ -137,7 +137,7 @@ impl ServiceConfig {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: CoalesceWrites::Off,
+            coalesce_writes: CoalesceWrites::Auto,
             batch_after: DEFAULT_SINGLE_WINDOW,
             min_batch: DEFAULT_MIN_BATCH,
             instance_id: "service".to_string(),
