@@ -128,6 +128,23 @@ impl ReplicasCheck {
         }
     }
 
+    /// What startup saw of each shard's stream, by index ([`crate::startup::Startup::seen`]):
+    /// its `created` time and last sequence are the first the check compares
+    /// with, so a stream rewound before the first period is caught too.
+    pub fn with_seen(mut self, seen: &[(Option<String>, u64)]) -> Self {
+        for (i, (created, last_seq)) in seen.iter().enumerate().take(self.streams.len()) {
+            self.streams[i].1.clone_from(created);
+            self.high[i] = *last_seq;
+            if *last_seq > 0 {
+                self.events.push_back(ReplicasCheckEvent::Sequence {
+                    stream: self.streams[i].0.clone(),
+                    last_seq: *last_seq,
+                });
+            }
+        }
+        self
+    }
+
     /// Whether calls confirm their reads, as far as the last answer said.
     pub fn confirm_reads(&self) -> bool {
         self.confirm_reads

@@ -249,6 +249,9 @@ pub struct Startup {
     no_jetstream_since: Option<Instant>,
     /// Since when the cluster could not place the replicas, every answer since.
     no_placement_since: Option<Instant>,
+    /// Each shard's stream as startup last saw it: its `created` time and last
+    /// sequence, the replicas check's first knowledge (fences never repeat).
+    seen: Vec<(Option<String>, u64)>,
 }
 
 impl Startup {
@@ -283,6 +286,7 @@ impl Startup {
             ttl: true,
             no_jetstream_since: None,
             no_placement_since: None,
+            seen: Vec::new(),
         };
         match parse_version(server_version) {
             Some(v) if v >= MIN_SERVER_VERSION => s.ask_info(),
@@ -302,6 +306,12 @@ impl Startup {
     /// most of any shard's: reads are confirmed when there are more than one.
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// Each shard's stream as startup saw it ensured, by index: its `created`
+    /// time and last sequence (0 when the answer did not say).
+    pub fn seen(&self) -> &[(Option<String>, u64)] {
+        &self.seen
     }
 
     /// Whether the streams take ADR-50 atomic batches: the server is 2.12+ and the
@@ -664,6 +674,20 @@ impl Startup {
     /// Every shard's stream is judged in turn; the last one ends startup.
     fn check_final(&mut self, info: Value) {
         self.no_placement_since = None;
+        let created = info
+            .get("created")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let last_seq = info
+            .get("state")
+            .and_then(|s| s.get("last_seq"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let shard = self.shard as usize;
+        if self.seen.len() <= shard {
+            self.seen.resize(shard + 1, (None, 0));
+        }
+        self.seen[shard] = (created, last_seq);
         let replicas = replicas_in(&info).unwrap_or(1);
         let atomic = self.atomic_wanted
             && info

@@ -1348,21 +1348,33 @@ impl Service {
                     line,
                 }),
                 StartupEvent::Done(mode) => {
-                    done = Some((mode, startup.replicas(), startup.atomic()));
+                    done = Some((
+                        mode,
+                        startup.replicas(),
+                        startup.atomic(),
+                        startup.seen().to_vec(),
+                    ));
                 }
                 StartupEvent::Refused(why) => {
                     self.events.push_back(ServiceEvent::StartRefused(why));
                 }
             }
         }
-        if let Some((mode, replicas, atomic)) = done {
-            self.serve(now, mode, replicas, atomic);
+        if let Some((mode, replicas, atomic, seen)) = done {
+            self.serve(now, mode, replicas, atomic, &seen);
         }
     }
 
     /// The bucket is ensured: the mode, the confirm switch's start, the coalescer
     /// and the replicas check follow from what startup found.
-    fn serve(&mut self, now: Instant, mode: Mode, replicas: usize, atomic: bool) {
+    fn serve(
+        &mut self,
+        now: Instant,
+        mode: Mode,
+        replicas: usize,
+        atomic: bool,
+        seen: &[(Option<String>, u64)],
+    ) {
         self.phase = Phase::Serving;
         self.mode = mode;
         self.events.push_back(ServiceEvent::Mode(mode));
@@ -1395,6 +1407,7 @@ impl Service {
                 now,
             )
             .with_shards(self.config.bucket.shards)
+            .with_seen(seen)
         });
         let confirm = check.as_ref().is_some_and(ReplicasCheck::confirm_reads);
         #[cfg(any(test, feature = "__test"))]

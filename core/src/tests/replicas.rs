@@ -351,3 +351,28 @@ fn the_bucket_is_unreachable_from_a_failed_look_until_the_next_answer() {
         assert_eq!(reach(&mut c), vec![true]);
     }
 }
+
+/// What startup saw is the first thing compared: a stream rewound or made anew
+/// before the check's first look is caught at that look.
+#[test]
+fn the_first_look_compares_with_what_startup_saw() {
+    // (startup saw, first answer, rewound)
+    let table = [
+        (Some((Some("a"), 10)), info_at("a", None, 4), true),
+        (Some((Some("a"), 10)), info_at("b", None, 50), true),
+        (Some((Some("a"), 10)), info_at("b", Some(11), 10), false),
+        (Some((Some("a"), 10)), info_at("a", None, 12), false),
+        (None, info_at("b", None, 4), false),
+    ];
+    for (row, (seen, answer, rewound)) in table.into_iter().enumerate() {
+        let t0 = Instant::now();
+        let mut c = ReplicasCheck::new(EVERY, T, 1, t0);
+        if let Some((created, last)) = seen {
+            c = c.with_seen(&[(created.map(str::to_string), last)]);
+        }
+        let id = check_at(&mut c, t0 + EVERY);
+        c.handle_outcome(t0 + EVERY, id, answer);
+        let got = matches!(next_event(&mut c), Some(ReplicasCheckEvent::Rewound(_)));
+        assert_eq!(got, rewound, "row {row}");
+    }
+}
