@@ -53,10 +53,63 @@ async fn readyz_until(addr: SocketAddr, status: &str, bound: Duration) -> String
     }
 }
 
+/// `serve` with its metrics on a free address and its log in `log`, killed when
+/// dropped.
+struct Logged {
+    child: Option<std::process::Child>,
+    addr: SocketAddr,
+}
+
+impl Logged {
+    fn start(url: &str, log: &std::path::Path) -> Self {
+        let addr = free_addr();
+        let child = Command::new(BIN)
+            .args(["serve", "--nats-url", url])
+            .args(["--metrics-addr", &addr.to_string()])
+            .args(["--shutdown-timeout-ms", "2000"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("the binary starts");
+        Self {
+            child: Some(child),
+            addr,
+        }
+    }
+
+    /// SIGTERM, and the exit code.
+    async fn stop(mut self) -> Option<i32> {
+        let mut child = self.child.take().unwrap();
+        let pid = child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        tokio::task::spawn_blocking(move || child.wait().unwrap().code())
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_connection_and_unknown_paths_are_404() {
     let mut server = NatsServer::start();
-    let served = Served::start(BIN, &server.url(), &[]).await;
+    let log = std::env::temp_dir().join(format!("dagnats-health-{}.log", std::process::id()));
+    let served = Logged::start(&server.url(), &log);
+    readyz_until(served.addr, "200", Duration::from_secs(20)).await;
     let (line, body) = get(served.addr, "/readyz").await.unwrap();
     assert!(line.contains("200"), "{line}: {body}");
     let (line, body) = get(served.addr, "/livez").await.unwrap();
@@ -86,6 +139,18 @@ async fn readyz_follows_the_connection_and_unknown_paths_are_404() {
     server.restart();
     readyz_until(served.addr, "200", Duration::from_secs(30)).await;
     assert_eq!(served.stop().await, Some(0));
+    // One warning for the outage however many attempts failed, one line back.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let lost = text.matches("connection lost").count();
+    let back = text.matches("nats: reconnected").count();
+    assert_eq!((lost, back), (1, 1), "{text}");
+    assert!(
+        text.lines()
+            .filter(|l| l.contains("connection lost"))
+            .all(|l| l.contains("WARN")),
+        "{text}"
+    );
 }
 
 /// Runs `serve` with `extra` against `url` until it exits, within `bound`: its
