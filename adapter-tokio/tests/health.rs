@@ -295,6 +295,7 @@ async fn a_bucket_rewound_under_the_service_is_refused_and_no_fence_repeats() {
     assert_eq!(deleted["success"], json!(true), "{deleted}");
     let mut above = config;
     above["first_seq"] = json!(high + 1000);
+    let above_config = above.clone();
     let created = api(&nats, "$JS.API.STREAM.CREATE.KV_leases", above).await;
     assert!(created.get("error").is_none(), "{created}");
     let served = Served::start(BIN, &server.url(), &[]).await;
@@ -308,5 +309,25 @@ async fn a_bucket_rewound_under_the_service_is_refused_and_no_fence_repeats() {
     );
     assert!(next > high, "fence {next} after {high}");
     readyz_until(served.addr, "200", Duration::from_secs(10)).await;
+
+    // Rewound again, and a call at once, before the service looks at the stream:
+    // its write lands at sequence 1, below the fence it handed out, and the
+    // reply refuses instead of handing out fence 1 again.
+    let deleted = api(&nats, "$JS.API.STREAM.DELETE.KV_leases", json!({})).await;
+    assert_eq!(deleted["success"], json!(true), "{deleted}");
+    let mut from_one = above_config;
+    from_one.as_object_mut().unwrap().remove("first_seq");
+    let created = api(&nats, "$JS.API.STREAM.CREATE.KV_leases", from_one).await;
+    assert!(created.get("error").is_none(), "{created}");
+    let at_once = call(
+        &nats,
+        "acquire",
+        r#"{"key":"r5","holder":"d","ttl_ms":60000}"#,
+    )
+    .await;
+    assert!(at_once.contains(r#""kind":"unavailable""#), "{at_once}");
+    assert!(at_once.contains("refuses its bucket"), "{at_once}");
+    let body = readyz_until(served.addr, "503", Duration::from_secs(10)).await;
+    assert!(body.contains("refused"), "{body}");
     assert_eq!(served.stop().await, Some(0));
 }

@@ -460,6 +460,10 @@ struct Running {
     /// Its requests out (service ids) and its writes in the coalescer.
     sent: Vec<EffectId>,
     writes: Vec<WriteId>,
+    /// The shard of its key, and the highest revision the service had seen on
+    /// it when the call started: every write of the call must be stored above.
+    shard: usize,
+    floor: u64,
 }
 
 /// Where the service is.
@@ -517,6 +521,10 @@ pub struct Service {
     refused: Option<String>,
     /// The health last reported.
     health: Option<Health>,
+    /// Each shard's highest revision seen (its calls' reads and writes, the
+    /// replicas check's last sequences): a write stored at or below it went to a
+    /// stream whose sequence went back.
+    floors: Vec<u64>,
 }
 
 impl Service {
@@ -576,6 +584,7 @@ impl Service {
             bucket: Ok(()),
             refused: None,
             health: None,
+            floors: vec![0; config.bucket.shards.count() as usize],
             phase: Phase::Starting(Box::new(startup)),
             mode: Mode::Starting,
             call_config,
@@ -1029,6 +1038,8 @@ impl Service {
         );
         self.next_token += 1;
         let token = self.next_token;
+        let shard = self.config.bucket.shards.shard_of(&call.storage_key()) as usize;
+        let floor = self.floors.get(shard).copied().unwrap_or(0);
         self.calls.insert(
             token,
             Running {
@@ -1040,6 +1051,8 @@ impl Service {
                 deadline: None,
                 sent: Vec::new(),
                 writes: Vec::new(),
+                shard,
+                floor,
             },
         );
         self.drive(now, token);
@@ -1062,6 +1075,27 @@ impl Service {
         {
             known.learn(&key, fact);
         }
+        // Fences never repeat: a write sent after the service saw revision F is
+        // stored above F, unless the stream went back under it.
+        let stored = running.call.highest_stored();
+        let rewound = (stored > 0 && stored <= running.floor).then(|| {
+            format!(
+                "a write was stored at sequence {stored} of stream {}, at or below {} seen \
+                 before it was sent: the stream's sequence went back (restored from a \
+                 backup, or made anew), and that fence was handed out already",
+                self.config.bucket.shards.stream(running.shard as u32),
+                running.floor
+            )
+        });
+        if let Some(floor) = self.floors.get_mut(running.shard) {
+            *floor = (*floor).max(running.call.highest_seen());
+        }
+        if let Some(why) = rewound {
+            self.refuse_bucket(why);
+        }
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
         while let Some(transmit) = running.call.poll_transmit() {
             if let Some(coalescer) = self
                 .coalescer
@@ -1142,6 +1176,15 @@ impl Service {
             }
             _ => {}
         }
+        // Refused meanwhile: what the call did went to a stream whose sequence
+        // went back, and its fence may be one handed out already.
+        let response = match (&self.refused, response) {
+            (Some(why), r) if r.error_kind().is_none() => Response::Error(ErrorReply::new(
+                crate::wire::ErrorKind::Unavailable,
+                format!("the lease service refuses its bucket: {why}"),
+            )),
+            (_, r) => r,
+        };
         let took = now.saturating_duration_since(running.started);
         self.answered(now, running.endpoint, running.reply, response, took);
         let tenant = running.scope.map(|c| c.account);
@@ -1311,9 +1354,16 @@ impl Service {
                     self.events.push_back(ServiceEvent::StreamReplaced);
                 }
                 ReplicasCheckEvent::Reachable(reachable) => self.bucket = reachable,
-                ReplicasCheckEvent::Sequence { stream, last_seq } => self
-                    .events
-                    .push_back(ServiceEvent::StreamSequence { stream, last_seq }),
+                ReplicasCheckEvent::Sequence { stream, last_seq } => {
+                    let shards = self.config.bucket.shards;
+                    if let Some(i) = shards.indexes().find(|i| shards.stream(*i) == stream)
+                        && let Some(floor) = self.floors.get_mut(i as usize)
+                    {
+                        *floor = (*floor).max(last_seq);
+                    }
+                    self.events
+                        .push_back(ServiceEvent::StreamSequence { stream, last_seq })
+                }
                 ReplicasCheckEvent::Rewound(why) => {
                     if let Some(known) = &mut self.known {
                         known.clear();
@@ -1325,6 +1375,18 @@ impl Service {
                     }
                 }
             }
+        }
+    }
+
+    /// Refuses the bucket from now on (once): its sequence went back.
+    fn refuse_bucket(&mut self, why: String) {
+        if let Some(known) = &mut self.known {
+            known.clear();
+        }
+        if self.refused.is_none() {
+            self.events
+                .push_back(ServiceEvent::BucketRefused(why.clone()));
+            self.refused = Some(why);
         }
     }
 

@@ -299,3 +299,39 @@ fn a_stream_whose_sequence_went_back_is_refused_and_no_fence_repeats() {
     let reply = acquire(&mut w, "e");
     assert!(matches!(w.reply_to(&reply), Some(Response::Acquired(a)) if a.granted));
 }
+
+/// A write stored at or below a revision the service saw before the call
+/// started says the stream went back, before any look at the stream: that call's
+/// fence is never handed out, and the bucket is refused from then on.
+#[test]
+fn a_write_stored_below_what_was_seen_is_refused_before_its_reply() {
+    let mut w = serving();
+    let mut fences = Vec::new();
+    for key in ["a", "b", "c"] {
+        let reply = acquire(&mut w, key);
+        match w.reply_to(&reply) {
+            Some(Response::Acquired(a)) if a.granted => fences.push(a.lease.revision),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Made anew under the service, no stream info asked since.
+    w.rewind_stream();
+    let reply = acquire(&mut w, "d");
+    match w.reply_to(&reply) {
+        Some(Response::Error(e)) => {
+            assert_eq!(e.kind, ErrorKind::Unavailable);
+            assert!(e.error.contains("at or below"), "{}", e.error);
+        }
+        other => panic!("a fence handed out again: {other:?} after {fences:?}"),
+    }
+    assert!(matches!(
+        w.service.health().ready,
+        Err(NotReady::Refused(_))
+    ));
+    // From then on every call is refused at once.
+    let reply = acquire(&mut w, "e");
+    assert!(
+        matches!(w.reply_to(&reply), Some(Response::Error(e)) if e.kind == ErrorKind::Unavailable)
+    );
+    assert!(w.in_flight().is_empty(), "{:?}", w.in_flight());
+}
