@@ -14,8 +14,10 @@
 //! then forgets every known revision: more than needed, never less).
 //!
 //! Fences never repeat: each stream's highest last sequence seen is kept. A stream
-//! whose last sequence is below it (restored from a backup under the service), or
-//! made anew without a `first_seq` above it, would hand out fences already used:
+//! whose last sequence is below it at two looks in a row (restored from a backup
+//! under the service; one look may be a new stream leader still applying its
+//! log), or made anew without a `first_seq` above it, would hand out fences
+//! already used:
 //! [`ReplicasCheckEvent::Rewound`] says so, and the service refuses the bucket. A
 //! stream made anew whose `first_seq` is above every sequence seen (the documented
 //! restore) is only [`ReplicasCheckEvent::StreamReplaced`].
@@ -83,6 +85,10 @@ pub struct ReplicasCheck {
     floor: u64,
     /// Whether the last look got an answer, as last said.
     reachable: Result<(), String>,
+    /// Each shard's stream: whether its last look found its last sequence below
+    /// the highest seen. Twice in a row is a rewind; once may be a new stream
+    /// leader still applying its log.
+    below: Vec<bool>,
     /// Each shard's stream's last answer: reachable or why not.
     shard_reachable: Vec<Result<(), String>>,
     /// The shard asked next in this round.
@@ -104,6 +110,7 @@ impl ReplicasCheck {
             confirm_reads: replicas > 1,
             streams: vec![(ShardMap::SINGLE.stream(0), None, replicas)],
             high: vec![0],
+            below: vec![false],
             floor: 0,
             reachable: Ok(()),
             shard_reachable: vec![Ok(())],
@@ -122,6 +129,7 @@ impl ReplicasCheck {
                 .map(|i| (shards.stream(i), None, replicas))
                 .collect(),
             high: vec![0; shards.count() as usize],
+            below: vec![false; shards.count() as usize],
             shard_reachable: vec![Ok(()); shards.count() as usize],
             cursor: 0,
             ..self
@@ -214,22 +222,24 @@ impl ReplicasCheck {
                 if created.is_some() {
                     *known = created;
                 }
-                if let Some(last) = last
-                    && last < floor
-                {
-                    self.events.push_back(ReplicasCheckEvent::Rewound(format!(
-                        "stream {stream}'s last sequence is {last}, below {floor} seen before: \
-                         it went back (restored from a backup, or made anew), and serving it \
-                         would hand out fences already used"
-                    )));
-                } else if replaced && first <= floor {
+                let below = last.is_some_and(|last| last < floor);
+                if replaced && first <= floor {
                     self.events.push_back(ReplicasCheckEvent::Rewound(format!(
                         "stream {stream} was made anew with first_seq {first}, at or below \
                          {floor} seen before: its sequences, so its fences, start again"
                     )));
                 } else if replaced {
                     self.events.push_back(ReplicasCheckEvent::StreamReplaced);
+                } else if below && self.below[asked] {
+                    // Twice in a row: not a new stream leader still applying its log.
+                    let last = last.unwrap_or_default();
+                    self.events.push_back(ReplicasCheckEvent::Rewound(format!(
+                        "stream {stream}'s last sequence is {last}, below {floor} seen before: \
+                         it went back (restored from a backup, or made anew), and serving it \
+                         would hand out fences already used"
+                    )));
                 }
+                self.below[asked] = below && !replaced;
                 if let Some(last) = last
                     && last > self.high[asked]
                 {

@@ -271,7 +271,7 @@ fn a_stream_whose_sequence_went_back_is_refused_and_no_fence_repeats() {
         })
         .collect();
     assert_eq!(refusals.len(), 1, "{refusals:?}");
-    assert!(refusals[0].contains("is 0, below"), "{}", refusals[0]);
+    assert!(refusals[0].contains("made anew"), "{}", refusals[0]);
     assert!(matches!(
         w.service.health().ready,
         Err(NotReady::Refused(_))
