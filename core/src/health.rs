@@ -4,7 +4,7 @@
 //! [`ConnectionLog`] reads a NATS client's connection events: a lost connection
 //! is one warning per outage however many reconnect attempts fail (each is a debug
 //! line), the reconnect one info line naming how many attempts it took.
-//! [`Readiness`] is what the service machine ([`crate::service::Service`])
+//! [`readiness`] is what the service machine ([`crate::service::Service`])
 //! answers a readiness probe with: ready only while serving, connected, its
 //! bucket reachable and not refused.
 
