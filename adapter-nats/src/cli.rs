@@ -88,13 +88,13 @@ pub struct ServeArgs {
     #[arg(long, env = "DAGNATS_LEASES_MAX_CALLS_WAITING", default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
     /// Gather the calls' writes into atomic batches under load (nats-server 2.12+):
-    /// `false` (the default), `auto` (on for a single-replica bucket: for a server
-    /// with `sync_interval: always`, where it was measured to win; see
-    /// docs/benchmarks.md) or `true`.
+    /// `auto` (the default: on for a single-replica bucket, for the advised
+    /// `sync_interval: always` server, where it was measured to win; see
+    /// docs/benchmarks.md), `true`, or `false` (a server on the lazy default sync).
     #[arg(
         long,
         env = "DAGNATS_LEASES_COALESCE_WRITES",
-        default_value = "false",
+        default_value = "auto",
         value_name = "auto|true|false"
     )]
     pub coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites,
@@ -113,8 +113,9 @@ pub struct ServeArgs {
     /// one a line.
     #[arg(long, env = "DAGNATS_LEASES_LOG_FORMAT", default_value = "text", value_name = "text|json", value_parser = parse_log_format)]
     pub log_format: LogFormat,
-    /// Serve the metrics (Prometheus text, any path) over HTTP on this address,
-    /// e.g. `127.0.0.1:9464`. Off when left out.
+    /// Serve the metrics over HTTP on this address, e.g. `127.0.0.1:9464`:
+    /// `/metrics` (Prometheus text), `/livez` and `/readyz` (200, or 503 with
+    /// the reason). Off when left out.
     #[arg(long, env = "DAGNATS_LEASES_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Test only (feature `__test`): answer from unconfirmed reads on a replicated
@@ -298,9 +299,10 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 /// HTTP on `addr` (bound before it returns). Call it inside a tokio runtime
 /// (on smol: in the `block_on` of one), where the listener is spawned.
 pub fn serve_metrics(addr: SocketAddr) -> Result<(), crate::Error> {
-    prometheus_builder()
-        .with_http_listener(addr)
-        .install()
+    let handle = prometheus_builder()
+        .install_recorder()
+        .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+    crate::probe::serve(addr, handle)
         .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
     telemetry::describe();
     Ok(())
@@ -336,7 +338,9 @@ pub fn init_logging() {
 pub fn init_logging_as(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // async-nats logs every reconnect attempt at INFO itself; the service's own
+        // connection log says an outage once (WARN) and its end once (INFO).
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -424,12 +428,18 @@ where
             tracing::error!("cannot serve metrics on {addr}: {e}");
             return Err(EXIT_START_FAILED);
         }
-        tracing::info!("serving metrics on http://{addr}/metrics");
+        tracing::info!("serving metrics on http://{addr}/metrics (and /livez, /readyz)");
     }
-    let options = args.service_options().map_err(|e| {
+    let mut options = args.service_options().map_err(|e| {
         tracing::error!("{e}");
         EXIT_START_FAILED
     })?;
+    // Each connection counts itself down and up: readiness follows.
+    let links = crate::connect::LinksDown::new();
+    options.links_down = Some(links.subscribe());
+    let mut args = args.clone();
+    args.connect.links_down = Some(links);
+    let args = &args;
     let shutdown_timeout = options.shutdown_timeout;
     let starting = async {
         let clients = args.connect().await.map_err(|e| {

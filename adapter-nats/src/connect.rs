@@ -1,8 +1,98 @@
 //! Connection options a production deployment needs, shared by the binary's commands.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dagnats_leases_core::health::{ConnectionLog, LinkEvent};
+use dagnats_leases_core::service::LogLevel;
+use tokio::sync::watch;
 
 use crate::{Error, ErrorKind};
+
+/// How many of a process's NATS connections are down now: each connection made
+/// with it counts itself down on a lost connection and up again when it is
+/// back. The service's readiness reads it ([`crate::service::ServiceOptions`]).
+#[derive(Debug, Clone)]
+pub struct LinksDown(Arc<watch::Sender<u32>>);
+
+impl LinksDown {
+    /// None down yet.
+    pub fn new() -> Self {
+        Self(Arc::new(watch::channel(0).0))
+    }
+
+    /// The count, changes notified.
+    pub fn subscribe(&self) -> watch::Receiver<u32> {
+        self.0.subscribe()
+    }
+}
+
+impl Default for LinksDown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One connection's events, logged as the core's [`ConnectionLog`] says (one
+/// warning per outage, not one per attempt) and counted in [`LinksDown`].
+#[derive(Debug)]
+pub(crate) struct LinkReporter {
+    log: ConnectionLog,
+    name: String,
+    links: Option<LinksDown>,
+}
+
+impl LinkReporter {
+    /// A connection that is up, named `name` in the log lines.
+    pub(crate) fn new(name: String, links: Option<LinksDown>) -> Self {
+        Self {
+            log: ConnectionLog::new(),
+            name,
+            links,
+        }
+    }
+
+    /// Logs `event` as the log says and moves the count when up or down changed.
+    pub(crate) fn report(&mut self, event: LinkEvent) {
+        let was = self.log.connected();
+        let said = self.log.handle(event);
+        let is = self.log.connected();
+        if let Some(links) = &self.links
+            && was != is
+        {
+            links.0.send_modify(|down| {
+                *down = if is {
+                    down.saturating_sub(1)
+                } else {
+                    *down + 1
+                }
+            });
+        }
+        let name = &self.name;
+        if let Some((level, line)) = said {
+            match level {
+                LogLevel::Error => tracing::error!(connection = %name, "{line}"),
+                LogLevel::Warn => tracing::warn!(connection = %name, "{line}"),
+                LogLevel::Info => tracing::info!(connection = %name, "{line}"),
+                LogLevel::Debug => tracing::debug!(connection = %name, "{line}"),
+            }
+        }
+    }
+}
+
+/// An async-nats event as the core's connection log reads it.
+fn link_event(event: async_nats::Event) -> LinkEvent {
+    use async_nats::Event;
+    match event {
+        Event::Connected => LinkEvent::Connected,
+        Event::Disconnected => LinkEvent::Disconnected,
+        Event::LameDuckMode => LinkEvent::LameDuck,
+        Event::Draining | Event::Closed => LinkEvent::Closed,
+        Event::SlowConsumer(sid) => LinkEvent::SlowConsumer(sid),
+        Event::ServerError(e) => LinkEvent::ServerError(e.to_string()),
+        Event::ClientError(e) => LinkEvent::AttemptFailed(e.to_string()),
+    }
+}
 
 /// How to reach and authenticate to NATS.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -43,6 +133,10 @@ pub struct ConnectOptions {
     /// backend connection always takes its own.
     #[arg(long, env = "DAGNATS_INBOX_PREFIX", value_name = "PREFIX")]
     pub inbox_prefix: Option<String>,
+    /// Where this connection counts itself down and up again (the service's
+    /// readiness); not a flag.
+    #[arg(skip)]
+    pub links_down: Option<LinksDown>,
 }
 
 impl ConnectOptions {
@@ -61,6 +155,7 @@ impl ConnectOptions {
             tls_key: self.tls_key.clone(),
             name: Some(self.name.clone()),
             inbox_prefix: self.inbox_prefix.clone(),
+            links_down: self.links_down.clone(),
             ..Default::default()
         }
     }
@@ -119,15 +214,23 @@ impl ConnectOptions {
                 .map_err(|e| Error::new(ErrorKind::Config, format!("--inbox-prefix: {e}")))?;
             options = options.custom_inbox_prefix(prefix);
         }
+        // One warning per outage, not one per reconnect attempt: the core's
+        // connection log decides what each event is worth.
+        let reporter = Mutex::new(LinkReporter::new(
+            self.name.clone(),
+            self.links_down.clone(),
+        ));
         options = options
             .name(self.name.clone())
             .event_callback(move |event| {
                 if let (async_nats::Event::ServerError(e), Some(errors)) = (&event, &errors) {
                     let _ = errors.send(e.clone());
                 }
-                async move {
-                    tracing::info!("nats: {event}");
-                }
+                reporter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .report(link_event(event));
+                async {}
             });
         let urls: Vec<&str> = self.nats_url.split(',').map(str::trim).collect();
         let addrs = urls

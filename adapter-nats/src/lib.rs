@@ -41,6 +41,8 @@ pub mod exit;
 mod intake;
 pub mod member;
 pub mod nats_request;
+#[cfg(feature = "cli")]
+pub mod probe;
 pub mod runtime;
 pub mod service;
 pub mod strict;

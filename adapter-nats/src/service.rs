@@ -105,6 +105,10 @@ pub struct ServiceOptions {
     /// How many streams the bucket's keys are spread over (`serve --shards`,
     /// [`dagnats_leases_core::shard`]); one is the one-stream layout.
     pub shards: ShardMap,
+    /// How many of the service's connections are down (`connect::LinksDown`
+    /// of the `cli` feature counts them from the client's events): readiness
+    /// follows it. `None`: taken as always connected.
+    pub links_down: Option<watch::Receiver<u32>>,
     /// Test only: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(feature = "__test")]
@@ -157,7 +161,7 @@ impl Default for ServiceOptions {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: coalesce::CoalesceWrites::Off,
+            coalesce_writes: coalesce::CoalesceWrites::Auto,
             batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
             min_batch: coalesce::DEFAULT_MIN_BATCH,
             reply_scope: ReplyScope::default(),
@@ -166,6 +170,7 @@ impl Default for ServiceOptions {
             max_leases_per_tenant: None,
             known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
             shards: ShardMap::SINGLE,
+            links_down: None,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: false,
         }
@@ -337,6 +342,11 @@ pub async fn prepare(
         return Err(Error::new(ServiceErrorKind::Config, why.clone()));
     }
     let serving = StrictClient::connect(runtime.clone(), &serving).await?;
+    let mut links_down = options.links_down.clone();
+    if let Some(links) = &mut links_down {
+        let down = *links.borrow_and_update();
+        service.handle_connection(runtime.now(), down == 0);
+    }
     let mut io = Io::new(
         runtime,
         serving,
@@ -344,6 +354,7 @@ pub async fn prepare(
         info.max_payload,
         info.version.clone(),
     );
+    io.links_down = links_down;
     for event in early {
         io.record(&mut service, event).await?;
     }
@@ -403,6 +414,8 @@ struct Io {
     flush_wanted: Option<StopPhase>,
     flushing: Option<BoxFuture<'static, StopPhase>>,
     stopping: bool,
+    /// How many connections are down, changes notified (readiness).
+    links_down: Option<watch::Receiver<u32>>,
 }
 
 impl Io {
@@ -431,6 +444,7 @@ impl Io {
             flush_wanted: None,
             flushing: None,
             stopping: false,
+            links_down: None,
         }
     }
 
@@ -496,7 +510,18 @@ impl Io {
         while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
             service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
         }
+        let links = async {
+            let Some(links) = &mut self.links_down else {
+                return std::future::pending().await;
+            };
+            // The counter gone (its connections dropped): nothing more to hear.
+            if links.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            *links.borrow_and_update() == 0
+        };
         tokio::select! {
+            connected = links => service.handle_connection(self.runtime.now(), connected),
             Some(m) = async { self.changes.as_mut().expect("guarded").next().await }, if self.changes.is_some() => {
                 service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
             }
@@ -679,6 +704,21 @@ impl Io {
                 confirm_reads = on,
                 "the leases stream's replicas changed"
             ),
+            ServiceEvent::BucketRefused(why) => tracing::error!(
+                "refusing the leases bucket, every call is answered unavailable until the \
+                 service is restarted after the restore procedure (docs/operations.md, \
+                 \"Backup and restore\"): {why}"
+            ),
+            ServiceEvent::StreamSequence { stream, last_seq } => {
+                metrics::gauge!(telemetry::STREAM_LAST_SEQ, "stream" => stream).set(last_seq as f64)
+            }
+            ServiceEvent::Health(health) => {
+                telemetry::set_health(&health);
+                match &health.ready {
+                    Ok(()) => tracing::info!("ready"),
+                    Err(why) => tracing::info!("not ready: {why}"),
+                }
+            }
             ServiceEvent::StreamReplaced => tracing::warn!(
                 "the leases stream is gone or was made anew: forgetting the revisions known"
             ),
@@ -694,6 +734,7 @@ impl Io {
                 LogLevel::Info => tracing::info!("{line}"),
                 LogLevel::Warn => tracing::warn!("{line}"),
                 LogLevel::Debug => tracing::debug!("{line}"),
+                LogLevel::Error => tracing::error!("{line}"),
             },
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
             // Asked once every reply is handed to the client: the flush carries them.

@@ -20,6 +20,11 @@
 //! | [`READ_CONFIRMATION_RETRIES`] | counter | | confirmations that found the key moved on: read again |
 //! | [`JETSTREAM_ERRORS`] | counter | `op`, `kind` | JetStream requests of a call that failed |
 //! | [`MODE`] | gauge | `mode` | 1 for the mode the service is in, 0 for the others |
+//! | [`READY`] | gauge | | 1 while the service is ready (what `/readyz` answers 200 for) |
+//! | [`CONNECTED`] | gauge | | 1 while every NATS connection of the service is up |
+//! | [`BUCKET_REFUSED`] | gauge | | 1 once the service refused its bucket (its sequence went back) |
+//! | [`STREAM_LAST_SEQ`] | gauge | `stream` | the highest last sequence seen of the stream: no fence handed out on it is above |
+//! | [`BUILD_INFO`] | gauge | `version` | always 1: the running version |
 //!
 //! Holder library (recorded by [`crate::member`]):
 //!
@@ -34,6 +39,7 @@
 use std::time::Duration;
 
 use dagnats_leases_core::campaign::AnsweredRequest;
+use dagnats_leases_core::health::{Health, NotReady};
 use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::io::Mode;
 use dagnats_leases_core::reply_scope::ReplyRefusal;
@@ -71,6 +77,24 @@ pub const JETSTREAM_ERRORS: &str = "dagnats_leases_jetstream_errors_total";
 /// Gauge, label `mode` (`starting`, `serving`, `unsupported`): 1 for the mode the
 /// service is in, 0 for the others.
 pub const MODE: &str = "dagnats_leases_mode";
+
+/// Gauge: 1 while the service is ready to serve (serving, connected, its bucket
+/// reachable at the last look, not refused, not stopping), 0 otherwise; `/readyz`
+/// answers 200 exactly then.
+pub const READY: &str = "dagnats_leases_ready";
+/// Gauge: 1 while every NATS connection of the service is up, 0 while one is
+/// lost and the client reconnects.
+pub const CONNECTED: &str = "dagnats_leases_connected";
+/// Gauge: 1 once the service refused its bucket because the stream's sequence
+/// went back (restored or made anew under it); it answers every call
+/// `unavailable` until restarted after the restore procedure.
+pub const BUCKET_REFUSED: &str = "dagnats_leases_bucket_refused";
+/// Gauge, label `stream`: the highest last sequence the service has seen of the
+/// stream (asked every replicas re-check). Every fence handed out on it is at
+/// most this: a restore starts the stream above it (docs/operations.md).
+pub const STREAM_LAST_SEQ: &str = "dagnats_leases_stream_last_seq";
+/// Gauge, label `version`: always 1, the version of the running binary.
+pub const BUILD_INFO: &str = "dagnats_leases_build_info";
 
 /// Gauge, label `key`: 1 while this process owns the key, 0 otherwise (as
 /// client-go's `leader_election_master_status`). A key appears once campaigned for.
@@ -130,6 +154,21 @@ pub fn describe() {
         MODE,
         "1 for the mode the service is in (starting, serving, unsupported)."
     );
+    describe_gauge!(
+        READY,
+        "1 while the service is ready: serving, connected, bucket reachable."
+    );
+    describe_gauge!(CONNECTED, "1 while every NATS connection is up.");
+    describe_gauge!(
+        BUCKET_REFUSED,
+        "1 once the service refused its bucket: the stream's sequence went back."
+    );
+    describe_gauge!(
+        STREAM_LAST_SEQ,
+        "The highest last sequence seen of the stream: no fence on it is above."
+    );
+    describe_gauge!(BUILD_INFO, "Always 1, labelled with the running version.");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_gauge!(LEADER, "1 while this process owns the key, 0 otherwise.");
     describe_counter!(STEP_DOWNS, "Step-downs of this process, by reason.");
     describe_counter!(
@@ -188,6 +227,29 @@ pub(crate) fn set_mode(mode: Mode) {
     for name in ["starting", "serving", "unsupported"] {
         gauge!(MODE, "mode" => name).set(if name == now { 1.0 } else { 0.0 });
     }
+}
+
+/// What `/readyz` answers: the readiness the service last reported, or not
+/// ready while no service has reported yet.
+static READINESS: std::sync::Mutex<Option<Result<(), String>>> = std::sync::Mutex::new(None);
+
+/// The readiness the service last reported (`Err` with the reason when not ready).
+pub fn readiness() -> Result<(), String> {
+    READINESS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_else(|| Err("starting: connecting to NATS".to_string()))
+}
+
+/// The service's health changed: the gauges and what `/readyz` answers.
+pub(crate) fn set_health(health: &Health) {
+    gauge!(READY).set(if health.ready.is_ok() { 1.0 } else { 0.0 });
+    gauge!(CONNECTED).set(if health.connected { 1.0 } else { 0.0 });
+    let refused = matches!(health.ready, Err(NotReady::Refused(_)));
+    gauge!(BUCKET_REFUSED).set(if refused { 1.0 } else { 0.0 });
+    *READINESS.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(health.ready.clone().map_err(|why| why.to_string()));
 }
 
 /// Registers the leader gauge of each of `keys` at 0, so that it shows before the

@@ -98,6 +98,7 @@ pub mod coalesce;
 pub mod effect;
 pub mod elect;
 pub mod guard;
+pub mod health;
 pub mod holder;
 pub mod io;
 pub mod js;

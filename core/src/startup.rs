@@ -29,6 +29,23 @@ pub const STARTUP_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// How often a running service asks the stream's replicas again, to turn read
 /// confirmation on or off when an operator changes them.
 pub const REPLICAS_RECHECK: Duration = Duration::from_secs(10);
+/// How long startup keeps asking while the JetStream API has no responders (no
+/// server of the account runs JetStream) before it gives up: long enough for a
+/// server of a cluster that is starting, too short to hang a deployment.
+pub const JETSTREAM_OFF_GIVE_UP: Duration = Duration::from_secs(10);
+/// How long startup keeps asking while the cluster cannot place the replicas
+/// asked (too few servers up) before it gives up.
+pub const REPLICAS_GIVE_UP: Duration = Duration::from_secs(30);
+/// JetStream is not enabled for the account (`JSNotEnabledForAccountErr`).
+pub const ERR_JETSTREAM_NOT_ENABLED_FOR_ACCOUNT: u64 = 10039;
+/// JetStream is not enabled (`JSNotEnabledErr`).
+pub const ERR_JETSTREAM_NOT_ENABLED: u64 = 10076;
+/// Replicas above one on a server without a cluster (`JSStreamReplicasNotSupportedErr`).
+pub const ERR_REPLICAS_NOT_SUPPORTED: u64 = 10074;
+/// No servers to place the stream's replicas on (`JSClusterNoPeersErrF`).
+pub const ERR_NO_SUITABLE_PEERS: u64 = 10005;
+/// The servers lack the resources for the stream (`JSInsufficientResourcesErr`).
+pub const ERR_INSUFFICIENT_RESOURCES: u64 = 10023;
 /// How many times startup asks again after a create raced another instance's.
 const MAX_CREATE_RACES: u32 = 3;
 
@@ -228,6 +245,13 @@ pub struct Startup {
     layout_confirmed: bool,
     /// Whether every stream so far says `allow_msg_ttl: true`.
     ttl: bool,
+    /// Since when the JetStream API has had no responders, every answer since.
+    no_jetstream_since: Option<Instant>,
+    /// Since when the cluster could not place the replicas, every answer since.
+    no_placement_since: Option<Instant>,
+    /// Each shard's stream as startup last saw it: its `created` time and last
+    /// sequence, the replicas check's first knowledge (fences never repeat).
+    seen: Vec<(Option<String>, u64)>,
 }
 
 impl Startup {
@@ -260,6 +284,9 @@ impl Startup {
             first_ensured: false,
             layout_confirmed: false,
             ttl: true,
+            no_jetstream_since: None,
+            no_placement_since: None,
+            seen: Vec::new(),
         };
         match parse_version(server_version) {
             Some(v) if v >= MIN_SERVER_VERSION => s.ask_info(),
@@ -279,6 +306,12 @@ impl Startup {
     /// most of any shard's: reads are confirmed when there are more than one.
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// Each shard's stream as startup saw it ensured, by index: its `created`
+    /// time and last sequence (0 when the answer did not say).
+    pub fn seen(&self) -> &[(Option<String>, u64)] {
+        &self.seen
     }
 
     /// Whether the streams take ADR-50 atomic batches: the server is 2.12+ and the
@@ -342,6 +375,22 @@ impl Startup {
         }
         self.now = now;
         self.waiting = None;
+        // The layout question's silence is its own (a permission): see below.
+        if outcome == RequestOutcome::NoResponders && self.step != Step::Layout {
+            return self.no_jetstream(now);
+        }
+        self.no_jetstream_since = None;
+        if let Ok(Err(e)) = js::parse_api_reply(&outcome) {
+            if let Some(refusal) = self.cannot_serve(&e) {
+                return self.refuse(refusal);
+            }
+            if matches!(
+                e.err_code,
+                ERR_NO_SUITABLE_PEERS | ERR_INSUFFICIENT_RESOURCES
+            ) {
+                return self.no_placement(now, &e);
+            }
+        }
         let reply = match js::parse_api_reply(&outcome) {
             Ok(reply) => reply,
             Err(failure) if self.step == Step::Layout => {
@@ -624,6 +673,21 @@ impl Startup {
     /// The server's own word on the config decides: no `allow_msg_ttl: true`, no leases.
     /// Every shard's stream is judged in turn; the last one ends startup.
     fn check_final(&mut self, info: Value) {
+        self.no_placement_since = None;
+        let created = info
+            .get("created")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let last_seq = info
+            .get("state")
+            .and_then(|s| s.get("last_seq"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let shard = self.shard as usize;
+        if self.seen.len() <= shard {
+            self.seen.resize(shard + 1, (None, 0));
+        }
+        self.seen[shard] = (created, last_seq);
         let replicas = replicas_in(&info).unwrap_or(1);
         let atomic = self.atomic_wanted
             && info
@@ -675,6 +739,73 @@ impl Startup {
         } else {
             self.finish(Mode::Unsupported);
         }
+    }
+
+    /// An API error waiting cannot mend: JetStream is off for the account, or
+    /// replicas were asked of a server without a cluster.
+    fn cannot_serve(&self, e: &js::ApiError) -> Option<String> {
+        let said = format!("JetStream {} ({}): {}", e.err_code, e.code, e.description);
+        match e.err_code {
+            ERR_JETSTREAM_NOT_ENABLED_FOR_ACCOUNT | ERR_JETSTREAM_NOT_ENABLED => Some(format!(
+                "JetStream is not enabled for the NATS account this service connects as \
+                 ({said}): the leases bucket is a JetStream stream. Enable JetStream for \
+                 the account (`jetstream: enabled` in its accounts block, or JetStream \
+                 limits in its JWT)"
+            )),
+            ERR_REPLICAS_NOT_SUPPORTED => {
+                let asked = self.options.replicas.unwrap_or(1);
+                Some(format!(
+                    "--replicas {asked} asks for {asked} copies of the leases stream, but \
+                     nats-server runs JetStream without a cluster ({said}). Start the service \
+                     with --replicas 1, or run a JetStream cluster of at least {asked} servers"
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// No responders on the JetStream API: no server of this account runs
+    /// JetStream. Asked again for [`JETSTREAM_OFF_GIVE_UP`], then refused.
+    fn no_jetstream(&mut self, now: Instant) {
+        let since = *self.no_jetstream_since.get_or_insert(now);
+        let stream = self.stream();
+        if now.saturating_duration_since(since) >= JETSTREAM_OFF_GIVE_UP {
+            return self.refuse(format!(
+                "no JetStream: $JS.API.STREAM.INFO.{stream} had no responders for \
+                 {JETSTREAM_OFF_GIVE_UP:?}, so no server of this account runs JetStream. \
+                 Start nats-server with JetStream (-js, or a jetstream block in its config)"
+            ));
+        }
+        if since == now {
+            self.log(format!(
+                "no responders on $JS.API.STREAM.INFO.{stream}: JetStream looks off on this \
+                 server (no -js or jetstream block); asking again every {STARTUP_RETRY:?}, \
+                 giving up after {JETSTREAM_OFF_GIVE_UP:?}"
+            ));
+        }
+        self.step = Step::Wait(now + STARTUP_RETRY);
+    }
+
+    /// The cluster cannot place the replicas now: asked again for
+    /// [`REPLICAS_GIVE_UP`] (servers may be joining), then refused.
+    fn no_placement(&mut self, now: Instant, e: &js::ApiError) {
+        let since = *self.no_placement_since.get_or_insert(now);
+        let asked = self.options.replicas.unwrap_or(1);
+        let stream = self.stream();
+        let said = format!("JetStream {} ({}): {}", e.err_code, e.code, e.description);
+        if now.saturating_duration_since(since) >= REPLICAS_GIVE_UP {
+            return self.refuse(format!(
+                "the JetStream cluster cannot place {stream} with {asked} replicas ({said}) \
+                 for {REPLICAS_GIVE_UP:?}: fewer servers are up than replicas asked. Start \
+                 the service with fewer --replicas, or bring up at least {asked} JetStream \
+                 servers"
+            ));
+        }
+        self.log(format!(
+            "the JetStream cluster cannot place {stream} with {asked} replicas now ({said}); \
+             asking again in {STARTUP_RETRY_AFTER_ERROR:?}, giving up after {REPLICAS_GIVE_UP:?}"
+        ));
+        self.step = Step::Wait(now + STARTUP_RETRY_AFTER_ERROR);
     }
 
     fn retry_later(&mut self, now: Instant, failure: JsFailure) {

@@ -1106,11 +1106,13 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     eprintln!("{batched} of {n} acquires stored by a batch");
 }
 
-/// By default the coalescer is off (`--coalesce-writes false`): many writes at
-/// once each go alone, even with windows that would batch them.
+/// With the coalescer off (`--coalesce-writes false`, for a server on the lazy
+/// default sync): many writes at once each go alone, even with windows that
+/// would batch them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn by_default_every_write_goes_alone() {
+async fn with_false_every_write_goes_alone() {
     let options = ServiceOptions {
+        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::Off,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1123,7 +1125,7 @@ async fn by_default_every_write_goes_alone() {
 /// With `auto` the coalescer is on for a single-replica bucket (for a server with
 /// `sync_interval: always`, where it was measured to win): with narrowed windows
 /// many writes at once go partly in batches on a 2.12+ server. (A replicated
-/// bucket leaves it off: the core's `coalesce_on` table test. Off is the default.)
+/// bucket leaves it off: the core's `coalesce_on` table test. `auto` is the default.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auto_a_single_replica_bucket_batches_under_load() {
     let options = ServiceOptions {

@@ -11,6 +11,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use dagnats_leases_core::RequestOutcome;
+use dagnats_leases_core::health::LinkEvent;
 use dagnats_leases_core::proto::{
     ConnEvent, Connection, ConnectionConfig, Delivered, FlushId, RequestId, ServerInfo, Sid,
 };
@@ -65,6 +66,9 @@ pub(super) struct Driver {
     commands: mpsc::UnboundedReceiver<Command>,
     first: Option<oneshot::Sender<Result<ServerInfo, String>>>,
     servers: usize,
+    /// Logs the connection's ups and downs (one warning per outage) and counts
+    /// them for readiness.
+    links: crate::connect::LinkReporter,
     socket: Sock,
     /// A socket in hand between two steps (read for INFO, upgraded).
     parked: Option<BoxSocket>,
@@ -90,6 +94,7 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
         first: oneshot::Sender<Result<ServerInfo, String>>,
         servers: usize,
+        links: crate::connect::LinkReporter,
     ) -> Self {
         let conn = Connection::new(config, runtime.now());
         Self {
@@ -99,6 +104,7 @@ impl Driver {
             commands,
             first: Some(first),
             servers,
+            links,
             socket: Sock::None,
             parked: None,
             reuse: None,
@@ -378,7 +384,7 @@ impl Driver {
                 Some(first) => {
                     let _ = first.send(Ok(*info));
                 }
-                None => tracing::info!(server = %info.server_id, "strict connection: reconnected"),
+                None => self.links.report(LinkEvent::Connected),
             },
             ConnEvent::Disconnected {
                 why,
@@ -390,8 +396,11 @@ impl Driver {
                         let _ = first.send(Err(why));
                         self.conn.close();
                     }
+                } else if failures <= 1 {
+                    // The first failure of an outage is the loss itself.
+                    self.links.report(LinkEvent::Disconnected);
                 } else {
-                    tracing::warn!(failures, "strict connection: disconnected: {why}");
+                    self.links.report(LinkEvent::AttemptFailed(why));
                 }
             }
             ConnEvent::Message { sid, message } => {

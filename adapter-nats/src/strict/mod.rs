@@ -58,6 +58,9 @@ pub struct StrictOptions {
     pub connect_timeout: Option<Duration>,
     /// Keepalive PING interval (30 s when unset).
     pub ping_interval: Option<Duration>,
+    /// Where this connection counts itself down and up again (the service's
+    /// readiness).
+    pub links_down: Option<crate::connect::LinksDown>,
 }
 
 impl StrictOptions {
@@ -196,7 +199,21 @@ impl StrictClient {
         let (commands, receiver) = mpsc::unbounded_channel();
         let (first, connected) = oneshot::channel();
         let servers = config.servers.len();
-        let driver = driver::Driver::new(runtime.clone(), config, tls, receiver, first, servers);
+        // Named apart from the client connections that share `name`.
+        let name = format!(
+            "{} (serving)",
+            options.name.as_deref().unwrap_or("dagnats-leases")
+        );
+        let links = crate::connect::LinkReporter::new(name, options.links_down.clone());
+        let driver = driver::Driver::new(
+            runtime.clone(),
+            config,
+            tls,
+            receiver,
+            first,
+            servers,
+            links,
+        );
         runtime.spawn(Box::pin(driver.run()));
         match connected.await {
             Ok(Ok(info)) => Ok(Self {

@@ -154,6 +154,10 @@ pub struct Call {
     /// The write in flight: the instant it was asked for and the record it stores
     /// (`None`: a tombstone).
     sent: Option<(Instant, Option<LeaseRecord>)>,
+    /// The highest sequence its own writes and confirmations were stored at.
+    stored_max: u64,
+    /// The highest revision it saw: read, or stored by its writes.
+    seen_max: u64,
 }
 
 impl Call {
@@ -217,6 +221,8 @@ impl Call {
             known: None,
             learnt: None,
             sent: None,
+            stored_max: 0,
+            seen_max: 0,
         };
         match config.mode {
             Mode::Unsupported => {
@@ -309,6 +315,24 @@ impl Call {
     /// The next thing the call reports: its reply last.
     pub fn poll_event(&mut self) -> Option<CallEvent> {
         self.events.pop_front()
+    }
+
+    /// The highest sequence the call's own writes and read confirmations were
+    /// stored at (0: none yet). Sent after the call started, each must be above
+    /// every revision the service saw before then: one that is not says the
+    /// stream's sequence went back ([`crate::service`]).
+    pub fn highest_stored(&self) -> u64 {
+        self.stored_max
+    }
+
+    /// The highest revision the call saw: read, or stored by its writes.
+    pub fn highest_seen(&self) -> u64 {
+        self.seen_max
+    }
+
+    /// The key as stored (a tenant's under its account): which shard it is on.
+    pub fn storage_key(&self) -> String {
+        tenant::storage_key(self.scope.as_ref(), self.key())
     }
 
     /// The newest fact the call learnt about its key (from a leader read, or from a
@@ -440,6 +464,7 @@ impl Call {
         match waiting {
             Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
                 Ok(state) => {
+                    self.seen_max = self.seen_max.max(state.revision());
                     self.learn_read(&state);
                     self.on_read(now, state)
                 }
@@ -451,6 +476,9 @@ impl Call {
             Waiting::Confirm(w, state) if w == id => {
                 let ack = js::parse_pub_ack(&outcome);
                 self.report_ack(KvOp::Confirm, &outcome, &ack);
+                if let Ok(PublishResult::Stored(rev)) = ack {
+                    self.stored(rev);
+                }
                 match ack {
                     Ok(PublishResult::Stored(_)) => self.decide(now, state),
                     // The key moved on since the read (or a write to it is in flight).
@@ -463,6 +491,7 @@ impl Call {
                 self.report_ack(KvOp::Write, &outcome, &ack);
                 match ack {
                     Ok(PublishResult::Stored(rev)) => {
+                        self.stored(rev);
                         self.learn_write(rev);
                         self.on_written(now, rev)
                     }
@@ -722,6 +751,12 @@ impl Call {
             Job::Forward(f) => self.forward_after_read(now, f, state),
             Job::Done => {}
         }
+    }
+
+    /// One of its own writes or confirmations was stored at `rev`.
+    fn stored(&mut self, rev: u64) {
+        self.stored_max = self.stored_max.max(rev);
+        self.seen_max = self.seen_max.max(rev);
     }
 
     fn key(&self) -> &str {

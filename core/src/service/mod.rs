@@ -31,7 +31,7 @@
 //!   [`ReplicasCheckEvent::ConfirmReads`] switch as it says (`on`), the `replicas > 1`
 //!   rule living in [`ReplicasCheck`] only; the check runs only when serving;
 //! - writes gather into atomic batches only when the stream takes them and the
-//!   setting says so (`coalesce_writes`: off by default, `auto` on a one-replica
+//!   setting says so (`coalesce_writes`: `auto` by default, on a one-replica
 //!   bucket only);
 //! - a write still queued in the coalescer whose call gave up (timed out, cut off)
 //!   is never sent;
@@ -64,6 +64,7 @@ use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
+use crate::health::{self, Health, NotReady};
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
@@ -143,7 +144,7 @@ impl ServiceConfig {
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: CoalesceWrites::Off,
+            coalesce_writes: CoalesceWrites::Auto,
             batch_after: DEFAULT_SINGLE_WINDOW,
             min_batch: DEFAULT_MIN_BATCH,
             instance_id: "service".to_string(),
@@ -216,6 +217,8 @@ pub enum LogLevel {
     Warn,
     /// Detail.
     Debug,
+    /// Something is wrong and needs an operator.
+    Error,
 }
 
 /// The once-per-interval log line of requests dropped for their reply subject.
@@ -333,6 +336,21 @@ pub enum ServiceEvent {
     },
     /// The stream is gone or was made anew: every known revision was forgotten.
     StreamReplaced,
+    /// The service refuses its bucket from now on: the stream's sequence went
+    /// back under it, so its fences would repeat. Every call is answered
+    /// `unavailable` with this sentence until the service is restarted after the
+    /// restore procedure (docs/operations.md).
+    BucketRefused(String),
+    /// A stream's highest last sequence seen grew (a gauge: every fence handed
+    /// out on it so far is at most this, so a restore starts above it).
+    StreamSequence {
+        /// The stream.
+        stream: String,
+        /// Its highest last sequence seen.
+        last_seq: u64,
+    },
+    /// Readiness or the connection state changed (a probe's answer, a gauge).
+    Health(Health),
     /// A released key's tombstone stays in the stream until a scan finds it
     /// (`failed` or `deferred`).
     TombstoneLeft {
@@ -459,6 +477,10 @@ struct Running {
     /// Its requests out (service ids) and its writes in the coalescer.
     sent: Vec<EffectId>,
     writes: Vec<WriteId>,
+    /// The shard of its key, and the highest revision the service had seen on
+    /// it when the call started: every write of the call must be stored above.
+    shard: usize,
+    floor: u64,
 }
 
 /// Where the service is.
@@ -508,6 +530,18 @@ pub struct Service {
     next_write: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServiceEvent>,
+    /// Whether every connection is up, as the adapter last said.
+    connected: bool,
+    /// Whether the bucket answered the last look, or why not.
+    bucket: Result<(), String>,
+    /// Why the bucket is refused, once its sequence went back.
+    refused: Option<String>,
+    /// The health last reported.
+    health: Option<Health>,
+    /// Each shard's highest revision seen (its calls' reads and writes, the
+    /// replicas check's last sequences): a write stored at or below it went to a
+    /// stream whose sequence went back.
+    floors: Vec<u64>,
 }
 
 impl Service {
@@ -563,6 +597,11 @@ impl Service {
             next_write: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            connected: true,
+            bucket: Ok(()),
+            refused: None,
+            health: None,
+            floors: vec![0; config.bucket.shards.count() as usize],
             phase: Phase::Starting(Box::new(startup)),
             mode: Mode::Starting,
             call_config,
@@ -650,6 +689,45 @@ impl Service {
         self.mode
     }
 
+    /// What a readiness probe answers now, and whether the connections are up:
+    /// ready only while serving, connected, the bucket reachable at its last
+    /// look, not refused and not stopping ([`health::readiness`]).
+    pub fn health(&self) -> Health {
+        let not_serving = match self.mode {
+            Mode::Ready => None,
+            Mode::Starting => Some(NotReady::Starting),
+            Mode::Unsupported => Some(NotReady::Unsupported),
+        };
+        Health {
+            ready: health::readiness(
+                not_serving,
+                self.connected,
+                self.bucket.clone(),
+                self.refused.as_deref(),
+                self.stop.is_some() || self.failed,
+            ),
+            connected: self.connected,
+        }
+    }
+
+    /// A connection of the service was lost (`false`) or is back (`true`), as
+    /// the client's events said. Back, the bucket is asked at once: readiness
+    /// waits on its answer.
+    pub fn handle_connection(&mut self, now: Instant, connected: bool) {
+        if connected == self.connected {
+            return;
+        }
+        self.connected = connected;
+        if connected
+            && self.stop.is_none()
+            && let Some(check) = &mut self.check
+        {
+            check.check_soon(now);
+            check.handle_timeout(now);
+            self.pump(now);
+        }
+    }
+
     /// Whether reads are confirmed now.
     pub fn confirm_reads(&self) -> bool {
         self.call_config.confirm_reads
@@ -731,6 +809,13 @@ impl Service {
         }
         let Received { reply, payload, .. } = message;
         let reply = reply.unwrap_or_default();
+        if let (Some(why), None) = (&self.refused, &self.stop) {
+            let response = Response::Error(ErrorReply::new(
+                crate::wire::ErrorKind::Unavailable,
+                format!("the lease service refuses its bucket: {why}"),
+            ));
+            return self.answered(now, endpoint, reply, response, Duration::ZERO);
+        }
         match (&self.phase, self.stop.as_ref().map(Shutdown::phase)) {
             // No effects while starting: the reply is at hand.
             (Phase::Starting(_), None) => {
@@ -1008,6 +1093,8 @@ impl Service {
         );
         self.next_token += 1;
         let token = self.next_token;
+        let shard = self.config.bucket.shards.shard_of(&call.storage_key()) as usize;
+        let floor = self.floors.get(shard).copied().unwrap_or(0);
         self.calls.insert(
             token,
             Running {
@@ -1020,6 +1107,8 @@ impl Service {
                 deadline: None,
                 sent: Vec::new(),
                 writes: Vec::new(),
+                shard,
+                floor,
             },
         );
         self.drive(now, token);
@@ -1042,6 +1131,27 @@ impl Service {
         {
             known.learn(&key, fact);
         }
+        // Fences never repeat: a write sent after the service saw revision F is
+        // stored above F, unless the stream went back under it.
+        let stored = running.call.highest_stored();
+        let rewound = (stored > 0 && stored <= running.floor).then(|| {
+            format!(
+                "a write was stored at sequence {stored} of stream {}, at or below {} seen \
+                 before it was sent: the stream's sequence went back (restored from a \
+                 backup, or made anew), and that fence was handed out already",
+                self.config.bucket.shards.stream(running.shard as u32),
+                running.floor
+            )
+        });
+        if let Some(floor) = self.floors.get_mut(running.shard) {
+            *floor = (*floor).max(running.call.highest_seen());
+        }
+        if let Some(why) = rewound {
+            self.refuse_bucket(why);
+        }
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
         while let Some(transmit) = running.call.poll_transmit() {
             if let Some(coalescer) = self
                 .coalescer
@@ -1122,6 +1232,15 @@ impl Service {
             }
             _ => {}
         }
+        // Refused meanwhile: what the call did went to a stream whose sequence
+        // went back, and its fence may be one handed out already.
+        let response = match (&self.refused, response) {
+            (Some(why), r) if r.error_kind().is_none() => Response::Error(ErrorReply::new(
+                crate::wire::ErrorKind::Unavailable,
+                format!("the lease service refuses its bucket: {why}"),
+            )),
+            (_, r) => r,
+        };
         self.acquire_ended(Some(&running.scope), running.acquiring.as_deref());
         let took = now.saturating_duration_since(running.started);
         self.answered(now, running.endpoint, running.reply, response, took);
@@ -1283,6 +1402,27 @@ impl Service {
                     }
                     self.events.push_back(ServiceEvent::StreamReplaced);
                 }
+                ReplicasCheckEvent::Reachable(reachable) => self.bucket = reachable,
+                ReplicasCheckEvent::Sequence { stream, last_seq } => {
+                    let shards = self.config.bucket.shards;
+                    if let Some(i) = shards.indexes().find(|i| shards.stream(*i) == stream)
+                        && let Some(floor) = self.floors.get_mut(i as usize)
+                    {
+                        *floor = (*floor).max(last_seq);
+                    }
+                    self.events
+                        .push_back(ServiceEvent::StreamSequence { stream, last_seq })
+                }
+                ReplicasCheckEvent::Rewound(why) => {
+                    if let Some(known) = &mut self.known {
+                        known.clear();
+                    }
+                    if self.refused.is_none() {
+                        self.events
+                            .push_back(ServiceEvent::BucketRefused(why.clone()));
+                        self.refused = Some(why);
+                    }
+                }
             }
         }
     }
@@ -1340,6 +1480,18 @@ impl Service {
         self.events.push_back(ServiceEvent::Log { level, line });
     }
 
+    /// Refuses the bucket from now on (once): its sequence went back.
+    fn refuse_bucket(&mut self, why: String) {
+        if let Some(known) = &mut self.known {
+            known.clear();
+        }
+        if self.refused.is_none() {
+            self.events
+                .push_back(ServiceEvent::BucketRefused(why.clone()));
+            self.refused = Some(why);
+        }
+    }
+
     /// Startup's outputs; at its end, serving begins.
     fn pump_startup(&mut self, now: Instant) {
         let Phase::Starting(startup) = &mut self.phase else {
@@ -1360,21 +1512,33 @@ impl Service {
                     line,
                 }),
                 StartupEvent::Done(mode) => {
-                    done = Some((mode, startup.replicas(), startup.atomic()));
+                    done = Some((
+                        mode,
+                        startup.replicas(),
+                        startup.atomic(),
+                        startup.seen().to_vec(),
+                    ));
                 }
                 StartupEvent::Refused(why) => {
                     self.events.push_back(ServiceEvent::StartRefused(why));
                 }
             }
         }
-        if let Some((mode, replicas, atomic)) = done {
-            self.serve(now, mode, replicas, atomic);
+        if let Some((mode, replicas, atomic, seen)) = done {
+            self.serve(now, mode, replicas, atomic, &seen);
         }
     }
 
     /// The bucket is ensured: the mode, the confirm switch's start, the coalescer
     /// and the replicas check follow from what startup found.
-    fn serve(&mut self, now: Instant, mode: Mode, replicas: usize, atomic: bool) {
+    fn serve(
+        &mut self,
+        now: Instant,
+        mode: Mode,
+        replicas: usize,
+        atomic: bool,
+        seen: &[(Option<String>, u64)],
+    ) {
         self.phase = Phase::Serving;
         self.mode = mode;
         self.events.push_back(ServiceEvent::Mode(mode));
@@ -1407,6 +1571,7 @@ impl Service {
                 now,
             )
             .with_shards(self.config.bucket.shards)
+            .with_seen(seen)
         });
         let confirm = check.as_ref().is_some_and(ReplicasCheck::confirm_reads);
         #[cfg(any(test, feature = "__test"))]
@@ -1640,7 +1805,17 @@ impl Service {
     }
 
     /// The next thing to do or to count.
+    ///
+    /// Once the queue is empty, a change of [`Service::health`] since it was
+    /// last reported comes as [`ServiceEvent::Health`].
     pub fn poll_event(&mut self) -> Option<ServiceEvent> {
+        if self.events.is_empty() {
+            let health = self.health();
+            if self.health.as_ref() != Some(&health) {
+                self.health = Some(health.clone());
+                return Some(ServiceEvent::Health(health));
+            }
+        }
         self.events.pop_front()
     }
 

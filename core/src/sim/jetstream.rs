@@ -151,6 +151,11 @@ impl Default for SimJetStream {
 }
 
 impl SimJetStream {
+    /// The last sequence stored (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
     /// An empty stream at time 0.
     pub fn new() -> Self {
         Self {

@@ -95,6 +95,8 @@ pub struct ServiceWorld {
     now_ms: u64,
     replicas: usize,
     created: u64,
+    /// The `first_seq` the stream was made anew with, if it was.
+    first_seq: Option<u64>,
     network: Vec<InFlight>,
     /// Requests the network lost, by when the service must have cancelled them.
     lost: BTreeMap<EffectId, Instant>,
@@ -140,6 +142,7 @@ impl ServiceWorld {
             now_ms: 0,
             replicas,
             created: 1,
+            first_seq: None,
             network: Vec::new(),
             lost: BTreeMap::new(),
             cancelled: BTreeSet::new(),
@@ -159,7 +162,7 @@ impl ServiceWorld {
         world
     }
 
-    fn now(&self) -> Instant {
+    pub fn now(&self) -> Instant {
         self.t0 + Duration::from_millis(self.now_ms)
     }
 
@@ -240,9 +243,18 @@ impl ServiceWorld {
         self.replicas = replicas.max(1);
     }
 
-    /// Makes the stream anew (the next stream info reports another created time).
+    /// Makes the stream anew as the restore procedure does, its `first_seq` above
+    /// every sequence used (the next stream info reports another created time).
     pub fn replace_stream(&mut self) {
         self.created += 1;
+        self.first_seq = Some(self.sim.last_seq() + 1);
+    }
+
+    /// Makes the stream anew from sequence 1, empty: its fences start again.
+    pub fn rewind_stream(&mut self) {
+        self.created += 1;
+        self.first_seq = None;
+        self.sim = SimJetStream::new().with_atomic(true);
     }
 
     /// Drains the service's outputs and checks each reply, what the stream
@@ -577,11 +589,14 @@ impl ServiceWorld {
         {
             let mut info = json!({
                 "config": stream_config_for(self.replicas, true),
-                "state": {},
+                "state": {"last_seq": self.sim.last_seq()},
                 "created": format!("2026-01-01T00:00:{:02}Z", self.created % 60),
             });
             info["config"]["republish"] =
                 crate::startup::republish_for(crate::tenant::Tenancy::Single);
+            if let Some(first) = self.first_seq {
+                info["config"]["first_seq"] = json!(first);
+            }
             RequestOutcome::reply(info.to_string())
         } else if subject.starts_with("$JS.API.STREAM.INFO.") {
             // Startup's other-layout question: no stream but the world's exists.

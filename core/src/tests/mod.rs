@@ -7,6 +7,7 @@ mod coalesce;
 mod coalesce_props;
 mod confirm;
 mod elect;
+mod health;
 mod holder;
 mod holder_world;
 mod known;

@@ -771,3 +771,118 @@ fn shard_0_made_before_the_guard_subject_gets_it_by_an_update() {
     let why = refused(&mut s);
     assert!(why.contains("10065") && why.contains("--shards"), "{why}");
 }
+
+/// Where waiting cannot help, startup ends with the cause, at once or after its
+/// bound: no responders on the JetStream API (JetStream off) past
+/// [`JETSTREAM_OFF_GIVE_UP`], JetStream off for the account, replicas asked of a
+/// server without a cluster, and a cluster that cannot place the replicas past
+/// [`REPLICAS_GIVE_UP`]. Each answer is given to every request startup sends
+/// (the stream info, then the create), as a server would.
+#[test]
+fn startup_names_the_cause_and_gives_up_where_waiting_cannot_help() {
+    use crate::startup::{JETSTREAM_OFF_GIVE_UP, REPLICAS_GIVE_UP};
+    let three = BucketOptions {
+        replicas: Some(3),
+        ..BucketOptions::default()
+    };
+    let no_account = api_error(503, 10039, "JetStream not enabled for account");
+    let one_node = api_error(
+        500,
+        10074,
+        "replicas > 1 not supported in non-clustered mode",
+    );
+    let no_peers = api_error(400, 10005, "no suitable peers for placement");
+    // (options, the answer, whether stream infos find nothing (the answer is the
+    // create's), the bound it gives up after (zero: at once), words the refusal
+    // must have)
+    let table = [
+        (
+            BucketOptions::default(),
+            RequestOutcome::NoResponders,
+            false,
+            JETSTREAM_OFF_GIVE_UP,
+            vec!["no JetStream", "-js"],
+        ),
+        (
+            BucketOptions::default(),
+            no_account,
+            false,
+            Duration::ZERO,
+            vec!["not enabled for the NATS account"],
+        ),
+        (
+            three,
+            one_node,
+            true,
+            Duration::ZERO,
+            vec!["--replicas 3", "without a cluster", "--replicas 1"],
+        ),
+        (
+            three,
+            no_peers,
+            true,
+            REPLICAS_GIVE_UP,
+            vec!["cannot place KV_leases with 3 replicas", "10005"],
+        ),
+    ];
+    for (options, answer, infos_absent, bound, words) in table {
+        let t0 = Instant::now();
+        let mut s = Startup::new(options, "2.14.0", T, t0);
+        let mut now = t0;
+        let refusal = loop {
+            let mut refusal = None;
+            while let Some(e) = s.poll_event() {
+                match e {
+                    StartupEvent::Refused(r) => refusal = Some(r),
+                    StartupEvent::Done(m) => panic!("{answer:?}: served in {m:?}"),
+                    StartupEvent::Log(_) => {}
+                }
+            }
+            if let Some(r) = refusal {
+                break r;
+            }
+            if let Some(t) = s.poll_transmit() {
+                let outcome = if infos_absent && t.request.subject.contains(".INFO.") {
+                    api_error(404, 10059, "stream not found")
+                } else {
+                    answer.clone()
+                };
+                s.handle_outcome(now, t.id, outcome);
+                continue;
+            }
+            let at = s.poll_timeout().expect("startup waits to ask again");
+            assert!(
+                at.duration_since(t0) <= bound + STARTUP_RETRY * 6,
+                "{answer:?}: still waiting past its bound"
+            );
+            now = at;
+            s.handle_timeout(now);
+        };
+        assert!(
+            now.duration_since(t0) >= bound,
+            "{answer:?}: gave up before its bound"
+        );
+        for word in words {
+            assert!(refusal.contains(word), "{word:?} in {refusal}");
+        }
+    }
+}
+
+/// No responders that stop before the bound (a server came up) are forgotten:
+/// startup goes on and serves.
+#[test]
+fn no_responders_that_end_before_the_bound_are_forgotten() {
+    let t0 = Instant::now();
+    let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, t0);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(t0, id, RequestOutcome::NoResponders);
+    let logs: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(
+        matches!(&logs[..], [StartupEvent::Log(l)] if l.contains("JetStream looks off")),
+        "{logs:?}"
+    );
+    s.handle_timeout(t0 + STARTUP_RETRY);
+    let (id, _) = next_request(&mut s);
+    s.handle_outcome(t0 + STARTUP_RETRY, id, info(stream_config_for(1, true)));
+    assert_eq!(done(&mut s).0, Mode::Ready);
+}
