@@ -1384,10 +1384,7 @@ impl Service {
         while let Some(t) = self.check.as_mut().and_then(ReplicasCheck::poll_transmit) {
             self.send_for(now, Part::Replicas, t);
         }
-        let Some(check) = &mut self.check else {
-            return;
-        };
-        while let Some(event) = check.poll_event() {
+        while let Some(event) = self.check.as_mut().and_then(ReplicasCheck::poll_event) {
             match event {
                 ReplicasCheckEvent::ConfirmReads { replicas, on } => {
                     #[cfg(any(test, feature = "__test"))]
@@ -1413,16 +1410,7 @@ impl Service {
                     self.events
                         .push_back(ServiceEvent::StreamSequence { stream, last_seq })
                 }
-                ReplicasCheckEvent::Rewound(why) => {
-                    if let Some(known) = &mut self.known {
-                        known.clear();
-                    }
-                    if self.refused.is_none() {
-                        self.events
-                            .push_back(ServiceEvent::BucketRefused(why.clone()));
-                        self.refused = Some(why);
-                    }
-                }
+                ReplicasCheckEvent::Rewound(why) => self.refuse_bucket(why),
             }
         }
     }
