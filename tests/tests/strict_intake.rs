@@ -131,7 +131,10 @@ async fn malformed_request_headers_are_answered_invalid_while_renewals_all_succe
         let v = json_of(&msg.payload);
         assert_eq!(v["kind"], "invalid", "{name}: {v}");
         let error = v["error"].as_str().unwrap_or_default();
-        assert!(error.contains("headers are malformed"), "{name}: {error}");
+        assert!(
+            error.contains("the request is malformed: malformed header block"),
+            "{name}: {error}"
+        );
         invalid += 1;
     }
     stop.store(true, Ordering::SeqCst);

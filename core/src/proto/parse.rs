@@ -15,6 +15,10 @@ use serde::Deserialize;
 /// The longest protocol line read (an `INFO` with many `connect_urls` included).
 pub const MAX_CONTROL_LINE: usize = 64 * 1024;
 
+/// The largest header block read: a request needs one short header at most, so
+/// a larger block is refused unread and costs no more than its bytes.
+pub const MAX_HEADER_BLOCK: usize = 16 * 1024;
+
 /// What the server said in `INFO`: the fields this client acts on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
@@ -89,6 +93,11 @@ pub enum HeaderErrorKind {
     NotUtf8,
     /// The block does not end with an empty line at its declared length.
     Unterminated,
+    /// The block is larger than [`MAX_HEADER_BLOCK`]: refused unread.
+    TooLarge,
+    /// The subject or reply subject is not UTF-8 text, or holds a control
+    /// character (the server relays a publisher's subject bytes unchecked).
+    Subject,
 }
 
 impl HeaderErrorKind {
@@ -103,6 +112,8 @@ impl HeaderErrorKind {
             Self::ControlInValue => "control_in_value",
             Self::NotUtf8 => "not_utf8",
             Self::Unterminated => "unterminated",
+            Self::TooLarge => "too_large",
+            Self::Subject => "subject",
         }
     }
 }
@@ -120,11 +131,15 @@ pub struct HeaderError {
 
 impl fmt::Display for HeaderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "malformed header block, line {}: {}",
-            self.line, self.detail
-        )
+        match self.kind {
+            HeaderErrorKind::Subject => write!(f, "malformed subject: {}", self.detail),
+            HeaderErrorKind::TooLarge => write!(f, "header block too large: {}", self.detail),
+            _ => write!(
+                f,
+                "malformed header block, line {}: {}",
+                self.line, self.detail
+            ),
+        }
     }
 }
 
@@ -240,13 +255,19 @@ impl Parser {
             return None;
         };
         let line = &data[..end];
-        if let Some(i) = line.iter().position(|&b| b == b'\r' || b == b'\n') {
+        let (op, rest) = split_op(line);
+        let upper = op.to_ascii_uppercase();
+        // A bare CR may sit in a MSG line's subject or reply (a publisher's bytes,
+        // relayed unchecked): that message is refused on its own (MsgHead::parse).
+        let subjects_inside = matches!(upper.as_slice(), b"MSG" | b"HMSG");
+        if let Some(i) = line
+            .iter()
+            .position(|&b| b == b'\n' || (b == b'\r' && !subjects_inside))
+        {
             return Some(Err(ProtocolError(format!(
                 "a bare CR or LF inside a protocol line at byte {i}"
             ))));
         }
-        let (op, rest) = split_op(line);
-        let upper = op.to_ascii_uppercase();
         let after_line = end + 2;
         let result = match upper.as_slice() {
             b"PING" if rest.is_empty() => Ok(ServerOp::Ping),
@@ -298,7 +319,22 @@ impl Parser {
                 "a message's payload is not followed by CRLF at its declared length".into(),
             )));
         }
-        let headers = if with_headers {
+        let headers = if let Some(detail) = head.malformed {
+            Err(HeaderError {
+                kind: HeaderErrorKind::Subject,
+                line: 0,
+                detail,
+            })
+        } else if head.header_len > MAX_HEADER_BLOCK {
+            Err(HeaderError {
+                kind: HeaderErrorKind::TooLarge,
+                line: 0,
+                detail: format!(
+                    "{} bytes, past the {MAX_HEADER_BLOCK} read",
+                    head.header_len
+                ),
+            })
+        } else if with_headers {
             parse_headers(&data[..head.header_len])
         } else {
             Ok(Headers::default())
@@ -322,6 +358,8 @@ struct MsgHead {
     reply: Option<String>,
     header_len: usize,
     total: usize,
+    /// The subject or reply is not text: the message is refused on its own.
+    malformed: Option<String>,
 }
 
 impl MsgHead {
@@ -336,11 +374,15 @@ impl MsgHead {
         if args.len() != 2 + counts && args.len() != 3 + counts {
             return Err(bad("wrong number of arguments"));
         }
-        let text = |b: &[u8]| {
+        // A subject is the publisher's bytes: one that is not text makes this
+        // message malformed, never the stream.
+        let text = |b: &[u8]| -> Option<String> {
             std::str::from_utf8(b)
+                .ok()
+                .filter(|s| !s.chars().any(char::is_control))
                 .map(str::to_string)
-                .map_err(|_| bad("a subject is not UTF-8"))
         };
+        let mut malformed = None;
         let number = |b: &[u8]| -> Result<usize, ProtocolError> {
             if b.is_empty() || b.len() > 12 || !b.iter().all(u8::is_ascii_digit) {
                 return Err(bad("a byte count or sid is not a number"));
@@ -350,10 +392,18 @@ impl MsgHead {
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| bad("a byte count or sid is not a number"))
         };
-        let subject = text(args[0])?;
+        let subject = text(args[0]).unwrap_or_else(|| {
+            malformed = Some("the subject is not UTF-8 text without control characters".into());
+            String::from_utf8_lossy(args[0]).replace(char::is_control, "\u{fffd}")
+        });
         let sid = number(args[1])? as u64;
+        // A reply that is not text is no reply: nothing is sent to it.
         let reply = if args.len() == 3 + counts {
-            Some(text(args[2])?)
+            text(args[2]).or_else(|| {
+                malformed =
+                    Some("the reply subject is not UTF-8 text without control characters".into());
+                None
+            })
         } else {
             None
         };
@@ -372,6 +422,7 @@ impl MsgHead {
             reply,
             header_len,
             total,
+            malformed,
         })
     }
 }

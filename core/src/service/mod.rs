@@ -802,7 +802,7 @@ impl Service {
             // included): the caller is told, and no call runs.
             let response = Response::Error(ErrorReply::new(
                 ErrorKind::Invalid,
-                format!("the request's headers are malformed: {why}"),
+                format!("the request is malformed: {why}"),
             ));
             let reply = message.reply.unwrap_or_default();
             return self.answered(now, endpoint, reply, response, Duration::ZERO);

@@ -217,6 +217,86 @@ fn a_broken_protocol_line_fails_the_stream() {
     }
 }
 
+/// A subject or reply is the publisher's bytes, relayed by the server unchecked:
+/// one that is not text (not UTF-8, a bare CR, another control character) makes
+/// that message malformed, a reply that is not text is no reply, and the next
+/// message is read.
+#[test]
+fn a_subject_or_reply_that_is_not_text_is_an_error_of_that_message_only() {
+    for (rule, line, reply_kept) in [
+        (
+            "subject not UTF-8",
+            &b"MSG api.leases.\xff 1 _INBOX.r 2\r\n"[..],
+            true,
+        ),
+        (
+            "bare CR in the subject",
+            b"MSG api.leases.a\rb 1 _INBOX.r 2\r\n",
+            true,
+        ),
+        (
+            "tab-free control in the subject",
+            b"MSG a.\x01 1 _INBOX.r 2\r\n",
+            true,
+        ),
+        ("reply not UTF-8", b"MSG a.b 1 _INBOX.\xff 2\r\n", false),
+        (
+            "bare CR in the reply",
+            b"MSG a.b 1 _INBOX.a\rb 2\r\n",
+            false,
+        ),
+        (
+            "HMSG subject not UTF-8",
+            b"HMSG a.\xc0 1 _INBOX.r 12 14\r\n",
+            true,
+        ),
+    ] {
+        let mut bytes = line.to_vec();
+        if line.starts_with(b"HMSG") {
+            bytes.extend_from_slice(b"NATS/1.0\r\n\r\n");
+        }
+        bytes.extend_from_slice(b"{}\r\nMSG a.b 2 _INBOX.r 2\r\nok\r\n");
+        let got = ops(&bytes);
+        assert_eq!(got.len(), 2, "{rule}: {got:?}");
+        let bad = msg(&got[0]);
+        let err = bad.headers.as_ref().expect_err(rule);
+        assert_eq!(err.kind, HeaderErrorKind::Subject, "{rule}");
+        assert!(
+            err.to_string().contains("malformed subject"),
+            "{rule}: {err}"
+        );
+        assert_eq!(bad.reply.is_some(), reply_kept, "{rule}: {:?}", bad.reply);
+        assert!(!bad.subject.chars().any(char::is_control), "{rule}");
+        assert_eq!(
+            msg(&got[1]).payload,
+            b"ok",
+            "{rule}: the next message is read"
+        );
+    }
+}
+
+/// A header block past the bound is refused unread, on its own.
+#[test]
+fn a_header_block_past_the_bound_is_refused_unread_and_the_next_message_is_read() {
+    use crate::proto::parse::MAX_HEADER_BLOCK;
+    let mut block = b"NATS/1.0\r\n".to_vec();
+    while block.len() <= MAX_HEADER_BLOCK {
+        block.extend_from_slice(b"X-Big: vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv\r\n");
+    }
+    block.extend_from_slice(b"\r\n");
+    let got = ops(&hmsg(&block));
+    let err = msg(&got[0]).headers.as_ref().expect_err("too large");
+    assert_eq!(err.kind, HeaderErrorKind::TooLarge);
+    assert_eq!(got[1], Ok(ServerOp::Ping));
+    // At the bound it is read.
+    let mut at = b"NATS/1.0\r\nX-A: ".to_vec();
+    at.resize(MAX_HEADER_BLOCK - 4, b'v');
+    at.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(at.len(), MAX_HEADER_BLOCK);
+    let got = ops(&hmsg(&at));
+    assert!(msg(&got[0]).headers.is_ok(), "{:?}", msg(&got[0]).headers);
+}
+
 #[test]
 fn a_message_past_the_bound_fails_the_stream() {
     let mut parser = Parser::new(10);
