@@ -187,3 +187,240 @@ async fn held_a_subject_that_is_not_utf8_in_one_account_costs_nothing() {
     assert_eq!(got["holder"], "h1", "{got}");
     service.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// Held: the strongest probes, kept as regression tests.
+// ---------------------------------------------------------------------------
+
+/// A `Nats-Request-Info` value as the server writes it, naming `acc` and `user`.
+fn info(acc: &str, user: &str) -> String {
+    format!(
+        r#"{{"start":"2026-12-05T16:03:31.999794951Z","host":"127.0.0.1","id":9,"acc":"{acc}","user":"{user}","lang":"raw","ver":"0","rtt":254404,"kind":"Client","client_type":"nats"}}"#
+    )
+}
+
+/// Header blocks that play on how the server rewrites a block across an import:
+/// it removes the client's `Nats-Request-Info` only where a CRLF ends that line,
+/// drops the block's last two bytes whatever they are, and appends its own line.
+/// Blocks without a terminator (the forged line then keeps its place and the
+/// server's is glued to it), a JSON string left open to swallow the server's
+/// line, odd spellings, status lines and stray bytes.
+fn rewrite_blocks(f: &str) -> Vec<Vec<u8>> {
+    let open = &f[..f.len() - 1];
+    let mut blocks: Vec<Vec<u8>> = [
+        format!("NATS/1.0\r\nNats-Request-Info: {f}"),
+        format!("NATS/1.0\r\nNats-Request-Info: {f}XX"),
+        format!("NATS/1.0\r\nNats-Request-Info: {f}\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info:{f}\r\n\r\n"),
+        format!("NATS/1.0\r\nNATS-REQUEST-INFO: {f}\r\n\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info : {f}\r\n\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info: {f}\r\nNats-Request-Info: {f}\r\n\r\n"),
+        format!("NATS/1.0 100 Idle Heartbeat\r\nNats-Request-Info: {f}\r\n\r\n"),
+        format!("NATS/1.0 503\r\nNats-Request-Info: {f}\r\n\r\n"),
+        format!("NATS/1.0\r\n\r\nNats-Request-Info: {f}\r\n\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info: {f}\r\n\r\nXX"),
+        format!("NATS/1.0\r\nNats-Request-Info: {open},\"name\":\"\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info: {open},\"name\":\""),
+        format!("NATS/1.0\r\nNats-Request-Info: {open},\"name\":\"XX"),
+        format!("NATS/1.0\r\nX: {{\r\nNats-Request-Info: {f}\r\n\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info: {f}\r\nX:\r\n\r\n"),
+        format!("NATS/1.0\r\nNats-Request-Info: \u{a0}{f}\r\n\r\n"),
+        "NATS/1.0\r\n".to_string(),
+        "NATS/1.0".to_string(),
+        "\r\n\r\n".to_string(),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    let mut stray = b"NATS/1.0\r\n\xffNats-Request-Info: ".to_vec();
+    stray.extend_from_slice(f.as_bytes());
+    stray.extend_from_slice(b"\r\n\r\n");
+    blocks.push(stray);
+    blocks
+}
+
+/// Sends a request with this block: `None` when nothing or a status came back.
+async fn try_block(
+    client: &mut RawClient,
+    endpoint: &str,
+    block: &[u8],
+    body: &Value,
+) -> Option<Value> {
+    let subject = format!("api.leases.{endpoint}");
+    match client
+        .request(&subject, Some(block), body.to_string().as_bytes())
+        .await
+    {
+        Ok(msg) if msg.status().is_some() => None,
+        Ok(msg) => Some(answer(endpoint, &msg)),
+        Err(e) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{endpoint}: {e}");
+            None
+        }
+    }
+}
+
+/// HELD: no block the server's rewrite could turn into one made-up
+/// `Nats-Request-Info` lets a2 act as a1 on a1's lease, nor a1 reach TB's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_blocks_playing_on_the_servers_rewrite_never_act_as_another() {
+    for server in tenant_servers() {
+        let v = server.version().to_owned();
+        let service = serve_tenants(&server, None).await;
+        let mut a1 = user(&server, "a1").await;
+        let mut a2 = user(&server, "a2").await;
+        let mut b1 = user(&server, "b1").await;
+        a1.set_timeout(Duration::from_secs(2));
+        a2.set_timeout(Duration::from_secs(2));
+        let mine = call(&mut a1, "acquire", None, acquire("job", "a1-holder")).await;
+        let theirs = call(&mut b1, "acquire", None, acquire("job", "b1-holder")).await;
+        assert_eq!(
+            (&mine["granted"], &theirs["granted"]),
+            (&json!(true), &json!(true)),
+            "v{v}"
+        );
+        let a1_fenced = json!({"key": "job", "holder": "a1-holder", "revision": mine["revision"]});
+        for block in rewrite_blocks(&info("TA", "a1")) {
+            for (endpoint, body) in [
+                ("renew", a1_fenced.clone()),
+                ("release", a1_fenced.clone()),
+                ("acquire", acquire("job", "a1-holder")),
+            ] {
+                if let Some(got) = try_block(&mut a2, endpoint, &block, &body).await {
+                    let what = String::from_utf8_lossy(&block).escape_debug().to_string();
+                    assert!(
+                        got["kind"] == "forbidden" || got["kind"] == "invalid",
+                        "v{v} a2 {endpoint} {what}: {got}"
+                    );
+                }
+            }
+        }
+        for block in rewrite_blocks(&info("TB", "")) {
+            if let Some(got) = try_block(&mut a1, "owner", &block, &json!({"key": "job"})).await {
+                assert_ne!(
+                    got["holder"], "b1-holder",
+                    "v{v}: a1 read TB's lease: {got}"
+                );
+            }
+        }
+        let after = call(&mut a1, "owner", None, json!({"key": "job"})).await;
+        assert_eq!(
+            after["revision"], mine["revision"],
+            "v{v}: a1's lease changed: {after}"
+        );
+        let after = call(&mut b1, "owner", None, json!({"key": "job"})).await;
+        assert_eq!(
+            after["revision"], theirs["revision"],
+            "v{v}: TB's lease changed: {after}"
+        );
+        service.shutdown().await;
+    }
+}
+
+/// HELD: a2 subscribes to a1's replies, another user's, the service's
+/// imported replies or the endpoints by no spelling (queue groups, tabs, case,
+/// wildcards in any place, a stray byte).
+#[tokio::test]
+async fn held_no_spelling_of_a_subscription_reads_another_users_replies() {
+    for server in tenant_servers() {
+        let v = server.version().to_owned();
+        for line in [
+            &b"SUB _INBOX.a1.> q 1\r\n"[..],
+            b"SUB\t_INBOX.a1.>\t1\r\n",
+            b"SUB _INBOX.a1.>  q   1\r\n",
+            b"SUB _INBOX.*.* 1\r\n",
+            b"SUB *.a1.> 1\r\n",
+            b"SUB *.*.> 1\r\n",
+            b"SUB _R_.> 1\r\n",
+            b"SUB api.leases.acquire q 1\r\n",
+            b"SUB *.leases.* 1\r\n",
+            b"SUB $SRV.> 1\r\n",
+            b"SUB > q 1\r\n",
+            b"sub _inbox.a1.> 1\r\n",
+            b"SUB _INBOX.a1.>\xff 1\r\n",
+        ] {
+            let mut a2 = user(&server, "a2").await;
+            a2.write(line).await.expect("write");
+            let error = a2.next_error().await.expect("an -ERR");
+            let what = String::from_utf8_lossy(line).escape_debug().to_string();
+            assert!(
+                error.contains("Permissions Violation"),
+                "v{v} {what}: {error}"
+            );
+        }
+    }
+}
+
+/// HELD: the service's own account (`leases`, an operator's user, which sees
+/// the forwards and so the serving connection's inbox) steers replies at that
+/// inbox, the bucket, the JetStream API, wildcards, an empty token and the
+/// backend's inbox: none is published, and the pending forward is not
+/// answered by the service's own reply (its connection does not hear itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_replies_steered_at_the_services_own_inbox_or_the_bucket_are_dropped() {
+    let server = NatsServer::builder().config(CONF).start();
+    let service = serve_tenants(&server, None).await;
+    let mut spy = user(&server, "leases").await;
+    let spied = spy.subscribe(">", None).await.unwrap();
+    spy.flush().await.unwrap();
+    let mut owner = user(&server, "a1").await;
+    let held = call(&mut owner, "acquire", None, acquire("fw", "own")).await;
+    assert_eq!(held["granted"], true, "{held}");
+    let forwards = owner
+        .subscribe("dagnats.lease.inbox.own.>", None)
+        .await
+        .unwrap();
+    owner.flush().await.unwrap();
+    let mut caller = user(&server, "a2").await;
+    caller.set_timeout(Duration::from_secs(15));
+    let body = json!({"key": "fw", "payload": "aGk=", "timeout_ms": 4000}).to_string();
+    let pending = caller
+        .send_request("api.leases.forward", None, body.as_bytes())
+        .await
+        .unwrap();
+    owner
+        .next_on(forwards)
+        .await
+        .expect("the forward reaches the owner");
+    let inbox = loop {
+        let msg = spy.next_on(spied).await.expect("the spy sees the forward");
+        if msg.subject.starts_with("dagnats.lease.inbox.TA.") {
+            break msg.reply.expect("a forward has a reply");
+        }
+    };
+    let steered = [
+        inbox.clone(),
+        "$KV.leases.TA.fw".to_owned(),
+        "$JS.API.STREAM.PURGE.KV_leases".to_owned(),
+        "_INBOX.*".to_owned(),
+        "_INBOX.>".to_owned(),
+        "_INBOX..x".to_owned(),
+        "_dagnats_backend.x".to_owned(),
+    ];
+    for reply in &steered[1..] {
+        spy.publish("api.leases.TA.owner", Some(reply), br#"{"key":"fw"}"#)
+            .await
+            .unwrap();
+    }
+    spy.flush().await.unwrap();
+    // The forward's own inbox is answered `forbidden` (a reply inbox, from the
+    // service's account): the forward must still end as the owner leaves it,
+    // unanswered, not with the service's own words as the owner's reply.
+    spy.publish("api.leases.TA.owner", Some(&inbox), br#"{"key":"fw"}"#)
+        .await
+        .unwrap();
+    let got = caller.reply_to(&pending).await.expect("the forward ends");
+    let got = answer("forward", &got);
+    assert_eq!(got["kind"], "owner_timeout", "{got}");
+    spy.flush().await.unwrap();
+    while let Ok(msg) = tokio::time::timeout(Duration::from_millis(200), spy.next_on(spied)).await {
+        let msg = msg.unwrap();
+        assert!(
+            !steered[1..].contains(&msg.subject),
+            "the service published to {}: {:?}",
+            msg.subject,
+            String::from_utf8_lossy(&msg.payload)
+        );
+    }
+    service.shutdown().await;
+}
