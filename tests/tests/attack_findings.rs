@@ -3,10 +3,11 @@
 //! smallest byte-exact reproduction (failing while the break stands), and the
 //! strongest probes that held, kept as regression tests.
 //!
-//! Found: nats-server relays a subject or reply subject that is not UTF-8 (it
-//! checks neither in a client's `PUB`), and the service's strict reader takes
-//! such a `MSG`/`HMSG` line for the server's framing gone wrong
-//! (`ProtocolError`, "a subject is not UTF-8"): the serving connection drops,
+//! Found: nats-server relays a subject or reply subject that is not UTF-8, or
+//! that holds a bare CR (it checks neither in a client's `PUB`), and the
+//! service's strict reader takes such a `MSG`/`HMSG` line for the server's
+//! framing gone wrong (`ProtocolError`: "a subject is not UTF-8", "a bare CR or
+//! LF inside a protocol line"): the serving connection drops,
 //! with every request delivered on it after that message, and reconnects.
 //! Any caller does it with one 30-byte `PUB`: a tenant user in the example
 //! deployment (`api.leases.\xff`, which the import maps to
@@ -168,6 +169,46 @@ async fn a_reply_subject_that_is_not_utf8_costs_only_its_own_request() {
     )
     .await;
     let got = got.unwrap_or_else(|e| panic!("after a reply _INBOX.\\xff: {e}"));
+    assert_eq!(got["holder"], "h1", "{got}");
+    service.shutdown().await;
+}
+
+/// BREAK: nats-server keeps a bare CR inside a `PUB` line's subject (it drops
+/// only a CR before the LF), so a tenant user's `PUB api.leases.a\rb` reaches
+/// the service as a `MSG` line with a bare CR in it: taken for broken framing,
+/// the serving connection drops the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_subject_with_a_bare_cr_costs_only_its_own_request() {
+    for server in tenant_servers() {
+        let v = server.version().to_owned();
+        let service = serve_tenants(&server, None).await;
+        let mut a1 = user(&server, "a1").await;
+        let held = call(&mut a1, "acquire", None, acquire("steady", "h1")).await;
+        assert_eq!(held["granted"], true, "v{v}: {held}");
+        let mut a2 = user(&server, "a2").await;
+        let got = owner_after(&mut a2, b"PUB api.leases.a\rb _INBOX.a2.x 2\r\n{}\r\n").await;
+        let got = got.unwrap_or_else(|e| panic!("v{v}: after PUB api.leases.a\\rb: {e}"));
+        assert_eq!(got["holder"], "h1", "v{v}: {got}");
+        service.shutdown().await;
+    }
+}
+
+/// BREAK: in one account, a reply subject with a bare CR (`_INBOX.a\rb`) drops
+/// the serving connection the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_subject_with_a_bare_cr_costs_only_its_own_request() {
+    let server = NatsServer::start();
+    let service = serve_one_account(&server).await;
+    let mut holder = RawClient::connect(&server.url()).await.expect("connect");
+    holder.set_timeout(Duration::from_secs(5));
+    let held = call(&mut holder, "acquire", None, acquire("steady", "h1")).await;
+    assert_eq!(held["granted"], true, "{held}");
+    let got = owner_after(
+        &mut holder,
+        b"PUB api.leases.owner _INBOX.a\rb 16\r\n{\"key\":\"steady\"}\r\n",
+    )
+    .await;
+    let got = got.unwrap_or_else(|e| panic!("after a reply _INBOX.a\\rb: {e}"));
     assert_eq!(got["holder"], "h1", "{got}");
     service.shutdown().await;
 }
