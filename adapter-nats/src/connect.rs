@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use dagnats_leases_core::health::{ConnectionLog, LinkEvent};
-use dagnats_leases_core::service::LogLevel;
+use dagnats_leases_core::health::{ConnectionLog, LinkEvent, LogLevel};
 use tokio::sync::watch;
 
 use crate::{Error, ErrorKind};

@@ -18,7 +18,7 @@ pub(crate) async fn drain(incoming: &mut SelectAll<Subscription>) {
 /// Publishes a reply. Untimed: the machine gives up one the connection has not
 /// taken within [`HANDOFF_BOUND`] and the loop drops it.
 ///
-/// [`HANDOFF_BOUND`]: dagnats_leases_core::shutdown::HANDOFF_BOUND
+/// [`HANDOFF_BOUND`]: dagnats_leases_core::io::HANDOFF_BOUND
 pub(crate) async fn reply(client: &StrictClient, to: String, body: Vec<u8>) {
     if let Err(e) = client.publish(to, None, Vec::new(), body).await {
         tracing::warn!("reply not sent: {e}");

@@ -17,17 +17,20 @@ use std::time::{Duration, Instant};
 use async_nats::{Client, Message, Subscriber};
 use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::call::DEFAULT_KV_TIMEOUT;
+use dagnats_leases_core::call::KvFact;
 use dagnats_leases_core::coalesce;
+use dagnats_leases_core::health::LogLevel;
 use dagnats_leases_core::io::TransmitKind;
 use dagnats_leases_core::io::{EffectId, Mode};
 use dagnats_leases_core::proto::Delivered;
+use dagnats_leases_core::replicas::REPLICAS_RECHECK;
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::service::{
-    KvFact, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+    Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::shutdown::StopPhase;
-use dagnats_leases_core::startup::{BucketOptions, REPLICAS_RECHECK};
+use dagnats_leases_core::startup::BucketOptions;
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 use futures::future::{AbortHandle, BoxFuture};
@@ -786,7 +789,7 @@ fn kv_metric(fact: KvFact) {
 #[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
-    use dagnats_leases_core::service::KvOp;
+    use dagnats_leases_core::call::KvOp;
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     #[test]

@@ -17,8 +17,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
-use crate::io::{EffectId, RequestOutcome, Transmit, lease_call};
-use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
+use crate::io::{EffectId, FLUSH_BOUND, HANDOFF_BOUND, RequestOutcome, Transmit, lease_call};
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Request, Response};
 
 /// What a [`WaitingAcquire`] reports.

@@ -8,8 +8,6 @@
 //! answers a readiness probe with: ready only while serving, connected, its
 //! bucket reachable and not refused.
 
-use crate::service::LogLevel;
-
 /// A connection event of a NATS client, as the adapter reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkEvent {
@@ -175,4 +173,17 @@ pub fn readiness(
         return Err(why);
     }
     bucket.map_err(NotReady::BucketUnreachable)
+}
+
+/// How loud a log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Worth knowing.
+    Info,
+    /// Something is off.
+    Warn,
+    /// Detail.
+    Debug,
+    /// Something is wrong and needs an operator.
+    Error,
 }

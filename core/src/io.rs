@@ -127,3 +127,15 @@ pub fn lease_call(id: EffectId, endpoint: Endpoint, body: Vec<u8>, timeout: Dura
     };
     Transmit::new(id, TransmitKind::Lease(endpoint), request)
 }
+
+/// How long the last flush waits for the server.
+pub const FLUSH_BOUND: Duration = Duration::from_secs(1);
+
+/// How long a machine whose loop must end on its own (the service's reply, the
+/// campaign's subscribe or reject reply, a waiting acquire's subscribe) waits for
+/// the NATS client to take one command: async-nats queues commands and, while it
+/// reconnects to a server that is gone, stops taking them once its queue is full.
+/// Past the bound the machine gives the command up and its adapter drops it (a
+/// missed change event or reject costs a retry, never correctness), so no stop or
+/// bounded wait is held by it.
+pub const HANDOFF_BOUND: Duration = Duration::from_secs(1);

@@ -1,4 +1,4 @@
-//! The service's replicas re-check: every [`crate::startup::REPLICAS_RECHECK`] it asks the leases
+//! The service's replicas re-check: every [`REPLICAS_RECHECK`] it asks the leases
 //! stream's config again, and says when read confirmation must turn on or off (on
 //! while the stream has more than one replica: with one there is no other leader
 //! whose stale state a read could return).
@@ -35,6 +35,10 @@ use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
 use crate::shard::ShardMap;
 use crate::startup::{replicas_from_reply, stream_info_request_of};
+
+/// How often a running service asks the stream's replicas again, to turn read
+/// confirmation on or off when an operator changes them.
+pub const REPLICAS_RECHECK: Duration = Duration::from_secs(10);
 
 /// What the re-check reports.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,8 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use dagnats_leases_core::shutdown::{Shutdown, ShutdownEvent, StopPhase, FLUSH_BOUND};
+//! use dagnats_leases_core::io::FLUSH_BOUND;
+//! use dagnats_leases_core::shutdown::{Shutdown, ShutdownEvent, StopPhase};
 //!
 //! let start = Instant::now();
 //! let mut stop = Shutdown::new(Duration::from_secs(10), start);
@@ -40,20 +41,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::io::FLUSH_BOUND;
+
 /// How long the replies of calls cut off at the drain's bound get to go out.
 pub const REPLY_BOUND: Duration = Duration::from_secs(1);
-
-/// How long the last flush waits for the server.
-pub const FLUSH_BOUND: Duration = Duration::from_secs(1);
-
-/// How long a machine whose loop must end on its own (the service's reply, the
-/// campaign's subscribe or reject reply, a waiting acquire's subscribe) waits for
-/// the NATS client to take one command: async-nats queues commands and, while it
-/// reconnects to a server that is gone, stops taking them once its queue is full.
-/// Past the bound the machine gives the command up and its adapter drops it (a
-/// missed change event or reject costs a retry, never correctness), so no stop or
-/// bounded wait is held by it.
-pub const HANDOFF_BOUND: Duration = Duration::from_secs(1);
 
 /// What a stop may take beyond the drain: [`REPLY_BOUND`] and [`FLUSH_BOUND`].
 pub const STOP_MARGIN: Duration = REPLY_BOUND.saturating_add(FLUSH_BOUND);

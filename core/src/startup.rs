@@ -26,9 +26,6 @@ pub const MARKER_TTL_NS: u64 = 1_000_000_000;
 pub const STARTUP_RETRY: Duration = Duration::from_secs(1);
 /// How long startup waits after an unexpected JetStream answer.
 pub const STARTUP_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
-/// How often a running service asks the stream's replicas again, to turn read
-/// confirmation on or off when an operator changes them.
-pub const REPLICAS_RECHECK: Duration = Duration::from_secs(10);
 /// How long startup keeps asking while the JetStream API has no responders (no
 /// server of the account runs JetStream) before it gives up: long enough for a
 /// server of a cluster that is starting, too short to hang a deployment.

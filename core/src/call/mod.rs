@@ -7,6 +7,7 @@
 mod acquire;
 mod fence;
 mod forward;
+mod kv;
 mod owner;
 mod release;
 mod renew;
@@ -14,6 +15,7 @@ mod renew;
 pub use acquire::MAX_ACQUIRE_WRITES;
 pub use fence::{MAX_EXPIRY_GUARD, MAX_FENCED_WRITES, expiry_guard};
 pub use forward::MAX_FORWARD_ATTEMPTS;
+pub use kv::{KvFact, KvOp};
 pub use renew::read_back_window;
 
 use forward::{ForwardJob, is_owner_reply};
@@ -27,7 +29,6 @@ use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::known::{Known, KnownLeases, KnownState, Stamp};
 use crate::record::{LeaseRecord, format_time};
-use crate::service::{KvFact, KvOp};
 use crate::tenant::{self, Caller};
 use crate::wire::{
     AcquireRequest, Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response,

@@ -130,8 +130,7 @@ use crate::holder::StepDownReason;
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
-use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
-use crate::shutdown::HANDOFF_BOUND;
+use crate::io::{EffectId, HANDOFF_BOUND, RequestOutcome, Transmit, TransmitKind};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 mod groups;

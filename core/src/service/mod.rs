@@ -48,30 +48,26 @@
 //! - with no server version (the client has had no INFO) it refuses to start
 //!   ([`ServiceEvent::StartRefused`]) and asks for nothing.
 
-mod kv;
-
-pub use kv::{KvFact, KvOp};
-
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
 use crate::admit::{Admission, AdmissionEvent};
-use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT};
+use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT, KvFact};
 use crate::change::ChangeEvent;
 use crate::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
-use crate::health::{self, Health, NotReady};
-use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
+use crate::health::{self, Health, LogLevel, NotReady};
+use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
 use crate::micro::MicroService;
-use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
+use crate::replicas::{REPLICAS_RECHECK, ReplicasCheck, ReplicasCheckEvent};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
-use crate::shutdown::{HANDOFF_BOUND, Shutdown, ShutdownEvent, StopPhase};
-use crate::startup::{BucketOptions, REPLICAS_RECHECK, Startup, StartupEvent};
+use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
+use crate::startup::{BucketOptions, Startup, StartupEvent};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
     changed_subject,
@@ -206,19 +202,6 @@ impl RequestSource {
             Self::Srv => "srv",
         }
     }
-}
-
-/// How loud a log line is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
-    /// Worth knowing.
-    Info,
-    /// Something is off.
-    Warn,
-    /// Detail.
-    Debug,
-    /// Something is wrong and needs an operator.
-    Error,
 }
 
 /// The once-per-interval log line of requests dropped for their reply subject.

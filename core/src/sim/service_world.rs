@@ -45,10 +45,11 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{MsgKind, SimJetStream};
+use crate::io::HANDOFF_BOUND;
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
 use crate::reply_scope::ReplyScope;
 use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
-use crate::shutdown::{HANDOFF_BOUND, Shutdown};
+use crate::shutdown::Shutdown;
 use crate::startup::stream_config_for;
 use crate::subjects::{HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, STREAM};
 use crate::wire::{Endpoint, Response};

@@ -8,7 +8,7 @@ use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
 use crate::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::io::RequestOutcome;
-use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND};
+use crate::io::{FLUSH_BOUND, HANDOFF_BOUND};
 use crate::test_support::HolderRequest;
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Lease, Request, Response};
 

@@ -10,8 +10,8 @@ use crate::change::{ChangeEvent, ChangeKind};
 use crate::guard::RejectReason;
 use crate::holder::OutcomeClass;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
+use crate::io::HANDOFF_BOUND;
 use crate::io::{RequestOutcome, TransmitKind};
-use crate::shutdown::HANDOFF_BOUND;
 use crate::test_support::HolderRequest;
 use crate::wire::{Endpoint, ErrorKind};
 

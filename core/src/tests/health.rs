@@ -3,9 +3,10 @@
 
 use serde_json::json;
 
+use crate::health::LogLevel;
 use crate::health::{ConnectionLog, LinkEvent, NotReady, readiness};
 use crate::io::Mode;
-use crate::service::{LogLevel, ServiceConfig, ServiceEvent};
+use crate::service::{ServiceConfig, ServiceEvent};
 use crate::sim::service_world::ServiceWorld;
 use crate::wire::{Endpoint, ErrorKind, Response};
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::support::{Drive, ack, held, no_message, wrong_last_sequence};
 use crate::call::{CallEvent, DEFAULT_KV_TIMEOUT};
+use crate::call::{KvFact, KvOp};
 use crate::io::{EffectId, RequestOutcome};
-use crate::service::{KvFact, KvOp};
 use crate::sim::api_error;
 use crate::wire::Endpoint;
 

@@ -6,12 +6,11 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::io::Mode;
-use crate::service::{
-    KvFact, KvOp, LogLevel, Received, ReplyId, Service, ServiceConfig, ServiceEvent,
-    SubscriptionKind,
-};
-use crate::shutdown::{FLUSH_BOUND, HANDOFF_BOUND, REPLY_BOUND, StopPhase};
+use crate::call::{KvFact, KvOp};
+use crate::health::LogLevel;
+use crate::io::{FLUSH_BOUND, HANDOFF_BOUND, Mode};
+use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
+use crate::shutdown::{REPLY_BOUND, StopPhase};
 use crate::sim::service_world::ServiceWorld;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
