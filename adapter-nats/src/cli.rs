@@ -97,12 +97,12 @@ pub struct ServeArgs {
         default_value = "auto",
         value_name = "auto|true|false"
     )]
-    pub coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites,
+    pub coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites,
     /// Single writes in flight before writes start to gather into batches.
-    #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", default_value_t = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW)]
+    #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_SINGLE_WINDOW)]
     pub batch_after: usize,
     /// The smallest batch sent; fewer gathered writes wait for a single to come back.
-    #[arg(long, env = "DAGNATS_LEASES_MIN_BATCH", default_value_t = dagnats_leases_core::coalesce::DEFAULT_MIN_BATCH)]
+    #[arg(long, env = "DAGNATS_LEASES_MIN_BATCH", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_MIN_BATCH)]
     pub min_batch: usize,
     /// How many keys' last revisions the service remembers (learnt from its own
     /// calls and the change events), so a renew or release of a revision it knows

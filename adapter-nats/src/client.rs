@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use async_nats::{Client, Subscriber};
 use base64::Engine as _;
-use dagnats_leases_core::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use dagnats_leases_core::change::ChangeEvent;
+use dagnats_leases_core::holder::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,

@@ -8,7 +8,7 @@ use dagnats_leases_core::wire::ErrorKind;
 use crate::client::{LeaseError, LeaseErrorKind};
 
 /// The codes `lock`'s machines decide (its watchdog reports them) are the core's.
-pub use dagnats_leases_core::supervise::{
+pub use dagnats_leases_core::holder::supervise::{
     EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST,
 };
 

@@ -18,19 +18,19 @@ use async_nats::{Client, Message, Subscriber};
 use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::call::DEFAULT_KV_TIMEOUT;
 use dagnats_leases_core::call::KvFact;
-use dagnats_leases_core::coalesce;
 use dagnats_leases_core::health::LogLevel;
 use dagnats_leases_core::io::TransmitKind;
 use dagnats_leases_core::io::{EffectId, Mode};
 use dagnats_leases_core::proto::Delivered;
-use dagnats_leases_core::replicas::REPLICAS_RECHECK;
 use dagnats_leases_core::reply_scope::ReplyScope;
+use dagnats_leases_core::service::coalesce;
+use dagnats_leases_core::service::replicas::REPLICAS_RECHECK;
+use dagnats_leases_core::service::shutdown::StopPhase;
+use dagnats_leases_core::service::startup::BucketOptions;
 use dagnats_leases_core::service::{
     Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
 };
 use dagnats_leases_core::shard::ShardMap;
-use dagnats_leases_core::shutdown::StopPhase;
-use dagnats_leases_core::startup::BucketOptions;
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 use futures::future::{AbortHandle, BoxFuture};
@@ -66,14 +66,14 @@ pub struct ServiceOptions {
     pub replicas_recheck: Duration,
     /// At most this many calls run at once; further requests wait, up to
     /// `max_calls_waiting`, and past that are answered `unavailable` at once
-    /// ([`dagnats_leases_core::admit`]): the service's memory stays flat whatever
+    /// ([`dagnats_leases_core::service::admit`]): the service's memory stays flat whatever
     /// the burst, and no call is answered long after its caller gave up.
     pub max_calls_in_flight: usize,
     /// At most this many requests wait for a call to end (half of them kept for
     /// renew and release).
     pub max_calls_waiting: usize,
     /// Whether the calls' writes go through one write coalescer
-    /// ([`dagnats_leases_core::coalesce`]): past `batch_after` single writes in
+    /// ([`dagnats_leases_core::service::coalesce`]): past `batch_after` single writes in
     /// flight they gather into atomic batches when the stream allows it
     /// (nats-server 2.12+). Off by default; `Auto` turns it on for a
     /// single-replica bucket ([`coalesce::coalesce_on`]), for a server with

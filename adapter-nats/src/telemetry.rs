@@ -7,7 +7,7 @@
 //! of the core record nothing: the adapters record from the effects they carry
 //! out, the outcomes they feed back and the events the machines report. The holder
 //! library's metrics come from the campaign's events alone
-//! ([`dagnats_leases_core::campaign::CampaignEvent`]): how an outcome reads, a
+//! ([`dagnats_leases_core::holder::campaign::CampaignEvent`]): how an outcome reads, a
 //! renew retry, ownership and the time a campaign took are the machine's to say.
 //!
 //! Service (recorded by [`crate::service`]):
@@ -38,9 +38,9 @@
 
 use std::time::Duration;
 
-use dagnats_leases_core::campaign::AnsweredRequest;
 use dagnats_leases_core::health::{Health, NotReady};
 use dagnats_leases_core::holder::StepDownReason;
+use dagnats_leases_core::holder::campaign::AnsweredRequest;
 use dagnats_leases_core::io::Mode;
 use dagnats_leases_core::reply_scope::ReplyRefusal;
 use dagnats_leases_core::wire::{Endpoint, Response};
@@ -51,7 +51,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 /// kind of the reply (`lost`, `fence_mismatch`, `unavailable`, `invalid`, ...).
 pub const CALLS: &str = "dagnats_leases_calls_total";
 /// Counter, label `endpoint`: requests answered `unavailable` at once because the
-/// service was at its bound of calls running and waiting ([`dagnats_leases_core::admit`]).
+/// service was at its bound of calls running and waiting ([`dagnats_leases_core::service::admit`]).
 pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
 /// Counter, labels `subject` (`api`: one of the five endpoints, `srv`: the micro
 /// service's `$SRV` verbs) and `reason` (`missing`, `not_an_inbox`, `malformed`):
@@ -59,7 +59,7 @@ pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
 /// ([`dagnats_leases_core::reply_scope`]). No call runs for them.
 pub const REPLIES_REFUSED: &str = "dagnats_leases_replies_refused_total";
 /// Counter, label `reason` (`failed`, `dropped`): released keys whose tombstone
-/// the service could not purge ([`dagnats_leases_core::sweep`]); each stays in the
+/// the service could not purge ([`dagnats_leases_core::service::sweep`]); each stays in the
 /// stream, a few bytes, never a wrong answer.
 pub const TOMBSTONES_LEFT: &str = "dagnats_leases_tombstones_left_total";
 /// Histogram, label `endpoint`: seconds from a call's start to its reply.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use dagnats_leases_core::guard::FenceGuard;
+use dagnats_leases_core::holder::guard::FenceGuard;
 use dagnats_leases_tokio::client::LeaseClient;
 use futures::StreamExt;
 use tokio::io::AsyncBufReadExt;

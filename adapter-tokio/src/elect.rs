@@ -5,15 +5,15 @@
 //!   local deadline at the latest) and prints each change of ownership with its
 //!   fence, one line each (`--json`: one JSON object per line);
 //! - with `--http ADDR` it also serves, on every path, the state the application
-//!   beside it may act on ([`dagnats_leases_core::elect::leader_state`]): 200 and
+//!   beside it may act on ([`dagnats_leases_core::holder::elect::leader_state`]): 200 and
 //!   `{"leader": true, "fence": …, "valid_for_ms": …}` while this process leads,
 //!   503 and `{"leader": false, …}` otherwise. Each answer is what the library
 //!   believes at the instant asked, never more;
 //! - `elect KEY --shards N` holds a share of the shards `KEY-0` to `KEY-<N-1>`
 //!   instead ([`Member::balanced_shards`]), serving the ones owned
-//!   ([`dagnats_leases_core::elect::shards_state`]);
+//!   ([`dagnats_leases_core::holder::elect::shards_state`]);
 //! - `elect --observe KEY` campaigns for nothing and prints each change of leader
-//!   ([`dagnats_leases_core::elect::LeaderWatch`]: change events, resynchronised by
+//!   ([`dagnats_leases_core::holder::elect::LeaderWatch`]: change events, resynchronised by
 //!   owner reads).
 //!
 //! SIGTERM or SIGINT: the HTTP endpoint says "not leader" at once; the lease is
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::Client;
-use dagnats_leases_core::elect::{
+use dagnats_leases_core::holder::elect::{
     ACCEPT_RETRY, LeaderState, LeaderWatch, Leadership, OBSERVE_RESYNC, OwnerRead,
 };
 use dagnats_leases_core::subjects::changed_subject;

@@ -13,7 +13,7 @@
 //!   latest at the deadline, which comes before the server can expire the lease.
 //!
 //! Every rule (when to signal, when the command is over, when to release) is a core
-//! machine: [`dagnats_leases_core::supervise`], the watchdog's [`Supervisor`] and the
+//! machine: [`dagnats_leases_core::holder::supervise`], the watchdog's [`Supervisor`] and the
 //! tool's [`Lock`]. This module is their IO: processes, signals, the channel between
 //! the two processes (a socket pair that is the watchdog's stdin), and one timer each.
 //!
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use dagnats_leases_core::holder::HolderEvent;
-use dagnats_leases_core::supervise::{
+use dagnats_leases_core::holder::supervise::{
     GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace,
 };
@@ -55,7 +55,7 @@ use crate::member::{CampaignObserver, Change, Elector, HeldKey, Member, Ownershi
 
 pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
-pub use dagnats_leases_core::supervise::DEFAULT_GRACE_MAX;
+pub use dagnats_leases_core::holder::supervise::DEFAULT_GRACE_MAX;
 
 /// The environment variable naming the key, for the command.
 pub const ENV_KEY: &str = "DAGNATS_LEASE_KEY";

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use dagnats_leases_core::holder::HolderConfig;
 use dagnats_leases_core::io::FLUSH_BOUND;
-use dagnats_leases_core::shutdown::Shutdown;
+use dagnats_leases_core::service::shutdown::Shutdown;
 use dagnats_leases_core::subjects::inbox_subject;
 use dagnats_leases_core::wire::Endpoint;
 use dagnats_leases_tests::NatsServer;

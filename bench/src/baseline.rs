@@ -3,7 +3,7 @@
 //! acquire one create, renew and release one conditional write at the caller's
 //! revision (the service knows the revision it granted or saw in a change event,
 //! so it does not read first), owner and forward one read first. After a
-//! release's reply, like the service's tombstone sweep (`core/src/sweep.rs`), it
+//! release's reply, like the service's tombstone sweep (`core/src/service/sweep.rs`), it
 //! purges the key below the tombstone, one purge out at a time: the server does
 //! that work for every release of the service too.
 //!
@@ -20,11 +20,11 @@ use base64::Engine as _;
 use bytes::Bytes;
 use dagnats_leases_core::io::NatsRequest;
 use dagnats_leases_core::record::format_time;
+use dagnats_leases_core::service::sweep::purge_request;
 use dagnats_leases_core::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_FENCE, HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_TTL,
     QUEUE_GROUP, STREAM, inbox_subject, kv_subject,
 };
-use dagnats_leases_core::sweep::purge_request;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde::Deserialize;

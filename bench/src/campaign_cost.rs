@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use dagnats_leases_core::campaign::Campaign;
 use dagnats_leases_core::holder::HolderConfig;
+use dagnats_leases_core::holder::campaign::Campaign;
 use dagnats_leases_core::io::RequestOutcome;
 use dagnats_leases_core::record::format_time;
 use dagnats_leases_core::wire::{AcquireReply, Endpoint, Lease, ReleaseReply, Request, Response};

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dagnats_leases_core::coalesce::CoalesceWrites;
+use dagnats_leases_core::service::coalesce::CoalesceWrites;
 use serde::Serialize;
 
 use crate::procs::{self, Impl};

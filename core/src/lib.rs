@@ -3,19 +3,31 @@
 //! Replicas of a service elect a leader or split shard ownership by asking the lease
 //! service over NATS request/reply; the NATS server enforces each lease's TTL and
 //! the key's KV revision is the fencing token. This crate holds every lease rule as
-//! pure, synchronous state machines: wire types and strict validation ([`wire`]),
-//! the record in the bucket ([`record`]), how JetStream's answers are read ([`js`]),
-//! one machine per call ([`call`]), the write coalescer that gathers the
-//! calls' writes into atomic batches ([`coalesce`]), bucket startup ([`startup`])
-//! and the replicas re-check that turns read confirmation on and off
-//! ([`replicas`]); and the holder side: a campaigning, renewing
-//! [`holder::Holder`], every campaign of one process ([`campaign::Campaign`]:
-//! groups, caps, the inbox, which change events to watch), the client's waiting
-//! acquire ([`acquire_wait`]), change events ([`change`]), the owner-side and
-//! downstream checks of [`guard`], and `lock`'s supervision ([`supervise`]); and
-//! the service's admission of requests under load ([`admit`]); and the service
-//! itself, one machine composing all of its parts ([`service::Service`]). The I/O
-//! types every machine shares are in [`io`].
+//! pure, synchronous state machines, in three layers; each imports only from the
+//! layers below it.
+//!
+//! - **The service** ([`service`]): [`service::Service`], one machine composing all
+//!   of its parts, which live beside it: bucket startup ([`service::startup`]), the
+//!   replicas re-check that turns read confirmation on and off
+//!   ([`service::replicas`]), the write coalescer that gathers the calls' writes into
+//!   atomic batches ([`service::coalesce`]), admission of requests under load
+//!   ([`service::admit`]), the tombstone sweep ([`service::sweep`]), the `$SRV`
+//!   verbs ([`service::micro`]) and the stop ([`service::shutdown`]). It runs one
+//!   machine per call ([`call`]).
+//! - **The holder side** ([`holder`]): a campaigning, renewing [`holder::Holder`],
+//!   every campaign of one process ([`holder::campaign::Campaign`]: groups, caps, the
+//!   inbox, which change events to watch), the client's waiting acquire
+//!   ([`holder::acquire_wait`]), the owner-side and downstream checks of
+//!   [`holder::guard`], `elect`'s decisions ([`holder::elect`]) and `lock`'s supervision
+//!   ([`holder::supervise`]).
+//! - **The shared vocabulary** both sides speak: wire types and strict validation
+//!   ([`wire`]), the subjects ([`subjects`]), the record in the bucket ([`record`]),
+//!   how JetStream's answers are read ([`js`]), the sharded bucket ([`shard`]), change
+//!   events ([`change`]), the I/O types every machine shares ([`io`]), the requests a
+//!   call asks for ([`effect`]), the strict NATS
+//!   client protocol ([`proto`]), connection health and readiness ([`health`]), what
+//!   the service knows of leases ([`known`]), tenancy ([`tenant`]) and the reply rule
+//!   ([`reply_scope`]).
 //!
 //! # Determinism
 //!
@@ -26,10 +38,11 @@
 //!
 //! # One vocabulary
 //!
-//! Every machine ([`service::Service`], [`call::Call`], [`startup::Startup`],
-//! [`replicas::ReplicasCheck`], [`coalesce::Coalescer`], [`holder::Holder`],
-//! [`campaign::Campaign`], [`acquire_wait::WaitingAcquire`],
-//! [`supervise::Supervisor`], [`supervise::Lock`], [`admit::Admission`]) is driven
+//! Every machine ([`service::Service`], [`call::Call`], [`service::startup::Startup`],
+//! [`service::replicas::ReplicasCheck`], [`service::coalesce::Coalescer`],
+//! [`holder::Holder`], [`holder::campaign::Campaign`],
+//! [`holder::acquire_wait::WaitingAcquire`], [`holder::supervise::Supervisor`],
+//! [`holder::supervise::Lock`], [`service::admit::Admission`]) is driven
 //! the same way, in the types of [`io`] (`lock`'s supervision sends nothing: its
 //! `poll_transmit` is always `None`; admission neither sends nor waits, so it has
 //! neither `poll_transmit` nor `poll_timeout`):
@@ -89,32 +102,20 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::use_self)]
 
-pub mod acquire_wait;
-pub mod admit;
 pub mod call;
-pub mod campaign;
 pub mod change;
-pub mod coalesce;
 pub mod effect;
-pub mod elect;
-pub mod guard;
 pub mod health;
 pub mod holder;
 pub mod io;
 pub mod js;
 pub mod known;
-pub mod micro;
 pub mod proto;
 pub mod record;
-pub mod replicas;
 pub mod reply_scope;
 pub mod service;
 pub mod shard;
-pub mod shutdown;
-pub mod startup;
 pub mod subjects;
-pub mod supervise;
-pub mod sweep;
 pub mod tenant;
 pub mod wire;
 
@@ -127,9 +128,9 @@ pub mod sim;
 pub mod test_support;
 
 pub use call::{Call, CallConfig, CallEvent, Effect};
-pub use campaign::{Campaign, CampaignEvent, GroupId};
 pub use change::{ChangeEvent, ChangeKind};
-pub use guard::{FenceGuard, InboxGuard};
+pub use holder::campaign::{Campaign, CampaignEvent, GroupId};
+pub use holder::guard::{FenceGuard, InboxGuard};
 pub use holder::{Holder, HolderConfig, HolderEvent, Tenure};
 pub use io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 pub use wire::{Endpoint, ErrorKind, Request, Response};

@@ -6,7 +6,7 @@
 //! there are `N` buckets `leases_0 .. leases_{N-1}` (streams `KV_leases_<i>`, keys
 //! at `$KV.leases_<i>.<key>`); none of them is `leases`, so the two layouts never
 //! share a stream and a service started with the other count finds the other
-//! layout's streams and refuses ([`crate::startup`]).
+//! layout's streams and refuses ([`crate::service::startup`]).
 //!
 //! The shard of a key is FNV-1a (64-bit) of the *storage* key's bytes (tenancy's
 //! `<account>.<key>`), modulo `N`. FNV-1a is fixed by its definition (offset basis

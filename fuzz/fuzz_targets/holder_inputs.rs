@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use dagnats_leases_core::guard::InboxGuard;
+use dagnats_leases_core::holder::guard::InboxGuard;
 use dagnats_leases_core::holder::{Holder, HolderConfig};
 use dagnats_leases_core::io::{RequestOutcome};
 use dagnats_leases_core::wire::{Endpoint, Response};

@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use dagnats_leases_core::call::{Call, CallConfig};
-use dagnats_leases_core::micro::MicroService;
+use dagnats_leases_core::service::micro::MicroService;
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::tenant::{HDR_REQUEST_INFO, TenantAccounts, caller_of};
 use dagnats_leases_core::wire::Endpoint;

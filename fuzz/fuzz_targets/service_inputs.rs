@@ -28,9 +28,9 @@ fuzz_target!(|data: &[u8]| {
     config.max_calls_in_flight = usize::from(shape[0] % 6) + 1;
     config.max_calls_waiting = usize::from(shape[1] % 6);
     config.coalesce_writes = match shape[2] % 3 {
-        0 => dagnats_leases_core::coalesce::CoalesceWrites::Off,
-        1 => dagnats_leases_core::coalesce::CoalesceWrites::On,
-        _ => dagnats_leases_core::coalesce::CoalesceWrites::Auto,
+        0 => dagnats_leases_core::service::coalesce::CoalesceWrites::Off,
+        1 => dagnats_leases_core::service::coalesce::CoalesceWrites::On,
+        _ => dagnats_leases_core::service::coalesce::CoalesceWrites::Auto,
     };
     config.batch_after = usize::from(shape[2] / 2 % 4) + 1;
     config.min_batch = usize::from(shape[3] % 4) + 1;

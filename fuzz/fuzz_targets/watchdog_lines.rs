@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dagnats_leases_core::supervise::{WatchdogMessage, WatchdogReport};
+use dagnats_leases_core::holder::supervise::{WatchdogMessage, WatchdogReport};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

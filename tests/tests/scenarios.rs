@@ -1061,7 +1061,7 @@ async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     let options = ServiceOptions {
-        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::On,
+        coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::On,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1112,7 +1112,7 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_false_every_write_goes_alone() {
     let options = ServiceOptions {
-        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::Off,
+        coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Off,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1129,7 +1129,7 @@ async fn with_false_every_write_goes_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auto_a_single_replica_bucket_batches_under_load() {
     let options = ServiceOptions {
-        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::Auto,
+        coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Auto,
         batch_after: 1,
         min_batch: 2,
         ..ServiceOptions::default()
@@ -1149,11 +1149,11 @@ async fn with_auto_a_single_replica_bucket_batches_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_within_the_single_window_never_go_in_a_batch() {
     let options = ServiceOptions {
-        coalesce_writes: dagnats_leases_core::coalesce::CoalesceWrites::On,
+        coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::On,
         ..ServiceOptions::default()
     };
     let fx = Fx::on_with(NatsServer::start(), options).await;
-    let n = dagnats_leases_core::coalesce::DEFAULT_SINGLE_WINDOW;
+    let n = dagnats_leases_core::service::coalesce::DEFAULT_SINGLE_WINDOW;
     let (keys, _) = acquire_at_once(&fx, "alone", n).await;
     assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
 }
@@ -1164,7 +1164,9 @@ async fn writes_within_the_single_window_never_go_in_a_batch() {
 /// twice in one batch is 10164; a gap is 10176.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_servers_atomic_batch_answers_are_the_simulators() {
-    use dagnats_leases_core::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
+    use dagnats_leases_core::service::coalesce::{
+        HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE,
+    };
     let fx = Fx::start().await;
     if !test_shards().is_single() {
         // The server's answers, the same on any stream: probed on the one-stream

@@ -377,7 +377,7 @@ async fn forward_reaches_the_holder_in_its_own_tenant_only() {
 /// purge below its sequence + 1 removes it, leaving the live lease beside it.
 #[tokio::test]
 async fn the_writer_may_scan_the_bucket_for_tombstones_and_purge_them() {
-    use dagnats_leases_core::{shard::ShardMap, sweep};
+    use dagnats_leases_core::{service::sweep, shard::ShardMap};
     for server in servers() {
         let v = server.version().to_owned();
         let (writer, _) = connect(&server, "writer").await;

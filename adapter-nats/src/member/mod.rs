@@ -53,12 +53,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_nats::{Client, HeaderMap, Message, Subscriber};
-use dagnats_leases_core::campaign::{
-    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict, RejectId,
-};
-use dagnats_leases_core::guard::RejectReason;
 /// Why a key stepped down, in [`Ownership::SteppedDown`].
 pub use dagnats_leases_core::holder::StepDownReason;
+use dagnats_leases_core::holder::campaign::{
+    Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict, RejectId,
+};
+use dagnats_leases_core::holder::guard::RejectReason;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};

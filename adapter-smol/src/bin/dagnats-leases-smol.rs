@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dagnats_leases_core::shutdown::Shutdown;
+use dagnats_leases_core::service::shutdown::Shutdown;
 use dagnats_leases_nats::cli::{self, ServeArgs};
 use dagnats_leases_nats::service::prepare;
 use dagnats_leases_smol::SmolRuntime;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use dagnats_leases_core::shutdown::Shutdown;
+use dagnats_leases_core::service::shutdown::Shutdown;
 use dagnats_leases_tokio::cli::{self, ServeArgs};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};

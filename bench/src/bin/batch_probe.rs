@@ -38,7 +38,7 @@ use base64::Engine;
 use bytes::Bytes;
 use clap::Parser;
 use dagnats_leases_bench::servers::{ACCOUNTS, Cluster, Nats, Server, Sync};
-use dagnats_leases_core::startup::stream_config_for;
+use dagnats_leases_core::service::startup::stream_config_for;
 use dagnats_leases_core::subjects::{CHANGED_SUBJECTS, STREAM, changed_subject, kv_subject};
 use futures::StreamExt;
 use serde_json::{Value, json};

@@ -48,31 +48,39 @@
 //! - with no server version (the client has had no INFO) it refuses to start
 //!   ([`ServiceEvent::StartRefused`]) and asks for nothing.
 
+pub mod admit;
+pub mod coalesce;
+pub mod micro;
+pub mod replicas;
+pub mod shutdown;
+pub mod startup;
+pub mod sweep;
+
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::admit::{Admission, AdmissionEvent};
-use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT, KvFact};
-use crate::change::ChangeEvent;
-use crate::coalesce::{
+use self::admit::{Admission, AdmissionEvent};
+use self::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
     DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
 };
+use self::micro::MicroService;
+use self::replicas::{REPLICAS_RECHECK, ReplicasCheck, ReplicasCheckEvent};
+use self::shutdown::{Shutdown, ShutdownEvent, StopPhase};
+use self::startup::{BucketOptions, Startup, StartupEvent};
+use self::sweep::{TombstoneSweep, TombstoneSweepEvent};
+use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT, KvFact};
+use crate::change::ChangeEvent;
 use crate::health::{self, Health, LogLevel, NotReady};
 use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
 use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
-use crate::micro::MicroService;
-use crate::replicas::{REPLICAS_RECHECK, ReplicasCheck, ReplicasCheckEvent};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
-use crate::shutdown::{Shutdown, ShutdownEvent, StopPhase};
-use crate::startup::{BucketOptions, Startup, StartupEvent};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
     changed_subject,
 };
-use crate::sweep::{TombstoneSweep, TombstoneSweepEvent};
 use crate::tenant::{self, Caller, Tenancy, TenantAccounts, TenantLeases};
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
@@ -738,7 +746,7 @@ impl Service {
     }
 
     /// Admission's counts: calls running, requests waiting, refused so far.
-    pub fn admission_counts(&self) -> crate::admit::AdmissionCounts {
+    pub fn admission_counts(&self) -> crate::service::admit::AdmissionCounts {
         self.admission.counts()
     }
 
@@ -1444,7 +1452,7 @@ impl Service {
                 format!(
                     "the scan of {stream} for tombstones failed ({reason}); it resumes in \
                      {:?}",
-                    crate::sweep::RETRY_AFTER
+                    crate::service::sweep::RETRY_AFTER
                 ),
             ),
         };

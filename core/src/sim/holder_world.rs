@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use crate::call::{Call, CallConfig, CallEvent};
 
-use crate::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::change::ChangeEvent;
+use crate::holder::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, StepDownReason, Tenure};
 use crate::io::EffectId;
 use crate::io::HANDOFF_BOUND;

@@ -9,9 +9,9 @@ use base64::Engine as _;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
 use crate::io::{NatsRequest, RequestOutcome};
 use crate::record::{LeaseEvent, LeaseRecord};
+use crate::service::coalesce::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
 use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
     HDR_KV_OPERATION, HDR_LEASE_EVENT, HDR_MARKER_REASON, HDR_TTL, STREAM,

@@ -48,9 +48,9 @@ use super::{MsgKind, SimJetStream};
 use crate::io::HANDOFF_BOUND;
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
 use crate::reply_scope::ReplyScope;
+use crate::service::shutdown::Shutdown;
+use crate::service::startup::stream_config_for;
 use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
-use crate::shutdown::Shutdown;
-use crate::startup::stream_config_for;
 use crate::subjects::{HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, STREAM};
 use crate::wire::{Endpoint, Response};
 
@@ -263,7 +263,7 @@ impl ServiceWorld {
     /// out with its call's answer counts as sent after it.
     fn drain(&mut self) -> Result<(), String> {
         if self.done_at.is_none()
-            && self.service.stop_phase() == Some(crate::shutdown::StopPhase::Done)
+            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Done)
         {
             self.done_at = Some(self.now_ms);
         }
@@ -594,7 +594,7 @@ impl ServiceWorld {
                 "created": format!("2026-01-01T00:00:{:02}Z", self.created % 60),
             });
             info["config"]["republish"] =
-                crate::startup::republish_for(crate::tenant::Tenancy::Single);
+                crate::service::startup::republish_for(crate::tenant::Tenancy::Single);
             if let Some(first) = self.first_seq {
                 info["config"]["first_seq"] = json!(first);
             }
@@ -649,7 +649,7 @@ impl ServiceWorld {
         self.sim.advance(ms);
         self.service.handle_timeout(at.max(self.now()));
         if self.done_at.is_none()
-            && self.service.stop_phase() == Some(crate::shutdown::StopPhase::Done)
+            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Done)
         {
             self.done_at = Some(self.now_ms);
         }

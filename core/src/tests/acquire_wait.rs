@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
-use crate::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use crate::change::{ChangeEvent, ChangeKind};
+use crate::holder::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
 use crate::io::RequestOutcome;
 use crate::io::{FLUSH_BOUND, HANDOFF_BOUND};
 use crate::test_support::HolderRequest;

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::admit::{Admission, AdmissionEvent};
+use crate::service::admit::{Admission, AdmissionEvent};
 use crate::wire::{Endpoint, ErrorKind, Response};
 
 fn drain(a: &mut Admission<u32>) -> Vec<AdmissionEvent<u32>> {
@@ -219,8 +219,8 @@ fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
 }
 
 /// The counts as a named struct, for the table rows above.
-fn counts(running: usize, waiting: usize, refused: u64) -> crate::admit::AdmissionCounts {
-    crate::admit::AdmissionCounts {
+fn counts(running: usize, waiting: usize, refused: u64) -> crate::service::admit::AdmissionCounts {
+    crate::service::admit::AdmissionCounts {
         running,
         waiting,
         refused,

@@ -5,10 +5,12 @@
 use std::time::{Duration, Instant};
 
 use super::holder::{body, granted, refused, renewed};
-use crate::campaign::{AnsweredRequest, Campaign, CampaignEvent, GroupId, InboxVerdict, RejectId};
 use crate::change::{ChangeEvent, ChangeKind};
-use crate::guard::RejectReason;
 use crate::holder::OutcomeClass;
+use crate::holder::campaign::{
+    AnsweredRequest, Campaign, CampaignEvent, GroupId, InboxVerdict, RejectId,
+};
+use crate::holder::guard::RejectReason;
 use crate::holder::{HolderConfig, HolderEvent, StepDownReason};
 use crate::io::HANDOFF_BOUND;
 use crate::io::{RequestOutcome, TransmitKind};
@@ -292,7 +294,7 @@ fn a_group_sends_no_more_campaign_acquires_than_it_may_hold() {
 
 #[test]
 fn a_group_of_many_keys_has_at_most_max_campaigns_in_flight_acquires_out() {
-    use crate::campaign::MAX_CAMPAIGNS_IN_FLIGHT;
+    use crate::holder::campaign::MAX_CAMPAIGNS_IN_FLIGHT;
     let mut run = Run::new();
     let names: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
     let keys: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -653,7 +655,7 @@ fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
     let mut run = Run::new();
     let now = run.at(0);
     let slot = |name: &str| HolderConfig::new(name, "h1", TTL);
-    for bad in [0, crate::campaign::MAX_PERMITS + 1] {
+    for bad in [0, crate::holder::campaign::MAX_PERMITS + 1] {
         let e = run
             .campaign
             .add_semaphore(now, slot("jobs"), bad)

@@ -1,14 +1,14 @@
 //! The write coalescer's rules, one table test each.
 
-use crate::coalesce::BatchCounts;
+use crate::service::coalesce::BatchCounts;
 use std::time::{Duration, Instant};
 
-use crate::coalesce::{
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::js::{PublishResult, parse_pub_ack};
+use crate::service::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID,
     HDR_BATCH_SEQUENCE, WriteId, coalesce_on,
 };
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
-use crate::js::{PublishResult, parse_pub_ack};
 use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
 };
@@ -735,8 +735,8 @@ fn batch_subjects(batch: &Transmit) -> Vec<String> {
 }
 
 /// [`Coalescer::pending`] as the table rows above write it.
-fn pending(queued: usize, sent: usize) -> crate::coalesce::WritesPending {
-    crate::coalesce::WritesPending { queued, sent }
+fn pending(queued: usize, sent: usize) -> crate::service::coalesce::WritesPending {
+    crate::service::coalesce::WritesPending { queued, sent }
 }
 
 /// `min_batch` counts one stream's writes: on a sharded bucket a queue long

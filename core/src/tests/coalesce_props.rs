@@ -16,8 +16,8 @@ use serde_json::json;
 
 use crate::call::{Call, CallConfig, CallEvent};
 
-use crate::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use crate::io::{EffectId, NatsRequest, Transmit};
+use crate::service::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
 

@@ -1,4 +1,4 @@
-//! Table tests of `elect`'s decisions: one per rule of [`crate::elect`].
+//! Table tests of `elect`'s decisions: one per rule of [`crate::holder::elect`].
 
 use std::time::{Duration, Instant};
 
@@ -6,8 +6,10 @@ use time::OffsetDateTime;
 use time::macros::datetime;
 
 use crate::change::{ChangeEvent, ChangeKind};
-use crate::elect::{LeaderChange, LeaderWatch, Leadership, OwnerRead, leader_state, shards_state};
 use crate::holder::Tenure;
+use crate::holder::elect::{
+    LeaderChange, LeaderWatch, Leadership, OwnerRead, leader_state, shards_state,
+};
 
 const WALL: OffsetDateTime = datetime!(2026-10-18 12:00:00 UTC);
 

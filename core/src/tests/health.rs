@@ -178,7 +178,7 @@ fn ready_means_serving_connected_reachable_not_refused_not_stopping() {
 
 fn config() -> ServiceConfig {
     let mut c = ServiceConfig::new("2.14.0", 1 << 20);
-    c.coalesce_writes = crate::coalesce::CoalesceWrites::Off;
+    c.coalesce_writes = crate::service::coalesce::CoalesceWrites::Off;
     c
 }
 

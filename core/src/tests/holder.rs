@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::change::{ChangeEvent, ChangeKind};
-use crate::guard::{FenceGuard, InboxGuard, RejectReason};
+use crate::holder::guard::{FenceGuard, InboxGuard, RejectReason};
 use crate::holder::{
     Holder, HolderConfig, HolderEvent, HolderStatus, MAX_EXPIRY_MARKER_LAG, MAX_STOP_REQUESTS,
     OutcomeClass, StepDownReason, owner_retry_delay,

@@ -9,17 +9,17 @@
 //! killed, requests and replies lost or slow, commands that ignore SIGTERM or leave
 //! children behind.
 
-use crate::supervise::Refusal;
+use crate::holder::supervise::Refusal;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::stand_in::{Rng, StandIn, TTL_MS};
-use crate::holder::{Holder, HolderConfig, HolderEvent};
-use crate::io::{EffectId, RequestOutcome};
-use crate::supervise::{
+use crate::holder::supervise::{
     GroupSignal, Lock, LockEvent, LockExit, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport,
 };
+use crate::holder::{Holder, HolderConfig, HolderEvent};
+use crate::io::{EffectId, RequestOutcome};
 use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 

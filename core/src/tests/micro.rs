@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 use time::macros::datetime;
 
-use crate::micro::{MicroService, MicroVerb};
+use crate::service::micro::{MicroService, MicroVerb};
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, FreeReply, Response};
 
 fn service() -> MicroService {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use crate::io::{RequestOutcome, TransmitKind};
-use crate::replicas::{ReplicasCheck, ReplicasCheckEvent};
+use crate::service::replicas::{ReplicasCheck, ReplicasCheckEvent};
 
 const EVERY: Duration = Duration::from_secs(10);
 const T: Duration = Duration::from_secs(5);

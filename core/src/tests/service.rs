@@ -9,8 +9,8 @@ use serde_json::json;
 use crate::call::{KvFact, KvOp};
 use crate::health::LogLevel;
 use crate::io::{FLUSH_BOUND, HANDOFF_BOUND, Mode};
+use crate::service::shutdown::{REPLY_BOUND, StopPhase};
 use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
-use crate::shutdown::{REPLY_BOUND, StopPhase};
 use crate::sim::service_world::ServiceWorld;
 use crate::wire::{Endpoint, ErrorKind, Response};
 
@@ -18,7 +18,7 @@ use crate::wire::{Endpoint, ErrorKind, Response};
 /// about the calls, not about batches.
 fn config() -> ServiceConfig {
     let mut c = ServiceConfig::new("2.14.0", 1 << 20);
-    c.coalesce_writes = crate::coalesce::CoalesceWrites::Off;
+    c.coalesce_writes = crate::service::coalesce::CoalesceWrites::Off;
     c.tenant_accounts = crate::tenant::TenantAccounts::new(["TA", "TB"]).unwrap();
     c
 }
@@ -430,7 +430,7 @@ fn a_tombstone_left_before_the_start_is_found_by_the_scan_and_purged() {
 
 #[test]
 fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_setting_says() {
-    use crate::coalesce::CoalesceWrites::{Auto, Off, On};
+    use crate::service::coalesce::CoalesceWrites::{Auto, Off, On};
     // (setting, replicas, batches): `auto` is on for one replica only.
     for (coalesce, replicas, atomic) in [
         (Off, 1, false),
@@ -454,7 +454,7 @@ fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_setting_sa
 #[test]
 fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
     let mut c = config();
-    c.coalesce_writes = crate::coalesce::CoalesceWrites::On;
+    c.coalesce_writes = crate::service::coalesce::CoalesceWrites::On;
     c.batch_after = 1;
     c.min_batch = 2;
     let mut w = serving(c, 1);
@@ -495,7 +495,7 @@ fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
 #[test]
 fn a_queued_write_of_a_call_cut_off_by_the_stop_is_never_sent() {
     let mut c = config();
-    c.coalesce_writes = crate::coalesce::CoalesceWrites::On;
+    c.coalesce_writes = crate::service::coalesce::CoalesceWrites::On;
     c.batch_after = 1;
     c.min_batch = 2;
     c.shutdown_timeout = Duration::from_millis(4000);
@@ -671,9 +671,9 @@ fn world_of(script: &[u8]) -> ServiceWorld {
     c.max_calls_in_flight = 4;
     c.max_calls_waiting = 4;
     c.coalesce_writes = if byte(0) % 2 == 1 {
-        crate::coalesce::CoalesceWrites::On
+        crate::service::coalesce::CoalesceWrites::On
     } else {
-        crate::coalesce::CoalesceWrites::Off
+        crate::service::coalesce::CoalesceWrites::Off
     };
     c.batch_after = 1;
     c.min_batch = 2;
@@ -717,8 +717,8 @@ proptest! {
 fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
     let tenancy = config.bucket.tenancy;
     let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
-    let mut stream = crate::startup::stream_config_for(1, true);
-    stream["republish"] = crate::startup::republish_for(tenancy);
+    let mut stream = crate::service::startup::stream_config_for(1, true);
+    stream["republish"] = crate::service::startup::republish_for(tenancy);
     // The bucket's stream exists; the other layout's is not found.
     let mut events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event()).collect();
     events.extend(start_on(
@@ -1015,7 +1015,7 @@ fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_cou
     let streams = |map: &crate::shard::ShardMap| -> Vec<(String, serde_json::Value)> {
         map.indexes()
             .map(|i| {
-                let mut config = crate::startup::shard_stream_config(map, i, 1);
+                let mut config = crate::service::startup::shard_stream_config(map, i, 1);
                 config["allow_atomic"] = json!(true);
                 (map.stream(i), config)
             })
@@ -1066,7 +1066,7 @@ fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_cou
 #[test]
 fn a_write_handed_to_the_coalescer_by_a_call_just_started_goes_out_at_once() {
     let mut c = config();
-    c.coalesce_writes = crate::coalesce::CoalesceWrites::On;
+    c.coalesce_writes = crate::service::coalesce::CoalesceWrites::On;
     let mut w = serving(c, 1);
     let reply = w.request(
         Endpoint::Acquire,

@@ -1,8 +1,8 @@
-//! Table tests of `lock`'s supervision: one per rule of [`crate::supervise`].
+//! Table tests of `lock`'s supervision: one per rule of [`crate::holder::supervise`].
 
 use std::time::{Duration, Instant};
 
-use crate::supervise::{
+use crate::holder::supervise::{
     DEFAULT_GRACE_MAX, EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST, GraceTooLong,
     GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace, may_start,

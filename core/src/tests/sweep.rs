@@ -8,10 +8,10 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
-use crate::shard::ShardMap;
-use crate::sweep::{
+use crate::service::sweep::{
     MAX_IN_FLIGHT, MAX_PENDING, RETRY_AFTER, ScanReason, TombstoneSweep, TombstoneSweepEvent,
 };
+use crate::shard::ShardMap;
 
 fn sweep() -> (TombstoneSweep, Instant) {
     let now = Instant::now();

@@ -122,7 +122,7 @@ enum LockPhase {
 
 /// The tool's side of `lock`: campaign until elected (or until `--wait` has
 /// passed), start the watchdog, pass deadlines, loss and signals on, and release only
-/// once every process of the command is gone. See the [module docs](crate::supervise).
+/// once every process of the command is gone. See the [module docs](crate::holder::supervise).
 #[derive(Debug)]
 pub struct Lock {
     grace: Duration,

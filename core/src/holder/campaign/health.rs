@@ -21,7 +21,7 @@ impl Health {
 
 impl Campaign {
     /// The application's health check for `group` passed (`healthy`) or failed at
-    /// `now` (see the [module docs](crate::campaign)): while it fails, no campaign acquire of
+    /// `now` (see the [module docs](crate::holder::campaign)): while it fails, no campaign acquire of
     /// the group goes out; failing since T, at T + `unhealthy_for` its keys step
     /// down with [`StepDownReason::Unhealthy`]; passing again, its campaigns ask at
     /// once. A balanced group's presence follows it. An unknown group is ignored.

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
+use crate::service::startup::{replicas_from_reply, stream_info_request_of};
 use crate::shard::ShardMap;
-use crate::startup::{replicas_from_reply, stream_info_request_of};
 
 /// How often a running service asks the stream's replicas again, to turn read
 /// confirmation on or off when an operator changes them.
@@ -140,7 +140,7 @@ impl ReplicasCheck {
         }
     }
 
-    /// What startup saw of each shard's stream, by index ([`crate::startup::Startup::seen`]):
+    /// What startup saw of each shard's stream, by index ([`crate::service::startup::Startup::seen`]):
     /// its `created` time and last sequence are the first the check compares
     /// with, so a stream rewound before the first period is caught too.
     pub fn with_seen(mut self, seen: &[(Option<String>, u64)]) -> Self {

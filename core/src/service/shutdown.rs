@@ -23,7 +23,7 @@
 //! ```
 //! use std::time::{Duration, Instant};
 //! use dagnats_leases_core::io::FLUSH_BOUND;
-//! use dagnats_leases_core::shutdown::{Shutdown, ShutdownEvent, StopPhase};
+//! use dagnats_leases_core::service::shutdown::{Shutdown, ShutdownEvent, StopPhase};
 //!
 //! let start = Instant::now();
 //! let mut stop = Shutdown::new(Duration::from_secs(10), start);

@@ -94,7 +94,7 @@
 //!
 //! ```no_run
 //! use std::time::{Duration, Instant};
-//! use dagnats_leases_core::campaign::{Campaign, CampaignEvent};
+//! use dagnats_leases_core::holder::campaign::{Campaign, CampaignEvent};
 //! use dagnats_leases_core::holder::HolderConfig;
 //! use dagnats_leases_core::io::RequestOutcome;
 //!
@@ -125,8 +125,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
-use crate::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::StepDownReason;
+use crate::holder::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };

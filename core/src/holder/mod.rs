@@ -73,6 +73,12 @@
 //! }
 //! ```
 
+pub mod acquire_wait;
+pub mod campaign;
+pub mod elect;
+pub mod guard;
+pub mod supervise;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -286,7 +292,7 @@ pub enum StepDownReason {
         deadline: Instant,
     },
     /// The member's health check failed for longer than its group allows (the
-    /// health gate of [`crate::campaign`]): stop writes now. Like
+    /// health gate of [`campaign`]): stop writes now. Like
     /// [`StepDownReason::Revoked`], the lease is kept, not renewed, until
     /// `deadline` or until the application says it is done with the key, and only
     /// then released.
@@ -755,7 +761,7 @@ impl Holder {
 
     /// Stops as [`Holder::handle_stop`] does, stepping down with
     /// [`StepDownReason::HandedOver`]: the campaign (see
-    /// [`crate::campaign::Campaign::handle_hand_over`]) asks for the key again only later.
+    /// [`campaign::Campaign::handle_hand_over`]) asks for the key again only later.
     pub fn handle_hand_over(&mut self, now: Instant) {
         self.stop_for(now, StepDownReason::HandedOver);
     }
@@ -836,7 +842,7 @@ impl Holder {
         }
     }
 
-    /// Request `id` was never sent (its driver dropped it, as a [`crate::campaign`]
+    /// Request `id` was never sent (its driver dropped it, as a [`campaign`]
     /// queue does for a holder that stopped meanwhile): it wrote nothing, so nothing
     /// about it is unknown. A campaign asks again at its next tick.
     pub fn handle_cancel(&mut self, now: Instant, id: EffectId) {

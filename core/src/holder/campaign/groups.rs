@@ -47,7 +47,7 @@ impl Campaign {
 
     /// Starts a balanced shard group named `set` over `keys`: the members campaigning
     /// for the same set share it, each holding `floor` or `ceil(keys / members)` once
-    /// settled (see the [module docs](crate::campaign)). Its presence keys are
+    /// settled (see the [module docs](crate::holder::campaign)). Its presence keys are
     /// `<set>-member-<i>`, one per shard, configured like the first key.
     pub fn add_balanced_group(
         &mut self,

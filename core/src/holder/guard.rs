@@ -67,7 +67,7 @@ struct Tenure {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use dagnats_leases_core::guard::{InboxGuard, RejectReason};
+/// use dagnats_leases_core::holder::guard::{InboxGuard, RejectReason};
 ///
 /// let now = Instant::now();
 /// let mut guard = InboxGuard::new("notify-7f3a");
@@ -188,7 +188,7 @@ impl std::error::Error for StaleWrite {}
 /// fence lower than the highest it has seen. Keep one per lease key.
 ///
 /// ```
-/// use dagnats_leases_core::guard::FenceGuard;
+/// use dagnats_leases_core::holder::guard::FenceGuard;
 ///
 /// let mut store = FenceGuard::new();
 /// assert!(store.admit(40).is_ok());

@@ -28,7 +28,7 @@ struct Stopping {
     kill_at: Option<Instant>,
 }
 
-/// A command's process group under a lease's deadline. See the [module docs](crate::supervise).
+/// A command's process group under a lease's deadline. See the [module docs](crate::holder::supervise).
 #[derive(Debug)]
 pub struct Supervisor {
     grace: Duration,
