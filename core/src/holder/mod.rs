@@ -1,6 +1,11 @@
 //! The holder side of a lease, as a pure machine: campaign for a key, renew it about
 //! every ttl/3, and step down the moment ownership can no longer be proven.
 //!
+//! The rest of the holder side lives beside it, in this folder: every campaign of
+//! one process ([`campaign`]), the client's waiting acquire ([`acquire_wait`]), the
+//! owner-side and downstream checks ([`guard`]), `elect`'s decisions ([`elect`]) and
+//! `lock`'s supervision ([`supervise`]).
+//!
 //! [`Holder`] follows the holder rules of the lease contract:
 //!
 //! - It believes it owns the key only until its *local deadline*: the moment the

@@ -8,6 +8,11 @@
 //! simulated and fuzzed, and an adapter only subscribes, receives, sends, flushes
 //! and arms one timer.
 //!
+//! The parts only the service runs live beside it, in this folder ([`startup`],
+//! [`replicas`], [`coalesce`], [`admit`], [`sweep`], [`micro`], [`shutdown`]); the
+//! calls are [`crate::call`]'s, and the vocabulary both sides speak is flat in the
+//! crate root.
+//!
 //! Inputs: [`Service::handle_request`] (every message a subscription delivers:
 //! requests, `$SRV` verbs, change events), [`Service::handle_outcome`] (the outcome
 //! of a [`Transmit`]), [`Service::handle_timeout`], [`Service::handle_stop`], the
