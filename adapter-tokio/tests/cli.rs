@@ -640,6 +640,23 @@ async fn json_errors_for_no_server_and_a_bad_key() {
         (out.status.code(), json_line(&out)["kind"].clone()),
         (Some(1), "invalid".into())
     );
+    // `elect` too: an observer of a key no lease can have would read its owner in
+    // vain for ever (and a space in it failed the subscribe as if no server answered).
+    for key in ["bad.key", "bad key"] {
+        let out = bounded(&["elect", "--observe", key, "--nats-url", &url]).await;
+        assert_eq!(out.status.code(), Some(1), "{key:?}: {out:?}");
+        assert!(text(&out.stderr).contains("field `key`"), "{out:?}");
+        for campaign in [&["elect", key][..], &["elect", "--observe", key]] {
+            let mut args = campaign.to_vec();
+            args.extend_from_slice(&["--json", "--nats-url", &url]);
+            let out = bounded(&args).await;
+            assert_eq!(
+                (out.status.code(), json_line(&out)["kind"].clone()),
+                (Some(1), "invalid".into()),
+                "{args:?}"
+            );
+        }
+    }
 }
 
 /// Times take units everywhere, and the old forms still work.
@@ -666,6 +683,34 @@ async fn times_take_units_and_the_old_forms_still_work() {
         .await;
     assert_eq!(out.status.code(), Some(2), "a bad time is a bad argument");
     assert!(text(&out.stderr).contains("neither milliseconds nor a duration"));
+    // `elect` too: `--ttl 2s`, the lease it holds then has a TTL of 2000 ms.
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut elect = tokio::process::Command::new(BIN)
+        .args([
+            "elect",
+            "f",
+            "--ttl",
+            "2s",
+            "--json",
+            "--nats-url",
+            &cli.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(elect.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(HUNG, lines.next_line())
+        .await
+        .expect("elect prints its election")
+        .unwrap()
+        .expect("a line");
+    let elected: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(elected["event"], "elected", "{line}");
+    let (code, got) = cli.json(&["owner", "f"]).await;
+    assert_eq!((code, got["ttl_ms"].as_u64()), (0, Some(2_000)), "{got}");
+    elect.kill().await.unwrap();
 }
 
 /// The documented monitor (publish `api.leases.owner` only): `list` and `watch`
