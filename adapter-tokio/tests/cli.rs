@@ -640,6 +640,25 @@ async fn json_errors_for_no_server_and_a_bad_key() {
         (out.status.code(), json_line(&out)["kind"].clone()),
         (Some(1), "invalid".into())
     );
+    // Bad arguments with --json: exit 2, and a JSON line all the same.
+    for (args, says) in [
+        (&["owner", "--json"][..], "KEY"),
+        (
+            &[
+                "acquire", "k", "--holder", "h", "--ttl-ms", "soon", "--json",
+            ],
+            "neither milliseconds nor a duration",
+        ),
+    ] {
+        let out = bounded(args).await;
+        let got = json_line(&out);
+        assert_eq!(
+            (out.status.code(), got["kind"].clone()),
+            (Some(2), "usage".into()),
+            "{args:?}: {got}"
+        );
+        assert!(got["error"].as_str().unwrap().contains(says), "{got}");
+    }
     // `elect` too: an observer of a key no lease can have would read its owner in
     // vain for ever (and a space in it failed the subscribe as if no server answered).
     for key in ["bad.key", "bad key"] {
