@@ -640,6 +640,19 @@ async fn json_errors_for_no_server_and_a_bad_key() {
         (out.status.code(), json_line(&out)["kind"].clone()),
         (Some(1), "invalid".into())
     );
+    // `list` on a server without JetStream says so, not that the bucket is missing.
+    let no_js = NatsServer::builder().jetstream(false).start();
+    let out = bounded(&["list", "--json", "--nats-url", &no_js.url()]).await;
+    let got = json_line(&out);
+    assert_eq!(
+        (out.status.code(), got["kind"].clone()),
+        (Some(1), "no_jetstream".into()),
+        "{got}"
+    );
+    assert!(
+        got["error"].as_str().unwrap().contains("no JetStream"),
+        "{got}"
+    );
     // Bad arguments with --json: exit 2, and a JSON line all the same.
     for (args, says) in [
         (&["owner", "--json"][..], "KEY"),
