@@ -89,8 +89,11 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     if let Err(e) = check_name("key", &args.key) {
         return fail(out, json, e.kind.as_str(), &e.error, EXIT_ERROR);
     }
+    // Taken before anything is sent: a SIGTERM that follows the first acquire
+    // (another process saw its event) is a stop, never the default action's kill.
+    let signals = StopSignals::new();
     if args.observe {
-        return observe(nats, &args.key, json, out).await;
+        return observe(nats, &args.key, json, out, signals).await;
     }
     let holder = args
         .holder
@@ -118,7 +121,7 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
         Ok(c) => c,
         Err(e) => return fail(out, json, e.kind().as_str(), &e.to_string(), exit_code(&e)),
     };
-    let mut signals = StopSignals::new();
+    let mut signals = signals;
     let view = Served {
         view: campaign.view(),
         leadership: Arc::new(Mutex::new(Leadership::new(&args.key, &holder))),
@@ -362,7 +365,13 @@ async fn serve_http(listener: tokio::net::TcpListener, served: Served) {
 }
 
 /// `elect --observe`: prints each change of the key's leader until a signal.
-async fn observe(nats: Client, key: &str, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+async fn observe(
+    nats: Client,
+    key: &str,
+    json: bool,
+    out: &mut (dyn Write + Send),
+    mut signals: StopSignals,
+) -> u8 {
     let leases = LeaseClient::new(nats.clone());
     // Subscribed before the first read, so that no change falls between the two.
     let mut events = match nats.subscribe(changed_subject(key)).await {
@@ -377,7 +386,6 @@ async fn observe(nats: Client, key: &str, json: bool, out: &mut (dyn Write + Sen
         return fail(out, json, "connection", &message, EXIT_NO_SERVER);
     }
     eprintln!("dagnats-leases: observing {key}");
-    let mut signals = StopSignals::new();
     let mut watch = LeaderWatch::new(key, OBSERVE_RESYNC, clock::now());
     let mut reading: Option<BoxFuture<'static, OwnerRead>> = None;
     loop {
