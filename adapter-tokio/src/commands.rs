@@ -569,6 +569,7 @@ async fn bucket_keys(
     };
     let found = match (&single, &shard_zero) {
         (Ok(_), _) => BucketStreams::OneStream,
+        (Err(e), None) if no_responders(e) => BucketStreams::NoJetStream,
         (Err(_), Some(stream)) => BucketStreams::ShardZero {
             shards: stream
                 .cached_info()
@@ -586,7 +587,11 @@ async fn bucket_keys(
                 Err(e) if found == BucketStreams::Neither => format!("{why} ({STREAM}: {e})"),
                 _ => why.to_string(),
             };
-            return Err(ListFailure::Other("no_bucket", message));
+            let kind = match found {
+                BucketStreams::NoJetStream => "no_jetstream",
+                _ => "no_bucket",
+            };
+            return Err(ListFailure::Other(kind, message));
         }
     };
     let mut streams = Vec::new();
@@ -613,6 +618,15 @@ async fn bucket_keys(
         streams.push((stream, keys));
     }
     Ok((shards, streams))
+}
+
+/// Whether a stream info request had no responders (async-nats' `NoResponders`
+/// under `Request`): no server of the account answers the JetStream API.
+fn no_responders(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RequestError>())
+        .is_some_and(|r| r.kind() == RequestErrorKind::NoResponders)
 }
 
 /// How long `list` waits for the next record of a stream before it falls back to

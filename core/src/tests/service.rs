@@ -892,6 +892,7 @@ fn tenancy_serves_every_tenants_endpoints_and_only_named_accounts() {
     assert_eq!(api, ["api.leases.*.*"]);
     c.tenant_accounts = crate::tenant::TenantAccounts::default();
     let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    // Refused, and nothing subscribed or asked (its health reports say not ready).
     let events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event())
         .filter(|e| !matches!(e, ServiceEvent::Health(_)))
         .collect();
