@@ -288,7 +288,7 @@ fn a_request_with_a_malformed_header_block_is_answered_invalid_and_runs_no_call(
             let body = answer.unwrap_or_else(|| panic!("{name}: unanswered"));
             assert!(body.contains(r#""kind":"invalid""#), "{name}: {body}");
             assert!(
-                body.contains("headers are malformed") && body.contains("bare LF"),
+                body.contains("the request is malformed") && body.contains("bare LF"),
                 "{name}: {body}"
             );
         } else {
