@@ -861,22 +861,32 @@ async fn completions_and_man_pages_are_generated() {
     assert!(acquire.contains("ttl"), "the flags are in the page");
 }
 
-/// Every `serve` flag can be set from the environment: walks clap's definition.
+/// Every flag of `serve` and of every command can be set from the environment:
+/// walks clap's definitions.
 #[test]
-fn every_serve_flag_has_an_environment_variable() {
-    use clap::Args;
+fn every_flag_has_an_environment_variable() {
+    use clap::{Args, Subcommand};
     let serve = dagnats_leases_tokio::cli::ServeArgs::augment_args(clap::Command::new("serve"));
-    let missing: Vec<String> = serve
-        .get_arguments()
-        .filter(|a| !a.is_hide_set() && !a.is_positional())
-        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
-        .filter(|a| a.get_env().is_none())
-        .map(|a| a.get_id().to_string())
+    let ops = dagnats_leases_tokio::commands::Op::augment_subcommands(clap::Command::new("ops"));
+    let commands: Vec<&clap::Command> = std::iter::once(&serve)
+        .chain(ops.get_subcommands().filter(|c| !c.is_hide_set()))
         .collect();
     assert!(
-        missing.is_empty(),
-        "serve flags without an env var: {missing:?}"
+        commands.len() > 8,
+        "every command walked: {}",
+        commands.len()
     );
+    let missing: Vec<String> = commands
+        .iter()
+        .flat_map(|c| {
+            c.get_arguments()
+                .filter(|a| !a.is_hide_set() && !a.is_positional())
+                .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+                .filter(|a| a.get_env().is_none())
+                .map(|a| format!("{} --{}", c.get_name(), a.get_id()))
+        })
+        .collect();
+    assert!(missing.is_empty(), "flags without an env var: {missing:?}");
 }
 
 /// Logs to a pipe carry no colours; --log-format json writes JSON lines.
