@@ -39,6 +39,7 @@ pub mod connect;
 #[cfg(feature = "cli")]
 pub mod exit;
 mod intake;
+pub mod links;
 pub mod member;
 pub mod nats_request;
 #[cfg(feature = "cli")]

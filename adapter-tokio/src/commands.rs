@@ -40,7 +40,7 @@ pub struct Common {
     #[command(flatten)]
     pub connect: ConnectOptions,
     /// One JSON object per line instead of readable text.
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_JSON")]
     pub json: bool,
 }
 
@@ -50,10 +50,10 @@ pub struct FencedLease {
     /// The lease key.
     pub key: String,
     /// Your holder ID.
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_HOLDER")]
     pub holder: String,
     /// The fence from your last reply.
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_REVISION")]
     pub revision: u64,
 }
 
@@ -68,19 +68,19 @@ pub enum Op {
         /// The lease key.
         key: String,
         /// Your holder ID.
-        #[arg(long)]
+        #[arg(long, env = "DAGNATS_HOLDER")]
         holder: String,
         /// Time to live, whole seconds, in milliseconds (`15000`) or with a unit
         /// (`15s`).
-        #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis)]
+        #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis)]
         ttl_ms: u64,
         /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
-        #[arg(long, value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
         ttl: Option<Duration>,
         /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`;
         /// a bare number is seconds), trying again when it is released or
         /// expires; `0` tries once.
-        #[arg(long, value_parser = crate::cli::parse_duration)]
+        #[arg(long, env = "DAGNATS_WAIT", value_parser = crate::cli::parse_duration)]
         wait: Option<Duration>,
     },
     /// Extend a lease under its fence.
@@ -92,10 +92,10 @@ pub enum Op {
         #[command(flatten)]
         lease: FencedLease,
         /// New time to live in milliseconds or with a unit (default: the lease's own).
-        #[arg(long, value_parser = crate::cli::parse_millis)]
+        #[arg(long, env = "DAGNATS_TTL_MS", value_parser = crate::cli::parse_millis)]
         ttl_ms: Option<u64>,
         /// New time to live (`15s`; a bare number is seconds): instead of --ttl-ms.
-        #[arg(long, value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
         ttl: Option<Duration>,
     },
     /// Free a lease under its fence.
@@ -123,10 +123,10 @@ pub enum Op {
         /// The lease key.
         key: String,
         /// The request body.
-        #[arg(long, default_value = "")]
+        #[arg(long, env = "DAGNATS_PAYLOAD", default_value = "")]
         payload: String,
         /// Bound on the whole call, 100 to 30000 ms (or with a unit: `5s`).
-        #[arg(long, default_value = "5000", value_parser = crate::cli::parse_millis)]
+        #[arg(long, env = "DAGNATS_TIMEOUT_MS", default_value = "5000", value_parser = crate::cli::parse_millis)]
         timeout_ms: u64,
     },
     /// Print change events, one line each (an expiry shows as `expired`).
@@ -137,7 +137,7 @@ pub enum Op {
         /// A key, or every key when left out.
         key: Option<String>,
         /// Stop after this many events.
-        #[arg(long)]
+        #[arg(long, env = "DAGNATS_COUNT")]
         count: Option<u64>,
     },
     /// Run a command while holding a lease: SIGTERM, then SIGKILL after --grace,
@@ -569,6 +569,7 @@ async fn bucket_keys(
     };
     let found = match (&single, &shard_zero) {
         (Ok(_), _) => BucketStreams::OneStream,
+        (Err(e), None) if no_responders(e) => BucketStreams::NoJetStream,
         (Err(_), Some(stream)) => BucketStreams::ShardZero {
             shards: stream
                 .cached_info()
@@ -586,7 +587,11 @@ async fn bucket_keys(
                 Err(e) if found == BucketStreams::Neither => format!("{why} ({STREAM}: {e})"),
                 _ => why.to_string(),
             };
-            return Err(ListFailure::Other("no_bucket", message));
+            let kind = match found {
+                BucketStreams::NoJetStream => "no_jetstream",
+                _ => "no_bucket",
+            };
+            return Err(ListFailure::Other(kind, message));
         }
     };
     let mut streams = Vec::new();
@@ -613,6 +618,15 @@ async fn bucket_keys(
         streams.push((stream, keys));
     }
     Ok((shards, streams))
+}
+
+/// Whether a stream info request had no responders (async-nats' `NoResponders`
+/// under `Request`): no server of the account answers the JetStream API.
+fn no_responders(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RequestError>())
+        .is_some_and(|r| r.kind() == RequestErrorKind::NoResponders)
 }
 
 /// How long `list` waits for the next record of a stream before it falls back to

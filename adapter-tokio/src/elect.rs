@@ -34,6 +34,7 @@ use dagnats_leases_core::holder::elect::{
     ACCEPT_RETRY, LeaderState, LeaderWatch, Leadership, OBSERVE_RESYNC, OwnerRead,
 };
 use dagnats_leases_core::subjects::changed_subject;
+use dagnats_leases_core::wire::check_name;
 use futures::StreamExt;
 use futures::future::{BoxFuture, FutureExt};
 use http_body_util::Full;
@@ -46,7 +47,8 @@ use time::OffsetDateTime;
 use crate::cli::StopSignals;
 use crate::client::{LeaseClient, change_event};
 use crate::clock;
-use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK};
+use crate::commands::fail;
+use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK, exit_code};
 use crate::member::{Change, Elector, HeldView, Member, Ownership, Shards, TenureView};
 
 /// The options of `elect`.
@@ -55,31 +57,43 @@ pub struct ElectArgs {
     /// The lease key.
     pub key: String,
     /// Holder ID, unique to this process (default: `elect-` and random hex).
-    #[arg(long, conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_HOLDER", conflicts_with = "observe")]
     pub holder: Option<String>,
-    /// Time to live, whole seconds: milliseconds, or with a unit (`15s`).
-    #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis, conflicts_with = "observe")]
+    /// Time to live in milliseconds, or with a unit (`15s`).
+    #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis, conflicts_with = "observe")]
     pub ttl_ms: u64,
+    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
+    #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with_all = ["ttl_ms", "observe"])]
+    pub ttl: Option<Duration>,
     /// Candidate priority, 0 to 10 (higher preferred after a release or expiry).
-    #[arg(long, conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_PRIORITY", conflicts_with = "observe")]
     pub priority: Option<u8>,
     /// Serve the state the application may act on over HTTP at this address
     /// (`127.0.0.1:8080`; port 0 picks one, named on stderr).
-    #[arg(long, conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_HTTP", conflicts_with = "observe")]
     pub http: Option<SocketAddr>,
     /// Share the shards `KEY-0` to `KEY-<N-1>` evenly with every `elect` running
     /// the same KEY and N (a balanced shard set), instead of leading KEY itself.
-    #[arg(long, conflicts_with = "observe", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, env = "DAGNATS_SHARDS", conflicts_with = "observe", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub shards: Option<u16>,
     /// Campaign for nothing: print each change of the key's leader.
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_OBSERVE")]
     pub observe: bool,
 }
 
 /// Runs `elect`; returns the exit code. Changes go to `out`, messages to stderr.
 pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+    // A key no lease can have is refused before anything is sent (`watch`'s rule):
+    // an observer would read its owner in vain for ever, and a subscription to it
+    // could fail as if the server were gone.
+    if let Err(e) = check_name("key", &args.key) {
+        return fail(out, json, e.kind.as_str(), &e.error, EXIT_ERROR);
+    }
+    // Taken before anything is sent: a SIGTERM that follows the first acquire
+    // (another process saw its event) is a stop, never the default action's kill.
+    let signals = StopSignals::new();
     if args.observe {
-        return observe(nats, &args.key, json, out).await;
+        return observe(nats, &args.key, json, out, signals).await;
     }
     let holder = args
         .holder
@@ -87,15 +101,12 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
         .unwrap_or_else(|| Member::unique_id("elect"));
     let mut member = match Member::new(nats, holder.clone()) {
         Ok(m) => m,
-        Err(e) => {
-            eprintln!("dagnats-leases: {e}");
-            return crate::exit::exit_code(&e);
-        }
+        Err(e) => return fail(out, json, e.kind().as_str(), &e.to_string(), exit_code(&e)),
     };
     if let Some(p) = args.priority {
         member = member.with_priority(p);
     }
-    let ttl = Duration::from_millis(args.ttl_ms);
+    let ttl = args.ttl.unwrap_or(Duration::from_millis(args.ttl_ms));
     let started = match args.shards {
         None => member.elect(&args.key, ttl).map(Campaigner::One),
         Some(n) => {
@@ -108,12 +119,9 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
     };
     let mut campaign = match started {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("dagnats-leases: {e}");
-            return crate::exit::exit_code(&e);
-        }
+        Err(e) => return fail(out, json, e.kind().as_str(), &e.to_string(), exit_code(&e)),
     };
-    let mut signals = StopSignals::new();
+    let mut signals = signals;
     let view = Served {
         view: campaign.view(),
         leadership: Arc::new(Mutex::new(Leadership::new(&args.key, &holder))),
@@ -129,9 +137,9 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
                 tokio::spawn(serve_http(listener, view.clone()));
             }
             Err(e) => {
-                eprintln!("dagnats-leases: cannot listen on {addr}: {e}");
                 campaign.stop().await;
-                return EXIT_ERROR;
+                let message = format!("cannot listen on {addr}: {e}");
+                return fail(out, json, "listen", &message, EXIT_ERROR);
             }
         }
     }
@@ -151,8 +159,8 @@ pub async fn run(nats: Client, args: ElectArgs, json: bool, out: &mut (dyn Write
         tokio::select! {
             change = campaign.next() => {
                 let Some(change) = change else {
-                    eprintln!("dagnats-leases: the campaign for {} ended", args.key);
-                    return EXIT_ERROR;
+                    let message = format!("the campaign for {} ended", args.key);
+                    return fail(out, json, "connection", &message, EXIT_ERROR);
                 };
                 let line = match change.ownership {
                     Ownership::Elected { fence } => {
@@ -357,22 +365,27 @@ async fn serve_http(listener: tokio::net::TcpListener, served: Served) {
 }
 
 /// `elect --observe`: prints each change of the key's leader until a signal.
-async fn observe(nats: Client, key: &str, json: bool, out: &mut (dyn Write + Send)) -> u8 {
+async fn observe(
+    nats: Client,
+    key: &str,
+    json: bool,
+    out: &mut (dyn Write + Send),
+    mut signals: StopSignals,
+) -> u8 {
     let leases = LeaseClient::new(nats.clone());
     // Subscribed before the first read, so that no change falls between the two.
     let mut events = match nats.subscribe(changed_subject(key)).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("dagnats-leases: cannot subscribe: {e}");
-            return EXIT_NO_SERVER;
+            let message = format!("cannot subscribe: {e}");
+            return fail(out, json, "connection", &message, EXIT_NO_SERVER);
         }
     };
     if let Err(e) = nats.flush().await {
-        eprintln!("dagnats-leases: cannot subscribe: {e}");
-        return EXIT_NO_SERVER;
+        let message = format!("cannot subscribe: {e}");
+        return fail(out, json, "connection", &message, EXIT_NO_SERVER);
     }
     eprintln!("dagnats-leases: observing {key}");
-    let mut signals = StopSignals::new();
     let mut watch = LeaderWatch::new(key, OBSERVE_RESYNC, clock::now());
     let mut reading: Option<BoxFuture<'static, OwnerRead>> = None;
     loop {
@@ -418,8 +431,8 @@ async fn observe(nats: Client, key: &str, json: bool, out: &mut (dyn Write + Sen
             message = events.next() => match message {
                 Some(message) => watch.handle_change(clock::now(), &change_event(&message)),
                 None => {
-                    eprintln!("dagnats-leases: the subscription to {key}'s changes ended");
-                    return EXIT_ERROR;
+                    let message = format!("the subscription to {key}'s changes ended");
+                    return fail(out, json, "connection", &message, EXIT_ERROR);
                 }
             },
             () = tokio::time::sleep(wake.saturating_duration_since(clock::now())) => {

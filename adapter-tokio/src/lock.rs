@@ -95,26 +95,26 @@ pub struct LockArgs {
     /// The lease key.
     pub key: String,
     /// Holder ID (default: `lock-` and random hex, unique to this process).
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_HOLDER")]
     pub holder: Option<String>,
     /// Time to live, whole seconds, in milliseconds (`15000`) or with a unit
     /// (`15s`).
-    #[arg(long, default_value = "15000", value_parser = crate::cli::parse_millis)]
+    #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis)]
     pub ttl_ms: u64,
     /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "ttl_ms")]
+    #[arg(long, env = "DAGNATS_TTL", value_parser = parse_duration, conflicts_with = "ttl_ms")]
     pub ttl: Option<Duration>,
     /// Hold one of N slots of a semaphore named KEY (the leases `KEY-0` to
     /// `KEY-<N-1>`) instead of KEY itself: at most N commands run at once.
-    #[arg(long)]
+    #[arg(long, env = "DAGNATS_PERMITS")]
     pub permits: Option<usize>,
     /// How long to wait to be elected (default: for ever; a bare number is
     /// seconds); `0` tries once.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, env = "DAGNATS_WAIT", value_parser = parse_duration)]
     pub wait: Option<Duration>,
     /// Between SIGTERM and SIGKILL when the lease is lost (default: ttl/3, at most
     /// 5s; at most ttl/2, else `lock` exits 6).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, env = "DAGNATS_GRACE", value_parser = parse_duration)]
     pub grace: Option<Duration>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]

@@ -640,6 +640,55 @@ async fn json_errors_for_no_server_and_a_bad_key() {
         (out.status.code(), json_line(&out)["kind"].clone()),
         (Some(1), "invalid".into())
     );
+    // `list` on a server without JetStream says so, not that the bucket is missing.
+    let no_js = NatsServer::builder().jetstream(false).start();
+    let out = bounded(&["list", "--json", "--nats-url", &no_js.url()]).await;
+    let got = json_line(&out);
+    assert_eq!(
+        (out.status.code(), got["kind"].clone()),
+        (Some(1), "no_jetstream".into()),
+        "{got}"
+    );
+    assert!(
+        got["error"].as_str().unwrap().contains("no JetStream"),
+        "{got}"
+    );
+    // Bad arguments with --json: exit 2, and a JSON line all the same.
+    for (args, says) in [
+        (&["owner", "--json"][..], "KEY"),
+        (
+            &[
+                "acquire", "k", "--holder", "h", "--ttl-ms", "soon", "--json",
+            ],
+            "neither milliseconds nor a duration",
+        ),
+    ] {
+        let out = bounded(args).await;
+        let got = json_line(&out);
+        assert_eq!(
+            (out.status.code(), got["kind"].clone()),
+            (Some(2), "usage".into()),
+            "{args:?}: {got}"
+        );
+        assert!(got["error"].as_str().unwrap().contains(says), "{got}");
+    }
+    // `elect` too: an observer of a key no lease can have would read its owner in
+    // vain for ever (and a space in it failed the subscribe as if no server answered).
+    for key in ["bad.key", "bad key"] {
+        let out = bounded(&["elect", "--observe", key, "--nats-url", &url]).await;
+        assert_eq!(out.status.code(), Some(1), "{key:?}: {out:?}");
+        assert!(text(&out.stderr).contains("field `key`"), "{out:?}");
+        for campaign in [&["elect", key][..], &["elect", "--observe", key]] {
+            let mut args = campaign.to_vec();
+            args.extend_from_slice(&["--json", "--nats-url", &url]);
+            let out = bounded(&args).await;
+            assert_eq!(
+                (out.status.code(), json_line(&out)["kind"].clone()),
+                (Some(1), "invalid".into()),
+                "{args:?}"
+            );
+        }
+    }
 }
 
 /// Times take units everywhere, and the old forms still work.
@@ -666,6 +715,34 @@ async fn times_take_units_and_the_old_forms_still_work() {
         .await;
     assert_eq!(out.status.code(), Some(2), "a bad time is a bad argument");
     assert!(text(&out.stderr).contains("neither milliseconds nor a duration"));
+    // `elect` too: `--ttl 2s`, the lease it holds then has a TTL of 2000 ms.
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut elect = tokio::process::Command::new(BIN)
+        .args([
+            "elect",
+            "f",
+            "--ttl",
+            "2s",
+            "--json",
+            "--nats-url",
+            &cli.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(elect.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(HUNG, lines.next_line())
+        .await
+        .expect("elect prints its election")
+        .unwrap()
+        .expect("a line");
+    let elected: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(elected["event"], "elected", "{line}");
+    let (code, got) = cli.json(&["owner", "f"]).await;
+    assert_eq!((code, got["ttl_ms"].as_u64()), (0, Some(2_000)), "{got}");
+    elect.kill().await.unwrap();
 }
 
 /// The documented monitor (publish `api.leases.owner` only): `list` and `watch`
@@ -784,22 +861,32 @@ async fn completions_and_man_pages_are_generated() {
     assert!(acquire.contains("ttl"), "the flags are in the page");
 }
 
-/// Every `serve` flag can be set from the environment: walks clap's definition.
+/// Every flag of `serve` and of every command can be set from the environment:
+/// walks clap's definitions.
 #[test]
-fn every_serve_flag_has_an_environment_variable() {
-    use clap::Args;
+fn every_flag_has_an_environment_variable() {
+    use clap::{Args, Subcommand};
     let serve = dagnats_leases_tokio::cli::ServeArgs::augment_args(clap::Command::new("serve"));
-    let missing: Vec<String> = serve
-        .get_arguments()
-        .filter(|a| !a.is_hide_set() && !a.is_positional())
-        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
-        .filter(|a| a.get_env().is_none())
-        .map(|a| a.get_id().to_string())
+    let ops = dagnats_leases_tokio::commands::Op::augment_subcommands(clap::Command::new("ops"));
+    let commands: Vec<&clap::Command> = std::iter::once(&serve)
+        .chain(ops.get_subcommands().filter(|c| !c.is_hide_set()))
         .collect();
     assert!(
-        missing.is_empty(),
-        "serve flags without an env var: {missing:?}"
+        commands.len() > 8,
+        "every command walked: {}",
+        commands.len()
     );
+    let missing: Vec<String> = commands
+        .iter()
+        .flat_map(|c| {
+            c.get_arguments()
+                .filter(|a| !a.is_hide_set() && !a.is_positional())
+                .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+                .filter(|a| a.get_env().is_none())
+                .map(|a| format!("{} --{}", c.get_name(), a.get_id()))
+        })
+        .collect();
+    assert!(missing.is_empty(), "flags without an env var: {missing:?}");
 }
 
 /// Logs to a pipe carry no colours; --log-format json writes JSON lines.

@@ -343,3 +343,99 @@ async fn a_bucket_rewound_under_the_service_is_refused_and_no_fence_repeats() {
     assert!(body.contains("refused"), "{body}");
     assert_eq!(served.stop().await, Some(0));
 }
+
+/// The rolling restart of docs/operations.md ("Upgrade and rollback"): two
+/// instances, each in turn stopped with SIGTERM and replaced by a new one that
+/// answers `/readyz` 200 before the next is stopped, twice over, while `elect`
+/// holds a key with a 3 s TTL. The lease is renewed through the new instances and
+/// the leader never steps down: its only line after the election is the
+/// `stepped_down` of its own stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_keeps_the_leader_leading() {
+    use futures::StreamExt;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    const BOUND: Duration = Duration::from_secs(30);
+    let server = NatsServer::start();
+    let url = server.url();
+    let mut instances = vec![
+        Served::start(BIN, &url, &[]).await,
+        Served::start(BIN, &url, &[]).await,
+    ];
+    let nats = async_nats::connect(&url).await.unwrap();
+    let mut events = nats.subscribe("dagnats.lease.changed.roll").await.unwrap();
+    nats.flush().await.unwrap();
+    let mut elect = tokio::process::Command::new(BIN)
+        .args([
+            "elect", "roll", "--holder", "roller", "--ttl", "3s", "--json",
+        ])
+        .args(["--nats-url", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(elect.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(BOUND, lines.next_line())
+        .await
+        .expect("elect is elected")
+        .unwrap()
+        .expect("a line");
+    let elected: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(elected["event"], "elected", "{line}");
+    for _ in 0..4 {
+        let old = instances.remove(0);
+        assert_eq!(old.stop().await, Some(0), "an instance's exit on SIGTERM");
+        let new = Served::start(BIN, &url, &[]).await;
+        readyz_until(new.addr, "200", BOUND).await;
+        instances.push(new);
+    }
+    // Renewed through the instances started last: two renewals after the last
+    // restart (the first may have been sent before it).
+    let mut renewed = 0;
+    while renewed < 2 {
+        let event = tokio::time::timeout(BOUND, events.next())
+            .await
+            .expect("the leader renews")
+            .unwrap();
+        let kind = event
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Dagnats-Lease-Event"))
+            .map(|v| v.as_str().to_string());
+        assert_ne!(
+            kind.as_deref(),
+            Some("released"),
+            "released during the restarts"
+        );
+        let expired = event
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Marker-Reason"));
+        assert!(expired.is_none(), "the lease expired during the restarts");
+        if kind.as_deref() == Some("renewed") {
+            renewed += 1;
+        }
+    }
+    let pid = elect.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut after = Vec::new();
+    while let Some(line) = tokio::time::timeout(BOUND, lines.next_line())
+        .await
+        .expect("elect ends on SIGTERM")
+        .unwrap()
+    {
+        after.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert_eq!(after.len(), 1, "one line after the election: {after:?}");
+    assert_eq!(
+        (after[0]["event"].clone(), after[0]["reason"].clone()),
+        (json!("stepped_down"), json!("stopped")),
+        "{after:?}"
+    );
+}

@@ -59,6 +59,9 @@ pub enum BucketStreams<'a> {
     },
     /// Neither exists: there is no leases bucket.
     Neither,
+    /// Nothing answered the JetStream API (no responders): JetStream is off, so
+    /// there can be no bucket, and saying "no bucket" would mislead.
+    NoJetStream,
 }
 
 /// How keys are spread over streams. See the [module docs](self).
@@ -102,6 +105,11 @@ impl ShardMap {
     pub fn of_bucket(found: BucketStreams<'_>) -> Result<Self, String> {
         match found {
             BucketStreams::OneStream => Ok(Self::SINGLE),
+            BucketStreams::NoJetStream => Err(format!(
+                "no JetStream: nothing answered $JS.API.STREAM.INFO.KV_{BUCKET} (no \
+                 responders), so no server of this account runs JetStream (nats-server \
+                 needs -js, or a jetstream block)"
+            )),
             BucketStreams::Neither => Err(format!(
                 "no leases bucket: neither stream KV_{BUCKET} nor {} exists",
                 Self::first_sharded_stream()

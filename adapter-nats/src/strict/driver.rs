@@ -68,7 +68,7 @@ pub(super) struct Driver {
     servers: usize,
     /// Logs the connection's ups and downs (one warning per outage) and counts
     /// them for readiness.
-    links: crate::connect::LinkReporter,
+    links: crate::links::LinkReporter,
     socket: Sock,
     /// A socket in hand between two steps (read for INFO, upgraded).
     parked: Option<BoxSocket>,
@@ -94,7 +94,7 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
         first: oneshot::Sender<Result<ServerInfo, String>>,
         servers: usize,
-        links: crate::connect::LinkReporter,
+        links: crate::links::LinkReporter,
     ) -> Self {
         let conn = Connection::new(config, runtime.now());
         Self {

@@ -60,7 +60,7 @@ pub struct StrictOptions {
     pub ping_interval: Option<Duration>,
     /// Where this connection counts itself down and up again (the service's
     /// readiness).
-    pub links_down: Option<crate::connect::LinksDown>,
+    pub links_down: Option<crate::links::LinksDown>,
 }
 
 impl StrictOptions {
@@ -204,7 +204,7 @@ impl StrictClient {
             "{} (serving)",
             options.name.as_deref().unwrap_or("dagnats-leases")
         );
-        let links = crate::connect::LinkReporter::new(name, options.links_down.clone());
+        let links = crate::links::LinkReporter::new(name, options.links_down.clone());
         let driver = driver::Driver::new(
             runtime.clone(),
             config,

@@ -42,7 +42,11 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match Cli::parse().command {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return bad_arguments(e),
+    };
+    let args = match cli.command {
         Command::Serve(args) => args,
         Command::Op(op) => return ExitCode::from(operate(op).await),
         Command::Completions { shell } => {
@@ -85,6 +89,33 @@ async fn main() -> ExitCode {
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Bad arguments: clap's message and exit 2, or with `--json` anywhere among
+/// them `{"error", "kind": "usage"}` on stdout (every outcome is JSON then).
+fn bad_arguments(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let asked_json = std::env::args_os().skip(1).any(|a| a == "--json");
+    let shown = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !asked_json || shown {
+        e.exit();
+    }
+    let rendered = e.render().to_string();
+    // clap's sentence: its lines up to the usage block, on one line.
+    let message = rendered
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let message = message.trim_start_matches("error: ");
+    println!("{}", serde_json::json!({"error": message, "kind": "usage"}));
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
 }
 
 /// Runs one operator command (logging stays off: its output is the command's own).

@@ -287,7 +287,7 @@ fn a_request_with_a_malformed_header_block_is_answered_invalid_and_runs_no_call(
             let body = answer.unwrap_or_else(|| panic!("{name}: unanswered"));
             assert!(body.contains(r#""kind":"invalid""#), "{name}: {body}");
             assert!(
-                body.contains("headers are malformed") && body.contains("bare LF"),
+                body.contains("the request is malformed") && body.contains("bare LF"),
                 "{name}: {body}"
             );
         } else {
@@ -891,6 +891,7 @@ fn tenancy_serves_every_tenants_endpoints_and_only_named_accounts() {
     assert_eq!(api, ["api.leases.*.*"]);
     c.tenant_accounts = crate::tenant::TenantAccounts::default();
     let mut s = Service::new(c, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
+    // Refused, and nothing subscribed or asked (its health reports say not ready).
     let events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event())
         .filter(|e| !matches!(e, ServiceEvent::Health(_)))
         .collect();

@@ -117,7 +117,7 @@ fn the_layout_guard_subject_overlaps_the_one_stream_layout_and_is_no_key() {
 /// `KV_leases`); no stream, or no valid count, is an error naming what is missing.
 #[test]
 fn a_buckets_layout_is_one_stream_if_kv_leases_exists_else_the_count_shard_0_records() {
-    use crate::shard::BucketStreams::{Neither, OneStream, ShardZero};
+    use crate::shard::BucketStreams::{Neither, NoJetStream, OneStream, ShardZero};
     assert_eq!(ShardMap::first_sharded_stream(), "KV_leases_0");
     assert_eq!(
         ShardMap::first_sharded_stream(),
@@ -163,6 +163,11 @@ fn a_buckets_layout_is_one_stream_if_kv_leases_exists_else_the_count_shard_0_rec
             Err("\"three\""),
         ),
         ("no stream at all", Neither, Err("no leases bucket")),
+        (
+            "no JetStream to ask: not said to be a missing bucket",
+            NoJetStream,
+            Err("no JetStream"),
+        ),
     ];
     for (name, found, want) in table {
         let got = ShardMap::of_bucket(found);
