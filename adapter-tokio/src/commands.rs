@@ -28,6 +28,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::client::{LeaseClient, LeaseError};
 use crate::connect::ConnectOptions;
+use crate::report::fail;
 
 pub use crate::exit::{
     EXIT_ERROR, EXIT_FENCE_MISMATCH, EXIT_NO_SERVER, EXIT_NOT_HELD, EXIT_OK, exit_code,
@@ -211,17 +212,6 @@ pub async fn operate(op: Op, out: &mut (dyn Write + Send)) -> u8 {
             eprintln!("dagnats-leases: the connection to NATS was lost");
         }
         return EXIT_NO_SERVER;
-    }
-    code
-}
-
-/// Prints a failure of the command itself (not a call's): a sentence on stderr,
-/// or with `--json` `{"error", "kind"}` on `out`; returns `code`.
-pub fn fail(out: &mut (dyn Write + Send), json: bool, kind: &str, message: &str, code: u8) -> u8 {
-    if json {
-        let _ = writeln!(out, "{}", json!({"error": message, "kind": kind}));
-    } else {
-        eprintln!("dagnats-leases: {message}");
     }
     code
 }

@@ -47,9 +47,9 @@ use time::OffsetDateTime;
 use crate::cli::StopSignals;
 use crate::client::{LeaseClient, change_event};
 use crate::clock;
-use crate::commands::fail;
 use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_OK, exit_code};
 use crate::member::{Change, Elector, HeldView, Member, Ownership, Shards, TenureView};
+use crate::report::fail;
 
 /// The options of `elect`.
 #[derive(Debug, Clone, clap::Args)]

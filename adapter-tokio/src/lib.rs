@@ -34,3 +34,5 @@ pub mod commands;
 pub mod elect;
 #[cfg(feature = "cli")]
 pub mod lock;
+#[cfg(feature = "cli")]
+pub mod report;
