@@ -75,8 +75,8 @@ pub enum Op {
         /// (`15s`).
         #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis)]
         ttl_ms: u64,
-        /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
-        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms (it wins over it).
+        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration)]
         ttl: Option<Duration>,
         /// Wait up to this long while another holder has it (`500ms`, `5s`, `2m`;
         /// a bare number is seconds), trying again when it is released or
@@ -95,8 +95,8 @@ pub enum Op {
         /// New time to live in milliseconds or with a unit (default: the lease's own).
         #[arg(long, env = "DAGNATS_TTL_MS", value_parser = crate::cli::parse_millis)]
         ttl_ms: Option<u64>,
-        /// New time to live (`15s`; a bare number is seconds): instead of --ttl-ms.
-        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with = "ttl_ms")]
+        /// New time to live (`15s`; a bare number is seconds): instead of --ttl-ms (it wins over it).
+        #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration)]
         ttl: Option<Duration>,
     },
     /// Free a lease under its fence.

@@ -57,24 +57,24 @@ pub struct ElectArgs {
     /// The lease key.
     pub key: String,
     /// Holder ID, unique to this process (default: `elect-` and random hex).
-    #[arg(long, env = "DAGNATS_HOLDER", conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_HOLDER")]
     pub holder: Option<String>,
     /// Time to live in milliseconds, or with a unit (`15s`).
-    #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis, conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis)]
     pub ttl_ms: u64,
-    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
-    #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration, conflicts_with_all = ["ttl_ms", "observe"])]
+    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms (it wins over it).
+    #[arg(long, env = "DAGNATS_TTL", value_parser = crate::cli::parse_duration)]
     pub ttl: Option<Duration>,
     /// Candidate priority, 0 to 10 (higher preferred after a release or expiry).
-    #[arg(long, env = "DAGNATS_PRIORITY", conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_PRIORITY")]
     pub priority: Option<u8>,
     /// Serve the state the application may act on over HTTP at this address
     /// (`127.0.0.1:8080`; port 0 picks one, named on stderr).
-    #[arg(long, env = "DAGNATS_HTTP", conflicts_with = "observe")]
+    #[arg(long, env = "DAGNATS_HTTP")]
     pub http: Option<SocketAddr>,
     /// Share the shards `KEY-0` to `KEY-<N-1>` evenly with every `elect` running
     /// the same KEY and N (a balanced shard set), instead of leading KEY itself.
-    #[arg(long, env = "DAGNATS_SHARDS", conflicts_with = "observe", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, env = "DAGNATS_SHARDS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub shards: Option<u16>,
     /// Campaign for nothing: print each change of the key's leader.
     #[arg(long, env = "DAGNATS_OBSERVE")]

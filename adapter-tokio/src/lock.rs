@@ -101,8 +101,8 @@ pub struct LockArgs {
     /// (`15s`).
     #[arg(long, env = "DAGNATS_TTL_MS", default_value = "15000", value_parser = crate::cli::parse_millis)]
     pub ttl_ms: u64,
-    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms.
-    #[arg(long, env = "DAGNATS_TTL", value_parser = parse_duration, conflicts_with = "ttl_ms")]
+    /// Time to live (`15s`, `1m`; a bare number is seconds): instead of --ttl-ms (it wins over it).
+    #[arg(long, env = "DAGNATS_TTL", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
     /// Hold one of N slots of a semaphore named KEY (the leases `KEY-0` to
     /// `KEY-<N-1>`) instead of KEY itself: at most N commands run at once.

@@ -495,8 +495,14 @@ const HUNG: Duration = Duration::from_secs(60);
 /// Runs the binary with exactly `args` (no URL added) and returns what it did, or
 /// fails if it has not ended by [`HUNG`].
 async fn bounded(args: &[&str]) -> Output {
+    bounded_with(args, &[]).await
+}
+
+/// [`bounded`] with `env` set for the command.
+async fn bounded_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     let child = tokio::process::Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -887,6 +893,44 @@ fn every_flag_has_an_environment_variable() {
         })
         .collect();
     assert!(missing.is_empty(), "flags without an env var: {missing:?}");
+}
+
+/// A flag set in the environment never clashes with another given on the
+/// command line: `--ttl` wins over a `DAGNATS_TTL_MS`, and `elect --observe`
+/// ignores a `DAGNATS_HOLDER` meant for campaigning (both once refused as
+/// conflicting arguments). Without a server, each ends as no server, not as bad
+/// usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_from_the_environment_never_clash_with_the_command_line() {
+    let none = "nats://127.0.0.1:1";
+    for (args, env) in [
+        (
+            vec![
+                "acquire",
+                "k",
+                "--holder",
+                "h",
+                "--ttl",
+                "5s",
+                "--nats-url",
+                none,
+            ],
+            vec![("DAGNATS_TTL_MS", "9000")],
+        ),
+        (
+            vec!["elect", "--observe", "k", "--nats-url", none],
+            vec![("DAGNATS_HOLDER", "me"), ("DAGNATS_TTL", "5s")],
+        ),
+    ] {
+        let out = bounded_with(&args, &env).await;
+        let stderr = text(&out.stderr);
+        assert!(
+            !stderr.contains("cannot be used with"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Usage:"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    }
 }
 
 /// Logs to a pipe carry no colours; --log-format json writes JSON lines.
