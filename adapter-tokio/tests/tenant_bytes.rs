@@ -34,24 +34,30 @@ async fn deployments(extra: &[&str]) -> Vec<(NatsServer, Served)> {
     let mut out = Vec::new();
     for binary in [Binary::Supported, Binary::Path(oldest)] {
         let server = NatsServer::builder().binary(binary).config(CONF).start();
-        let mut args = vec![
-            "--tenancy",
-            "accounts",
-            "--user",
-            "serve",
-            "--password",
-            "serve",
-            "--backend-user",
-            "writer",
-            "--backend-password",
-            "writer",
-        ];
-        args.extend_from_slice(&TENANTS);
-        args.extend_from_slice(extra);
-        let served = Served::start(BIN, &server.url(), &args).await;
+        let served = serve(&server, extra).await;
         out.push((server, served));
     }
     out
+}
+
+/// The service for the example on `server`, as its users `serve` and `writer`,
+/// with `extra` arguments.
+async fn serve(server: &NatsServer, extra: &[&str]) -> Served {
+    let mut args = vec![
+        "--tenancy",
+        "accounts",
+        "--user",
+        "serve",
+        "--password",
+        "serve",
+        "--backend-user",
+        "writer",
+        "--backend-password",
+        "writer",
+    ];
+    args.extend_from_slice(&TENANTS);
+    args.extend_from_slice(extra);
+    Served::start(BIN, &server.url(), &args).await
 }
 
 /// Connects as `user` (each password is the user's name), with the user's own
@@ -364,25 +370,10 @@ async fn a_burst_of_new_keys_stays_within_the_tenants_cap() {
 /// cap by at most the cap per further instance (docs/security.md); measured here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_across_two_instances_passes_the_cap_by_at_most_the_cap_per_instance() {
-    let mut deployed = deployments(&["--max-leases-per-tenant", "3"]).await;
-    let (server, first) = deployed.remove(0);
-    drop(deployed);
-    let mut args = vec![
-        "--tenancy",
-        "accounts",
-        "--user",
-        "serve",
-        "--password",
-        "serve",
-        "--backend-user",
-        "writer",
-        "--backend-password",
-        "writer",
-        "--max-leases-per-tenant",
-        "3",
-    ];
-    args.extend_from_slice(&TENANTS);
-    let second = Served::start(BIN, &server.url(), &args).await;
+    let server = NatsServer::builder().config(CONF).start();
+    let cap = ["--max-leases-per-tenant", "3"];
+    let first = serve(&server, &cap).await;
+    let second = serve(&server, &cap).await;
     let mut a1 = user(&server, "a1").await;
     let burst = 1500;
     let mut replies = Vec::with_capacity(burst);
