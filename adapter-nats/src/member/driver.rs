@@ -176,6 +176,9 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
         }
     }
     let mut state = shared.lock();
+    // The application hears of a change after this batch's metrics are recorded,
+    // so the leader gauge never lags what the application was told.
+    let mut told = Vec::new();
     for event in events {
         match event {
             CampaignEvent::Holder { group, key, event } => {
@@ -192,14 +195,15 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
                     }
                 };
                 if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
-                    let _ = outlet.changes.send(Change { key, ownership });
+                    told.push(Told::Change(
+                        outlet.changes.clone(),
+                        Change { key, ownership },
+                    ));
                 }
             }
             CampaignEvent::Finished { group } => {
                 if let Some(outlet) = state.outlets.remove(&group) {
-                    for f in outlet.finished {
-                        let _ = f.send(());
-                    }
+                    told.push(Told::Finished(outlet.finished));
                 }
             }
             CampaignEvent::Leading { key, owns } => telemetry::leading(&key, owns),
@@ -214,6 +218,28 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
             | CampaignEvent::Cancel { .. } => {}
         }
     }
+    drop(state);
+    for t in told {
+        match t {
+            Told::Change(to, change) => {
+                let _ = to.send(change);
+            }
+            Told::Finished(waiting) => {
+                for f in waiting {
+                    let _ = f.send(());
+                }
+            }
+        }
+    }
+}
+
+/// What the application is told of one batch, in order, once its metrics are
+/// recorded.
+enum Told {
+    /// A change of ownership, to its group's stream.
+    Change(mpsc::UnboundedSender<Change>, Change),
+    /// The group's campaign is over: whoever waits for it.
+    Finished(Vec<oneshot::Sender<()>>),
 }
 
 /// Sends one of the campaign's requests. Its only deadline is the machine's: when
