@@ -521,6 +521,20 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
             return EXIT_BAD_GRACE;
         }
     };
+    // Signals are taken before anything is sent: one that follows the first
+    // acquire must be handled, never meet the default action and kill the tool
+    // with its lease held.
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            say.say(
+                "exit",
+                Some("internal"),
+                &format!("cannot handle signals: {e}"),
+            );
+            return EXIT_ERROR;
+        }
+    };
     let holder = args
         .holder
         .clone()
@@ -544,17 +558,6 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
         Err(e) => {
             say.say("exit", Some(e.kind().as_str()), &e.to_string());
             return crate::exit::exit_code(&e);
-        }
-    };
-    let mut signals = match Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            say.say(
-                "exit",
-                Some("internal"),
-                &format!("cannot handle signals: {e}"),
-            );
-            return EXIT_ERROR;
         }
     };
     // Orphans of a watchdog that died become this process's children.
