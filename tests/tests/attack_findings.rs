@@ -1,6 +1,6 @@
 //! Attacks on the service as it ships, with every byte written raw
 //! (tests/src/raw.rs) against real nats-servers: the breaks found, each as the
-//! smallest byte-exact reproduction (failing while the break stands), and the
+//! smallest byte-exact reproduction (each failed while its break stood; both are fixed), and the
 //! strongest probes that held, kept as regression tests.
 //!
 //! Found: nats-server relays a subject or reply subject that is not UTF-8, or
@@ -132,13 +132,13 @@ async fn owner_after(client: &mut RawClient, bad: &[u8]) -> Result<Value, String
 }
 
 // ---------------------------------------------------------------------------
-// Breaks: these fail while the break stands.
+// Once breaks, now regressions: each failed before the strict reading refused a
+// subject or reply that is not text as an error of its one message.
 // ---------------------------------------------------------------------------
 
-/// BREAK: a tenant user's `PUB api.leases.\xff` (30 bytes) drops the serving
-/// connection, and the request delivered after it is never answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_subject_that_is_not_utf8_costs_only_its_own_request() {
+/// A tenant user (a2) publishes `bytes`; a1's lease and the serving connection
+/// must be unaffected: the `owner` asked right after is answered.
+async fn tenant_bytes_cost_only_their_request(bytes: &[u8], what: &str) {
     for server in tenant_servers() {
         let v = server.version().to_owned();
         let service = serve_tenants(&server, None).await;
@@ -146,74 +146,63 @@ async fn a_tenant_subject_that_is_not_utf8_costs_only_its_own_request() {
         let held = call(&mut a1, "acquire", None, acquire("steady", "h1")).await;
         assert_eq!(held["granted"], true, "v{v}: {held}");
         let mut a2 = user(&server, "a2").await;
-        let got = owner_after(&mut a2, b"PUB api.leases.\xff _INBOX.a2.x 2\r\n{}\r\n").await;
-        let got = got.unwrap_or_else(|e| panic!("v{v}: after PUB api.leases.\\xff: {e}"));
+        let got = owner_after(&mut a2, bytes).await;
+        let got = got.unwrap_or_else(|e| panic!("v{v}: after {what}: {e}"));
         assert_eq!(got["holder"], "h1", "v{v}: {got}");
         service.shutdown().await;
     }
 }
 
-/// BREAK: in one account, a request whose reply subject is not UTF-8
-/// (`_INBOX.\xff`) drops the serving connection the same way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reply_subject_that_is_not_utf8_costs_only_its_own_request() {
+/// In one account, a caller publishes `bytes`; the `owner` it asks right after
+/// must be answered.
+async fn one_account_bytes_cost_only_their_request(bytes: &[u8], what: &str) {
     let server = NatsServer::start();
     let service = serve_one_account(&server).await;
     let mut holder = RawClient::connect(&server.url()).await.expect("connect");
     holder.set_timeout(Duration::from_secs(5));
     let held = call(&mut holder, "acquire", None, acquire("steady", "h1")).await;
     assert_eq!(held["granted"], true, "{held}");
-    let got = owner_after(
-        &mut holder,
-        b"PUB api.leases.owner _INBOX.\xff 16\r\n{\"key\":\"steady\"}\r\n",
-    )
-    .await;
-    let got = got.unwrap_or_else(|e| panic!("after a reply _INBOX.\\xff: {e}"));
+    let got = owner_after(&mut holder, bytes).await;
+    let got = got.unwrap_or_else(|e| panic!("after {what}: {e}"));
     assert_eq!(got["holder"], "h1", "{got}");
     service.shutdown().await;
 }
 
-/// BREAK: nats-server keeps a bare CR inside a `PUB` line's subject (it drops
-/// only a CR before the LF), so a tenant user's `PUB api.leases.a\rb` reaches
-/// the service as a `MSG` line with a bare CR in it: taken for broken framing,
-/// the serving connection drops the same way.
+/// A tenant user's `PUB api.leases.\xff` (30 bytes) once dropped the serving
+/// connection, and the request delivered after it was never answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_subject_with_a_bare_cr_costs_only_its_own_request() {
-    for server in tenant_servers() {
-        let v = server.version().to_owned();
-        let service = serve_tenants(&server, None).await;
-        let mut a1 = user(&server, "a1").await;
-        let held = call(&mut a1, "acquire", None, acquire("steady", "h1")).await;
-        assert_eq!(held["granted"], true, "v{v}: {held}");
-        let mut a2 = user(&server, "a2").await;
-        let got = owner_after(&mut a2, b"PUB api.leases.a\rb _INBOX.a2.x 2\r\n{}\r\n").await;
-        let got = got.unwrap_or_else(|e| panic!("v{v}: after PUB api.leases.a\\rb: {e}"));
-        assert_eq!(got["holder"], "h1", "v{v}: {got}");
-        service.shutdown().await;
-    }
+async fn a_tenant_subject_that_is_not_utf8_costs_only_its_own_request() {
+    let bytes = b"PUB api.leases.\xff _INBOX.a2.x 2\r\n{}\r\n";
+    tenant_bytes_cost_only_their_request(bytes, "PUB api.leases.\\xff").await;
 }
 
-/// BREAK: in one account, a reply subject with a bare CR (`_INBOX.a\rb`) drops
+/// In one account, a request whose reply subject is not UTF-8 (`_INBOX.\xff`)
+/// once dropped the serving connection the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_subject_that_is_not_utf8_costs_only_its_own_request() {
+    let bytes = b"PUB api.leases.owner _INBOX.\xff 16\r\n{\"key\":\"steady\"}\r\n";
+    one_account_bytes_cost_only_their_request(bytes, "a reply _INBOX.\\xff").await;
+}
+
+/// nats-server keeps a bare CR inside a `PUB` line's subject (it drops only a CR
+/// before the LF), so a tenant user's `PUB api.leases.a\rb` reaches the service
+/// as a `MSG` line with a bare CR in it: once taken for broken framing, it
+/// dropped the serving connection the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_subject_with_a_bare_cr_costs_only_its_own_request() {
+    let bytes = b"PUB api.leases.a\rb _INBOX.a2.x 2\r\n{}\r\n";
+    tenant_bytes_cost_only_their_request(bytes, "PUB api.leases.a\\rb").await;
+}
+
+/// In one account, a reply subject with a bare CR (`_INBOX.a\rb`) once dropped
 /// the serving connection the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_subject_with_a_bare_cr_costs_only_its_own_request() {
-    let server = NatsServer::start();
-    let service = serve_one_account(&server).await;
-    let mut holder = RawClient::connect(&server.url()).await.expect("connect");
-    holder.set_timeout(Duration::from_secs(5));
-    let held = call(&mut holder, "acquire", None, acquire("steady", "h1")).await;
-    assert_eq!(held["granted"], true, "{held}");
-    let got = owner_after(
-        &mut holder,
-        b"PUB api.leases.owner _INBOX.a\rb 16\r\n{\"key\":\"steady\"}\r\n",
-    )
-    .await;
-    let got = got.unwrap_or_else(|e| panic!("after a reply _INBOX.a\\rb: {e}"));
-    assert_eq!(got["holder"], "h1", "{got}");
-    service.shutdown().await;
+    let bytes = b"PUB api.leases.owner _INBOX.a\rb 16\r\n{\"key\":\"steady\"}\r\n";
+    one_account_bytes_cost_only_their_request(bytes, "a reply _INBOX.a\\rb").await;
 }
 
-/// BREAK (load-dependent, so ignored by default: run it with `--ignored`):
+/// Once a break (load-dependent, so ignored by default: run it with `--ignored`):
 /// header blocks near `max_payload` cost the service about three times as much
 /// per byte to read as payloads (measured on a release build: 2.2 ms of its CPU
 /// per 1 MiB block of 1,000 lines, 0.65 ms per 1 MiB payload), so one tenant
