@@ -1,6 +1,6 @@
 //! The lease service as one machine, in the manner of quinn-proto's `Endpoint`: it
 //! composes every machine a serving process runs (bucket [`Startup`], the reply
-//! rule of [`ReplyScope`], tenancy's scope and cap ([`crate::tenant`]),
+//! rule of [`ReplyScope`](crate::reply_scope::ReplyScope), tenancy's scope and cap ([`crate::tenant`]),
 //! [`Admission`], one [`Call`] per request keyed by a token, the write
 //! [`Coalescer`], the [`KnownLeases`] map, the [`ReplicasCheck`] and its confirm
 //! switch, the [`TombstoneSweep`], the micro protocol's verbs ([`MicroService`])
@@ -26,7 +26,7 @@
 //!
 //! The rules it holds (each with a table test in `tests/service.rs`):
 //!
-//! - a reply goes only to a reply subject [`ReplyScope::check`] lets through; any
+//! - a reply goes only to a reply subject [`ReplyScope::check`](crate::reply_scope::ReplyScope::check) lets through; any
 //!   other request is dropped unanswered, no call runs for it, and it is counted;
 //! - a request whose header block the connection read as malformed
 //!   ([`Received::header_error`]) is answered `invalid`, naming the headers, and
@@ -55,11 +55,13 @@
 
 pub mod admit;
 pub mod coalesce;
+mod config;
 pub mod micro;
 pub mod replicas;
 pub mod shutdown;
 pub mod startup;
 pub mod sweep;
+mod types;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -67,322 +69,29 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use self::admit::{Admission, AdmissionEvent};
-use self::coalesce::{
-    CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_MIN_BATCH,
-    DEFAULT_SINGLE_WINDOW, WriteId, coalesce_on,
-};
+use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId, coalesce_on};
 use self::micro::MicroService;
-use self::replicas::{REPLICAS_RECHECK, ReplicasCheck, ReplicasCheckEvent};
+use self::replicas::{ReplicasCheck, ReplicasCheckEvent};
 use self::shutdown::{Shutdown, ShutdownEvent, StopPhase};
-use self::startup::{BucketOptions, Startup, StartupEvent};
+use self::startup::{Startup, StartupEvent};
 use self::sweep::{TombstoneSweep, TombstoneSweepEvent};
-use crate::call::{Call, CallConfig, CallEvent, DEFAULT_KV_TIMEOUT, KvFact};
+use crate::call::{Call, CallConfig, CallEvent};
 use crate::change::ChangeEvent;
 use crate::health::{self, Health, LogLevel, NotReady};
 use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
-use crate::known::{DEFAULT_KNOWN_CAPACITY, KnownLeases};
-use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog, ReplyRefusal, ReplyScope};
+use crate::known::KnownLeases;
+use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
     changed_subject,
 };
-use crate::tenant::{self, Caller, Tenancy, TenantAccounts, TenantLeases};
+use crate::tenant::{self, Caller, Tenancy, TenantLeases};
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
-/// The default bound on calls running at once: far above what one service needs to
-/// keep JetStream busy (a call is a few round trips), far below what a burst of
-/// tens of thousands of requests would cost in memory.
-pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
-
-/// How the service runs: the operator's options and what the server said in INFO.
-#[derive(Debug, Clone)]
-pub struct ServiceConfig {
-    /// The bucket's replicas and the tenancy.
-    pub bucket: BucketOptions,
-    /// The server's version from INFO: whether it has per-message TTL and batches.
-    pub server_version: String,
-    /// The server's `max_payload`, which bounds a forward's reply.
-    pub max_payload: usize,
-    /// Bound on each JetStream request.
-    pub kv_timeout: Duration,
-    /// How long a stop waits for the calls in flight.
-    pub shutdown_timeout: Duration,
-    /// How often the stream's replicas are asked again while serving.
-    pub replicas_recheck: Duration,
-    /// At most this many calls run at once ([`Admission`]).
-    pub max_calls_in_flight: usize,
-    /// At most this many requests wait for a call to end.
-    pub max_calls_waiting: usize,
-    /// Whether the calls' writes go through the write [`Coalescer`]: `Auto` as
-    /// [`coalesce_on`] decides from the bucket.
-    pub coalesce_writes: CoalesceWrites,
-    /// Single writes in flight before writes gather into batches.
-    pub batch_after: usize,
-    /// The smallest batch the coalescer sends.
-    pub min_batch: usize,
-    /// This instance's process-unique id (a NUID): the micro protocol's instance id
-    /// and the prefix of its batch ids.
-    pub instance_id: String,
-    /// The service's version, for `$SRV.INFO`.
-    pub version: String,
-    /// The reply subjects the service answers.
-    pub reply_scope: ReplyScope,
-    /// Tenancy: at most this many live leases per tenant account.
-    pub max_leases_per_tenant: Option<usize>,
-    /// Tenancy: the accounts served; a request of any other is refused, and
-    /// tenancy with none named refuses to start.
-    pub tenant_accounts: TenantAccounts,
-    /// How many keys' last revisions the service remembers (0: none, no change
-    /// events subscribed for them).
-    pub known_capacity: usize,
-    /// Test stand-in: answer from unconfirmed reads even on a replicated bucket, to
-    /// show what the fault tests catch without read confirmation.
-    #[cfg(any(test, feature = "__test"))]
-    pub unconfirmed_reads_for_tests: bool,
-}
-
-impl ServiceConfig {
-    /// The defaults for a server of `server_version` with `max_payload`.
-    pub fn new(server_version: impl Into<String>, max_payload: usize) -> Self {
-        Self {
-            bucket: BucketOptions::default(),
-            server_version: server_version.into(),
-            max_payload,
-            kv_timeout: DEFAULT_KV_TIMEOUT,
-            shutdown_timeout: Duration::from_secs(10),
-            replicas_recheck: REPLICAS_RECHECK,
-            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: CoalesceWrites::Auto,
-            batch_after: DEFAULT_SINGLE_WINDOW,
-            min_batch: DEFAULT_MIN_BATCH,
-            instance_id: "service".to_string(),
-            version: String::new(),
-            reply_scope: ReplyScope::default(),
-            max_leases_per_tenant: None,
-            tenant_accounts: TenantAccounts::default(),
-            known_capacity: DEFAULT_KNOWN_CAPACITY,
-            #[cfg(any(test, feature = "__test"))]
-            unconfirmed_reads_for_tests: false,
-        }
-    }
-}
-
-/// A message as a subscription delivered it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Received {
-    /// The subject it came in on.
-    pub subject: String,
-    /// Its reply subject, if any.
-    pub reply: Option<String>,
-    /// Its headers, every value of every name, in order.
-    pub headers: Vec<(String, String)>,
-    /// Its body.
-    pub payload: Vec<u8>,
-    /// What is wrong with its header block, when the connection read it as
-    /// malformed ([`crate::proto::HeaderError`]); `headers` is then empty. A
-    /// request with one is answered `invalid` and runs no call.
-    pub header_error: Option<String>,
-}
-
-/// What a subscription the service wants is for (which connection takes it is the
-/// adapter's: the documented deployment serves on one user and reads change
-/// events on the other).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SubscriptionKind {
-    /// One of the five lease endpoints, in the queue group.
-    Api,
-    /// A `$SRV` verb of the micro protocol (every instance answers).
-    Srv,
-    /// Change events, for the known map and the tenants' lease counts.
-    Changes,
-}
-
-/// Where a dropped request came in, for its metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestSource {
-    /// A lease endpoint.
-    Api,
-    /// A `$SRV` verb.
-    Srv,
-}
-
-impl RequestSource {
-    /// Its metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Api => "api",
-            Self::Srv => "srv",
-        }
-    }
-}
-
-/// The once-per-interval log line of requests dropped for their reply subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DroppedLog {
-    /// How many were dropped since the last line.
-    pub dropped: u64,
-    /// The last one's subject.
-    pub subject: String,
-    /// The last one's reply subject, escaped for the log.
-    pub reply: Option<String>,
-    /// The prefixes a reply may have, joined.
-    pub prefixes: String,
-}
-
-/// What the service settled on when the bucket was ensured, for its log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Serving {
-    /// The mode it serves in.
-    pub mode: Mode,
-    /// The stream's replicas.
-    pub replicas: usize,
-    /// Whether reads are confirmed.
-    pub confirm_reads: bool,
-    /// Whether writes gather into atomic batches.
-    pub atomic_batches: bool,
-}
-
-/// What the service reports: replies to publish, waits to carry out, and facts for
-/// metrics and logs. Drain after every input.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ServiceEvent {
-    /// Subscribe to `subject` (in `queue`, if any); feed every message to
-    /// [`Service::handle_request`].
-    Subscribe {
-        /// What to subscribe to.
-        subject: String,
-        /// The queue group.
-        queue: Option<&'static str>,
-        /// What it is for. If it cannot be made, say so with
-        /// [`Service::handle_subscribe_failed`].
-        kind: SubscriptionKind,
-    },
-    /// Publish `body` to `to`: a reply, its subject checked by the reply rule.
-    /// Say when the client took it with [`Service::handle_reply_sent`]; the
-    /// machine gives it up at [`HANDOFF_BOUND`] ([`ServiceEvent::CancelReply`]).
-    Reply {
-        /// Names this reply in [`Service::handle_reply_sent`] and
-        /// [`ServiceEvent::CancelReply`].
-        id: ReplyId,
-        /// The reply subject.
-        to: String,
-        /// The reply.
-        body: Vec<u8>,
-    },
-    /// Drop the publish of reply `id`: the client took no command for
-    /// [`HANDOFF_BOUND`] (it reconnects to a server that is gone), and a reply
-    /// must not hold a stop for as long. A log event says so too.
-    CancelReply {
-        /// The reply given up.
-        id: ReplyId,
-    },
-    /// The service must not start: the bucket has another layout than this
-    /// service was started with (another shard count; it keeps answering every
-    /// call `unavailable`), or the client has had no server INFO (the machine asks
-    /// for nothing and is done). The sentence says why and what to change.
-    StartRefused(String),
-    /// The service cannot be reached: a subscription of the lease endpoints or
-    /// of the `$SRV` verbs failed ([`Service::handle_subscribe_failed`]). Stop
-    /// with this error; the machine is done.
-    Fatal(String),
-    /// The mode calls are answered in changed (a gauge).
-    Mode(Mode),
-    /// The bucket is ensured: serving from now on.
-    Serving(Serving),
-    /// A call was answered (a counter by reply kind, a duration).
-    Answered {
-        /// Its endpoint.
-        endpoint: Endpoint,
-        /// Its reply.
-        response: Response,
-        /// How long it ran.
-        took: Duration,
-    },
-    /// A request was answered `unavailable` at once: the service is at its bound.
-    Refused {
-        /// Its endpoint.
-        endpoint: Endpoint,
-    },
-    /// A request was dropped unanswered: its reply subject may not be answered.
-    ReplyRefused {
-        /// Where it came in.
-        source: RequestSource,
-        /// Why.
-        reason: ReplyRefusal,
-        /// The log line, at most once per interval.
-        log: Option<DroppedLog>,
-    },
-    /// A fact about a call's JetStream request.
-    Kv(KvFact),
-    /// Stop request `id` ([`Service::poll_transmit`]): nothing waits for its
-    /// outcome any more (its call ended or timed out, or it timed out itself), so
-    /// its send can be dropped; an outcome fed back for it now is ignored. The
-    /// machine's deadlines are the only timers a request has: send it untimed.
-    Cancel {
-        /// The request.
-        id: EffectId,
-    },
-    /// Read confirmation turned on or off with the stream's replicas.
-    ConfirmReads {
-        /// The replicas now.
-        replicas: usize,
-        /// Whether reads are confirmed now.
-        on: bool,
-    },
-    /// The stream is gone or was made anew: every known revision was forgotten.
-    StreamReplaced,
-    /// The service refuses its bucket from now on: the stream's sequence went
-    /// back under it, so its fences would repeat. Every call is answered
-    /// `unavailable` with this sentence until the service is restarted after the
-    /// restore procedure (docs/operations.md).
-    BucketRefused(String),
-    /// A stream's highest last sequence seen grew (a gauge: every fence handed
-    /// out on it so far is at most this, so a restore starts above it).
-    StreamSequence {
-        /// The stream.
-        stream: String,
-        /// Its highest last sequence seen.
-        last_seq: u64,
-    },
-    /// Readiness or the connection state changed (a probe's answer, a gauge).
-    Health(Health),
-    /// A released key's tombstone stays in the stream until a scan finds it
-    /// (`failed` or `deferred`).
-    TombstoneLeft {
-        /// The metric label.
-        reason: &'static str,
-        /// The key.
-        key: String,
-        /// Why, for the log.
-        detail: String,
-    },
-    /// A log line.
-    Log {
-        /// How loud.
-        level: LogLevel,
-        /// The line.
-        line: String,
-    },
-    /// Stopping: unsubscribe every subscription, keep feeding the messages already
-    /// delivered, then call [`Service::handle_intake_closed`].
-    Unsubscribe,
-    /// Stopping: push the client's writes to the server, then call
-    /// [`Service::handle_flushed`] with `phase`. Asked only once every reply the
-    /// service sent was handed to the client ([`Service::handle_reply_sent`]), so
-    /// the flush carries them.
-    Flush {
-        /// The stop phase this flush ends; one that finishes after its phase is
-        /// over ends nothing, so a later phase waits for its own.
-        phase: StopPhase,
-    },
-    /// The stop is over: nothing more to do.
-    Stopped,
-}
-
-/// A reply the service sent, until the client takes it or the machine gives it up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ReplyId(pub u64);
+pub use self::config::{DEFAULT_MAX_CALLS_IN_FLIGHT, ServiceConfig};
+pub use self::types::{
+    DroppedLog, Received, ReplyId, RequestSource, ServiceEvent, Serving, SubscriptionKind,
+};
 
 /// What a service loses when its change subscription cannot be made, by what the
 /// change events are for in its configuration: the known-revisions map

@@ -1,0 +1,90 @@
+//! How a service runs: the operator's options and what the server said.
+
+use std::time::Duration;
+
+use super::coalesce::{CoalesceWrites, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW};
+use super::replicas::REPLICAS_RECHECK;
+use super::startup::BucketOptions;
+use crate::call::DEFAULT_KV_TIMEOUT;
+use crate::known::DEFAULT_KNOWN_CAPACITY;
+use crate::reply_scope::ReplyScope;
+use crate::tenant::TenantAccounts;
+
+/// The default bound on calls running at once: far above what one service needs to
+/// keep JetStream busy (a call is a few round trips), far below what a burst of
+/// tens of thousands of requests would cost in memory.
+pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
+
+/// How the service runs: the operator's options and what the server said in INFO.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The bucket's replicas and the tenancy.
+    pub bucket: BucketOptions,
+    /// The server's version from INFO: whether it has per-message TTL and batches.
+    pub server_version: String,
+    /// The server's `max_payload`, which bounds a forward's reply.
+    pub max_payload: usize,
+    /// Bound on each JetStream request.
+    pub kv_timeout: Duration,
+    /// How long a stop waits for the calls in flight.
+    pub shutdown_timeout: Duration,
+    /// How often the stream's replicas are asked again while serving.
+    pub replicas_recheck: Duration,
+    /// At most this many calls run at once ([`Admission`](super::admit::Admission)).
+    pub max_calls_in_flight: usize,
+    /// At most this many requests wait for a call to end.
+    pub max_calls_waiting: usize,
+    /// Whether the calls' writes go through the write [`Coalescer`](super::coalesce::Coalescer): `Auto` as
+    /// [`coalesce_on`](super::coalesce::coalesce_on) decides from the bucket.
+    pub coalesce_writes: CoalesceWrites,
+    /// Single writes in flight before writes gather into batches.
+    pub batch_after: usize,
+    /// The smallest batch the coalescer sends.
+    pub min_batch: usize,
+    /// This instance's process-unique id (a NUID): the micro protocol's instance id
+    /// and the prefix of its batch ids.
+    pub instance_id: String,
+    /// The service's version, for `$SRV.INFO`.
+    pub version: String,
+    /// The reply subjects the service answers.
+    pub reply_scope: ReplyScope,
+    /// Tenancy: at most this many live leases per tenant account.
+    pub max_leases_per_tenant: Option<usize>,
+    /// Tenancy: the accounts served; a request of any other is refused, and
+    /// tenancy with none named refuses to start.
+    pub tenant_accounts: TenantAccounts,
+    /// How many keys' last revisions the service remembers (0: none, no change
+    /// events subscribed for them).
+    pub known_capacity: usize,
+    /// Test stand-in: answer from unconfirmed reads even on a replicated bucket, to
+    /// show what the fault tests catch without read confirmation.
+    #[cfg(any(test, feature = "__test"))]
+    pub unconfirmed_reads_for_tests: bool,
+}
+
+impl ServiceConfig {
+    /// The defaults for a server of `server_version` with `max_payload`.
+    pub fn new(server_version: impl Into<String>, max_payload: usize) -> Self {
+        Self {
+            bucket: BucketOptions::default(),
+            server_version: server_version.into(),
+            max_payload,
+            kv_timeout: DEFAULT_KV_TIMEOUT,
+            shutdown_timeout: Duration::from_secs(10),
+            replicas_recheck: REPLICAS_RECHECK,
+            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
+            coalesce_writes: CoalesceWrites::Auto,
+            batch_after: DEFAULT_SINGLE_WINDOW,
+            min_batch: DEFAULT_MIN_BATCH,
+            instance_id: "service".to_string(),
+            version: String::new(),
+            reply_scope: ReplyScope::default(),
+            max_leases_per_tenant: None,
+            tenant_accounts: TenantAccounts::default(),
+            known_capacity: DEFAULT_KNOWN_CAPACITY,
+            #[cfg(any(test, feature = "__test"))]
+            unconfirmed_reads_for_tests: false,
+        }
+    }
+}
