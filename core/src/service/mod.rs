@@ -88,7 +88,7 @@ use crate::subjects::{
 use crate::tenant::{self, Caller, Tenancy, TenantLeases};
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
-pub use self::config::{DEFAULT_MAX_CALLS_IN_FLIGHT, ServiceConfig};
+pub use self::config::{DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT, ServiceConfig};
 pub use self::types::{
     DroppedLog, Received, ReplyId, RequestSource, ServiceEvent, Serving, SubscriptionKind,
 };
