@@ -6,7 +6,8 @@
 //! message, outcome, timer and the stop, sends its requests untimed and drops the
 //! ones it cancels, publishes its replies (and tells it as each is handed to the
 //! client), unsubscribes and flushes when it says, and records its metric and log
-//! events. Every decision (which reply may go out, who the caller is, admission,
+//! events. Every decision (which reply may go out, who the caller is, which of
+//! the inputs that arrived at once goes first, admission,
 //! the calls, the coalescer, the confirm switch, when a request is given up, which
 //! failed subscription is fatal, the stop's phases and when its flush may begin) is
 //! the machine's.
@@ -23,7 +24,7 @@ use dagnats_leases_core::io::{EffectId, Mode};
 use dagnats_leases_core::proto::Delivered;
 use dagnats_leases_core::service::shutdown::StopPhase;
 use dagnats_leases_core::service::{
-    Received, ReplyId, Service, ServiceEvent, SubscriptionKind,
+    Arrivals, Received, ReplyId, Service, ServiceEvent, SubscriptionKind,
 };
 use dagnats_leases_core::subjects::QUEUE_GROUP;
 use futures::future::{AbortHandle, BoxFuture};
@@ -290,7 +291,7 @@ pub async fn prepare(
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    while service.mode() == Mode::Starting {
+    while service.is_starting() {
         io.step(&mut service, None).await?;
     }
     let (stop, stopped) = watch::channel(false);
@@ -430,11 +431,6 @@ impl Io {
                 None => std::future::pending().await,
             }
         };
-        // Change events first: one the connection delivered before a request is
-        // learnt before that request's call starts.
-        while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
-            service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
-        }
         let links = async {
             let Some(links) = &mut self.links_down else {
                 return std::future::pending().await;
@@ -448,10 +444,16 @@ impl Io {
         tokio::select! {
             connected = links => service.handle_connection(self.runtime.now(), connected),
             Some(m) = async { self.changes.as_mut().expect("guarded").next().await }, if self.changes.is_some() => {
-                service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
+                let mut changes = vec![received(m)];
+                changes.extend(self.changes_ready());
+                service.handle_arrivals(self.runtime.now(), OffsetDateTime::now_utc(), Arrivals::changes(changes));
             }
             next = self.requests.next(), if self.intake_open => match next {
-                Some(m) => service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), delivered(m)),
+                // With the change events already delivered: the machine orders them.
+                Some(m) => {
+                    let arrivals = Arrivals::request(delivered(m), self.changes_ready());
+                    service.handle_arrivals(self.runtime.now(), OffsetDateTime::now_utc(), arrivals);
+                }
                 None => {
                     self.intake_open = false;
                     service.handle_intake_closed(self.runtime.now());
@@ -486,6 +488,15 @@ impl Io {
             }
         }
         self.drain(service).await
+    }
+
+    /// The change events delivered and not yet taken, without waiting.
+    fn changes_ready(&mut self) -> Vec<Received> {
+        let mut ready = Vec::new();
+        while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
+            ready.push(received(m));
+        }
+        ready
     }
 
     /// Carries out every output of `service`.

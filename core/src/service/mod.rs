@@ -56,6 +56,7 @@
 pub mod admit;
 pub mod coalesce;
 mod config;
+mod intake_order;
 pub mod micro;
 pub mod replicas;
 pub mod shutdown;
@@ -89,6 +90,7 @@ use crate::tenant::{self, Caller, Tenancy, TenantLeases};
 use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
 pub use self::config::{DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT, ServiceConfig};
+pub use self::intake_order::Arrivals;
 pub use self::types::{
     DroppedLog, Received, ReplyId, RequestSource, ServiceEvent, Serving, SubscriptionKind,
 };

@@ -10,6 +10,7 @@ mod elect;
 mod health;
 mod holder;
 mod holder_world;
+mod intake_order;
 mod known;
 mod kv_facts;
 mod lock_world;

@@ -16,7 +16,7 @@ use crate::wire::{Endpoint, ErrorKind, Response};
 
 /// Every write alone unless a test turns the coalescer on: the rules below are
 /// about the calls, not about batches.
-fn config() -> ServiceConfig {
+pub(super) fn config() -> ServiceConfig {
     let mut c = ServiceConfig::new("2.14.0", 1 << 20);
     c.coalesce_writes = crate::service::coalesce::CoalesceWrites::Off;
     c.tenant_accounts = crate::tenant::TenantAccounts::new(["TA", "TB"]).unwrap();
@@ -714,7 +714,7 @@ proptest! {
 
 /// A service past startup on a one-replica stream of `config`'s tenancy, and the
 /// events it reported.
-fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
+pub(super) fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
     let tenancy = config.bucket.tenancy;
     let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
     let mut stream = crate::service::startup::stream_config_for(1, true);
