@@ -82,6 +82,7 @@ pub mod acquire_wait;
 pub mod campaign;
 pub mod elect;
 pub mod guard;
+pub mod relay;
 pub mod supervise;
 
 use std::collections::VecDeque;

@@ -20,6 +20,7 @@ mod priority_world;
 mod properties;
 mod proto;
 mod replicas;
+mod relay;
 mod reply_scope;
 mod rules;
 mod service;
