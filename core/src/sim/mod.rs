@@ -21,6 +21,7 @@ pub mod holder_world;
 mod jetstream;
 mod judge;
 mod ops;
+pub mod server;
 pub mod service_world;
 mod world;
 
