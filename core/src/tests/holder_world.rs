@@ -613,3 +613,54 @@ fn health_worlds_step_down_for_health_and_elect_again() {
         assert!(total.elections_after_recovery > 100, "{total:?}");
     }
 }
+
+/// The service in these worlds is the one deployed, feeding its own known map
+/// (from its calls and the change events it subscribes to): with the map, a
+/// renewal goes straight to its conditional write. One holder renewing its lease
+/// under the usual loss and latency: without the map every renewal reads first;
+/// with it almost none does. Fails when the service stops feeding its map.
+#[test]
+fn the_service_feeds_its_known_map_and_renewals_skip_their_read() {
+    let run = |known: bool| {
+        let mut total = Stats::default();
+        for seed in 0..12 {
+            let mut world = HolderWorld::new(params(seed, 1, 2, 0));
+            if known {
+                world = world.with_known();
+            }
+            world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+            total.service_reads += world.stats.service_reads;
+            total.service_writes += world.stats.service_writes;
+            total.renewals += world.stats.renewals;
+        }
+        total
+    };
+    let (without, with) = (run(false), run(true));
+    let share = |s: &Stats| s.service_reads as f64 / s.service_writes.max(1) as f64;
+    println!(
+        "reads per write: {:.2} without the known map ({} reads, {} writes, {} renewals), \
+         {:.2} with it ({} reads, {} writes, {} renewals)",
+        share(&without),
+        without.service_reads,
+        without.service_writes,
+        without.renewals,
+        share(&with),
+        with.service_reads,
+        with.service_writes,
+        with.renewals,
+    );
+    assert!(
+        without.renewals > 500 && with.renewals > 500,
+        "{without:?} {with:?}"
+    );
+    assert!(
+        share(&without) > 0.9,
+        "without the map a renewal reads first"
+    );
+    assert!(
+        share(&with) < 0.5,
+        "the known map spared few reads: {:.2} against {:.2}",
+        share(&with),
+        share(&without)
+    );
+}
