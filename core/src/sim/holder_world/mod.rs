@@ -39,11 +39,11 @@ use crate::holder::campaign::Campaign;
 use crate::io::HANDOFF_BOUND;
 use crate::io::{EffectId, RequestOutcome, Transmit};
 use crate::service::{Received, Service};
+
 use crate::sim::SimJetStream;
 use crate::sim::server::StreamAdmin;
 use crate::test_support::HolderRequest;
 
-use lease_side::service_config;
 use nodes::{HolderSim, Machine, configs_for};
 use params::{APP_WRITE_EVERY_MS, Rng};
 pub use params::{App, Grouping, Nodes, Stats, WorldParams};
@@ -56,12 +56,13 @@ enum Ev {
     Pause(usize),
     /// A holder's request reaches the service (from the machine of a generation).
     Arrive(usize, u64, HolderRequest),
-    /// A request the service sent (the service of a generation) reaches the
-    /// stream, and its answer comes back.
+    /// A request a service instance sent (the instance of a generation) reaches
+    /// the stream, and its answer comes back.
     Step(u64, Transmit),
-    /// The service's timer.
-    ServiceWake,
-    /// A change event the stream republished reaches the service (of a generation).
+    /// A service instance's timer (the instance of a generation).
+    ServiceWake(u64),
+    /// A change event the stream republished reaches a service instance (of a
+    /// generation).
     ServiceChange(u64, Received),
     /// A reply (or a timeout) reaches a holder, for the machine of this generation.
     Outcome(usize, u64, EffectId, RequestOutcome),
@@ -92,25 +93,20 @@ pub struct HolderWorld {
     base: Instant,
     js: SimJetStream,
     holders: Vec<HolderSim>,
-    /// The lease service the nodes call, as deployed: fed their requests and the
-    /// stream's change events, its requests answered by the stream.
-    service: Service,
+    /// The lease service the nodes call, as deployed: one instance or several in
+    /// its queue group, each fed the requests it is handed and the stream's change
+    /// events, its requests answered by the stream.
+    instances: Vec<Instance>,
     /// What the stream API says of the stream.
     admin: StreamAdmin,
-    /// Bumped each time the service is replaced (it stopped mid-call): what the
-    /// network still holds for an older one reaches the stream, and its answer
-    /// is dropped.
+    /// The last generation an instance was given: one is replaced when it stops
+    /// mid-call, and what the network still holds for the old one reaches the
+    /// stream, its answer dropped.
     service_gen: u64,
     /// The requests let in, by their reply subject: the node, its machine's
     /// generation, the request's id and endpoint.
     inboxes: BTreeMap<String, (usize, u64, EffectId, crate::wire::Endpoint)>,
     next_inbox: u64,
-    /// Instants the service's timer is scheduled for.
-    service_wakes: std::collections::BTreeSet<u64>,
-    /// How far into the log the service has been sent change events.
-    service_changes_read: usize,
-    /// Whether the service subscribed to change events.
-    service_hears_changes: bool,
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Ev>>,
     last_owner: Option<usize>,
@@ -129,10 +125,26 @@ pub struct HolderWorld {
     /// With [`HolderWorld::with_known`]: the service keeps its known map (fed by
     /// itself: its calls, and the change events it subscribed to).
     known: bool,
+    /// With [`HolderWorld::with_change_events_refused`]: the services' change
+    /// subscriptions fail.
+    changes_refused: bool,
     /// With [`HolderWorld::with_slow_subscribes`]: the share of subscribes that
     /// hang past the hand-off bound, percent, and the draws of their delays (apart
     /// from the world's, so its other draws replay as without).
     slow_subscribes: Option<(u64, Rng)>,
+}
+
+/// One instance of the lease service in the world.
+struct Instance {
+    service: Service,
+    /// Names it in the events meant for it.
+    generation: u64,
+    /// Instants its timer is scheduled for.
+    wakes: std::collections::BTreeSet<u64>,
+    /// Whether it subscribed to change events, and how far into the log they
+    /// were sent to it.
+    hears_changes: bool,
+    changes_read: usize,
 }
 
 impl HolderWorld {
@@ -184,14 +196,11 @@ impl HolderWorld {
                 }
             })
             .collect();
-        let mut js = SimJetStream::new()
+        let js = SimJetStream::new()
             .with_seed(expiry_seed)
             // As nats-server does: the late marker wipes a write that landed
             // after the TTL (SIM_NO_ROLLUP_WIPE=1 turns it off, to compare).
             .with_rollup_wipe(std::env::var_os("SIM_NO_ROLLUP_WIPE").is_none());
-        let admin = StreamAdmin::new(1);
-        let (service, started) =
-            crate::sim::server::started(service_config(false), &mut js, &admin, base);
         let mut world = Self {
             p,
             rng,
@@ -200,14 +209,11 @@ impl HolderWorld {
             base,
             js,
             holders,
-            service,
-            admin,
+            instances: Vec::new(),
+            admin: StreamAdmin::new(1),
             service_gen: 0,
             inboxes: BTreeMap::new(),
             next_inbox: 0,
-            service_wakes: Default::default(),
-            service_changes_read: 0,
-            service_hears_changes: false,
             queue: BinaryHeap::new(),
             events: Vec::new(),
             last_owner: None,
@@ -218,12 +224,10 @@ impl HolderWorld {
             violation: None,
             stats: Stats::default(),
             known: false,
+            changes_refused: false,
             slow_subscribes: None,
         };
-        for event in started {
-            world.service_event(event);
-        }
-        world.drain_service();
+        world.start_instances(1);
         if world.p.app != App::None {
             world.schedule(0, Ev::AppWrite);
         }
@@ -248,7 +252,24 @@ impl HolderWorld {
     /// Without, its capacity is 0: every call reads first.
     pub fn with_known(mut self) -> Self {
         self.known = true;
-        self.replace_service();
+        self.start_instances(self.instances.len());
+        self
+    }
+
+    /// The same world with every instance's subscription to change events
+    /// failing (a user not allowed them): its known map learns from its own calls
+    /// alone.
+    pub fn with_change_events_refused(mut self) -> Self {
+        self.changes_refused = true;
+        self.start_instances(self.instances.len());
+        self
+    }
+
+    /// The same world with `n` instances of the service in its queue group: each
+    /// request goes to one drawn at random, and each instance knows of the
+    /// others' writes only from the change events.
+    pub fn with_instances(mut self, n: usize) -> Self {
+        self.start_instances(n.max(1));
         self
     }
 
@@ -336,7 +357,7 @@ impl HolderWorld {
 
     fn apply(&mut self, ev: Ev) {
         match ev {
-            Ev::Arrive(..) | Ev::Step(..) | Ev::ServiceWake | Ev::ServiceChange(..) => {
+            Ev::Arrive(..) | Ev::Step(..) | Ev::ServiceWake(..) | Ev::ServiceChange(..) => {
                 self.apply_service(ev)
             }
             ev => self.apply_node(ev),
@@ -392,7 +413,7 @@ fn describe(ev: &Ev) -> String {
             t.request.headers,
             text(&t.request.payload)
         ),
-        Ev::ServiceWake => "service timer".to_string(),
+        Ev::ServiceWake(g) => format!("service/{g} timer"),
         Ev::ServiceChange(g, m) => format!("service/{g} change {} {:?}", m.subject, m.headers),
         Ev::Outcome(h, g, id, RequestOutcome::Reply { payload, .. }) => {
             format!("reply h{h}/{g} #{} {}", id.0, text(payload))
