@@ -1,8 +1,10 @@
 //! The holder world: the holder rules end to end, for the core's property tests
 //! (`tests/holder_world.rs`) and the fuzzer (`holder_worlds`). Holder machines talk
-//! to the service's call machines, which talk to the simulated JetStream, over a network with random
-//! latency and lost replies; holders are paused for random spans and their clocks
-//! drift within the configured bound. After every step the world checks:
+//! to the lease [`Service`] (one instance, or several in its queue group; see
+//! `lease_side`), which talks to the simulated JetStream, over a network with
+//! random latency and lost replies; holders are paused for random spans and their
+//! clocks drift within the configured bound. The world's shape is in `params`, its
+//! nodes in `nodes`, and what it checks in `checks`. After every step it checks:
 //!
 //! 1. a holder that believes it owns a key (`Holder::ownership`) holds it on the
 //!    server: the live record is its, and no other holder wrote the key since the

@@ -3,7 +3,9 @@
 //! core's tests (`tests/service.rs`) and the fuzzer (`service_inputs`). Requests
 //! (good and bad, to good and bad reply subjects), `$SRV` verbs, forged change
 //! events, the stream's replicas going up and down (the confirm switch), timers and
-//! a stop arrive in any order. After every step the world checks:
+//! a stop arrive in any order; the change events the stream republishes reach the
+//! service (once it subscribed to them) when time next moves on. What it checks as
+//! it drains the service is in `checks`. After every step the world checks:
 //!
 //! 1. a reply goes only to a reply subject the reply rule lets through, and only to
 //!    a request (or verb) that asked; no request is answered twice;
