@@ -38,7 +38,7 @@
 //!    yet be answered: the outcome must be ignored.)
 //! 8. a stop's flush is asked only once every reply sent was handed to the
 //!    client, or given up ([`ServiceEvent::CancelReply`]) no sooner than
-//!    [`HANDOFF_BOUND`] after it was sent and never once taken (the world's client
+//!    [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) after it was sent and never once taken (the world's client
 //!    takes replies when it carries out a stop's waits, and when a test settles).
 
 mod checks;
