@@ -1,6 +1,7 @@
 //! Holder worlds (`sim::holder_world`) shaped and steered by the input: its first
 //! bytes choose the nodes (bare holders, or members of a capped, balanced or
-//! semaphore group) and the faults within the bounds the core's property tests use;
+//! semaphore group), the lease service (its known map on or off, one instance or
+//! two) and the faults within the bounds the core's property tests use;
 //! the rest are the world's draws (latencies, losses, pauses, restarts, health
 //! flips). After every step the world checks that nobody believes past the server's
 //! lease, never two at once, within the caps, and the applications' fenced writes.
@@ -19,6 +20,18 @@ fuzz_target!(|data: &[u8]| {
     let p = params(shape);
     let shown = format!("{p:?}");
     let mut world = HolderWorld::scripted(p, script.to_vec());
+    // The service keeps its known map, and serves as one instance or two.
+    if shape[3] & 2 == 2 {
+        world = world.with_known();
+    }
+    if shape[3] & 4 == 4 {
+        world = world.with_instances(2);
+    }
+    let shown = format!(
+        "{shown}, known map {}, instances {}",
+        shape[3] & 2 == 2,
+        1 + (shape[3] >> 2 & 1)
+    );
     if let Err(v) = world.run() {
         panic!("{shown}: {v}");
     }
