@@ -457,6 +457,8 @@ async fn service(
     let mut steps = Vec::new();
     let mut recorded = None;
     for &target in &options.steps {
+        // A profile is of the last step, and only if that step had a window.
+        recorded = None;
         let lost0 = lost.load(Ordering::Relaxed);
         let t0 = Instant::now();
         // Members join one after another, the next once the leases so far are
