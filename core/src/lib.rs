@@ -110,6 +110,7 @@ pub mod holder;
 pub mod io;
 pub mod js;
 pub mod known;
+pub mod outbox;
 pub mod proto;
 pub mod record;
 pub mod reply_scope;

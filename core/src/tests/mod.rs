@@ -14,6 +14,7 @@ mod known;
 mod kv_facts;
 mod lock_world;
 mod micro;
+mod outbox;
 mod priority_world;
 mod properties;
 mod proto;
