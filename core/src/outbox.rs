@@ -137,7 +137,7 @@ impl<K: Ord + Clone> Due<K> {
 
     /// Takes the earliest key due at or before `now`.
     pub fn pop_due(&mut self, now: Instant) -> Option<K> {
-        let (at, key) = self.order.first()?;
+        let (at, _) = self.order.first()?;
         if *at > now {
             return None;
         }

@@ -63,7 +63,7 @@ pub mod startup;
 pub mod sweep;
 mod types;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
@@ -80,6 +80,7 @@ use crate::change::ChangeEvent;
 use crate::health::{self, Health, LogLevel, NotReady};
 use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
 use crate::known::KnownLeases;
+use crate::outbox::{CallId, Due, Ids, Requests};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
@@ -121,14 +122,10 @@ fn changes_unwatched_warning(known: bool, cap: Option<usize>) -> Option<String> 
 enum Route {
     /// A call's own request (`inner` is the call's id for it): the call keeps its
     /// deadline.
-    Call { token: u64, inner: EffectId },
+    Call { call: CallId, inner: EffectId },
     /// Another part's request (`inner` is the part's id for it), timed out by the
-    /// service at `due`.
-    Part {
-        part: Part,
-        inner: EffectId,
-        due: Instant,
-    },
+    /// service at its own timeout.
+    Part { part: Part, inner: EffectId },
 }
 
 /// The parts other than the calls that send requests.
@@ -177,8 +174,6 @@ struct Running {
     /// The key of an acquire that took a place under its tenant's cap.
     acquiring: Option<String>,
     started: Instant,
-    /// The call's deadline as indexed.
-    deadline: Option<Instant>,
     /// Its requests out (service ids) and its writes in the coalescer.
     sent: Vec<EffectId>,
     writes: Vec<WriteId>,
@@ -215,24 +210,22 @@ pub struct Service {
     late: usize,
     /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client,
     /// each with the instant it is given up.
-    replies_out: HashMap<ReplyId, Instant>,
-    /// The same replies by the instant each is given up.
-    replies_due: BTreeSet<(Instant, ReplyId)>,
-    next_reply: u64,
+    replies: Due<ReplyId>,
+    reply_ids: Ids<ReplyId>,
     /// The stop phase a flush was asked for last.
     flush_asked: Option<StopPhase>,
     /// A subscription the service cannot serve without failed.
     failed: bool,
-    calls: HashMap<u64, Running>,
-    next_token: u64,
-    deadlines: BTreeSet<(Instant, u64)>,
-    routes: HashMap<EffectId, Route>,
-    /// Coalescer and sweep sends, by when they time out.
-    sends_due: BTreeSet<(Instant, EffectId)>,
-    /// The calls' writes in the coalescer: the call's token and its id for the write.
-    writes: HashMap<WriteId, (u64, EffectId)>,
-    next_id: u64,
-    next_write: u64,
+    calls: HashMap<CallId, Running>,
+    call_ids: Ids<CallId>,
+    /// Each call's deadline.
+    deadlines: Due<CallId>,
+    /// Requests out, by whom each belongs to; the parts' timed out here.
+    routes: Requests<EffectId, Route>,
+    /// The calls' writes in the coalescer: the call and its id for the write.
+    writes: HashMap<WriteId, (CallId, EffectId)>,
+    effect_ids: Ids<EffectId>,
+    write_ids: Ids<WriteId>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServiceEvent>,
     /// Whether every connection is up, as the adapter last said.
@@ -287,19 +280,17 @@ impl Service {
             stop: None,
             intake_open: true,
             late: 0,
-            replies_out: HashMap::new(),
-            replies_due: BTreeSet::new(),
-            next_reply: 0,
+            replies: Due::new(),
+            reply_ids: Ids::starting_at(0),
             flush_asked: None,
             failed: false,
             calls: HashMap::new(),
-            next_token: 0,
-            deadlines: BTreeSet::new(),
-            routes: HashMap::new(),
-            sends_due: BTreeSet::new(),
+            call_ids: Ids::starting_at(1),
+            deadlines: Due::new(),
+            routes: Requests::new(),
             writes: HashMap::new(),
-            next_id: 0,
-            next_write: 0,
+            effect_ids: Ids::starting_at(1),
+            write_ids: Ids::starting_at(1),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             connected: true,
@@ -638,32 +629,22 @@ impl Service {
     /// Publishes a reply to a subject the reply rule let through, given up if the
     /// client has not taken it within [`HANDOFF_BOUND`].
     fn reply(&mut self, now: Instant, to: String, body: Vec<u8>) {
-        let id = ReplyId(self.next_reply);
-        self.next_reply += 1;
-        let due = now + HANDOFF_BOUND;
-        self.replies_out.insert(id, due);
-        self.replies_due.insert((due, id));
+        let id = self.reply_ids.next();
+        self.replies.insert(id, now + HANDOFF_BOUND);
         self.events.push_back(ServiceEvent::Reply { id, to, body });
     }
 
     /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its
     /// publish failed: a stop's flush waits for every one.
     pub fn handle_reply_sent(&mut self, now: Instant, id: ReplyId) {
-        if let Some(due) = self.replies_out.remove(&id) {
-            self.replies_due.remove(&(due, id));
-        }
+        self.replies.remove(&id);
         self.pump(now);
     }
 
     /// Gives up the replies the client has not taken by `now`.
     fn give_up_replies(&mut self, now: Instant) {
         let mut given_up = 0;
-        while let Some(&(due, id)) = self.replies_due.first() {
-            if due > now {
-                break;
-            }
-            self.replies_due.remove(&(due, id));
-            self.replies_out.remove(&id);
+        while let Some(id) = self.replies.pop_due(now) {
             self.events.push_back(ServiceEvent::CancelReply { id });
             given_up += 1;
         }
@@ -723,7 +704,7 @@ impl Service {
         };
         if matches!(phase, StopPhase::Replies | StopPhase::Flush)
             && self.flush_asked != Some(phase)
-            && self.replies_out.is_empty()
+            && self.replies.is_empty()
         {
             self.flush_asked = Some(phase);
             self.events.push_back(ServiceEvent::Flush { phase });
@@ -796,8 +777,7 @@ impl Service {
             wall,
             now,
         );
-        self.next_token += 1;
-        let token = self.next_token;
+        let token = self.call_ids.next();
         let shard = self.config.bucket.shards.shard_of(&call.storage_key()) as usize;
         let floor = self.floors.get(shard).copied().unwrap_or(0);
         self.calls.insert(
@@ -809,7 +789,6 @@ impl Service {
                 scope,
                 acquiring,
                 started: now,
-                deadline: None,
                 sent: Vec::new(),
                 writes: Vec::new(),
                 shard,
@@ -819,15 +798,10 @@ impl Service {
         self.drive(now, token);
     }
 
-    fn effect_id(&mut self) -> EffectId {
-        self.next_id += 1;
-        EffectId(self.next_id)
-    }
-
     /// Drains one call's outputs after an input: its requests go out (its stream
     /// writes through the coalescer when there is one), what it learnt goes to the
     /// known map, its reply ends it.
-    fn drive(&mut self, now: Instant, token: u64) {
+    fn drive(&mut self, now: Instant, token: CallId) {
         let Some(running) = self.calls.get_mut(&token) else {
             return;
         };
@@ -863,23 +837,19 @@ impl Service {
                 .as_mut()
                 .filter(|_| transmit.kind.is_stream_write())
             {
-                self.next_write += 1;
-                let write = WriteId(self.next_write);
+                let write = self.write_ids.next();
                 running.writes.push(write);
                 self.writes.insert(write, (token, transmit.id));
                 coalescer.handle_write(now, write, transmit.request);
                 continue;
             }
-            self.next_id += 1;
-            let id = EffectId(self.next_id);
+            let id = self.effect_ids.next();
             running.sent.push(id);
-            self.routes.insert(
-                id,
-                Route::Call {
-                    token,
-                    inner: transmit.id,
-                },
-            );
+            let route = Route::Call {
+                call: token,
+                inner: transmit.id,
+            };
+            self.routes.insert(id, route, None);
             self.transmits.push_back(Transmit { id, ..transmit });
         }
         while let Some(event) = running.call.poll_event() {
@@ -888,27 +858,16 @@ impl Service {
                 CallEvent::Replied(response) => return self.finish(now, token, response),
             }
         }
-        let deadline = running.call.poll_timeout();
-        if deadline != running.deadline {
-            if let Some(at) = running.deadline {
-                self.deadlines.remove(&(at, token));
-            }
-            if let Some(at) = deadline {
-                self.deadlines.insert((at, token));
-            }
-            running.deadline = deadline;
-        }
+        self.deadlines.set(token, running.call.poll_timeout());
     }
 
     /// A call replied: it ends, its queued writes are dropped, its reply goes out,
     /// and what it did reaches the sweep, the tenants' counts and admission.
-    fn finish(&mut self, now: Instant, token: u64, response: Response) {
+    fn finish(&mut self, now: Instant, token: CallId, response: Response) {
         let Some(running) = self.calls.remove(&token) else {
             return;
         };
-        if let Some(at) = running.deadline {
-            self.deadlines.remove(&(at, token));
-        }
+        self.deadlines.remove(&token);
         // A request still out (a call cut off) is waited for no more.
         for id in &running.sent {
             self.cancel(*id);
@@ -964,15 +923,12 @@ impl Service {
     /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
     /// waits for any more (its call ended, it timed out) is ignored.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        let Some(route) = self.routes.remove(&id) else {
+        let Some(route) = self.routes.take(&id) else {
             return;
         };
         match route {
-            Route::Call { token, inner } => self.call_outcome(now, token, id, inner, outcome),
-            Route::Part { part, inner, due } => {
-                self.sends_due.remove(&(due, id));
-                self.part_outcome(now, part, inner, outcome);
-            }
+            Route::Call { call, inner } => self.call_outcome(now, call, id, inner, outcome),
+            Route::Part { part, inner } => self.part_outcome(now, part, inner, outcome),
         }
         self.pump_startup(now);
         self.pump(now);
@@ -1002,26 +958,19 @@ impl Service {
 
     /// Sends a part's request, timed out at its own timeout from `now`.
     fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
-        let id = self.effect_id();
+        let id = self.effect_ids.next();
         let due = now + transmit.request.timeout;
-        self.sends_due.insert((due, id));
-        self.routes.insert(
-            id,
-            Route::Part {
-                part,
-                inner: transmit.id,
-                due,
-            },
-        );
+        let route = Route::Part {
+            part,
+            inner: transmit.id,
+        };
+        self.routes.insert(id, route, Some(due));
         self.transmits.push_back(Transmit { id, ..transmit });
     }
 
     /// Gives up a request out: nothing waits for it any more.
     fn cancel(&mut self, id: EffectId) {
-        if let Some(route) = self.routes.remove(&id) {
-            if let Route::Part { due, .. } = route {
-                self.sends_due.remove(&(due, id));
-            }
+        if self.routes.take(&id).is_some() {
             self.events.push_back(ServiceEvent::Cancel { id });
         }
     }
@@ -1029,7 +978,7 @@ impl Service {
     fn call_outcome(
         &mut self,
         now: Instant,
-        token: u64,
+        token: CallId,
         sent: EffectId,
         inner: EffectId,
         outcome: RequestOutcome,
@@ -1299,15 +1248,10 @@ impl Service {
         }
         // Calls first: a queued write of a call that gives up now is cancelled
         // before a send timing out at the same instant makes room for it.
-        while let Some(&(at, token)) = self.deadlines.first() {
-            if at > now {
-                break;
-            }
-            self.deadlines.remove(&(at, token));
+        while let Some(token) = self.deadlines.pop_due(now) {
             let Some(running) = self.calls.get_mut(&token) else {
                 continue;
             };
-            running.deadline = None;
             // What the call waits on is given up (the call counts it as it times
             // out): its send is dropped, and a queued write of it is never sent.
             let sent = std::mem::take(&mut running.sent);
@@ -1335,15 +1279,10 @@ impl Service {
             stop.handle_timeout(now);
             self.stop_events(now);
         }
-        while let Some(&(due, id)) = self.sends_due.first() {
-            if due > now {
-                break;
-            }
-            self.sends_due.remove(&(due, id));
-            // Timed out: the part learns it (unless it timed it out itself), and
-            // the send is dropped.
-            if let Some(Route::Part { part, inner, .. }) = self.routes.get(&id).copied() {
-                self.cancel(id);
+        // Timed out: the send is dropped, and the part learns it.
+        while let Some((id, route)) = self.routes.pop_timed_out(now) {
+            self.events.push_back(ServiceEvent::Cancel { id });
+            if let Route::Part { part, inner } = route {
                 self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
             }
         }
@@ -1482,7 +1421,7 @@ impl Service {
                 ),
             });
         }
-        let mut tokens: Vec<u64> = self.calls.keys().copied().collect();
+        let mut tokens: Vec<CallId> = self.calls.keys().copied().collect();
         tokens.sort_unstable();
         for token in tokens {
             if let Some(running) = self.calls.get_mut(&token) {
@@ -1529,9 +1468,9 @@ impl Service {
             startup,
             check,
             sweep,
-            self.deadlines.first().map(|(at, _)| *at),
-            self.sends_due.first().map(|(at, _)| *at),
-            self.replies_due.first().map(|(at, _)| *at),
+            self.deadlines.next(),
+            self.routes.next_due(),
+            self.replies.next(),
             self.stop.as_ref().and_then(Shutdown::poll_timeout),
         ]
         .into_iter()
