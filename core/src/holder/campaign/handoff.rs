@@ -13,15 +13,19 @@ use super::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RejectId(pub u64);
 
+impl crate::outbox::Id for RejectId {
+    fn from_raw(n: u64) -> Self {
+        RejectId(n)
+    }
+}
+
 /// The subscribes and rejects handed to the client and not yet reported done, each
 /// with the instant it is given up.
 #[derive(Debug, Default)]
 pub(super) struct Handoffs {
-    watches: BTreeMap<String, Instant>,
-    watches_due: BTreeSet<(Instant, String)>,
-    rejects: BTreeMap<RejectId, Instant>,
-    rejects_due: BTreeSet<(Instant, RejectId)>,
-    next_reject: u64,
+    watches: Due<String>,
+    rejects: Due<RejectId>,
+    reject_ids: Ids<RejectId>,
 }
 
 impl Handoffs {
@@ -32,19 +36,13 @@ impl Handoffs {
         key: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        let due = now + HANDOFF_BOUND;
-        if let Some(old) = self.watches.insert(key.clone(), due) {
-            self.watches_due.remove(&(old, key.clone()));
-        }
-        self.watches_due.insert((due, key.clone()));
+        self.watches.insert(key.clone(), now + HANDOFF_BOUND);
         events.push_back(CampaignEvent::Watch { key });
     }
 
     /// The subscribe of `key` is over (done, failed, or no longer wanted).
     pub(super) fn watched(&mut self, key: &str) {
-        if let Some(due) = self.watches.remove(key) {
-            self.watches_due.remove(&(due, key.to_string()));
-        }
+        self.watches.remove(&key.to_string());
     }
 
     /// Rejects a forwarded request by a reply to `to`, given up at `now` +
@@ -55,39 +53,28 @@ impl Handoffs {
         to: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        let id = RejectId(self.next_reject);
-        self.next_reject += 1;
-        let due = now + HANDOFF_BOUND;
-        self.rejects.insert(id, due);
-        self.rejects_due.insert((due, id));
+        let id = self.reject_ids.next();
+        self.rejects.insert(id, now + HANDOFF_BOUND);
         events.push_back(CampaignEvent::Reject { id, to });
     }
 
     /// Gives up what the client has not taken by `now`.
     pub(super) fn give_up(&mut self, now: Instant, events: &mut VecDeque<CampaignEvent>) {
-        while let Some((due, key)) = self.watches_due.first().cloned() {
-            if due > now {
-                break;
-            }
-            self.watches_due.remove(&(due, key.clone()));
-            self.watches.remove(&key);
+        while let Some(key) = self.watches.pop_due(now) {
             events.push_back(CampaignEvent::CancelWatch { key });
         }
-        while let Some(&(due, id)) = self.rejects_due.first() {
-            if due > now {
-                break;
-            }
-            self.rejects_due.remove(&(due, id));
-            self.rejects.remove(&id);
+        while let Some(id) = self.rejects.pop_due(now) {
             events.push_back(CampaignEvent::CancelReject { id });
         }
     }
 
     /// When the first of them is given up.
     pub(super) fn next_due(&self) -> Option<Instant> {
-        let watch = self.watches_due.first().map(|(at, _)| *at);
-        let reject = self.rejects_due.first().map(|(at, _)| *at);
-        watch.into_iter().chain(reject).min()
+        self.watches
+            .next()
+            .into_iter()
+            .chain(self.rejects.next())
+            .min()
     }
 
     /// Whether a reject is still being handed over: a member finishing waits for it.
@@ -109,9 +96,7 @@ impl Campaign {
     /// or its publish failed. Not reported by [`HANDOFF_BOUND`], the campaign gives
     /// it up ([`CampaignEvent::CancelReject`]).
     pub fn handle_reject_sent(&mut self, _now: Instant, id: RejectId) {
-        if let Some(due) = self.handoffs.rejects.remove(&id) {
-            self.handoffs.rejects_due.remove(&(due, id));
-        }
+        self.handoffs.rejects.remove(&id);
     }
 
     /// A request forwarded to this holder's inbox arrived on `subject`, with reply

@@ -131,6 +131,7 @@ use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
 use crate::io::{EffectId, HANDOFF_BOUND, RequestOutcome, Transmit, TransmitKind};
+use crate::outbox::{Due, Ids, Requests};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 mod groups;
@@ -304,8 +305,6 @@ struct Candidacy {
     /// Revoked for balance, or handed over: not campaigned for again until a
     /// campaign interval after its release.
     shed: bool,
-    /// The deadline this candidacy is filed under in `Campaign::timers`.
-    timer: Option<Instant>,
 }
 
 /// Every campaign of one holder ID. See the [module docs](self).
@@ -338,7 +337,7 @@ pub struct Campaign {
     drained: BTreeSet<String>,
     /// Every holder's next deadline, in order: a timeout feeds only the holders due,
     /// and `poll_timeout` reads the first (a member may hold thousands of keys).
-    timers: BTreeSet<(Instant, String)>,
+    timers: Due<String>,
     /// Mixed into the jitter of every holder made ([`Campaign::seed_jitter`]).
     jitter_seed: u64,
     /// Keys whose last renew had no clear answer: a renew sent now is a retry.
@@ -371,7 +370,7 @@ impl Campaign {
             vacancies: false,
             touched: BTreeSet::new(),
             drained: BTreeSet::new(),
-            timers: BTreeSet::new(),
+            timers: Due::new(),
             jitter_seed: 0,
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
@@ -438,19 +437,12 @@ impl Campaign {
     /// Acts on the time: requests past their deadline time out; holders renew,
     /// campaign or step down as due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let expired: Vec<EffectId> = self
-            .out
-            .deadlines
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, id)| *id)
-            .collect();
-        for id in expired {
+        while let Some((id, route)) = self.out.routes.pop_timed_out(now) {
             if self.out.unqueue(id) {
                 // Due before it was polled: never sent.
-                self.withdraw(now, id);
+                self.withdraw_route(now, route);
             } else {
-                self.deliver(now, id, RequestOutcome::TimedOut);
+                self.deliver_route(now, route, RequestOutcome::TimedOut);
                 self.events.push_back(CampaignEvent::Cancel { id });
             }
         }
@@ -464,9 +456,8 @@ impl Campaign {
         // before it was indexed again); a holder not due does nothing.
         let due: BTreeSet<String> = self
             .timers
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, key)| key.clone())
+            .due(now)
+            .cloned()
             .chain(self.touched.iter().cloned())
             .collect();
         for key in due {
@@ -484,7 +475,7 @@ impl Campaign {
     pub fn poll_transmit(&mut self) -> Option<CampaignTransmit> {
         let transmit = self.out.requests.pop_front()?;
         // Every queued request has its route: one taken is unqueued with it.
-        let route = &self.out.routes[&transmit.id];
+        let route = self.out.routes.get(&transmit.id)?;
         Some(CampaignTransmit {
             key: route.key.clone(),
             endpoint: route.endpoint,
