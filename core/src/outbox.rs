@@ -23,7 +23,7 @@ pub trait Id: Copy + Ord {
 
 impl Id for EffectId {
     fn from_raw(n: u64) -> Self {
-        EffectId(n)
+        Self(n)
     }
 }
 
@@ -34,7 +34,7 @@ pub struct CallId(pub u64);
 
 impl Id for CallId {
     fn from_raw(n: u64) -> Self {
-        CallId(n)
+        Self(n)
     }
 }
 
@@ -55,7 +55,7 @@ impl<K: Id> Ids<K> {
     }
 
     /// A new id.
-    pub fn next(&mut self) -> K {
+    pub fn allocate(&mut self) -> K {
         let id = K::from_raw(self.next);
         self.next += 1;
         id

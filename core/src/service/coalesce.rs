@@ -144,7 +144,7 @@ pub struct WriteId(pub u64);
 
 impl crate::outbox::Id for WriteId {
     fn from_raw(n: u64) -> Self {
-        WriteId(n)
+        Self(n)
     }
 }
 

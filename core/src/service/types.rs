@@ -228,6 +228,6 @@ pub struct ReplyId(pub u64);
 
 impl crate::outbox::Id for ReplyId {
     fn from_raw(n: u64) -> Self {
-        ReplyId(n)
+        Self(n)
     }
 }

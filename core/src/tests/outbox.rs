@@ -13,11 +13,11 @@ fn at(t0: Instant, ms: u64) -> Instant {
 #[test]
 fn ids_are_allocated_in_order_never_one_twice() {
     let mut ids: Ids<CallId> = Ids::starting_at(1);
-    let got: Vec<CallId> = (0..4).map(|_| ids.next()).collect();
+    let got: Vec<CallId> = (0..4).map(|_| ids.allocate()).collect();
     assert_eq!(got, vec![CallId(1), CallId(2), CallId(3), CallId(4)]);
     let mut effects: Ids<EffectId> = Ids::default();
-    assert_eq!(effects.next(), EffectId(0));
-    assert_eq!(effects.next(), EffectId(1));
+    assert_eq!(effects.allocate(), EffectId(0));
+    assert_eq!(effects.allocate(), EffectId(1));
 }
 
 #[test]

@@ -15,7 +15,7 @@ pub struct RejectId(pub u64);
 
 impl crate::outbox::Id for RejectId {
     fn from_raw(n: u64) -> Self {
-        RejectId(n)
+        Self(n)
     }
 }
 
@@ -53,7 +53,7 @@ impl Handoffs {
         to: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        let id = self.reject_ids.next();
+        let id = self.reject_ids.allocate();
         self.rejects.insert(id, now + HANDOFF_BOUND);
         events.push_back(CampaignEvent::Reject { id, to });
     }

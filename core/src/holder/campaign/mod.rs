@@ -344,8 +344,9 @@ pub struct Campaign {
     renew_unclear: BTreeSet<String>,
     /// Keys this holder ID owns, as their holders' events said.
     owned: BTreeSet<String>,
-    /// Subscribes and rejects handed to the client, until done or given up.
-    handoffs: Handoffs,
+    /// Subscribes and rejects handed to the client, until done or given up (boxed:
+    /// seldom touched, kept out of the machine's inline size).
+    handoffs: Box<Handoffs>,
 }
 
 impl Campaign {
@@ -374,7 +375,7 @@ impl Campaign {
             jitter_seed: 0,
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
-            handoffs: Handoffs::default(),
+            handoffs: Box::default(),
         })
     }
 

@@ -48,7 +48,7 @@ impl Outbox {
         renew_unclear: &BTreeSet<String>,
         request: Transmit,
     ) {
-        let id = self.ids.next();
+        let id = self.ids.allocate();
         let endpoint = match request.kind {
             TransmitKind::Lease(endpoint) => endpoint,
             // A holder sends only lease calls.
