@@ -1,10 +1,11 @@
 //! What every machine with things out keeps the same way: ids it allocates
 //! itself ([`Ids`]), one deadline set per kind of thing out ([`Due`], in the manner
 //! of quinn-proto's timer table: insert, remove, the next instant, the ones due),
-//! and its requests out by id with whom each belongs to ([`Requests`]), whose
+//! its requests out by id with whom each belongs to ([`Requests`]), whose
 //! give-up ([`Requests::pop_timed_out`]) hands back a request out past its
 //! deadline so that its owner tells the adapter to drop it and its part that it
-//! timed out.
+//! timed out, and the commands handed to the client until it reports them done
+//! ([`Handoff`], each given up at [`HANDOFF_BOUND`]).
 //!
 //! A ground layer: it knows nothing of the service or the holders, which build
 //! their own outboxes and hand-offs from it.
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
 use std::time::Instant;
 
-use crate::io::EffectId;
+use crate::io::{EffectId, HANDOFF_BOUND};
 
 /// An id a machine allocates itself, one space per kind ([`Ids`]).
 pub trait Id: Copy + Ord {
@@ -240,5 +241,56 @@ impl<K: Ord + Clone, R> Requests<K, R> {
     /// Whether no request is out.
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty()
+    }
+}
+
+/// Commands handed to the client (a reply, a subscribe) and not yet reported done,
+/// each given up [`HANDOFF_BOUND`] after it was handed over: a client reconnecting
+/// to a server that is gone takes no command, and no loop waits on it.
+#[derive(Debug)]
+pub struct Handoff<K> {
+    due: Due<K>,
+}
+
+impl<K> Default for Handoff<K> {
+    fn default() -> Self {
+        Self {
+            due: Due::default(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> Handoff<K> {
+    /// Nothing handed over.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `key` is handed to the client at `now`; one handed again starts its bound
+    /// anew.
+    pub fn hand(&mut self, now: Instant, key: K) {
+        self.due.insert(key, now + HANDOFF_BOUND);
+    }
+
+    /// `key` is reported done (or no longer wanted): never given up. Whether it
+    /// was still handed over.
+    pub fn done(&mut self, key: &K) -> bool {
+        self.due.remove(key).is_some()
+    }
+
+    /// Takes the first command the client has not taken by `now`: its owner
+    /// tells the adapter to drop it.
+    pub fn pop_given_up(&mut self, now: Instant) -> Option<K> {
+        self.due.pop_due(now)
+    }
+
+    /// When the first command still handed over is given up.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.due.next()
+    }
+
+    /// Whether no command is still handed over.
+    pub fn is_empty(&self) -> bool {
+        self.due.is_empty()
     }
 }

@@ -91,7 +91,7 @@ use crate::change::ChangeEvent;
 use crate::health::{self, Health, LogLevel, NotReady};
 use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
 use crate::known::KnownLeases;
-use crate::outbox::{CallId, Due, Ids, Requests};
+use crate::outbox::{CallId, Due, Handoff, Ids, Requests};
 use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
@@ -219,9 +219,8 @@ pub struct Service {
     stop: Option<Shutdown>,
     intake_open: bool,
     late: usize,
-    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client,
-    /// each with the instant it is given up.
-    replies: Due<ReplyId>,
+    /// Replies sent ([`ServiceEvent::Reply`]) and not yet handed to the client.
+    replies: Handoff<ReplyId>,
     reply_ids: Ids<ReplyId>,
     /// The stop phase a flush was asked for last.
     flush_asked: Option<StopPhase>,
@@ -291,7 +290,7 @@ impl Service {
             stop: None,
             intake_open: true,
             late: 0,
-            replies: Due::new(),
+            replies: Handoff::new(),
             reply_ids: Ids::starting_at(0),
             flush_asked: None,
             failed: false,
@@ -547,7 +546,7 @@ impl Service {
             sweep,
             self.deadlines.next(),
             self.routes.next_due(),
-            self.replies.next(),
+            self.replies.next_due(),
             self.stop.as_ref().and_then(Shutdown::poll_timeout),
         ]
         .into_iter()

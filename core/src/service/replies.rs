@@ -9,7 +9,7 @@ impl Service {
     /// client has not taken it within [`HANDOFF_BOUND`].
     pub(super) fn reply(&mut self, now: Instant, to: String, body: Vec<u8>) {
         let id = self.reply_ids.allocate();
-        self.replies.insert(id, now + HANDOFF_BOUND);
+        self.replies.hand(now, id);
         self.events.push_back(ServiceEvent::Reply { id, to, body });
     }
 
@@ -35,14 +35,14 @@ impl Service {
     /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its
     /// publish failed: a stop's flush waits for every one.
     pub fn handle_reply_sent(&mut self, now: Instant, id: ReplyId) {
-        self.replies.remove(&id);
+        self.replies.done(&id);
         self.pump(now);
     }
 
     /// Gives up the replies the client has not taken by `now`.
     pub(super) fn give_up_replies(&mut self, now: Instant) {
         let mut given_up = 0;
-        while let Some(id) = self.replies.pop_due(now) {
+        while let Some(id) = self.replies.pop_given_up(now) {
             self.events.push_back(ServiceEvent::CancelReply { id });
             given_up += 1;
         }

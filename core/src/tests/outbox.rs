@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::io::EffectId;
-use crate::outbox::{CallId, Due, Ids, Requests};
+use crate::io::{EffectId, HANDOFF_BOUND};
+use crate::outbox::{CallId, Due, Handoff, Ids, Requests};
 
 fn at(t0: Instant, ms: u64) -> Instant {
     t0 + Duration::from_millis(ms)
@@ -128,4 +128,43 @@ fn a_request_whose_part_keeps_the_deadline_is_never_timed_out_here() {
     assert_eq!(out.next_due(), None);
     assert_eq!(out.pop_timed_out(at(t0, 1_000_000)), None);
     assert_eq!(out.get(&CallId(7)), Some(&"call"));
+}
+
+#[test]
+fn a_command_not_reported_done_is_given_up_at_the_handoff_bound() {
+    let t0 = Instant::now();
+    let mut out = Handoff::new();
+    out.hand(t0, "reply");
+    assert_eq!(out.next_due(), Some(t0 + HANDOFF_BOUND));
+    assert_eq!(
+        out.pop_given_up(t0 + HANDOFF_BOUND - Duration::from_millis(1)),
+        None
+    );
+    assert_eq!(out.pop_given_up(t0 + HANDOFF_BOUND), Some("reply"));
+    assert!(out.is_empty());
+    assert!(
+        !out.done(&"reply"),
+        "a report after the give-up finds nothing"
+    );
+}
+
+#[test]
+fn a_command_reported_done_is_never_given_up() {
+    let t0 = Instant::now();
+    let mut out = Handoff::new();
+    out.hand(t0, 1u64);
+    assert!(out.done(&1));
+    assert_eq!(out.pop_given_up(t0 + HANDOFF_BOUND * 2), None);
+    assert_eq!(out.next_due(), None);
+}
+
+#[test]
+fn a_command_handed_again_starts_its_bound_anew() {
+    let t0 = Instant::now();
+    let later = t0 + Duration::from_secs(1);
+    let mut out = Handoff::new();
+    out.hand(t0, "watch k");
+    out.hand(later, "watch k");
+    assert_eq!(out.pop_given_up(t0 + HANDOFF_BOUND), None);
+    assert_eq!(out.pop_given_up(later + HANDOFF_BOUND), Some("watch k"));
 }

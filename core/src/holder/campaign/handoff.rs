@@ -1,7 +1,7 @@
 //! The commands a member hands to its NATS client besides requests: the subscribe
 //! of a key's change events ([`CampaignEvent::Watch`]) and the reply rejecting a
 //! forwarded request ([`CampaignEvent::Reject`]). Each is given up at
-//! [`HANDOFF_BOUND`] if the adapter has not reported it done: a client reconnecting
+//! [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) if the adapter has not reported it done: a client reconnecting
 //! to a server that is gone takes no command, and a lost subscribe or reject costs
 //! only an early wake-up or a forwarding service's timeout, never correctness. The
 //! adapter runs them in the background and arms no timer of its own for them.
@@ -23,30 +23,30 @@ impl crate::outbox::Id for RejectId {
 /// with the instant it is given up.
 #[derive(Debug, Default)]
 pub(super) struct Handoffs {
-    watches: Due<String>,
-    rejects: Due<RejectId>,
+    watches: Handoff<String>,
+    rejects: Handoff<RejectId>,
     reject_ids: Ids<RejectId>,
 }
 
 impl Handoffs {
-    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`].
+    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND).
     pub(super) fn watch(
         &mut self,
         now: Instant,
         key: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        self.watches.insert(key.clone(), now + HANDOFF_BOUND);
+        self.watches.hand(now, key.clone());
         events.push_back(CampaignEvent::Watch { key });
     }
 
     /// The subscribe of `key` is over (done, failed, or no longer wanted).
     pub(super) fn watched(&mut self, key: &str) {
-        self.watches.remove(&key.to_string());
+        self.watches.done(&key.to_string());
     }
 
     /// Rejects a forwarded request by a reply to `to`, given up at `now` +
-    /// [`HANDOFF_BOUND`].
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND).
     pub(super) fn reject(
         &mut self,
         now: Instant,
@@ -54,27 +54,24 @@ impl Handoffs {
         events: &mut VecDeque<CampaignEvent>,
     ) {
         let id = self.reject_ids.allocate();
-        self.rejects.insert(id, now + HANDOFF_BOUND);
+        self.rejects.hand(now, id);
         events.push_back(CampaignEvent::Reject { id, to });
     }
 
     /// Gives up what the client has not taken by `now`.
     pub(super) fn give_up(&mut self, now: Instant, events: &mut VecDeque<CampaignEvent>) {
-        while let Some(key) = self.watches.pop_due(now) {
+        while let Some(key) = self.watches.pop_given_up(now) {
             events.push_back(CampaignEvent::CancelWatch { key });
         }
-        while let Some(id) = self.rejects.pop_due(now) {
+        while let Some(id) = self.rejects.pop_given_up(now) {
             events.push_back(CampaignEvent::CancelReject { id });
         }
     }
 
     /// When the first of them is given up.
     pub(super) fn next_due(&self) -> Option<Instant> {
-        self.watches
-            .next()
-            .into_iter()
-            .chain(self.rejects.next())
-            .min()
+        let watch = self.watches.next_due();
+        watch.into_iter().chain(self.rejects.next_due()).min()
     }
 
     /// Whether a reject is still being handed over: a member finishing waits for it.
@@ -86,17 +83,17 @@ impl Handoffs {
 impl Campaign {
     /// The subscribe of `key`'s change events ([`CampaignEvent::Watch`]) is over:
     /// made, or failed (a failed one only loses the early wake-up; the campaign
-    /// ticks still ask). Not reported by [`HANDOFF_BOUND`], the campaign gives it
+    /// ticks still ask). Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives it
     /// up ([`CampaignEvent::CancelWatch`]); a report after that is ignored.
     pub fn handle_watched(&mut self, _now: Instant, key: &str) {
         self.handoffs.watched(key);
     }
 
     /// The reject reply `id` ([`CampaignEvent::Reject`]) was handed to the client,
-    /// or its publish failed. Not reported by [`HANDOFF_BOUND`], the campaign gives
+    /// or its publish failed. Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives
     /// it up ([`CampaignEvent::CancelReject`]).
     pub fn handle_reject_sent(&mut self, _now: Instant, id: RejectId) {
-        self.handoffs.rejects.remove(&id);
+        self.handoffs.rejects.done(&id);
     }
 
     /// A request forwarded to this holder's inbox arrived on `subject`, with reply

@@ -68,7 +68,7 @@
 //!   sent: its holder hears [`Holder::handle_cancel`].
 //! - **Hand-offs are bounded here.** A subscribe of change events
 //!   ([`CampaignEvent::Watch`]) or a reject reply ([`CampaignEvent::Reject`]) the
-//!   adapter has not reported done within [`HANDOFF_BOUND`] is given up
+//!   adapter has not reported done within [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) is given up
 //!   ([`CampaignEvent::CancelWatch`], [`CampaignEvent::CancelReject`]): the adapter
 //!   runs them in the background, never holding its loop, and arms no timer for them.
 //! - **What the metrics count comes out as events**: each request's outcome class
@@ -130,8 +130,8 @@ use crate::holder::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
-use crate::io::{EffectId, HANDOFF_BOUND, RequestOutcome, Transmit, TransmitKind};
-use crate::outbox::{Due, Ids, Requests};
+use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::outbox::{Due, Handoff, Ids, Requests};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 mod groups;
@@ -171,13 +171,13 @@ pub enum CampaignEvent {
     /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
     /// members of a balanced set by it). They wake a campaign when the key may be free.
     /// Say when the subscribe is over with [`Campaign::handle_watched`]; the campaign
-    /// gives it up at [`HANDOFF_BOUND`] ([`CampaignEvent::CancelWatch`]).
+    /// gives it up at [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) ([`CampaignEvent::CancelWatch`]).
     Watch {
         /// The key.
         key: String,
     },
     /// Drop the subscribe of `key`'s change events: the client took no command for
-    /// [`HANDOFF_BOUND`] (it reconnects to a server that is gone). The key goes
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) (it reconnects to a server that is gone). The key goes
     /// unwatched: its campaign asks at its ticks, without the early wake-up.
     CancelWatch {
         /// The key.
@@ -186,7 +186,7 @@ pub enum CampaignEvent {
     /// Publish an empty reply with `Dagnats-Lease-Reject: stale`
     /// ([`RejectReason::reply_header`]) to `to`: a forwarded request
     /// [`Campaign::handle_inbox`] rejected. Say when the client took it with
-    /// [`Campaign::handle_reject_sent`]; the campaign gives it up at [`HANDOFF_BOUND`]
+    /// [`Campaign::handle_reject_sent`]; the campaign gives it up at [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND)
     /// ([`CampaignEvent::CancelReject`]).
     Reject {
         /// Names this reply in [`Campaign::handle_reject_sent`] and
@@ -196,7 +196,7 @@ pub enum CampaignEvent {
         to: String,
     },
     /// Drop the publish of reject `id`: the client took no command for
-    /// [`HANDOFF_BOUND`]. The forwarding service times the request out instead.
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND). The forwarding service times the request out instead.
     CancelReject {
         /// The reject given up.
         id: RejectId,
