@@ -126,7 +126,7 @@ impl Service {
         self.pump(now);
     }
 
-    pub(super) fn call_outcome(
+    fn call_outcome(
         &mut self,
         now: Instant,
         token: CallId,
@@ -143,13 +143,7 @@ impl Service {
     }
 
     /// Hands a part's request's outcome to the part.
-    pub(super) fn part_outcome(
-        &mut self,
-        now: Instant,
-        part: Part,
-        inner: EffectId,
-        outcome: RequestOutcome,
-    ) {
+    fn part_outcome(&mut self, now: Instant, part: Part, inner: EffectId, outcome: RequestOutcome) {
         match part {
             Part::Coalescer => {
                 if let Some(c) = &mut self.coalescer {

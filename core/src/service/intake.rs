@@ -94,7 +94,7 @@ impl Service {
 
     /// The reply rule: the caller's scope when the reply may go out, else `None`
     /// (counted, and logged at most once per interval).
-    pub(super) fn gate(
+    fn gate(
         &mut self,
         now: Instant,
         source: RequestSource,
@@ -131,7 +131,7 @@ impl Service {
         }
     }
 
-    pub(super) fn handle_change(&mut self, message: &Received) {
+    fn handle_change(&mut self, message: &Received) {
         let header = |name: &str| {
             message
                 .headers
@@ -153,7 +153,7 @@ impl Service {
     /// Answers a request without a call that waits on anything: while starting
     /// (the call answers `unavailable`), or past a stop's cut-off (the call is cut
     /// off at once and answers `internal`, or `invalid` for a bad request).
-    pub(super) fn answer_at_once(
+    fn answer_at_once(
         &mut self,
         now: Instant,
         wall: OffsetDateTime,
@@ -230,7 +230,7 @@ impl Service {
         any
     }
 
-    pub(super) fn start(&mut self, now: Instant, endpoint: Endpoint, pending: Pending) {
+    fn start(&mut self, now: Instant, endpoint: Endpoint, pending: Pending) {
         let wall = pending.wall + now.saturating_duration_since(pending.at);
         let scope = match pending.scope {
             Err(refused) => {

@@ -42,7 +42,7 @@ impl Service {
     }
 
     /// The sweep's and the replicas check's outputs, while serving.
-    pub(super) fn pump_serving(&mut self, now: Instant) {
+    fn pump_serving(&mut self, now: Instant) {
         while let Some(t) = self.sweep.poll_transmit() {
             self.send_for(now, Part::Sweep, t);
         }
@@ -84,7 +84,7 @@ impl Service {
     }
 
     /// What the sweep reports, as metric facts and log lines.
-    pub(super) fn sweep_event(&mut self, event: TombstoneSweepEvent) {
+    fn sweep_event(&mut self, event: TombstoneSweepEvent) {
         let (level, line) = match event {
             TombstoneSweepEvent::Purged { .. } => return,
             TombstoneSweepEvent::Failed { key, reason } => {
@@ -175,7 +175,7 @@ impl Service {
 
     /// The bucket is ensured: the mode, the confirm switch's start, the coalescer
     /// and the replicas check follow from what startup found.
-    pub(super) fn serve(
+    fn serve(
         &mut self,
         now: Instant,
         mode: Mode,

@@ -131,7 +131,7 @@ impl Service {
     }
 
     /// Every call still running is cut off and answers `internal`.
-    pub(super) fn cut_off(&mut self, now: Instant) {
+    fn cut_off(&mut self, now: Instant) {
         if !self.calls.is_empty() {
             self.events.push_back(ServiceEvent::Log {
                 level: LogLevel::Warn,
