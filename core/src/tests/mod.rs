@@ -15,6 +15,7 @@ mod known;
 mod kv_facts;
 mod lock_world;
 mod micro;
+mod outbox;
 mod outcome;
 mod priority_world;
 mod properties;
