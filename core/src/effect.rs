@@ -130,6 +130,16 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// Names the request `id`, the id its outcome comes back with.
+    pub fn set_id(&mut self, id: EffectId) {
+        match self {
+            Self::KvRead(r) => r.id = id,
+            Self::KvWrite(w) => w.id = id,
+            Self::ConfirmRead(c) => c.id = id,
+            Self::InboxRequest(i) => i.id = id,
+        }
+    }
+
     /// How long the call waits for this effect's outcome.
     pub fn timeout(&self) -> Duration {
         match self {

@@ -11,6 +11,12 @@ use crate::wire::Endpoint;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EffectId(pub u64);
 
+impl EffectId {
+    /// The id of a request a part has decided and not yet handed out: its owner
+    /// names it as it polls it (`poll_transmit(ids)`), from its own id space.
+    pub const UNSENT: Self = Self(0);
+}
+
 /// One NATS request with headers, as an adapter sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsRequest {

@@ -69,7 +69,8 @@
 //! ```
 //! use std::time::Instant;
 //! use dagnats_leases_core::call::{Call, CallConfig, CallEvent};
-//! use dagnats_leases_core::io::{NatsRequest, RequestOutcome};
+//! use dagnats_leases_core::io::{EffectId, NatsRequest, RequestOutcome};
+//! use dagnats_leases_core::outbox::Ids;
 //! use dagnats_leases_core::wire::{Endpoint, Response};
 //!
 //! /// The adapter's one NATS request (here JetStream stores the create at revision 1).
@@ -81,8 +82,10 @@
 //! let mut now = Instant::now();
 //! let wall = time::OffsetDateTime::now_utc();
 //! let mut call = Call::new(CallConfig::ready(1024 * 1024), Endpoint::Acquire, body, wall, now);
+//! // The call's owner names its requests (the service does, from one id space).
+//! let mut ids = Ids::<EffectId>::starting_at(1);
 //! let reply = 'call: loop {
-//!     while let Some(transmit) = call.poll_transmit() {
+//!     while let Some(transmit) = call.poll_transmit(&mut ids) {
 //!         let outcome = send(&transmit.request); // an adapter races this against the timer
 //!         call.handle_outcome(now, transmit.id, outcome);
 //!     }

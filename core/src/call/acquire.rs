@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use super::{Call, Job};
 use crate::effect::{KvWrite, Operation};
-use crate::io::EffectId;
 use crate::js::KeyState;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
 use crate::wire::{AcquireReply, AcquireRequest, ErrorKind, ErrorReply, Lease, Response};
@@ -33,7 +32,7 @@ impl Call {
         };
         let ttl = r.ttl_ms;
         self.write(KvWrite {
-            id: EffectId(0),
+            id: crate::io::EffectId::UNSENT,
             key,
             operation: Operation::Put,
             expected_revision,

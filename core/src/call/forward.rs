@@ -79,7 +79,7 @@ impl Call {
         f.attempts += 1;
         f.retry = None;
         f.last_tried = Some((holder.clone(), revision));
-        let id = self.id();
+        let id = crate::io::EffectId::UNSENT;
         let request = InboxRequest {
             id,
             holder,
@@ -89,7 +89,7 @@ impl Call {
             timeout: f.deadline.saturating_duration_since(now),
         };
         self.job = Job::Forward(f);
-        self.issue(Waiting::Inbox(id), Effect::InboxRequest(request));
+        self.issue(Waiting::Inbox, Effect::InboxRequest(request));
     }
 
     pub(super) fn on_inbox(&mut self, now: Instant, outcome: RequestOutcome) {

@@ -28,6 +28,7 @@ use time::OffsetDateTime;
 use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::known::{Known, KnownLeases, KnownState, Stamp};
+use crate::outbox::Ids;
 use crate::record::{LeaseRecord, format_time};
 use crate::tenant::{self, Caller};
 use crate::wire::{
@@ -96,11 +97,11 @@ pub enum CallEvent {
 #[derive(Debug)]
 enum Waiting {
     Nothing,
-    Read(EffectId),
+    Read,
     /// A confirmation of this read is in flight.
-    Confirm(EffectId, KeyState),
-    Write(EffectId),
-    Inbox(EffectId),
+    Confirm(KeyState),
+    Write,
+    Inbox,
 }
 
 #[derive(Debug)]
@@ -135,8 +136,9 @@ pub struct Call {
     config: CallConfig,
     started_wall: OffsetDateTime,
     started_at: Instant,
-    next_id: u64,
     waiting: Waiting,
+    /// The id its owner gave the request waited for, once it went out.
+    out: Option<EffectId>,
     /// When the effect waited for times out (the call keeps its own deadlines).
     waiting_until: Option<Instant>,
     /// The time of the input being handled.
@@ -211,7 +213,7 @@ impl Call {
             config,
             started_wall: wall,
             started_at: now,
-            next_id: 0,
+            out: None,
             waiting: Waiting::Nothing,
             waiting_until: None,
             now,
@@ -305,12 +307,12 @@ impl Call {
         }
     }
 
-    /// The next request to send, if any.
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+    /// The next request to send, if any, under an id from its owner's `ids`:
+    /// its outcome comes back with that id.
+    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+        let effect = self.poll_effect(ids)?;
         let account = self.scope.as_ref().map(|c| c.account.as_str());
-        self.effects
-            .pop_front()
-            .map(|effect| effect.into_transmit_sharded(account, &self.config.shards))
+        Some(effect.into_transmit_sharded(account, &self.config.shards))
     }
 
     /// The next thing the call reports: its reply last.
@@ -343,11 +345,14 @@ impl Call {
         self.learnt.take()
     }
 
-    /// The next request as the call decided it, for table tests that read its fields.
-    #[cfg(any(test, feature = "__test"))]
-    #[doc(hidden)]
-    pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
+    /// The next request as the call decided it, under an id from its owner's
+    /// `ids` (table tests read its fields).
+    pub fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect> {
+        let mut effect = self.effects.pop_front()?;
+        let id = ids.allocate();
+        effect.set_id(id);
+        self.out = Some(id);
+        Some(effect)
     }
 
     /// When [`Call::handle_timeout`] must be called, if ever.
@@ -384,13 +389,11 @@ impl Call {
             }
             return self.fail_deadline();
         }
-        let id = match self.waiting {
-            Waiting::Read(id) | Waiting::Write(id) | Waiting::Inbox(id) => id,
-            Waiting::Confirm(id, _) => id,
-            Waiting::Nothing => return,
-        };
+        if matches!(self.waiting, Waiting::Nothing) {
+            return;
+        }
         if self.waiting_until.is_some_and(|at| now >= at) {
-            self.handle_outcome(now, id, RequestOutcome::TimedOut);
+            self.waited_outcome(now, RequestOutcome::TimedOut);
         }
     }
 
@@ -439,11 +442,19 @@ impl Call {
     /// owner's own reply is taken as it is.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
         self.now = now;
+        if self.out != Some(id) {
+            return;
+        }
+        self.waited_outcome(now, outcome);
+    }
+
+    /// What came of the request waited for.
+    fn waited_outcome(&mut self, now: Instant, outcome: RequestOutcome) {
         let late = self.forward_past_deadline(now)
             && match &self.waiting {
-                Waiting::Read(w) | Waiting::Confirm(w, _) => *w == id,
-                Waiting::Inbox(w) => *w == id && !is_owner_reply(&outcome),
-                Waiting::Nothing | Waiting::Write(_) => false,
+                Waiting::Read | Waiting::Confirm(_) => true,
+                Waiting::Inbox => !is_owner_reply(&outcome),
+                Waiting::Nothing | Waiting::Write => false,
             };
         if late {
             // Read for the metrics only: the call acts on the deadline.
@@ -462,8 +473,9 @@ impl Call {
             return self.fail_deadline();
         }
         let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
+        self.out = None;
         match waiting {
-            Waiting::Read(w) if w == id => match js::parse_read(&outcome) {
+            Waiting::Read => match js::parse_read(&outcome) {
                 Ok(state) => {
                     self.seen_max = self.seen_max.max(state.revision());
                     self.learn_read(&state);
@@ -474,7 +486,7 @@ impl Call {
                     self.fail_js(f)
                 }
             },
-            Waiting::Confirm(w, state) if w == id => {
+            Waiting::Confirm(state) => {
                 let ack = js::parse_pub_ack(&outcome);
                 self.report_ack(KvOp::Confirm, &outcome, &ack);
                 if let Ok(PublishResult::Stored(rev)) = ack {
@@ -487,7 +499,7 @@ impl Call {
                     Err(f) => self.fail_js(f),
                 }
             }
-            Waiting::Write(w) if w == id => {
+            Waiting::Write => {
                 let ack = js::parse_pub_ack(&outcome);
                 self.report_ack(KvOp::Write, &outcome, &ack);
                 match ack {
@@ -500,18 +512,18 @@ impl Call {
                     Err(f) => self.fail_js(f),
                 }
             }
-            Waiting::Inbox(w) if w == id => self.on_inbox(now, outcome),
-            other => self.waiting = other,
+            Waiting::Inbox => self.on_inbox(now, outcome),
+            Waiting::Nothing => {}
         }
     }
 
     /// Which JetStream request the call waits on, if it waits on one.
     fn waiting_op(&self) -> Option<KvOp> {
         match self.waiting {
-            Waiting::Read(_) => Some(KvOp::Read),
-            Waiting::Confirm(..) => Some(KvOp::Confirm),
-            Waiting::Write(_) => Some(KvOp::Write),
-            Waiting::Inbox(_) | Waiting::Nothing => None,
+            Waiting::Read => Some(KvOp::Read),
+            Waiting::Confirm(_) => Some(KvOp::Confirm),
+            Waiting::Write => Some(KvOp::Write),
+            Waiting::Inbox | Waiting::Nothing => None,
         }
     }
 
@@ -535,11 +547,6 @@ impl Call {
             Ok(_) => {}
             Err(f) => self.report(KvFact::failed(op, outcome, f)),
         }
-    }
-
-    fn id(&mut self) -> EffectId {
-        self.next_id += 1;
-        EffectId(self.next_id)
     }
 
     /// Reads the key again, within a forward's deadline.
@@ -568,47 +575,42 @@ impl Call {
     /// Asks for `effect` and waits for its outcome until its timeout has passed.
     fn issue(&mut self, waiting: Waiting, effect: Effect) {
         self.waiting = waiting;
+        self.out = None;
         self.waiting_until = Some(self.now + effect.timeout());
         self.effects.push_back(effect);
     }
 
     fn read(&mut self, key: String) {
-        let id = self.id();
+        let id = EffectId::UNSENT;
         let timeout = self.config.kv_timeout;
-        self.issue(
-            Waiting::Read(id),
-            Effect::KvRead(KvRead { id, key, timeout }),
-        );
+        self.issue(Waiting::Read, Effect::KvRead(KvRead { id, key, timeout }));
     }
 
     /// A read bounded by a forward's deadline.
     fn read_before(&mut self, key: String, now: Instant, deadline: Instant) {
-        let id = self.id();
+        let id = EffectId::UNSENT;
         let timeout = self
             .config
             .kv_timeout
             .min(deadline.saturating_duration_since(now));
-        self.issue(
-            Waiting::Read(id),
-            Effect::KvRead(KvRead { id, key, timeout }),
-        );
+        self.issue(Waiting::Read, Effect::KvRead(KvRead { id, key, timeout }));
     }
 
     fn write(&mut self, mut write: KvWrite) {
-        let id = self.id();
-        write.id = id;
+        write.id = EffectId::UNSENT;
         self.writes += 1;
         let record = match write.operation {
             Operation::Put => LeaseRecord::parse(&write.value).ok(),
             Operation::Delete => None,
         };
         self.sent = Some((self.now, record));
-        self.issue(Waiting::Write(id), Effect::KvWrite(write));
+        self.issue(Waiting::Write, Effect::KvWrite(write));
     }
 
     fn reply(&mut self, response: Response) {
         self.job = Job::Done;
         self.waiting = Waiting::Nothing;
+        self.out = None;
         self.waiting_until = None;
         self.effects.clear();
         self.events.push_back(CallEvent::Replied(response));
@@ -711,14 +713,14 @@ impl Call {
         }
         self.confirms += 1;
         self.report(KvFact::ConfirmSent);
-        let id = self.id();
+        let id = EffectId::UNSENT;
         let confirm = ConfirmRead {
             id,
             key,
             revision: state.revision(),
             timeout: self.kv_timeout(now),
         };
-        self.issue(Waiting::Confirm(id, state), Effect::ConfirmRead(confirm));
+        self.issue(Waiting::Confirm(state), Effect::ConfirmRead(confirm));
     }
 
     /// Acts on a read that is current: confirmed, or about to be by a write.

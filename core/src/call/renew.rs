@@ -8,7 +8,6 @@ use time::OffsetDateTime;
 use super::fence::KnownFence;
 use super::{Call, Job, expiry_guard};
 use crate::effect::{KvWrite, Operation};
-use crate::io::EffectId;
 use crate::js::KeyState;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
 use crate::wire::{ErrorKind, ErrorReply, Lease, RenewRequest, Response};
@@ -114,7 +113,7 @@ impl Call {
             }),
         );
         self.fenced_write(KvWrite {
-            id: EffectId(0),
+            id: crate::io::EffectId::UNSENT,
             key,
             operation: Operation::Put,
             expected_revision: expected,

@@ -41,26 +41,22 @@ impl Service {
         let Some(running) = self.calls.get_mut(&token) else {
             return;
         };
-        while let Some(transmit) = running.call.poll_transmit() {
+        // One id names each request from the call to the adapter (or to the
+        // coalescer) and back: the service's own.
+        while let Some(transmit) = running.call.poll_transmit(&mut self.effect_ids) {
+            let id = transmit.id;
+            running.sent.push(id);
             if let Some(coalescer) = self
                 .coalescer
                 .as_mut()
                 .filter(|_| transmit.kind.is_stream_write())
             {
-                let write = self.write_ids.allocate();
-                running.writes.push(write);
-                self.writes.insert(write, (token, transmit.id));
-                coalescer.handle_write(now, write, transmit.request);
+                self.routes.insert(id, Route::Write(token), None);
+                coalescer.handle_write(now, id, transmit.request);
                 continue;
             }
-            let id = self.effect_ids.allocate();
-            running.sent.push(id);
-            let route = Route::Call {
-                call: token,
-                inner: transmit.id,
-            };
-            self.routes.insert(id, route, None);
-            self.transmits.push_back(Transmit { id, ..transmit });
+            self.routes.insert(id, Route::Call(token), None);
+            self.transmits.push_back(transmit);
         }
         while let Some(event) = running.call.poll_event() {
             match event {
@@ -79,7 +75,7 @@ impl Service {
         };
         self.deadlines.remove(&token);
         // A request still out (a call cut off) is waited for no more.
-        self.give_up_waits(now, &running.sent, &running.writes);
+        self.give_up_waits(now, &running.sent);
         match (&response, &running.scope) {
             (Response::Released(r), scope) if self.stop.is_none() => {
                 let key = tenant::storage_key(scope.as_ref(), &r.key);
@@ -115,71 +111,78 @@ impl Service {
     /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
     /// waits for any more (its call ended, it timed out) is ignored.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        let Some(route) = self.routes.take(&id) else {
+        // A write in the coalescer was never handed to the adapter.
+        if matches!(self.routes.get(&id), None | Some(Route::Write(_))) {
             return;
-        };
-        match route {
-            Route::Call { call, inner } => self.call_outcome(now, call, id, inner, outcome),
-            Route::Part { part, inner } => self.part_outcome(now, part, inner, outcome),
+        }
+        match self.routes.take(&id) {
+            Some(Route::Call(call)) => self.call_outcome(now, call, id, outcome),
+            Some(Route::Part(part)) => self.part_outcome(now, part, id, outcome),
+            Some(Route::Write(_)) | None => {}
         }
         self.pump_startup(now);
         self.pump(now);
     }
 
-    fn call_outcome(
+    /// Hands a call's request's outcome to the call (a write's, from the
+    /// coalescer, too).
+    pub(super) fn call_outcome(
         &mut self,
         now: Instant,
         token: CallId,
-        sent: EffectId,
-        inner: EffectId,
+        id: EffectId,
         outcome: RequestOutcome,
     ) {
         let Some(running) = self.calls.get_mut(&token) else {
             return;
         };
-        running.sent.retain(|s| *s != sent);
-        running.call.handle_outcome(now, inner, outcome);
+        running.sent.retain(|s| *s != id);
+        running.call.handle_outcome(now, id, outcome);
         self.drive(now, token);
     }
 
     /// Hands a part's request's outcome to the part.
-    fn part_outcome(&mut self, now: Instant, part: Part, inner: EffectId, outcome: RequestOutcome) {
+    fn part_outcome(&mut self, now: Instant, part: Part, id: EffectId, outcome: RequestOutcome) {
         match part {
             Part::Coalescer => {
                 if let Some(c) = &mut self.coalescer {
-                    c.handle_outcome(now, inner, outcome);
+                    c.handle_outcome(now, id, outcome);
                 }
             }
             Part::Startup => {
                 if let Phase::Starting(startup) = &mut self.phase {
-                    startup.handle_outcome(now, inner, outcome);
+                    startup.handle_outcome(now, id, outcome);
                 }
             }
             Part::Replicas => {
                 if let Some(c) = &mut self.check {
-                    c.handle_outcome(now, inner, outcome);
+                    c.handle_outcome(now, id, outcome);
                 }
             }
-            Part::Sweep => self.sweep.handle_outcome(now, inner, outcome),
+            Part::Sweep => self.sweep.handle_outcome(now, id, outcome),
         }
     }
 
-    /// Sends a part's request, timed out at its own timeout from `now`.
+    /// Sends a part's request (named by the service's id the part polled it
+    /// with), timed out at its own timeout from `now`.
     pub(super) fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
-        let id = self.effect_ids.allocate();
         let due = now + transmit.request.timeout;
-        let route = Route::Part {
-            part,
-            inner: transmit.id,
-        };
-        self.routes.insert(id, route, Some(due));
-        self.transmits.push_back(Transmit { id, ..transmit });
+        self.routes
+            .insert(transmit.id, Route::Part(part), Some(due));
+        self.transmits.push_back(transmit);
     }
 
-    /// Gives up a request out: nothing waits for it any more.
-    pub(super) fn cancel(&mut self, id: EffectId) {
-        if self.routes.take(&id).is_some() {
-            self.events.push_back(ServiceEvent::Cancel { id });
+    /// Gives up a request out: nothing waits for it any more. A write still in
+    /// the coalescer is never sent late; one sent is dropped by the adapter.
+    pub(super) fn cancel(&mut self, now: Instant, id: EffectId) {
+        match self.routes.take(&id) {
+            Some(Route::Write(_)) => {
+                if let Some(coalescer) = &mut self.coalescer {
+                    coalescer.handle_cancel(now, id);
+                }
+            }
+            Some(_) => self.events.push_back(ServiceEvent::Cancel { id }),
+            None => {}
         }
     }
 
@@ -204,8 +207,7 @@ impl Service {
                 continue;
             };
             let sent = std::mem::take(&mut running.sent);
-            let writes = std::mem::take(&mut running.writes);
-            self.give_up_waits(now, &sent, &writes);
+            self.give_up_waits(now, &sent);
             if let Some(running) = self.calls.get_mut(&token) {
                 running.call.handle_timeout(now);
             }
@@ -215,16 +217,9 @@ impl Service {
 
     /// A call's requests out are waited for no more (each send dropped), and its
     /// writes still queued in the coalescer are never sent late.
-    fn give_up_waits(&mut self, now: Instant, sent: &[EffectId], writes: &[WriteId]) {
+    fn give_up_waits(&mut self, now: Instant, sent: &[EffectId]) {
         for id in sent {
-            self.cancel(*id);
-        }
-        for write in writes {
-            if self.writes.remove(write).is_some()
-                && let Some(coalescer) = &mut self.coalescer
-            {
-                coalescer.handle_cancel(now, *write);
-            }
+            self.cancel(now, *id);
         }
     }
 
@@ -233,8 +228,8 @@ impl Service {
     pub(super) fn time_out_sends(&mut self, now: Instant) {
         while let Some((id, route)) = self.routes.pop_timed_out(now) {
             self.events.push_back(ServiceEvent::Cancel { id });
-            if let Route::Part { part, inner } = route {
-                self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
+            if let Route::Part(part) = route {
+                self.part_outcome(now, part, id, RequestOutcome::TimedOut);
             }
         }
     }

@@ -51,6 +51,8 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::outbox::Ids;
+
 use crate::shard::ShardMap;
 use crate::subjects::HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT;
 
@@ -138,16 +140,6 @@ pub fn coalesce_on(setting: CoalesceWrites, replicas: usize, atomic: bool) -> bo
         }
 }
 
-/// Names one write handed to the coalescer; its result comes back with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WriteId(pub u64);
-
-impl crate::outbox::Id for WriteId {
-    fn from_raw(n: u64) -> Self {
-        Self(n)
-    }
-}
-
 /// How the coalescer batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoalescerConfig {
@@ -219,8 +211,8 @@ pub enum CoalescerEvent {
     /// This write is finished: feed `outcome` to the call that asked for it, as
     /// the outcome of its own request.
     Done {
-        /// The write.
-        write: WriteId,
+        /// The write: the id its owner gave the call's request.
+        write: EffectId,
         /// What a single write would have been answered.
         outcome: RequestOutcome,
     },
@@ -228,7 +220,7 @@ pub enum CoalescerEvent {
 
 #[derive(Debug, Clone)]
 struct Write {
-    id: WriteId,
+    id: EffectId,
     request: NatsRequest,
 }
 
@@ -262,15 +254,15 @@ pub struct Coalescer {
     singles: usize,
     /// Batches out.
     batches: usize,
-    next_effect: u64,
     next_batch: u64,
-    transmits: VecDeque<Transmit>,
+    /// Sends decided and not yet handed out (their id comes from the owner).
+    unsent: VecDeque<(Transmit, Flight)>,
     events: VecDeque<CoalescerEvent>,
     batches_sent: u64,
     batches_failed: u64,
     /// Writes cancelled while out in a batch: if the batch fails they are not
     /// sent again alone (their call gave up and was answered).
-    cancelled: std::collections::HashSet<WriteId>,
+    cancelled: std::collections::HashSet<EffectId>,
 }
 
 impl Coalescer {
@@ -291,9 +283,8 @@ impl Coalescer {
             in_flight: BTreeMap::new(),
             singles: 0,
             batches: 0,
-            next_effect: 0,
             next_batch: 0,
-            transmits: VecDeque::new(),
+            unsent: VecDeque::new(),
             events: VecDeque::new(),
             batches_sent: 0,
             batches_failed: 0,
@@ -315,7 +306,9 @@ impl Coalescer {
     }
 
     /// A write to send: a JetStream publish as the call built it.
-    pub fn handle_write(&mut self, _now: Instant, id: WriteId, request: NatsRequest) {
+    /// `id` is the id its owner gave the call's request: the write's result
+    /// comes back with it ([`CoalescerEvent::Done`]).
+    pub fn handle_write(&mut self, _now: Instant, id: EffectId, request: NatsRequest) {
         self.queue.push_back(Write { id, request });
         self.dispatch();
     }
@@ -323,13 +316,17 @@ impl Coalescer {
     /// The caller of a write gave up on it (its call timed out or was cut off):
     /// dropped if it has not gone out yet, and then no result comes for it; once
     /// sent it runs its course and its result comes as usual.
-    pub fn handle_cancel(&mut self, _now: Instant, id: WriteId) {
+    pub fn handle_cancel(&mut self, _now: Instant, id: EffectId) {
         let queued = self.queue.len();
         self.queue.retain(|w| w.id != id);
-        let out_in_a_batch = self.in_flight.values().any(|f| match f {
-            Flight::Batch(writes) => writes.iter().any(|w| w.id == id),
-            _ => false,
-        });
+        let out_in_a_batch = self
+            .in_flight
+            .values()
+            .chain(self.unsent.iter().map(|(_, f)| f))
+            .any(|f| match f {
+                Flight::Batch(writes) => writes.iter().any(|w| w.id == id),
+                _ => false,
+            });
         if self.queue.len() == queued && out_in_a_batch {
             self.cancelled.insert(id);
         }
@@ -355,9 +352,13 @@ impl Coalescer {
     }
 
     /// The next send: a single write, or a batch (its messages before the commit
-    /// in `publish`, the commit as `request`). Drain after every input.
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+    /// in `publish`, the commit as `request`), under an id from its owner's `ids`:
+    /// feed its outcome back with it. Drain after every input.
+    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+        let (mut transmit, flight) = self.unsent.pop_front()?;
+        transmit.id = ids.allocate();
+        self.in_flight.insert(transmit.id, flight);
+        Some(transmit)
     }
 
     /// The next write finished. Drain after every input.
@@ -369,12 +370,12 @@ impl Coalescer {
     pub fn is_done(&self) -> bool {
         self.queue.is_empty()
             && self.in_flight.is_empty()
-            && self.transmits.is_empty()
+            && self.unsent.is_empty()
             && self.events.is_empty()
     }
 
     /// The writes a send in flight carries, in order (empty once answered).
-    pub fn writes_of(&self, send: EffectId) -> Vec<WriteId> {
+    pub fn writes_of(&self, send: EffectId) -> Vec<EffectId> {
         match self.in_flight.get(&send) {
             None => Vec::new(),
             Some(Flight::Single(w) | Flight::Retry(w)) => vec![w.id],
@@ -386,16 +387,11 @@ impl Coalescer {
     pub fn pending(&self) -> WritesPending {
         WritesPending {
             queued: self.queue.len(),
-            sent: self.in_flight.len(),
+            sent: self.in_flight.len() + self.unsent.len(),
         }
     }
 
-    fn effect_id(&mut self) -> EffectId {
-        self.next_effect += 1;
-        EffectId(self.next_effect)
-    }
-
-    fn done(&mut self, write: WriteId, outcome: RequestOutcome) {
+    fn done(&mut self, write: EffectId, outcome: RequestOutcome) {
         self.cancelled.remove(&write);
         self.events
             .push_back(CoalescerEvent::Done { write, outcome });
@@ -482,20 +478,17 @@ impl Coalescer {
     }
 
     fn send_single(&mut self, w: Write, retry: bool) {
-        let id = self.effect_id();
-        let request = w.request.clone();
-        if retry {
-            self.in_flight.insert(id, Flight::Retry(w));
+        let transmit = Transmit::new(EffectId::UNSENT, TransmitKind::Write, w.request.clone());
+        let flight = if retry {
+            Flight::Retry(w)
         } else {
             self.singles += 1;
-            self.in_flight.insert(id, Flight::Single(w));
-        }
-        self.transmits
-            .push_back(Transmit::new(id, TransmitKind::Write, request));
+            Flight::Single(w)
+        };
+        self.unsent.push_back((transmit, flight));
     }
 
     fn send_batch(&mut self, batch: Vec<Write>) {
-        let id = self.effect_id();
         self.next_batch += 1;
         self.batches_sent += 1;
         let batch_id = format!("{}{}", self.config.batch_id_prefix, self.next_batch);
@@ -521,13 +514,13 @@ impl Coalescer {
             .collect();
         let request = messages.pop().expect("a batch is not empty");
         self.batches += 1;
-        self.in_flight.insert(id, Flight::Batch(batch));
-        self.transmits.push_back(Transmit {
-            id,
+        let transmit = Transmit {
+            id: EffectId::UNSENT,
             kind: TransmitKind::Write,
             publish: messages,
             request,
-        });
+        };
+        self.unsent.push_back((transmit, Flight::Batch(batch)));
     }
 
     fn batch_outcome(&mut self, writes: Vec<Write>, outcome: RequestOutcome) {

@@ -269,7 +269,6 @@ impl Service {
                 acquiring,
                 started: now,
                 sent: Vec::new(),
-                writes: Vec::new(),
                 shard,
                 floor,
             },

@@ -81,7 +81,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use self::admit::{Admission, AdmissionEvent};
-use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId, coalesce_on};
+use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, coalesce_on};
 use self::micro::MicroService;
 use self::replicas::{ReplicasCheck, ReplicasCheckEvent};
 use self::shutdown::{Shutdown, ShutdownEvent, StopPhase};
@@ -130,15 +130,17 @@ fn changes_unwatched_warning(known: bool, cap: Option<usize>) -> Option<String> 
     (!lost.is_empty()).then(|| format!("change events not watched: {}", lost.join("; and ")))
 }
 
-/// Who asked for a request: what its outcome goes to.
+/// Who asked for a request: what its outcome goes to. Every request of the
+/// service, a call's or a part's, is named by one id of the service's own.
 #[derive(Debug, Clone, Copy)]
 enum Route {
-    /// A call's own request (`inner` is the call's id for it): the call keeps its
-    /// deadline.
-    Call { call: CallId, inner: EffectId },
-    /// Another part's request (`inner` is the part's id for it), timed out by the
-    /// service at its own timeout.
-    Part { part: Part, inner: EffectId },
+    /// A call's request, sent to the adapter: the call keeps its deadline.
+    Call(CallId),
+    /// A call's stream write, handed to the coalescer (never to the adapter):
+    /// its result comes back from the coalescer under the same id.
+    Write(CallId),
+    /// Another part's request, timed out by the service at its own timeout.
+    Part(Part),
 }
 
 /// The parts other than the calls that send requests.
@@ -187,9 +189,8 @@ struct Running {
     /// The key of an acquire that took a place under its tenant's cap.
     acquiring: Option<String>,
     started: Instant,
-    /// Its requests out (service ids) and its writes in the coalescer.
+    /// Its requests out, to the adapter or in the coalescer.
     sent: Vec<EffectId>,
-    writes: Vec<WriteId>,
     /// The shard of its key, and the highest revision the service had seen on
     /// it when the call started: every write of the call must be stored above.
     shard: usize,
@@ -234,10 +235,8 @@ pub struct Service {
     deadlines: Due<CallId>,
     /// Requests out, by whom each belongs to; the parts' timed out here.
     routes: Requests<EffectId, Route>,
-    /// The calls' writes in the coalescer: the call and its id for the write.
-    writes: HashMap<WriteId, (CallId, EffectId)>,
+    /// The ids of every request of the service, its calls' and its parts'.
     effect_ids: Ids<EffectId>,
-    write_ids: Ids<WriteId>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServiceEvent>,
     /// Whether every connection is up, as the adapter last said.
@@ -300,9 +299,7 @@ impl Service {
             call_ids: Ids::starting_at(1),
             deadlines: Due::new(),
             routes: Requests::new(),
-            writes: HashMap::new(),
             effect_ids: Ids::starting_at(1),
-            write_ids: Ids::starting_at(1),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             connected: true,

@@ -15,17 +15,16 @@ impl Service {
             {
                 moved = true;
                 // The call may have given up: nobody to tell then.
-                if let Some((token, inner)) = self.writes.remove(&write) {
-                    if let Some(running) = self.calls.get_mut(&token) {
-                        running.writes.retain(|w| *w != write);
-                    }
-                    if let Some(running) = self.calls.get_mut(&token) {
-                        running.call.handle_outcome(now, inner, outcome);
-                        self.drive(now, token);
-                    }
+                if let Some(Route::Write(token)) = self.routes.get(&write).copied() {
+                    self.routes.take(&write);
+                    self.call_outcome(now, token, write, outcome);
                 }
             }
-            while let Some(t) = self.coalescer.as_mut().and_then(Coalescer::poll_transmit) {
+            while let Some(t) = self
+                .coalescer
+                .as_mut()
+                .and_then(|c| c.poll_transmit(&mut self.effect_ids))
+            {
                 moved = true;
                 self.send_for(now, Part::Coalescer, t);
             }
@@ -43,13 +42,17 @@ impl Service {
 
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
-        while let Some(t) = self.sweep.poll_transmit() {
+        while let Some(t) = self.sweep.poll_transmit(&mut self.effect_ids) {
             self.send_for(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
             self.sweep_event(event);
         }
-        while let Some(t) = self.check.as_mut().and_then(ReplicasCheck::poll_transmit) {
+        while let Some(t) = self
+            .check
+            .as_mut()
+            .and_then(|c| c.poll_transmit(&mut self.effect_ids))
+        {
             self.send_for(now, Part::Replicas, t);
         }
         while let Some(event) = self.check.as_mut().and_then(ReplicasCheck::poll_event) {
@@ -141,7 +144,8 @@ impl Service {
         let Phase::Starting(startup) = &mut self.phase else {
             return;
         };
-        let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit()).collect();
+        let ids = &mut self.effect_ids;
+        let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit(ids)).collect();
         for t in sends {
             self.send_for(now, Part::Startup, t);
         }

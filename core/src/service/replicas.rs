@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
+use crate::outbox::Ids;
 use crate::service::startup::{replicas_from_reply, stream_info_request_of};
 use crate::shard::ShardMap;
 
@@ -76,9 +77,9 @@ pub struct ReplicasCheck {
     every: Duration,
     timeout: Duration,
     next_at: Instant,
-    /// The check in flight, and when it is given up.
-    waiting: Option<(EffectId, Instant)>,
-    next_id: u64,
+    /// The check in flight (its owner times it out and says so with
+    /// [`RequestOutcome::TimedOut`]).
+    waiting: Option<EffectId>,
     confirm_reads: bool,
     /// Each shard's stream, its `created` time as last seen, and its replicas.
     streams: Vec<(String, Option<String>, usize)>,
@@ -102,7 +103,8 @@ pub struct ReplicasCheck {
 }
 
 impl ReplicasCheck {
-    /// Checks every `every` from `now`, each request bounded by `timeout`, starting
+    /// Checks every `every` from `now`, each request bounded by `timeout` (its
+    /// owner times it out and feeds back [`RequestOutcome::TimedOut`]), starting
     /// from the `replicas` startup found.
     pub fn new(every: Duration, timeout: Duration, replicas: usize, now: Instant) -> Self {
         Self {
@@ -110,7 +112,6 @@ impl ReplicasCheck {
             timeout,
             next_at: now + every,
             waiting: None,
-            next_id: 0,
             confirm_reads: replicas > 1,
             streams: vec![(ShardMap::SINGLE.stream(0), None, replicas)],
             high: vec![0],
@@ -162,17 +163,13 @@ impl ReplicasCheck {
         self.confirm_reads
     }
 
-    /// A check in flight past its timeout is given up; a check due is sent.
+    /// A check due is sent (one in flight is timed out by the owner, which feeds
+    /// back [`RequestOutcome::TimedOut`]).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some((id, due)) = self.waiting
-            && now >= due
-        {
-            self.handle_outcome(now, id, RequestOutcome::TimedOut);
-        }
         if self.waiting.is_none() && now >= self.next_at {
             self.next_at = now + self.every;
             self.cursor = 0;
-            self.ask(now);
+            self.ask();
         }
     }
 
@@ -183,26 +180,25 @@ impl ReplicasCheck {
     }
 
     /// Asks the stream at the cursor.
-    fn ask(&mut self, now: Instant) {
+    fn ask(&mut self) {
         self.floor = self.high[self.cursor];
-        self.next_id += 1;
-        let id = EffectId(self.next_id);
-        self.waiting = Some((id, now + self.timeout));
+        let id = EffectId::UNSENT;
+        self.waiting = Some(id);
         let request = stream_info_request_of(&self.streams[self.cursor].0, self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
 
     /// The answer to a check: an event when the replicas cross one.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        if self.waiting.map(|(w, _)| w) != Some(id) {
+    pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
+        if self.waiting != Some(id) {
             return;
         }
         self.waiting = None;
         let asked = self.cursor;
         self.cursor += 1;
         if self.cursor < self.streams.len() {
-            self.ask(now);
+            self.ask();
         } else {
             self.cursor = 0;
         }
@@ -297,8 +293,14 @@ impl ReplicasCheck {
     }
 
     /// The next stream-info request to send.
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+    /// It goes under an id from its owner's `ids`: feed its outcome back with it.
+    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+        let mut transmit = self.transmits.pop_front()?;
+        transmit.id = ids.allocate();
+        if let Some(waited) = &mut self.waiting {
+            *waited = transmit.id;
+        }
+        Some(transmit)
     }
 
     /// The next change of read confirmation.
@@ -306,8 +308,9 @@ impl ReplicasCheck {
         self.events.pop_front()
     }
 
-    /// The check in flight's deadline, or the next check.
+    /// The next check, while none is in flight (one in flight is timed out by
+    /// the owner).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        Some(self.waiting.map_or(self.next_at, |(_, due)| due))
+        self.waiting.is_none().then_some(self.next_at)
     }
 }

@@ -11,6 +11,7 @@ use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitK
 use crate::js::{
     self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, ERR_STREAM_SUBJECT_OVERLAP, JsFailure,
 };
+use crate::outbox::Ids;
 use crate::shard::{LAYOUT_GUARD_SUBJECT, META_SHARD, META_SHARDS, ShardMap};
 use crate::subjects::{REPUBLISH_DEST, STREAM, TENANT_REPUBLISH_DEST};
 use crate::tenant::Tenancy;
@@ -210,12 +211,9 @@ pub struct Startup {
     options: BucketOptions,
     timeout: Duration,
     step: Step,
-    /// The request waited on, and when it is given up for `TimedOut`.
-    waiting: Option<(EffectId, Instant)>,
-    /// The instant of the input being handled: requests sent now are due by it
-    /// plus `timeout`.
-    now: Instant,
-    next_id: u64,
+    /// The request waited on (its owner times it out and says so with
+    /// [`RequestOutcome::TimedOut`]).
+    waiting: Option<EffectId>,
     races: u32,
     replicas: usize,
     mode: Mode,
@@ -249,21 +247,19 @@ pub struct Startup {
 
 impl Startup {
     /// Starts at `now` from the version the server sent in INFO. Each request is
-    /// given `timeout`: unanswered by then, it is `TimedOut` in
-    /// [`Startup::handle_timeout`].
+    /// given `timeout`: unanswered by then, its owner feeds back
+    /// [`RequestOutcome::TimedOut`].
     pub fn new(
         options: BucketOptions,
         server_version: &str,
         timeout: Duration,
-        now: Instant,
+        _now: Instant,
     ) -> Self {
         let mut s = Self {
             options,
             timeout,
             step: Step::Done,
             waiting: None,
-            now,
-            next_id: 0,
             races: 0,
             replicas: 1,
             mode: Mode::Starting,
@@ -322,8 +318,14 @@ impl Startup {
     }
 
     /// The next request to send, if any.
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+    /// It goes under an id from its owner's `ids`: feed its outcome back with it.
+    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+        let mut transmit = self.transmits.pop_front()?;
+        transmit.id = ids.allocate();
+        if let Some(waited) = &mut self.waiting {
+            *waited = transmit.id;
+        }
+        Some(transmit)
     }
 
     /// The next log line, or the end with the mode to serve in.
@@ -336,24 +338,18 @@ impl Startup {
         self.step == Step::Done && self.transmits.is_empty() && self.events.is_empty()
     }
 
-    /// When to call [`Startup::handle_timeout`]: the deadline of the request waited
-    /// on, or the end of a wait before retrying.
+    /// When to call [`Startup::handle_timeout`]: the end of a wait before
+    /// retrying. A request waited on has no deadline here: its owner times it out
+    /// and feeds back [`RequestOutcome::TimedOut`].
     pub fn poll_timeout(&self) -> Option<Instant> {
         match (self.step, self.waiting) {
-            (_, Some((_, due))) => Some(due),
             (Step::Wait(at), None) => Some(at),
             _ => None,
         }
     }
 
-    /// A request unanswered by its deadline times out; a wait that is over retries.
+    /// A wait that is over retries.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.now = now;
-        if let Some((id, due)) = self.waiting
-            && now >= due
-        {
-            return self.handle_outcome(now, id, RequestOutcome::TimedOut);
-        }
         if let Step::Wait(at) = self.step
             && now >= at
         {
@@ -363,10 +359,9 @@ impl Startup {
 
     /// Feeds back the outcome of a request.
     pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        if self.waiting.map(|(w, _)| w) != Some(id) {
+        if self.waiting != Some(id) {
             return;
         }
-        self.now = now;
         self.waiting = None;
         // The layout question's silence is its own (a permission): see below.
         if outcome == RequestOutcome::NoResponders && self.step != Step::Layout {
@@ -448,15 +443,10 @@ impl Startup {
         }
     }
 
-    fn id(&mut self) -> EffectId {
-        self.next_id += 1;
-        EffectId(self.next_id)
-    }
-
     fn send(&mut self, step: Step, subject: String, body: Value) {
-        let id = self.id();
+        let id = EffectId::UNSENT;
         self.step = step;
-        self.waiting = Some((id, self.now + self.timeout));
+        self.waiting = Some(id);
         let request = js::api_request(subject, &body, self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
@@ -468,9 +458,9 @@ impl Startup {
     }
 
     fn ask_info(&mut self) {
-        let id = self.id();
+        let id = EffectId::UNSENT;
         self.step = Step::Info;
-        self.waiting = Some((id, self.now + self.timeout));
+        self.waiting = Some(id);
         let request = stream_info_request_of(&self.stream(), self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
@@ -487,9 +477,9 @@ impl Startup {
     }
 
     fn ask_layout(&mut self) {
-        let id = self.id();
+        let id = EffectId::UNSENT;
         self.step = Step::Layout;
-        self.waiting = Some((id, self.now + self.timeout));
+        self.waiting = Some(id);
         let request = stream_info_request_of(&self.other_layout_stream(), self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));

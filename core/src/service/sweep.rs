@@ -48,6 +48,7 @@ use serde_json::json;
 
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
+use crate::outbox::Ids;
 use crate::shard::ShardMap;
 use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON};
 
@@ -179,7 +180,6 @@ pub struct TombstoneSweep {
     scans: Vec<StreamScan>,
     /// Scans wait until then after a failure.
     paused_until: Option<Instant>,
-    next_id: u64,
     events: VecDeque<TombstoneSweepEvent>,
     shards: ShardMap,
 }
@@ -194,7 +194,6 @@ impl TombstoneSweep {
             purges_out: 0,
             scans: vec![StreamScan::default()],
             paused_until: None,
-            next_id: 0,
             events: VecDeque::new(),
             shards: ShardMap::SINGLE,
         }
@@ -336,7 +335,8 @@ impl TombstoneSweep {
 
     /// The next request to send: purges first, up to [`MAX_IN_FLIGHT`], then one
     /// scan read per stream.
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+    /// Each goes under an id from its owner's `ids`: feed its outcome back with it.
+    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
         if self.purges_out < MAX_IN_FLIGHT
             && let Some(t) = self.pending.pop_front()
         {
@@ -346,7 +346,7 @@ impl TombstoneSweep {
                 self.timeout,
             );
             self.purges_out += 1;
-            return Some(self.send(Out::Purge(t), request));
+            return Some(self.send(ids, Out::Purge(t), request));
         }
         if self.paused_until.is_some() || self.pending.len() >= MAX_PENDING {
             return None;
@@ -372,15 +372,14 @@ impl TombstoneSweep {
             {
                 scan.reading = true;
                 let request = scan_request(i, cursor.next, self.timeout, &self.shards);
-                return Some(self.send(Out::Read(i), request));
+                return Some(self.send(ids, Out::Read(i), request));
             }
         }
         None
     }
 
-    fn send(&mut self, out: Out, request: NatsRequest) -> Transmit {
-        self.next_id += 1;
-        let id = EffectId(self.next_id);
+    fn send(&mut self, ids: &mut Ids<EffectId>, out: Out, request: NatsRequest) -> Transmit {
+        let id = ids.allocate();
         self.out.insert(id, out);
         Transmit::new(id, TransmitKind::Api, request)
     }

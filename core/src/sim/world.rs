@@ -14,6 +14,7 @@ use crate::io::EffectId;
 use crate::io::RequestOutcome;
 use crate::js::{self, KeyState};
 use crate::known::{Known, KnownLeases};
+use crate::outbox::Ids;
 use crate::subjects::{HDR_REJECT, REJECT_STALE};
 use crate::test_support::invalid_bodies;
 use crate::wire::{Endpoint, ErrorKind, Response};
@@ -67,7 +68,7 @@ pub enum CallKind {
 /// (a mutant the checks must catch).
 pub trait CallMachine: std::fmt::Debug {
     /// See [`Call::poll_effect`].
-    fn poll_effect(&mut self) -> Option<Effect>;
+    fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect>;
     /// See [`Call::poll_event`].
     fn poll_event(&mut self) -> Option<CallEvent>;
     /// See [`Call::handle_outcome`].
@@ -83,8 +84,8 @@ pub trait CallMachine: std::fmt::Debug {
 }
 
 impl CallMachine for Call {
-    fn poll_effect(&mut self) -> Option<Effect> {
-        Self::poll_effect(self)
+    fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect> {
+        Self::poll_effect(self, ids)
     }
     fn poll_event(&mut self) -> Option<CallEvent> {
         Self::poll_event(self)
@@ -166,6 +167,8 @@ pub struct World {
     /// The change events of the last step (as the server's RePublish sends
     /// them), delivered at the end of the next.
     events: Vec<crate::service::Received>,
+    /// The ids of the calls' requests: the world is their owner.
+    ids: Ids<EffectId>,
 }
 
 /// A broken invariant.
@@ -189,6 +192,7 @@ impl World {
             replies: Vec::new(),
             known: None,
             events: Vec::new(),
+            ids: Ids::starting_at(1),
         }
     }
 
@@ -587,7 +591,7 @@ impl World {
                 known.learn(&key, fact);
             }
         }
-        while let Some(effect) = self.calls[i].call.poll_effect() {
+        while let Some(effect) = self.calls[i].call.poll_effect(&mut self.ids) {
             if self.calls[i].reply.is_some() {
                 return Err(format!("effect after the reply: {effect:?}"));
             }

@@ -8,6 +8,7 @@
 //! stream. Every call must see the same outcomes, so give the same reply, and the
 //! two streams must hold the same messages.
 
+use super::support::owner_ids;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use serde_json::json;
 use crate::call::{Call, CallConfig, CallEvent};
 
 use crate::io::{EffectId, NatsRequest, Transmit};
-use crate::service::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, WriteId};
+use crate::service::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent};
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
 
@@ -99,7 +100,7 @@ impl Driver {
     /// Call `i`'s next effects: its reply, or requests (with their index `k`).
     fn drain(&mut self, i: usize) -> Vec<(u32, EffectId, NatsRequest, bool)> {
         let mut out = Vec::new();
-        while let Some(t) = self.calls[i].poll_transmit() {
+        while let Some(t) = self.calls[i].poll_transmit(&mut owner_ids()) {
             let k = self.issued[i];
             self.issued[i] += 1;
             out.push((k, t.id, t.request, t.kind.is_stream_write()));
@@ -127,8 +128,7 @@ fn coalesced(
     let mut trace = Vec::new();
     let mut reads: Vec<(usize, u32, EffectId, NatsRequest)> = Vec::new();
     let mut sends: Vec<Transmit> = Vec::new();
-    let mut writes: BTreeMap<WriteId, (usize, u32, EffectId)> = BTreeMap::new();
-    let mut next_write = 0u64;
+    let mut writes: BTreeMap<EffectId, (usize, u32, EffectId)> = BTreeMap::new();
     let mut ready: Vec<usize> = (0..calls.len()).collect();
 
     let mut script = script.iter().copied();
@@ -141,15 +141,15 @@ fn coalesced(
                 for (k, id, req, is_write) in d.drain(i) {
                     moved = true;
                     if is_write {
-                        next_write += 1;
-                        writes.insert(WriteId(next_write), (i, k, id));
-                        co.handle_write(d.now(), WriteId(next_write), req);
+                        // One id names the write from the call to the coalescer and back.
+                        writes.insert(id, (i, k, id));
+                        co.handle_write(d.now(), id, req);
                     } else {
                         reads.push((i, k, id, req));
                     }
                 }
             }
-            while let Some(t) = co.poll_transmit() {
+            while let Some(t) = co.poll_transmit(&mut owner_ids()) {
                 moved = true;
                 sends.push(t);
             }

@@ -46,7 +46,7 @@ fn a_confirmation_is_a_conditional_publish_to_the_keys_read_subject() {
     assert_eq!(header(&req, HDR_TTL), Some("1s"));
     assert!(req.payload.is_empty());
     assert!(
-        d.call.poll_effect().is_none(),
+        d.call.poll_effect(&mut owner_ids()).is_none(),
         "no reply before the confirmation"
     );
     d.feed(c.id, ack(8));

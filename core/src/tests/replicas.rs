@@ -1,5 +1,6 @@
 //! The replicas re-check: when it asks, and when read confirmation turns on or off.
 
+use super::support::owner_ids;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -32,10 +33,13 @@ fn next_event(c: &mut ReplicasCheck) -> Option<ReplicasCheckEvent> {
 /// Fires the timer at `at` and takes the check it sends.
 fn check_at(c: &mut ReplicasCheck, at: Instant) -> crate::io::EffectId {
     c.handle_timeout(at);
-    let t = c.poll_transmit().expect("a check is due");
+    let t = c.poll_transmit(&mut owner_ids()).expect("a check is due");
     assert_eq!(t.kind, TransmitKind::Api);
     assert_eq!(t.request.subject, "$JS.API.STREAM.INFO.KV_leases");
-    assert!(c.poll_transmit().is_none(), "one check at a time");
+    assert!(
+        c.poll_transmit(&mut owner_ids()).is_none(),
+        "one check at a time"
+    );
     t.id
 }
 
@@ -45,12 +49,12 @@ fn a_check_goes_out_each_period_and_not_before() {
     let mut c = ReplicasCheck::new(EVERY, T, 1, t0);
     assert_eq!(c.poll_timeout(), Some(t0 + EVERY));
     c.handle_timeout(ms(t0, 9_999));
-    assert!(c.poll_transmit().is_none());
+    assert!(c.poll_transmit(&mut owner_ids()).is_none());
     let id = check_at(&mut c, t0 + EVERY);
     assert_eq!(
         c.poll_timeout(),
-        Some(t0 + EVERY + T),
-        "the check's own deadline"
+        None,
+        "no deadline of its own for the check out: its owner times it out"
     );
     c.handle_outcome(ms(t0, 10_050), id, info(1));
     assert_eq!(next_event(&mut c), None, "one replica, as before");
@@ -88,7 +92,8 @@ fn no_answer_or_an_error_keeps_what_was_known_and_a_late_answer_is_ignored() {
     let mut c = ReplicasCheck::new(EVERY, T, 3, t0);
     assert!(c.confirm_reads());
     let id = check_at(&mut c, t0 + EVERY);
-    c.handle_timeout(t0 + EVERY + T);
+    // Its owner times it out.
+    c.handle_outcome(t0 + EVERY + T, id, RequestOutcome::TimedOut);
     assert_eq!(next_event(&mut c), None);
     c.handle_outcome(t0 + EVERY + T, id, info(1));
     assert_eq!(next_event(&mut c), None, "the timed-out check's answer");
@@ -119,18 +124,26 @@ proptest! {
         let mut out = None;
         for (wait, replicas, answer) in steps {
             now += Duration::from_millis(wait);
-            let at = c.poll_timeout().expect("always a next check");
-            if now >= at {
-                // The check in flight, if any, timed out (and maybe a new one went).
-                c.handle_timeout(now);
+            // The owner times out the check in flight, if any, at its timeout.
+            if let Some((id, due)) = out
+                && now >= due
+            {
+                c.handle_outcome(now, id, RequestOutcome::TimedOut);
                 out = None;
             }
-            if let Some(t) = c.poll_transmit() {
-                prop_assert!(out.is_none(), "two checks out");
-                prop_assert!(c.poll_transmit().is_none());
-                out = Some(t.id);
+            match c.poll_timeout() {
+                Some(_) => prop_assert!(out.is_none(), "a next check while one is out"),
+                None => prop_assert!(out.is_some(), "no next check and none out"),
             }
-            if answer && let Some(id) = out.take() {
+            if c.poll_timeout().is_some_and(|at| now >= at) {
+                c.handle_timeout(now);
+            }
+            if let Some(t) = c.poll_transmit(&mut owner_ids()) {
+                prop_assert!(out.is_none(), "two checks out");
+                prop_assert!(c.poll_transmit(&mut owner_ids()).is_none());
+                out = Some((t.id, now + T));
+            }
+            if answer && let Some((id, _)) = out.take() {
                 let outcome = replicas.map_or(RequestOutcome::TimedOut, info);
                 c.handle_outcome(now, id, outcome);
                 if let Some(r) = replicas {
@@ -198,19 +211,24 @@ fn every_shards_stream_is_asked_each_period() {
         let at = t0 + EVERY * (round + 1);
         c.handle_timeout(at);
         for i in 0..3 {
-            let t = c.poll_transmit().expect("the next shard is asked");
+            let t = c
+                .poll_transmit(&mut owner_ids())
+                .expect("the next shard is asked");
             assert_eq!(
                 t.request.subject,
                 format!("$JS.API.STREAM.INFO.KV_leases_{i}")
             );
-            assert!(c.poll_transmit().is_none(), "one at a time");
+            assert!(c.poll_transmit(&mut owner_ids()).is_none(), "one at a time");
             let (replicas, made) = match (round, i) {
                 (1, 1) => (3, "later"),
                 _ => (1, "first"),
             };
             c.handle_outcome(at, t.id, created(replicas, made));
         }
-        assert!(c.poll_transmit().is_none(), "the round is over");
+        assert!(
+            c.poll_transmit(&mut owner_ids()).is_none(),
+            "the round is over"
+        );
         assert_eq!(c.poll_timeout(), Some(at + EVERY));
     }
     assert_eq!(next_event(&mut c), Some(ReplicasCheckEvent::StreamReplaced));

@@ -144,7 +144,7 @@ fn acquire_retries_the_create_a_bounded_number_of_times() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
     let mut writes = 0;
     for _ in 0..20 {
-        match d.call.poll_effect() {
+        match d.call.poll_effect(&mut owner_ids()) {
             Some(Effect::KvWrite(w)) => {
                 writes += 1;
                 d.feed(w.id, wrong_last_sequence());
@@ -468,7 +468,7 @@ fn an_outcome_for_another_effect_is_ignored() {
     let r = d.read();
     d.call
         .handle_outcome(d.now, crate::io::EffectId(r.id.0 + 9), no_message());
-    assert!(d.call.poll_effect().is_none() && !d.call.is_done());
+    assert!(d.call.poll_effect(&mut owner_ids()).is_none() && !d.call.is_done());
     d.feed(r.id, no_message());
     assert!(matches!(d.reply(), Response::Free(_)));
 }
@@ -582,7 +582,7 @@ fn forward_makes_at_most_three_attempts() {
     let mut d = Drive::new(Endpoint::Forward, FORWARD);
     let mut attempts = 0u64;
     for _ in 0..20 {
-        match d.call.poll_effect() {
+        match d.call.poll_effect(&mut owner_ids()) {
             Some(Effect::KvRead(r)) => d.feed(r.id, held(40 + attempts, "own", 15000, 0)),
             Some(Effect::InboxRequest(i)) => {
                 attempts += 1;
@@ -629,14 +629,14 @@ fn forward_timeout_ms_bounds_the_whole_call() {
     );
     d.advance(Duration::from_millis(499));
     d.call.handle_timeout(d.now);
-    assert!(d.call.poll_effect().is_none(), "not yet");
+    assert!(d.call.poll_effect(&mut owner_ids()).is_none(), "not yet");
     d.advance(Duration::from_millis(1));
     d.call.handle_timeout(d.now);
     assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
     // A late reply changes nothing.
     d.call
         .handle_outcome(d.now, i.id, RequestOutcome::reply(b"late".to_vec()));
-    assert!(d.call.poll_effect().is_none());
+    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
 }
 
 /// The deadline passes while a forward re-reads the lease after its owner had no
@@ -722,13 +722,16 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     let w = d.write();
     stopping(&mut d);
     d.call.handle_outcome(d.now, w.id, ack(5));
-    assert!(d.call.poll_effect().is_none(), "a late ack changes nothing");
+    assert!(
+        d.call.poll_effect(&mut owner_ids()).is_none(),
+        "a late ack changes nothing"
+    );
     // Waiting on a leader read.
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
     stopping(&mut d);
     d.call.handle_outcome(d.now, r.id, no_message());
-    assert!(d.call.poll_effect().is_none());
+    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
     // Waiting on a read confirmation.
     let mut d = Drive::replicated(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
@@ -754,7 +757,7 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     d.call.handle_stop(d.now);
     assert!(matches!(d.reply(), Response::Free(_)));
     d.call.handle_stop(d.now);
-    assert!(d.call.poll_effect().is_none());
+    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
     let mut d = Drive::new(Endpoint::Owner, "not json");
     d.call.handle_stop(d.now);
     assert_eq!(d.error().kind, ErrorKind::Invalid);
@@ -928,7 +931,7 @@ fn a_renewal_well_inside_the_lease_is_renewed_without_a_read_back() {
 fn a_renew_reads_back_from_the_second_half_of_the_lease_on_and_the_stored_time_decides() {
     for (ack_after_ms, reads_back) in [(4_000, false), (6_499, false), (6_500, true)] {
         let mut d = renew_acked(single(), wall(), 0, ack_after_ms);
-        match d.call.poll_effect() {
+        match d.call.poll_effect(&mut owner_ids()) {
             Some(Effect::KvRead(_)) => assert!(reads_back, "read back at {ack_after_ms}"),
             None => match d.reply() {
                 Response::Lease(l) => {
@@ -993,7 +996,10 @@ fn an_effect_unanswered_within_its_timeout_times_out_in_the_call() {
     let due = d.now + r.timeout;
     assert_eq!(d.call.poll_timeout(), Some(due));
     d.call.handle_timeout(due - Duration::from_millis(1));
-    assert!(d.call.poll_effect().is_none(), "not before its timeout");
+    assert!(
+        d.call.poll_effect(&mut owner_ids()).is_none(),
+        "not before its timeout"
+    );
     d.call.handle_timeout(due);
     let e = d.error();
     assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.error);
@@ -1001,7 +1007,7 @@ fn an_effect_unanswered_within_its_timeout_times_out_in_the_call() {
     assert_eq!(d.call.poll_timeout(), None, "nothing left to wait for");
     d.call.handle_outcome(due, r.id, held(3, "me", 15000, 0));
     assert!(
-        d.call.poll_effect().is_none(),
+        d.call.poll_effect(&mut owner_ids()).is_none(),
         "a late outcome changes nothing"
     );
 }

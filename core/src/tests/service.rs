@@ -1133,16 +1133,35 @@ fn a_request_nobody_waits_for_any_more_is_cancelled() {
         }
         (w, "$JS.API.STREAM.INFO.KV_leases")
     }
-    let table: [(&str, Setup); 4] = [
-        ("a call that timed out", call_times_out),
-        ("a call cut off at the stop's bound", call_cut_off),
-        ("startup's stream info unanswered", startup_unanswered),
+    /// Whether the part that asked learnt from the service that its request
+    /// timed out (a call's own deadline is its own).
+    type Learnt = fn(&ServiceWorld) -> bool;
+    let call_knows: Learnt = |_| true;
+    let startup_learnt: Learnt = |w| {
+        w.events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::Log { line, .. } if line.contains("not ready")))
+    };
+    let check_learnt: Learnt = |w| w.service.health().ready.is_err();
+    let table: [(&str, Setup, Learnt); 4] = [
+        ("a call that timed out", call_times_out, call_knows),
+        (
+            "a call cut off at the stop's bound",
+            call_cut_off,
+            call_knows,
+        ),
+        (
+            "startup's stream info unanswered",
+            startup_unanswered,
+            startup_learnt,
+        ),
         (
             "the replicas check's stream info unanswered",
             replicas_check_unanswered,
+            check_learnt,
         ),
     ];
-    for (name, setup) in table {
+    for (name, setup, learnt) in table {
         let (mut w, subject) = setup();
         assert_eq!(w.in_flight(), vec![subject], "{name}");
         let id = w.in_flight_ids()[0];
@@ -1155,6 +1174,7 @@ fn a_request_nobody_waits_for_any_more_is_cancelled() {
             vec![id],
             "{name}"
         );
+        assert!(learnt(&w), "{name}: its part learnt it timed out");
         // Answered late all the same: ignored, nothing breaks.
         w.deliver(0);
         w.settle().unwrap();

@@ -1,5 +1,6 @@
 //! Startup: the bucket is ensured, or the service settles on `unsupported` mode.
 
+use super::support::owner_ids;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -26,7 +27,9 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
             StartupEvent::Refused(r) => panic!("refused: {r}"),
         }
     }
-    let t = s.poll_transmit().expect("startup wants something");
+    let t = s
+        .poll_transmit(&mut owner_ids())
+        .expect("startup wants something");
     assert_eq!(t.kind, TransmitKind::Api);
     (logs, (t.id, t.request))
 }
@@ -34,7 +37,7 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
 /// Startup's end. A bucket found (not created) is followed by the question whether
 /// the other layout's first stream exists too; it is answered "not found" here.
 fn done(s: &mut Startup) -> (Mode, Vec<String>) {
-    if let Some(t) = s.poll_transmit() {
+    if let Some(t) = s.poll_transmit(&mut owner_ids()) {
         let layout = [
             "$JS.API.STREAM.INFO.KV_leases_0",
             "$JS.API.STREAM.INFO.KV_leases",
@@ -50,7 +53,7 @@ fn done(s: &mut Startup) -> (Mode, Vec<String>) {
             api_error(404, 10059, "stream not found"),
         );
     }
-    if let Some(t) = s.poll_transmit() {
+    if let Some(t) = s.poll_transmit(&mut owner_ids()) {
         panic!("unexpected request {}", t.request.subject);
     }
     let mut logs = Vec::new();
@@ -179,7 +182,7 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
     let (id, _) = next_request(&mut s);
     let t0 = Instant::now();
     s.handle_outcome(t0, id, RequestOutcome::NoResponders);
-    assert!(s.poll_transmit().is_none());
+    assert!(s.poll_transmit(&mut owner_ids()).is_none());
     while let Some(e) = s.poll_event() {
         assert!(matches!(e, StartupEvent::Log(_)), "{e:?}");
     }
@@ -279,7 +282,7 @@ fn calls_are_served_unavailable_until_startup_settles() {
             time::OffsetDateTime::now_utc(),
             Instant::now(),
         );
-        match call.poll_effect() {
+        match call.poll_effect(&mut owner_ids()) {
             None => crate::tests::support::reply_of(&mut call)
                 .expect("a reply")
                 .error_kind(),
@@ -309,18 +312,17 @@ fn calls_are_served_unavailable_until_startup_settles() {
 }
 
 #[test]
-fn a_request_unanswered_by_its_deadline_times_out_in_the_machine_and_is_asked_again() {
+fn a_request_its_owner_timed_out_is_asked_again() {
     let t0 = Instant::now();
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, t0);
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    assert_eq!(s.poll_timeout(), Some(t0 + T), "the request's own deadline");
-    // Before the deadline nothing happens.
-    s.handle_timeout(t0 + T - Duration::from_millis(1));
-    assert!(s.poll_transmit().is_none() && s.poll_event().is_none());
-    // At it, the request is TimedOut: startup says so and waits to retry.
-    s.handle_timeout(t0 + T);
-    assert!(s.poll_transmit().is_none());
+    assert_eq!(r.timeout, T, "its owner times it out at T");
+    assert_eq!(s.poll_timeout(), None, "no deadline of its own");
+    // At T the owner (the service's give-up) says it timed out: startup says so
+    // and waits to retry.
+    s.handle_outcome(t0 + T, id, RequestOutcome::TimedOut);
+    assert!(s.poll_transmit(&mut owner_ids()).is_none());
     let log = match s.poll_event() {
         Some(StartupEvent::Log(l)) => l,
         other => panic!("expected a log line, got {other:?}"),
@@ -329,7 +331,7 @@ fn a_request_unanswered_by_its_deadline_times_out_in_the_machine_and_is_asked_ag
     assert_eq!(s.poll_timeout(), Some(t0 + T + STARTUP_RETRY));
     // A late answer to the timed-out request is ignored.
     s.handle_outcome(t0 + T, id, info(stream_config_for(1, true)));
-    assert!(s.poll_transmit().is_none() && s.poll_event().is_none());
+    assert!(s.poll_transmit(&mut owner_ids()).is_none() && s.poll_event().is_none());
     s.handle_timeout(t0 + T + STARTUP_RETRY);
     let (_, again) = next_request(&mut s);
     assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
@@ -403,7 +405,7 @@ fn sharded(count: u32) -> BucketOptions {
 }
 
 fn refused(s: &mut Startup) -> String {
-    assert!(s.poll_transmit().is_none());
+    assert!(s.poll_transmit(&mut owner_ids()).is_none());
     loop {
         match s.poll_event().expect("startup should have ended") {
             StartupEvent::Log(_) => {}
@@ -557,9 +559,10 @@ fn an_unanswered_layout_question_never_creates_blind() {
     let mut s = Startup::new(BucketOptions::default(), "2.15.1", T, t0);
     let (id, _) = next_request(&mut s);
     s.handle_outcome(t0, id, api_error(404, 10059, "stream not found"));
-    let (_, r) = next_request(&mut s);
+    let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
-    s.handle_timeout(t0 + T);
+    // Its owner times it out.
+    s.handle_outcome(t0 + T, id, RequestOutcome::TimedOut);
     let mut logs = Vec::new();
     while let Some(e) = s.poll_event() {
         match e {
@@ -574,7 +577,10 @@ fn an_unanswered_layout_question_never_creates_blind() {
                 && l.contains("may lack")),
         "{logs:?}"
     );
-    assert!(s.poll_transmit().is_none(), "nothing created");
+    assert!(
+        s.poll_transmit(&mut owner_ids()).is_none(),
+        "nothing created"
+    );
     s.handle_timeout(t0 + T + STARTUP_RETRY);
     let (_, again) = next_request(&mut s);
     assert_eq!(again.subject, "$JS.API.STREAM.INFO.KV_leases");
@@ -668,7 +674,7 @@ impl StandInStreams {
 /// How a startup over the stand-in ended: `Some(true)` served, `Some(false)`
 /// refused, `None` not yet.
 fn step_stand_in(s: &mut Startup, streams: &mut StandInStreams) -> Option<bool> {
-    if let Some(t) = s.poll_transmit() {
+    if let Some(t) = s.poll_transmit(&mut owner_ids()) {
         let outcome = streams.answer(&t.request);
         s.handle_outcome(Instant::now(), t.id, outcome);
         return None;
@@ -841,7 +847,7 @@ fn startup_names_the_cause_and_gives_up_where_waiting_cannot_help() {
             if let Some(r) = refusal {
                 break r;
             }
-            if let Some(t) = s.poll_transmit() {
+            if let Some(t) = s.poll_transmit(&mut owner_ids()) {
                 let outcome = if infos_absent && t.request.subject.contains(".INFO.") {
                     api_error(404, 10059, "stream not found")
                 } else {

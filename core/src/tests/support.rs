@@ -9,6 +9,21 @@ use crate::call::{
 };
 
 use crate::io::EffectId;
+use crate::outbox::Ids;
+
+thread_local! {
+    static NEXT_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+}
+
+/// Ids for a part a table test polls alone, as its owner gives them: never one
+/// twice (each is taken for one poll).
+pub(crate) fn owner_ids() -> Ids<EffectId> {
+    NEXT_ID.with(|next| {
+        let first = next.get();
+        next.set(first + 1);
+        Ids::starting_at(first)
+    })
+}
 use crate::io::RequestOutcome;
 use crate::record::LeaseRecord;
 use crate::sim::{self, MsgKind, SimMsg};
@@ -72,7 +87,9 @@ impl Drive {
     }
 
     pub(super) fn effect(&mut self) -> Effect {
-        self.call.poll_effect().expect("the call wants an effect")
+        self.call
+            .poll_effect(&mut owner_ids())
+            .expect("the call wants an effect")
     }
 
     pub(super) fn read(&mut self) -> KvRead {
@@ -97,7 +114,7 @@ impl Drive {
     }
 
     pub(super) fn reply(&mut self) -> Response {
-        if let Some(other) = self.call.poll_effect() {
+        if let Some(other) = self.call.poll_effect(&mut owner_ids()) {
             panic!("expected the reply, got {other:?}");
         }
         let replies: Vec<Response> = self
@@ -128,7 +145,10 @@ impl Drive {
     }
 
     pub(super) fn feed(&mut self, id: EffectId, outcome: RequestOutcome) {
-        assert!(self.call.poll_effect().is_none(), "drain before feeding");
+        assert!(
+            self.call.poll_effect(&mut owner_ids()).is_none(),
+            "drain before feeding"
+        );
         self.call.handle_outcome(self.now, id, outcome);
     }
 

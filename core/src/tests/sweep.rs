@@ -2,6 +2,7 @@
 //! revision + 1 with several purges out, nothing lost past the queue's bound or a
 //! failed purge, and a scan of the stream that finds what was missed.
 
+use super::support::owner_ids;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -31,7 +32,7 @@ fn events(s: &mut TombstoneSweep) -> Vec<TombstoneSweepEvent> {
 }
 
 fn transmits(s: &mut TombstoneSweep) -> Vec<Transmit> {
-    std::iter::from_fn(|| s.poll_transmit()).collect()
+    std::iter::from_fn(|| s.poll_transmit(&mut owner_ids())).collect()
 }
 
 /// A MSG.GET reply for the message at `seq` on `subject` with these headers.
@@ -68,7 +69,7 @@ fn purge_a_released_tombstone_below_its_own_revision_plus_one_and_nothing_later(
     let (mut s, now) = sweep();
     assert!(s.is_done());
     s.handle_released(now, "job".into(), 41);
-    let t = s.poll_transmit().expect("a purge");
+    let t = s.poll_transmit(&mut owner_ids()).expect("a purge");
     assert_eq!(t.kind, TransmitKind::Api);
     assert_eq!(t.request.subject, "$JS.API.STREAM.PURGE.KV_leases");
     assert_eq!(body(&t), json!({"filter": "$KV.leases.job", "seq": 42}));
@@ -162,19 +163,19 @@ fn a_failed_purge_defers_to_a_scan_after_retry_after() {
     ] {
         let (mut s, now) = sweep();
         s.handle_released(now, "a".into(), 9);
-        let t = s.poll_transmit().unwrap();
+        let t = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, t.id, outcome);
         assert!(
             matches!(events(&mut s).as_slice(), [TombstoneSweepEvent::Failed { key, .. }] if key == "a"),
             "{name}"
         );
         assert!(
-            s.poll_transmit().is_none(),
+            s.poll_transmit(&mut owner_ids()).is_none(),
             "{name}: no scan before the pause ends"
         );
         assert_eq!(s.poll_timeout(), Some(now + RETRY_AFTER), "{name}");
         s.handle_timeout(now + RETRY_AFTER);
-        let read = s.poll_transmit().expect("the scan's read");
+        let read = s.poll_transmit(&mut owner_ids()).expect("the scan's read");
         assert_eq!(body(&read)["seq"], 1, "{name}");
         assert_eq!(
             events(&mut s),
@@ -211,7 +212,7 @@ fn scan_at_start_reads_every_stream_from_sequence_one() {
             );
         }
         // One read out per stream: nothing more until it answers.
-        assert!(s.poll_transmit().is_none());
+        assert!(s.poll_transmit(&mut owner_ids()).is_none());
     }
 }
 
@@ -259,7 +260,7 @@ fn the_scan_reads_in_order_and_queues_only_tombstones() {
     for (name, subject, headers, queued) in cases {
         let (mut s, now) = sweep();
         s.handle_serving(now);
-        let read = s.poll_transmit().unwrap();
+        let read = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, read.id, stored(7, subject, headers));
         let out = transmits(&mut s);
         if *queued {
@@ -288,7 +289,10 @@ fn the_scan_reads_in_order_and_queues_only_tombstones() {
             }),
             "{name}"
         );
-        assert!(s.poll_transmit().is_none(), "{name}: the scan is over");
+        assert!(
+            s.poll_transmit(&mut owner_ids()).is_none(),
+            "{name}: the scan is over"
+        );
     }
 }
 
@@ -298,7 +302,7 @@ fn the_scan_reads_in_order_and_queues_only_tombstones() {
 fn a_tombstone_read_into_a_full_queue_is_read_again() {
     let (mut s, now) = sweep();
     s.handle_serving(now);
-    let read = s.poll_transmit().unwrap();
+    let read = s.poll_transmit(&mut owner_ids()).unwrap();
     for i in 0..MAX_PENDING {
         s.handle_released(now, format!("k{i}"), 100 + i as u64);
     }
@@ -323,12 +327,12 @@ fn a_tombstone_read_into_a_full_queue_is_read_again() {
     // With room now, the same tombstone is queued behind the releases' ones.
     s.handle_outcome(now, again.id, stored(7, "$KV.leases.x", &[DEL]));
     s.handle_outcome(now, out[0].id, purged());
-    let next = s.poll_transmit().unwrap();
+    let next = s.poll_transmit(&mut owner_ids()).unwrap();
     assert_eq!(
         body(&next)["filter"],
         format!("$KV.leases.k{MAX_IN_FLIGHT}")
     );
-    let read = s.poll_transmit().unwrap();
+    let read = s.poll_transmit(&mut owner_ids()).unwrap();
     assert_eq!(body(&read)["seq"], 8, "past it once queued");
 }
 
@@ -343,18 +347,18 @@ fn a_loss_ahead_of_a_scan_is_its_own() {
     ] {
         let (mut s, now) = sweep();
         s.handle_serving(now);
-        let read = s.poll_transmit().unwrap();
+        let read = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, read.id, stored(9, "$KV.leases.live", &[]));
-        let read = s.poll_transmit().unwrap();
+        let read = s.poll_transmit(&mut owner_ids()).unwrap();
         assert_eq!(body(&read)["seq"], 10);
         // A purge fails for a tombstone at `revision` while the scan is at 10.
         s.handle_released(now, "lost".into(), revision);
-        let purge = s.poll_transmit().unwrap();
+        let purge = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, purge.id, RequestOutcome::TimedOut);
         s.handle_outcome(now, read.id, end_of_stream());
         s.handle_timeout(now + RETRY_AFTER);
         events(&mut s);
-        let next = s.poll_transmit();
+        let next = s.poll_transmit(&mut owner_ids());
         assert_eq!(next.is_some(), second_scan, "{name}");
         if let Some(t) = next {
             assert_eq!(body(&t)["seq"], 1, "{name}: a second scan from the start");
@@ -389,9 +393,9 @@ fn a_failed_read_pauses_the_scans_and_resumes_where_they_were() {
     ] {
         let (mut s, now) = sweep();
         s.handle_serving(now);
-        let read = s.poll_transmit().unwrap();
+        let read = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, read.id, stored(4, "$KV.leases.v", &[]));
-        let read = s.poll_transmit().unwrap();
+        let read = s.poll_transmit(&mut owner_ids()).unwrap();
         s.handle_outcome(now, read.id, outcome);
         assert!(
             matches!(
@@ -400,11 +404,17 @@ fn a_failed_read_pauses_the_scans_and_resumes_where_they_were() {
             ),
             "{name}"
         );
-        assert!(s.poll_transmit().is_none(), "{name}: paused");
+        assert!(
+            s.poll_transmit(&mut owner_ids()).is_none(),
+            "{name}: paused"
+        );
         s.handle_timeout(now + RETRY_AFTER - Duration::from_millis(1));
-        assert!(s.poll_transmit().is_none(), "{name}: still paused");
+        assert!(
+            s.poll_transmit(&mut owner_ids()).is_none(),
+            "{name}: still paused"
+        );
         s.handle_timeout(now + RETRY_AFTER);
-        let again = s.poll_transmit().expect("the read again");
+        let again = s.poll_transmit(&mut owner_ids()).expect("the read again");
         assert_eq!(body(&again)["seq"], 5, "{name}: where it was");
     }
 }
@@ -414,7 +424,7 @@ fn a_failed_read_pauses_the_scans_and_resumes_where_they_were() {
 fn an_unknown_outcome_is_ignored() {
     let (mut s, now) = sweep();
     s.handle_released(now, "a".into(), 1);
-    let t = s.poll_transmit().unwrap();
+    let t = s.poll_transmit(&mut owner_ids()).unwrap();
     s.handle_outcome(now, EffectId(t.id.0 + 100), RequestOutcome::TimedOut);
     assert_eq!(s.poll_event(), None);
     assert!(s.poll_timeout().is_none());
@@ -429,7 +439,7 @@ fn a_purge_goes_to_the_stream_of_the_keys_shard_and_a_loss_scans_only_it() {
     let mut s = TombstoneSweep::new(Duration::from_secs(1), t0).with_shards(shards);
     for key in ["a", "b", "c", "d", "e"] {
         s.handle_released(t0, key.to_string(), 7);
-        let t = s.poll_transmit().unwrap();
+        let t = s.poll_transmit(&mut owner_ids()).unwrap();
         assert_eq!(
             t.request.subject,
             format!("$JS.API.STREAM.PURGE.{}", shards.stream_of(key))
@@ -438,7 +448,7 @@ fn a_purge_goes_to_the_stream_of_the_keys_shard_and_a_loss_scans_only_it() {
         s.handle_outcome(t0, t.id, purged());
     }
     s.handle_released(t0, "e".into(), 9);
-    let t = s.poll_transmit().unwrap();
+    let t = s.poll_transmit(&mut owner_ids()).unwrap();
     s.handle_outcome(t0, t.id, RequestOutcome::TimedOut);
     s.handle_timeout(t0 + RETRY_AFTER);
     let out = transmits(&mut s);

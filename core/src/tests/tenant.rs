@@ -231,7 +231,8 @@ fn scoped(caller: Caller, endpoint: Endpoint, body: &str) -> Call {
 }
 
 fn transmit(call: &mut Call) -> Transmit {
-    call.poll_transmit().expect("a request to send")
+    call.poll_transmit(&mut owner_ids())
+        .expect("a request to send")
 }
 
 fn bound_record(user: &str) -> RequestOutcome {
@@ -334,7 +335,10 @@ fn another_user_of_the_account_cannot_renew_release_or_take_a_bound_lease_and_is
                 e.error
             );
         }
-        assert!(call.poll_transmit().is_none(), "{endpoint:?} wrote");
+        assert!(
+            call.poll_transmit(&mut owner_ids()).is_none(),
+            "{endpoint:?} wrote"
+        );
     }
     // The user it is bound to renews.
     let mut call = scoped(
