@@ -588,7 +588,10 @@ impl Io {
                 }
             }
             ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
-            ServiceEvent::Reply { id, to, body } => {
+            ServiceEvent::Reply { id, to, body, call } => {
+                if let Some(a) = call {
+                    telemetry::call_answered(a.endpoint, &a.response, a.took);
+                }
                 let serving = self.serving.clone();
                 let send = self.reply_cancels.start(id, async move {
                     intake::reply(&serving, to, body).await;
@@ -600,21 +603,19 @@ impl Io {
             ServiceEvent::StartRefused(why) => {
                 return Err(Error::new(ServiceErrorKind::Config, why));
             }
-            ServiceEvent::Mode(mode) => telemetry::set_mode(mode),
-            ServiceEvent::Serving(s) => tracing::info!(
-                mode = ?s.mode,
-                replicas = s.replicas,
-                confirm_reads = s.confirm_reads,
-                atomic_batches = s.atomic_batches,
-                max_payload = self.max_payload,
-                server = %self.server,
-                "serving api.leases.* (a tenant's as api.leases.<account>.*) in queue group {QUEUE_GROUP}"
-            ),
-            ServiceEvent::Answered {
-                endpoint,
-                response,
-                took,
-            } => telemetry::call_answered(endpoint, &response, took),
+            ServiceEvent::Starting => telemetry::set_mode(Mode::Starting),
+            ServiceEvent::Serving(s) => {
+                telemetry::set_mode(s.mode);
+                tracing::info!(
+                    mode = ?s.mode,
+                    replicas = s.replicas,
+                    confirm_reads = s.confirm_reads,
+                    atomic_batches = s.atomic_batches,
+                    max_payload = self.max_payload,
+                    server = %self.server,
+                    "serving api.leases.* (a tenant's as api.leases.<account>.*) in queue group {QUEUE_GROUP}"
+                )
+            }
             ServiceEvent::Refused { endpoint } => telemetry::refused(endpoint),
             ServiceEvent::ReplyRefused {
                 source,
@@ -675,7 +676,6 @@ impl Io {
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
             // Asked once every reply is handed to the client: the flush carries them.
             ServiceEvent::Flush { phase } => self.flush_wanted = Some(phase),
-            ServiceEvent::Stopped => {}
         }
         Ok(())
     }

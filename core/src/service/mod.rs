@@ -104,7 +104,7 @@ use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 pub use self::config::{DEFAULT_MAX_CALLS_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT, ServiceConfig};
 pub use self::intake_order::Arrivals;
 pub use self::types::{
-    DroppedLog, Received, ReplyId, RequestSource, ServiceEvent, Serving, SubscriptionKind,
+    Answered, DroppedLog, Received, ReplyId, RequestSource, ServiceEvent, Serving, SubscriptionKind,
 };
 
 /// What a service loses when its change subscription cannot be made, by what the
@@ -334,7 +334,7 @@ impl Service {
             return service;
         }
         service.subscribe();
-        service.events.push_back(ServiceEvent::Mode(Mode::Starting));
+        service.events.push_back(ServiceEvent::Starting);
         service.pump_startup(now);
         service
     }

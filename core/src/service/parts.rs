@@ -89,7 +89,6 @@ impl Service {
     /// What the sweep reports, as metric facts and log lines.
     fn sweep_event(&mut self, event: TombstoneSweepEvent) {
         let (level, line) = match event {
-            TombstoneSweepEvent::Purged { .. } => return,
             TombstoneSweepEvent::Failed { key, reason } => {
                 return self.events.push_back(ServiceEvent::TombstoneLeft {
                     reason: "failed",
@@ -189,7 +188,6 @@ impl Service {
     ) {
         self.phase = Phase::Serving;
         self.mode = mode;
-        self.events.push_back(ServiceEvent::Mode(mode));
         if self.config.bucket.tenancy == Tenancy::Accounts
             && let Some(warning) = tenant::request_info_warning(&self.config.server_version)
         {

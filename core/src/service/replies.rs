@@ -8,12 +8,18 @@ impl Service {
     /// Publishes a reply to a subject the reply rule let through, given up if the
     /// client has not taken it within [`HANDOFF_BOUND`].
     pub(super) fn reply(&mut self, now: Instant, to: String, body: Vec<u8>) {
-        let id = self.reply_ids.allocate();
-        self.replies.hand(now, id);
-        self.events.push_back(ServiceEvent::Reply { id, to, body });
+        self.reply_for(now, to, body, None);
     }
 
-    /// A call's reply: counted, and sent.
+    /// Publishes a reply, with the call it answers if a call ran for it.
+    fn reply_for(&mut self, now: Instant, to: String, body: Vec<u8>, call: Option<Answered>) {
+        let id = self.reply_ids.allocate();
+        self.replies.hand(now, id);
+        self.events
+            .push_back(ServiceEvent::Reply { id, to, body, call });
+    }
+
+    /// A call's reply: counted, and sent with what it answered.
     pub(super) fn answered(
         &mut self,
         now: Instant,
@@ -24,12 +30,12 @@ impl Service {
     ) {
         self.micro.handle_answered(endpoint, &response, took);
         let body = response.to_json();
-        self.events.push_back(ServiceEvent::Answered {
+        let call = Answered {
             endpoint,
             response,
             took,
-        });
-        self.reply(now, reply, body);
+        };
+        self.reply_for(now, reply, body, Some(call));
     }
 
     /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its

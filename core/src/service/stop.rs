@@ -126,7 +126,7 @@ impl Service {
         match phase {
             StopPhase::Drain => {}
             StopPhase::Replies | StopPhase::Flush => self.ask_flush(),
-            StopPhase::Done => self.events.push_back(ServiceEvent::Stopped),
+            StopPhase::Done => {}
         }
     }
 

@@ -76,16 +76,6 @@ pub enum ScanReason {
 /// What the sweep reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TombstoneSweepEvent {
-    /// The purge of `key` below `revision + 1` removed `purged` messages (0 when
-    /// the key had moved on).
-    Purged {
-        /// The released key.
-        key: String,
-        /// The tombstone's revision.
-        revision: u64,
-        /// Messages removed.
-        purged: u64,
-    },
     /// The purge failed; the tombstone stays until a scan finds it.
     Failed {
         /// The released key.
@@ -260,13 +250,8 @@ impl TombstoneSweep {
 
     fn purge_outcome(&mut self, now: Instant, t: Tombstone, outcome: &RequestOutcome) {
         let reason = match js::parse_api_reply(outcome) {
-            Ok(Ok(reply)) => {
-                return self.events.push_back(TombstoneSweepEvent::Purged {
-                    key: t.key,
-                    revision: t.revision,
-                    purged: reply.get("purged").and_then(|n| n.as_u64()).unwrap_or(0),
-                });
-            }
+            // Purged (nothing, when the key had moved on): nothing left to do.
+            Ok(Ok(_)) => return,
             Ok(Err(e)) => format!("JetStream refused the purge: {e:?}"),
             Err(e) => format!("{e:?}"),
         };

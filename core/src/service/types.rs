@@ -111,6 +111,10 @@ pub enum ServiceEvent {
         to: String,
         /// The reply.
         body: Vec<u8>,
+        /// The call this reply answers, for the metrics (a counter by reply kind,
+        /// a duration); `None` for a reply to a `$SRV` verb or to a request
+        /// admission answered `unavailable` at once.
+        call: Option<Answered>,
     },
     /// Drop the publish of reply `id`: the client took no command for
     /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) (it reconnects to a server that is gone), and a reply
@@ -128,19 +132,12 @@ pub enum ServiceEvent {
     /// of the `$SRV` verbs failed ([`Service::handle_subscribe_failed`](super::Service::handle_subscribe_failed)). Stop
     /// with this error; the machine is done.
     Fatal(String),
-    /// The mode calls are answered in changed (a gauge).
-    Mode(Mode),
-    /// The bucket is ensured: serving from now on.
+    /// The service starts: it ensures the bucket, and answers every call
+    /// `unavailable` meanwhile (the mode gauge: [`Mode::Starting`]).
+    Starting,
+    /// The bucket is ensured: serving from now on, in [`Serving::mode`] (the
+    /// mode gauge).
     Serving(Serving),
-    /// A call was answered (a counter by reply kind, a duration).
-    Answered {
-        /// Its endpoint.
-        endpoint: Endpoint,
-        /// Its reply.
-        response: Response,
-        /// How long it ran.
-        took: Duration,
-    },
     /// A request was answered `unavailable` at once: the service is at its bound.
     Refused {
         /// Its endpoint.
@@ -218,8 +215,17 @@ pub enum ServiceEvent {
         /// over ends nothing, so a later phase waits for its own.
         phase: StopPhase,
     },
-    /// The stop is over: nothing more to do.
-    Stopped,
+}
+
+/// What a call's reply ([`ServiceEvent::Reply`]) answered, for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answered {
+    /// The call's endpoint.
+    pub endpoint: Endpoint,
+    /// Its reply.
+    pub response: Response,
+    /// How long it ran.
+    pub took: Duration,
 }
 
 /// A reply the service sent, until the client takes it or the machine gives it up.

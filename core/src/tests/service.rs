@@ -565,7 +565,11 @@ fn a_stop_unsubscribes_answers_what_was_delivered_then_flushes_and_ends() {
     // The intake closes, the flush ends: done, the replies phase skipped.
     w.obey_stop().unwrap();
     assert!(w.service.is_done());
-    assert!(matches!(w.events.last(), Some(ServiceEvent::Stopped)));
+    assert_eq!(
+        w.service.stop_phase(),
+        Some(StopPhase::Done),
+        "the stop is over"
+    );
     let logs: Vec<_> = events(
         &w,
         |e| matches!(e, ServiceEvent::Log { line, .. } if line.contains("took 1 requests")),

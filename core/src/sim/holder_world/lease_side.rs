@@ -152,7 +152,7 @@ impl HolderWorld {
         let now = self.service_now();
         let service = &mut self.instances[i].service;
         match event {
-            ServiceEvent::Reply { id, to, body } => {
+            ServiceEvent::Reply { id, to, body, .. } => {
                 service.handle_reply_sent(now, id);
                 self.reply(&to, body);
             }

@@ -147,7 +147,7 @@ impl ServiceWorld {
                 {
                     return Err(format!("subscribed twice to {subject}"));
                 }
-                ServiceEvent::Reply { id, to, body } => {
+                ServiceEvent::Reply { id, to, body, .. } => {
                     if self.handing.insert(*id, self.now()).is_some() {
                         return Err(format!("reply {id:?} sent twice"));
                     }
