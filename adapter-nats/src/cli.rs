@@ -7,7 +7,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use dagnats_leases_core::reply_scope::ReplyScope;
 use dagnats_leases_core::service::ServiceConfig;
-use dagnats_leases_core::service::startup::BucketOptions;
+use dagnats_leases_core::service::bucket::BucketOptions;
 use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 
 use crate::connect::ConnectOptions;

@@ -44,7 +44,7 @@ use crate::strict::{StrictClient, StrictOptions, Subscription};
 use crate::telemetry;
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
-pub use dagnats_leases_core::service::startup::BucketOptions;
+pub use dagnats_leases_core::service::bucket::BucketOptions;
 pub use dagnats_leases_core::service::{DEFAULT_MAX_CALLS_IN_FLIGHT, ServiceConfig};
 
 /// How the service runs: the core's [`ServiceConfig`], whose fields and defaults

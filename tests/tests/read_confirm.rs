@@ -264,7 +264,7 @@ async fn an_older_buckets_republish_source_is_migrated() {
         })
         .find(|k| shards.shard_of(k) == 0)
         .unwrap();
-    let mut old = dagnats_leases_core::service::startup::shard_stream_config(&shards, 0, 1);
+    let mut old = dagnats_leases_core::service::bucket::shard_stream_config(&shards, 0, 1);
     old["republish"] = json!({"src": shards.stream_subjects(0), "dest": "dagnats.lease.changed.>"});
     let made = c
         .request(

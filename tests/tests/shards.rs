@@ -322,7 +322,7 @@ async fn another_shard_count_is_refused_and_fences_carry_on() {
 /// with `--shards 1` and `--shards 3` on an empty server: at most one starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_layouts_created_at_once_never_both_serve() {
-    use dagnats_leases_core::service::startup::shard_stream_config;
+    use dagnats_leases_core::service::bucket::shard_stream_config;
     let single = shard_stream_config(&ShardMap::SINGLE, 0, 1);
     let sharded = shard_stream_config(&three(), 0, 1);
     for binary in [Binary::Supported, Binary::Oldest] {
@@ -373,7 +373,7 @@ async fn two_layouts_created_at_once_never_both_serve() {
 /// `KV_leases` beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_0_made_before_the_guard_subject_gets_it() {
-    use dagnats_leases_core::service::startup::shard_stream_config;
+    use dagnats_leases_core::service::bucket::shard_stream_config;
     let server = NatsServer::start();
     let client = connect(&server).await;
     let mut old = shard_stream_config(&three(), 0, 1);

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use super::bucket::BucketOptions;
 use super::coalesce::{CoalesceWrites, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW};
 use super::replicas::REPLICAS_RECHECK;
-use super::startup::BucketOptions;
 use crate::call::DEFAULT_KV_TIMEOUT;
 use crate::known::DEFAULT_KNOWN_CAPACITY;
 use crate::reply_scope::ReplyScope;

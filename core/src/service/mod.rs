@@ -60,6 +60,7 @@
 //!   ([`ServiceEvent::StartRefused`]) and asks for nothing.
 
 pub mod admit;
+pub mod bucket;
 mod calls;
 pub mod coalesce;
 mod config;

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
 use crate::js;
 use crate::outbox::Ids;
-use crate::service::startup::{replicas_from_reply, stream_info_request_of};
+use crate::service::bucket::{replicas_from_reply, stream_info_request_of};
 use crate::shard::ShardMap;
 
 /// How often a running service asks the stream's replicas again, to turn read

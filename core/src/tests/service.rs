@@ -721,8 +721,8 @@ proptest! {
 pub(super) fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
     let tenancy = config.bucket.tenancy;
     let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
-    let mut stream = crate::service::startup::stream_config_for(1, true);
-    stream["republish"] = crate::service::startup::republish_for(tenancy);
+    let mut stream = crate::service::bucket::stream_config_for(1, true);
+    stream["republish"] = crate::service::bucket::republish_for(tenancy);
     // The bucket's stream exists; the other layout's is not found.
     let mut events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event()).collect();
     events.extend(start_on(
@@ -1020,7 +1020,7 @@ fn a_sharded_service_sends_each_key_to_its_shards_stream_and_refuses_another_cou
     let streams = |map: &crate::shard::ShardMap| -> Vec<(String, serde_json::Value)> {
         map.indexes()
             .map(|i| {
-                let mut config = crate::service::startup::shard_stream_config(map, i, 1);
+                let mut config = crate::service::bucket::shard_stream_config(map, i, 1);
                 config["allow_atomic"] = json!(true);
                 (map.stream(i), config)
             })

@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, TransmitKind};
-use crate::service::startup::{
-    BucketOptions, STARTUP_RETRY, Startup, StartupEvent, stream_config, stream_config_for,
-};
+use crate::service::bucket::{BucketOptions, stream_config, stream_config_for};
+use crate::service::startup::{STARTUP_RETRY, Startup, StartupEvent};
 use crate::sim::api_error;
 
 const T: Duration = Duration::from_secs(5);
@@ -251,7 +250,7 @@ fn replicas_are_read_from_the_servers_config() {
     s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
     assert_eq!(done(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 1);
-    use crate::service::startup::replicas_from_reply;
+    use crate::service::bucket::replicas_from_reply;
     assert_eq!(
         replicas_from_reply(&info(stream_config_for(3, true))),
         Some(3)
@@ -505,7 +504,7 @@ fn another_shard_count_than_the_buckets_is_refused() {
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases_0");
     let two = crate::shard::ShardMap::new(2).unwrap();
-    let made = crate::service::startup::shard_stream_config(&two, 0, 1);
+    let made = crate::service::bucket::shard_stream_config(&two, 0, 1);
     s.handle_outcome(Instant::now(), id, info(made.clone()));
     let why = refused(&mut s);
     assert!(why.contains("--shards 1"), "{why}");
@@ -539,7 +538,7 @@ fn replicas_are_the_most_of_any_shard() {
     // The R3 shard first: the R1 shard answering last must not turn it off.
     for (i, r) in [(0, 3), (1, 1)] {
         let (id, _) = next_request(&mut s);
-        let mut config = crate::service::startup::shard_stream_config(&two, i, r);
+        let mut config = crate::service::bucket::shard_stream_config(&two, i, r);
         config["allow_atomic"] = json!(true);
         s.handle_outcome(Instant::now(), id, info(config));
         if i == 0 {
@@ -594,7 +593,7 @@ fn tenancy_on_shards_republishes_each_shard_to_the_tenant_subject() {
     let three = crate::shard::ShardMap::new(3).unwrap();
     for i in three.indexes() {
         assert_eq!(
-            crate::service::startup::republish_at(&three, i, crate::tenant::Tenancy::Accounts),
+            crate::service::bucket::republish_at(&three, i, crate::tenant::Tenancy::Accounts),
             json!({
                 "src": format!("$KV.leases_{i}.*.*"),
                 "dest": "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}",
@@ -737,7 +736,7 @@ fn two_layouts_started_at_once_never_both_serve() {
         [true, true]
     );
     let three = crate::shard::ShardMap::new(3).unwrap();
-    let mut old = crate::service::startup::shard_stream_config(&three, 0, 1);
+    let mut old = crate::service::bucket::shard_stream_config(&three, 0, 1);
     old["subjects"] = json!(["$KV.leases_0.>"]);
     streams.0.insert("KV_leases_0".to_string(), old);
     assert_eq!(
@@ -753,7 +752,7 @@ fn shard_0_made_before_the_guard_subject_gets_it_by_an_update() {
     let two = crate::shard::ShardMap::new(2).unwrap();
     let mut s = Startup::new(sharded(2), "2.15.1", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    let mut old = crate::service::startup::shard_stream_config(&two, 0, 1);
+    let mut old = crate::service::bucket::shard_stream_config(&two, 0, 1);
     old["allow_atomic"] = json!(true);
     old["subjects"] = json!(["$KV.leases_0.>"]);
     s.handle_outcome(Instant::now(), id, info(old));
