@@ -218,6 +218,23 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
         .install_recorder()
         .expect("a metrics recorder");
     let started = Instant::now();
+    let load = load_average();
+    let of_record = is_quiet(load);
+    if of_record {
+        println!(
+            "capacity: load average {load:.2} at the start (under {QUIET_LOAD}): a run of record"
+        );
+    } else {
+        println!(
+            "capacity: load average {load:.2} at the start (not under {QUIET_LOAD}): NOT a run of record; \
+             rerun alone on a quiet machine for figures to cite"
+        );
+    }
+    put_value(
+        out,
+        "run",
+        serde_json::json!({ "load_average_at_start": load, "of_record": of_record }),
+    );
     let mut all = Vec::new();
     for (name, kind) in kinds {
         println!(
@@ -253,8 +270,22 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
     all
 }
 
+/// The 1-minute load average under which a run's start counts as quiet.
+pub const QUIET_LOAD: f64 = 1.0;
+
+/// Whether a run that starts at `load` may be called a run of record: only on a
+/// machine with less than one runnable task on average (nothing else running).
+pub fn is_quiet(load: f64) -> bool {
+    load < QUIET_LOAD
+}
+
 /// Puts `capacity` under `capacity.<name>` of `report.json`, keeping the rest.
 fn put(out: &Path, name: &str, capacity: &Capacity) {
+    put_value(out, name, serde_json::to_value(capacity).expect("json"));
+}
+
+/// Puts `value` under `capacity.<name>` of `report.json`, keeping the rest.
+fn put_value(out: &Path, name: &str, value: serde_json::Value) {
     let path = out.join("report.json");
     let mut all = std::fs::read(&path)
         .ok()
@@ -262,7 +293,7 @@ fn put(out: &Path, name: &str, capacity: &Capacity) {
         .and_then(|r| r.get("capacity").cloned())
         .filter(serde_json::Value::is_object)
         .unwrap_or_else(|| serde_json::json!({}));
-    all[name] = serde_json::to_value(capacity).expect("json");
+    all[name] = value;
     let path = crate::report::put(out, "capacity", all);
     println!("capacity {name}: written to {}", path.display());
 }
@@ -690,6 +721,16 @@ async fn etcd(out: &Path, name: &str, members: usize, options: &Options) -> Capa
 #[cfg(test)]
 mod tests {
     use super::Kind;
+
+    #[test]
+    fn a_run_is_of_record_only_when_it_starts_under_a_load_of_one() {
+        assert!(super::is_quiet(0.0));
+        assert!(super::is_quiet(0.99));
+        assert!(!super::is_quiet(1.0));
+        assert!(!super::is_quiet(7.5));
+        // An unreadable load average proves nothing quiet.
+        assert!(!super::is_quiet(f64::NAN));
+    }
 
     #[test]
     fn implementation_names_parse_as_in_vs_etcd() {
