@@ -105,6 +105,10 @@ pub struct ServiceOptions {
     /// one conditional write and no read. 0: nothing remembered, no subscription,
     /// every renew and release reads first.
     pub known_capacity: usize,
+    /// Whether the service serves `renew_many`, many renewals in one request, and
+    /// advertises it in `$SRV.INFO` (on by default). Off, it serves the five
+    /// endpoints alone, as a service without it: holder libraries renew one by one.
+    pub renew_many: bool,
     /// How many streams the bucket's keys are spread over (`serve --shards`,
     /// [`dagnats_leases_core::shard`]); one is the one-stream layout.
     pub shards: ShardMap,
@@ -149,6 +153,7 @@ impl ServiceOptions {
             max_leases_per_tenant: self.max_leases_per_tenant,
             tenant_accounts: self.tenant_accounts.clone(),
             known_capacity: self.known_capacity,
+            renew_many: self.renew_many,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
         }
@@ -172,6 +177,7 @@ impl Default for ServiceOptions {
             tenant_accounts: TenantAccounts::default(),
             max_leases_per_tenant: None,
             known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
+            renew_many: true,
             shards: ShardMap::SINGLE,
             links_down: None,
             #[cfg(feature = "__test")]

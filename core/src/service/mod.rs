@@ -57,6 +57,7 @@ pub mod admit;
 pub mod coalesce;
 mod config;
 pub mod micro;
+mod renew_many;
 pub mod replicas;
 pub mod shutdown;
 pub mod startup;
@@ -156,6 +157,8 @@ struct Pending {
     /// as moved on by the monotonic time since.
     at: Instant,
     wall: OffsetDateTime,
+    /// An item of a `renew_many` request: its outcome goes to the gather.
+    item: Option<renew_many::Item>,
 }
 
 impl Pending {
@@ -186,6 +189,8 @@ struct Running {
     /// it when the call started: every write of the call must be stored above.
     shard: usize,
     floor: u64,
+    /// An item of a `renew_many` request: its outcome goes to the gather.
+    item: Option<renew_many::Item>,
 }
 
 /// Where the service is.
@@ -247,6 +252,8 @@ pub struct Service {
     /// replicas check's last sequences): a write stored at or below it went to a
     /// stream whose sequence went back.
     floors: Vec<u64>,
+    /// The `renew_many` requests whose items run.
+    gathers: renew_many::Gathers,
 }
 
 impl Service {
@@ -255,7 +262,10 @@ impl Service {
     /// version (the client has not had the server's INFO) it refuses to start
     /// ([`ServiceEvent::StartRefused`]) and asks for nothing.
     pub fn new(config: ServiceConfig, wall: OffsetDateTime, now: Instant) -> Self {
-        let micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
+        let mut micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
+        if config.renew_many {
+            micro = micro.with_renew_many();
+        }
         let startup = Startup::new(
             config.bucket,
             &config.server_version,
@@ -307,6 +317,7 @@ impl Service {
             refused: None,
             health: None,
             floors: vec![0; config.bucket.shards.count() as usize],
+            gathers: renew_many::Gathers::default(),
             phase: Phase::Starting(Box::new(startup)),
             mode: Mode::Starting,
             call_config,
@@ -349,6 +360,7 @@ impl Service {
                         kind: SubscriptionKind::Api,
                     });
                 }
+                self.subscribe_renew_many();
             }
             // Every tenant's endpoints, `api.leases.<account>.<endpoint>`.
             Tenancy::Accounts => self.events.push_back(ServiceEvent::Subscribe {
@@ -497,6 +509,9 @@ impl Service {
             Tenancy::Accounts => tenant::tenant_endpoint_of(&message.subject).map(|(_, e)| e),
         };
         let Some(endpoint) = name.and_then(Endpoint::from_subject) else {
+            if name == Some(crate::wire::RENEW_MANY) {
+                self.handle_renew_many(now, wall, message);
+            }
             return;
         };
         let Some(scope) = self.gate(now, RequestSource::Api, &message) else {
@@ -538,6 +553,7 @@ impl Service {
             acquiring: None,
             at: now,
             wall,
+            item: None,
         };
         if let Ok(Some(caller)) = &pending.scope {
             match self
@@ -761,6 +777,10 @@ impl Service {
                 AdmissionEvent::Refuse(endpoint, pending, response) => {
                     self.acquire_ended(pending.scope.as_ref().ok(), pending.acquiring.as_deref());
                     self.events.push_back(ServiceEvent::Refused { endpoint });
+                    if let Some(item) = pending.item {
+                        self.item_answered(now, item, response, Duration::ZERO);
+                        continue;
+                    }
                     self.micro
                         .handle_answered(endpoint, &response, Duration::ZERO);
                     self.reply(now, pending.reply, response.to_json());
@@ -774,8 +794,9 @@ impl Service {
         let wall = pending.wall + now.saturating_duration_since(pending.at);
         let scope = match pending.scope {
             Err(refused) => {
-                self.answered(
+                self.answered_or_gathered(
                     now,
+                    pending.item,
                     endpoint,
                     pending.reply,
                     Response::Error(refused),
@@ -787,6 +808,7 @@ impl Service {
             Ok(scope) => scope,
         };
         let acquiring = pending.acquiring;
+        let item = pending.item;
         let call = Call::new_scoped(
             self.call_config,
             scope.clone(),
@@ -814,6 +836,7 @@ impl Service {
                 writes: Vec::new(),
                 shard,
                 floor,
+                item,
             },
         );
         self.drive(now, token);
@@ -948,7 +971,14 @@ impl Service {
         };
         self.acquire_ended(Some(&running.scope), running.acquiring.as_deref());
         let took = now.saturating_duration_since(running.started);
-        self.answered(now, running.endpoint, running.reply, response, took);
+        self.answered_or_gathered(
+            now,
+            running.item,
+            running.endpoint,
+            running.reply,
+            response,
+            took,
+        );
         let tenant = running.scope.map(|c| c.account);
         self.admission.handle_finished_of(now, tenant);
     }

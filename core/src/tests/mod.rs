@@ -17,6 +17,7 @@ mod micro;
 mod priority_world;
 mod properties;
 mod proto;
+mod renew_many_service;
 mod renew_many_wire;
 mod replicas;
 mod reply_scope;
