@@ -23,7 +23,11 @@
 //!    a member hears change events only for keys whose subscribe was made, and the
 //!    campaign gives up a subscribe only while it is under way and not before
 //!    [`HANDOFF_BOUND`] after it asked for it (by its own clock); invariants 1 to 3
-//!    hold with the wake-ups lost.
+//!    hold with the wake-ups lost;
+//! 6. in member worlds with batching ([`HolderWorld::with_batching`]): the service
+//!    advertises `renew_many`, members send the renewals due together in one
+//!    request, the world's service runs each item as its own renew call and
+//!    answers once all are in; invariants 1 to 3 hold as with single renewals.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -255,6 +259,17 @@ struct ServiceCall {
     holder: usize,
     generation: u64,
     request: EffectId,
+    /// An item of a `renew_many` request: its gather and its place there.
+    item: Option<(usize, usize)>,
+}
+
+/// A `renew_many` request whose items run in the world's service.
+struct WorldGather {
+    holder: usize,
+    generation: u64,
+    request: EffectId,
+    keys: Vec<String>,
+    results: Vec<Option<crate::wire::RenewManyResult>>,
 }
 
 /// What a world run saw, for coverage checks.
@@ -299,6 +314,11 @@ pub struct Stats {
     pub elections_while_unhealthy: u64,
     /// Subscribes the campaigns gave up ([`HolderWorld::with_slow_subscribes`]).
     pub subscribes_given_up: u64,
+    /// `renew_many` requests that reached the service ([`HolderWorld::with_batching`]),
+    /// and the renewals they carried.
+    pub batches: u64,
+    /// The renewals the `renew_many` requests carried.
+    pub batched_renewals: u64,
 }
 
 /// Nodes, the service's calls and the simulated stream, run event by event, with the
@@ -335,6 +355,10 @@ pub struct HolderWorld {
     /// hang past the hand-off bound, percent, and the draws of their delays (apart
     /// from the world's, so its other draws replay as without).
     slow_subscribes: Option<(u64, Rng)>,
+    /// With [`HolderWorld::with_batching`]: members batch their renewals, and the
+    /// `renew_many` requests whose items run.
+    batching: bool,
+    gathers: Vec<Option<WorldGather>>,
 }
 
 const KEY: &str = "leader";
@@ -608,6 +632,8 @@ impl HolderWorld {
             stats: Stats::default(),
             known: None,
             slow_subscribes: None,
+            batching: false,
+            gathers: Vec::new(),
         };
         if world.p.app != App::None {
             world.schedule(0, Ev::AppWrite);
@@ -643,6 +669,93 @@ impl HolderWorld {
         let draws = Rng::new(self.p.seed ^ 0x5AB5_C41B, Vec::new());
         self.slow_subscribes = Some((percent, draws));
         self
+    }
+
+    /// The same world with the service advertising `renew_many` to every member
+    /// (invariant 6): renewals due together go out in one request.
+    pub fn with_batching(mut self) -> Self {
+        self.batching = true;
+        for h in 0..self.holders.len() {
+            self.tell_batching(h);
+        }
+        self
+    }
+
+    /// Member `h` reads the service's INFO: `renew_many` listed, with batching.
+    fn tell_batching(&mut self, h: usize) {
+        if let (true, Machine::Member { campaign, .. }) =
+            (self.batching, &mut self.holders[h].machine)
+        {
+            campaign.handle_service_info(
+                br#"{"name":"dagnats-api","endpoints":[{"name":"renew_many"}]}"#,
+            );
+        }
+    }
+
+    /// A `renew_many` request from `h`: each item its own renew call, gathered; an
+    /// invalid one answered at once.
+    fn arrive_many(&mut self, h: usize, generation: u64, request: HolderRequest) {
+        let items = match crate::wire::decode_renew_many(&request.body) {
+            Ok(items) => items,
+            Err(e) => {
+                let at = self.t + self.latency();
+                let outcome = RequestOutcome::reply(Response::Error(e).to_json());
+                self.schedule(at, Ev::Outcome(h, generation, request.id, outcome));
+                return;
+            }
+        };
+        self.stats.batches += 1;
+        self.stats.batched_renewals += items.len() as u64;
+        let g = self.gathers.len();
+        self.gathers.push(Some(WorldGather {
+            holder: h,
+            generation,
+            request: request.id,
+            keys: items.iter().map(|r| r.key.clone()).collect(),
+            results: vec![None; items.len()],
+        }));
+        let config = CallConfig::ready(1024 * 1024);
+        for (i, item) in items.iter().enumerate() {
+            let (now, wall) = (self.service_now(), self.js.wall());
+            let body = serde_json::to_vec(item).expect("a renew request serialises");
+            let call = match &self.known {
+                Some((known, _)) => {
+                    Call::with_known(config, known, Endpoint::Renew, &body, wall, now)
+                }
+                None => Call::new(config, Endpoint::Renew, &body, wall, now),
+            };
+            self.calls.push(Some(ServiceCall {
+                call,
+                holder: h,
+                generation,
+                request: request.id,
+                item: Some((g, i)),
+            }));
+            self.drain_call(self.calls.len() - 1);
+        }
+    }
+
+    /// An item's renew replied: kept, and its request answered once all are in.
+    fn item_replied(&mut self, (g, i): (usize, usize), response: &Response) {
+        let Some(gather) = self.gathers[g].as_mut() else {
+            return;
+        };
+        gather.results[i] = Some(crate::wire::RenewManyResult::of(&gather.keys[i], response));
+        if gather.results.iter().any(Option::is_none) {
+            return;
+        }
+        let gather = self.gathers[g].take().expect("found above");
+        let reply = crate::wire::RenewManyReply {
+            results: gather.results.into_iter().flatten().collect(),
+        };
+        if !self.rng.chance(self.p.loss_percent) {
+            let at = self.t + self.latency();
+            let outcome = RequestOutcome::reply(reply.to_json());
+            self.schedule(
+                at,
+                Ev::Outcome(gather.holder, gather.generation, gather.request, outcome),
+            );
+        }
     }
 
     /// Runs the subscribes member `h` asked for, gave up or dropped.
@@ -1013,9 +1126,14 @@ impl HolderWorld {
                 Some(CallEvent::Kv(_)) => continue,
                 Some(CallEvent::Replied(response)) => {
                     let (h, generation, id) = (sc.holder, sc.generation, sc.request);
+                    let item = sc.item;
                     self.calls[c] = None;
                     if matches!(&response, Response::Error(e) if e.kind == ErrorKind::Internal) {
                         self.stats.internal_replies += 1;
+                    }
+                    if let Some(item) = item {
+                        self.item_replied(item, &response);
+                        return;
                     }
                     if !self.rng.chance(self.p.loss_percent) {
                         let at = self.t + self.latency();
@@ -1079,6 +1197,7 @@ impl HolderWorld {
                 sim.subscribing.clear();
                 sim.subscribed.clear();
                 self.stats.recreations += 1;
+                self.tell_batching(h);
                 self.tell_health(h);
                 if !self.paused(h) {
                     self.drain_holder(h);
@@ -1165,6 +1284,10 @@ impl HolderWorld {
                 self.holders[h].machine.handle_change(now, &key, &event);
                 self.drain_holder(h);
             }
+            Ev::Arrive(h, generation, request) if request.body.starts_with(b"{\"leases\":") => {
+                self.learn_stored();
+                self.arrive_many(h, generation, request);
+            }
             Ev::Arrive(h, generation, request) => {
                 self.learn_stored();
                 let config = CallConfig::ready(1024 * 1024);
@@ -1180,6 +1303,7 @@ impl HolderWorld {
                     holder: h,
                     generation,
                     request: request.id,
+                    item: None,
                 }));
                 self.drain_call(self.calls.len() - 1);
             }

@@ -3,6 +3,7 @@
 mod acquire_wait;
 mod admit;
 mod campaign;
+mod campaign_batch;
 mod coalesce;
 mod coalesce_props;
 mod confirm;
