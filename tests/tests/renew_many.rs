@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{Fx, kind};
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::service::ServiceOptions;
+use futures::FutureExt as _;
 use serde_json::{Value, json};
 
 async fn info(fx: &Fx) -> Vec<u8> {
@@ -116,4 +117,80 @@ async fn a_service_with_it_off_has_no_responder_there_and_does_not_advertise_it(
     // The five still serve.
     let got: Value = fx.acquire("a", "h", 30_000).await;
     assert_eq!(got["granted"], true, "{got}");
+}
+
+/// `num_requests` of `endpoint` in the service's `$SRV.STATS`, `None` when it does
+/// not list the endpoint.
+async fn requests_at(fx: &Fx, endpoint: &str) -> Option<u64> {
+    let stats = fx
+        .client
+        .request("$SRV.STATS.dagnats-api", "".into())
+        .await
+        .expect("$SRV.STATS answered");
+    let stats: Value = serde_json::from_slice(&stats.payload).unwrap();
+    stats["endpoints"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == endpoint)
+        .and_then(|e| e["num_requests"].as_u64())
+}
+
+/// A member holding shards renews them in `renew_many` requests where the service
+/// advertises it, and one by one where it does not (a service with it off: the
+/// mixed deployment of a new library and an older service); either way every key
+/// stays held, renewed again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_batches_renewals_where_the_service_has_it_and_renews_one_by_one_where_not() {
+    use dagnats_leases_tokio::member::Member;
+    const TTL: Duration = Duration::from_secs(3);
+    let keys = ["s0", "s1", "s2", "s3"];
+    for on in [true, false] {
+        let server = tokio::task::spawn_blocking(NatsServer::start)
+            .await
+            .unwrap();
+        let options = ServiceOptions {
+            renew_many: on,
+            ..ServiceOptions::default()
+        };
+        let fx = Fx::on_with(server, options).await;
+        let mut events = fx
+            .client
+            .subscribe("dagnats.lease.changed.>")
+            .await
+            .unwrap();
+        let member = Member::new(common::connect(&fx.server).await, "m1").unwrap();
+        let mut shards = member.shards(&keys, keys.len(), TTL).unwrap();
+        // Every key renewed three times over (its confirming renew, then two at
+        // its schedule), by the change events the renewals write.
+        let mut renewed: std::collections::BTreeMap<String, u32> = Default::default();
+        while renewed.len() < keys.len() || renewed.values().any(|n| *n < 3) {
+            let event = common::next_within(&mut events, 20).await;
+            let renewal = event
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Dagnats-Lease-Event"))
+                .is_some_and(|v| v.as_str() == "renewed");
+            if renewal {
+                let key = event.subject.rsplit('.').next().unwrap().to_string();
+                *renewed.entry(key).or_default() += 1;
+            }
+        }
+        assert_eq!(shards.held().len(), keys.len(), "on: {on}");
+        let batched = requests_at(&fx, "renew_many").await;
+        let single = requests_at(&fx, "renew").await.unwrap();
+        if on {
+            let batched = batched.expect("advertised");
+            println!("on: {batched} batches, {single} single renewals");
+            assert!(
+                batched >= 1,
+                "renewals went in batches: {batched} batches, {single} single"
+            );
+        } else {
+            assert_eq!(batched, None, "not served");
+            println!("off: {single} single renewals");
+            assert!(single >= 12, "one by one: {single}");
+        }
+        let _ = shards.next().now_or_never();
+        shards.stop().await;
+    }
 }

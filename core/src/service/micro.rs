@@ -222,6 +222,12 @@ fn stats_json(name: &str, subject: String, s: &EndpointStats) -> Value {
     })
 }
 
+/// Where a holder library asks every instance of this service for its endpoints:
+/// `$SRV.INFO.dagnats-api` (the first answer is the one read).
+pub fn info_subject() -> String {
+    format!("$SRV.{}.{SERVICE_NAME}", MicroVerb::Info.token())
+}
+
 /// Whether a `$SRV.INFO` answer is this service's and lists `renew_many` among its
 /// endpoints: what a holder library reads before it batches renewals. Anything
 /// else (another service, a body that does not parse, an older service) is `false`.
