@@ -2,8 +2,9 @@
 //! bytes choose the nodes (bare holders, or members of a capped, balanced or
 //! semaphore group) and the faults within the bounds the core's property tests use;
 //! the rest are the world's draws (latencies, losses, pauses, restarts, health
-//! flips). After every step the world checks that nobody believes past the server's
-//! lease, never two at once, within the caps, and the applications' fenced writes.
+//! flips), and whether members batch their renewals. After every step the world
+//! checks that nobody believes past the server's lease, never two at once, within
+//! the caps, and the applications' fenced writes.
 #![no_main]
 
 use dagnats_leases_core::sim::holder_world::{App, Grouping, HolderWorld, Nodes, WorldParams};
@@ -19,6 +20,10 @@ fuzz_target!(|data: &[u8]| {
     let p = params(shape);
     let shown = format!("{p:?}");
     let mut world = HolderWorld::scripted(p, script.to_vec());
+    // Members batch their renewals into renew_many when the shape says so.
+    if shape[3] & 2 == 2 {
+        world = world.with_batching();
+    }
     if let Err(v) = world.run() {
         panic!("{shown}: {v}");
     }
