@@ -27,9 +27,6 @@ use crate::wire::{MAX_RENEW_MANY, RenewManyReply, renew_many_subject};
 /// A renewal due now pulls in the owners due within a TTL divided by this.
 pub const EARLY_WINDOW_DIVISOR: u32 = 10;
 
-/// The longest early window: a tenth of the longest TTL.
-const MAX_EARLY_WINDOW: Duration = Duration::from_secs(60);
-
 /// The renewals sent together, and whether the service takes them so.
 #[derive(Debug, Default)]
 pub(super) struct Batching {
@@ -37,6 +34,9 @@ pub(super) struct Batching {
     on: bool,
     /// Batch requests out: their renewals (the campaign's ids and requests).
     out: BTreeMap<EffectId, Vec<(EffectId, Transmit)>>,
+    /// The widest early window of the keys campaigned for, and for how many keys it
+    /// was worked out: the timers are scanned only that far ahead.
+    widest: Option<(usize, Duration)>,
 }
 
 impl Campaign {
@@ -64,9 +64,22 @@ impl Campaign {
         if !self.batching.on || !waiting {
             return false;
         }
+        let widest = match self.batching.widest {
+            Some((n, widest)) if n == self.candidacies.len() => widest,
+            _ => {
+                let widest = self
+                    .candidacies
+                    .values()
+                    .map(|c| c.holder.config().ttl / EARLY_WINDOW_DIVISOR)
+                    .max()
+                    .unwrap_or_default();
+                self.batching.widest = Some((self.candidacies.len(), widest));
+                widest
+            }
+        };
         let due: Vec<String> = self
             .timers
-            .range(..=(now + MAX_EARLY_WINDOW, String::new()))
+            .range(..=(now + widest, String::new()))
             .map(|(_, key)| key.clone())
             .collect();
         let mut any = false;
