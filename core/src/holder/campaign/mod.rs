@@ -350,7 +350,7 @@ pub struct Campaign {
     /// Subscribes and rejects handed to the client, until done or given up.
     handoffs: Handoffs,
     /// Renewals sent together in one request, where the service takes them so.
-    batching: batch::Batching,
+    batching: Box<batch::Batching>,
 }
 
 impl Campaign {
@@ -380,7 +380,7 @@ impl Campaign {
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
             handoffs: Handoffs::default(),
-            batching: batch::Batching::default(),
+            batching: Box::default(),
         })
     }
 
