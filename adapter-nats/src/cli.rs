@@ -6,6 +6,8 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use dagnats_leases_core::reply_scope::ReplyScope;
+use dagnats_leases_core::service::ServiceConfig;
+use dagnats_leases_core::service::startup::BucketOptions;
 use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 
 use crate::connect::ConnectOptions;
@@ -73,11 +75,11 @@ pub struct ServeArgs {
     )]
     pub shards: u32,
     /// Bound on each JetStream request, in milliseconds (or with a unit: `5s`).
-    #[arg(long, env = "DAGNATS_LEASES_KV_TIMEOUT_MS", default_value = "5000", value_parser = parse_millis)]
+    #[arg(long, env = "DAGNATS_LEASES_KV_TIMEOUT_MS", default_value_t = millis(dagnats_leases_core::call::DEFAULT_KV_TIMEOUT), value_parser = parse_millis)]
     pub kv_timeout_ms: u64,
     /// How long shutdown waits for calls in flight, in milliseconds (or with a
     /// unit: `10s`).
-    #[arg(long, env = "DAGNATS_LEASES_SHUTDOWN_TIMEOUT_MS", default_value = "10000", value_parser = parse_millis)]
+    #[arg(long, env = "DAGNATS_LEASES_SHUTDOWN_TIMEOUT_MS", default_value_t = millis(dagnats_leases_core::service::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = parse_millis)]
     pub shutdown_timeout_ms: u64,
     /// At most this many calls run at once; further requests wait (see
     /// --max-calls-waiting), so memory stays flat under a burst.
@@ -152,6 +154,11 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration ({e}); e.g. 0, 30, 500ms, 5s, 2m"))
+}
+
+/// A default duration as a `--*-ms` option shows it: whole milliseconds.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Reads a `--*-ms` option: a bare number of milliseconds (`15000`, as ever), or a
@@ -240,8 +247,14 @@ impl ServeArgs {
             }
             _ => {}
         }
-        Ok(ServiceOptions {
-            replicas: self.replicas,
+        let shards = dagnats_leases_core::shard::ShardMap::new(self.shards)
+            .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?;
+        Ok(ServiceOptions::from(ServiceConfig {
+            bucket: BucketOptions {
+                replicas: self.replicas,
+                tenancy: self.tenancy,
+                shards,
+            },
             kv_timeout: Duration::from_millis(self.kv_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             max_calls_in_flight: self.max_calls_in_flight,
@@ -253,13 +266,10 @@ impl ServeArgs {
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,
-            tenancy: self.tenancy,
             tenant_accounts,
             max_leases_per_tenant: self.max_leases_per_tenant,
-            shards: dagnats_leases_core::shard::ShardMap::new(self.shards)
-                .map_err(|e| crate::Error::new(crate::ErrorKind::Config, e))?,
-            ..ServiceOptions::default()
-        })
+            ..ServiceConfig::default()
+        }))
     }
 }
 

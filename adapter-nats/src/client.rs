@@ -28,6 +28,7 @@ use async_nats::{Client, Subscriber};
 use base64::Engine as _;
 use dagnats_leases_core::change::ChangeEvent;
 use dagnats_leases_core::holder::acquire_wait::{WaitingAcquire, WaitingAcquireEvent};
+use dagnats_leases_core::outcome::Answer;
 use dagnats_leases_core::subjects::changed_subject;
 use dagnats_leases_core::wire::{
     AcquireReply, AcquireRequest, Endpoint, ErrorKind, ErrorReply, ForwardRequest, Lease,
@@ -131,23 +132,22 @@ impl From<ErrorReply> for LeaseError {
     }
 }
 
-/// Turns what came of a request into the reply, or the error it is.
+/// Turns what came of a request into the reply, or the error it is, as the
+/// core reads it ([`Answer`]).
 pub fn reply_of(endpoint: Endpoint, outcome: RequestOutcome) -> Result<Response, LeaseError> {
-    match outcome {
-        RequestOutcome::Reply { payload, .. } => match Response::decode(endpoint, &payload) {
-            Ok(Response::Error(e)) => Err(e.into()),
-            Ok(reply) => Ok(reply),
-            Err(why) => Err(LeaseError::new(LeaseErrorKind::BadReply, why)),
-        },
-        RequestOutcome::NoResponders => Err(LeaseError::new(
+    match Answer::of(endpoint, outcome) {
+        Answer::Reply(reply) => Ok(reply),
+        Answer::Refused(e) => Err(e.into()),
+        Answer::Unreadable(why) => Err(LeaseError::new(LeaseErrorKind::BadReply, why)),
+        Answer::NoResponders => Err(LeaseError::new(
             LeaseErrorKind::NoService,
             format!("no lease service answers on {}", endpoint.subject()),
         )),
-        RequestOutcome::TimedOut => Err(LeaseError::new(
+        Answer::TimedOut => Err(LeaseError::new(
             LeaseErrorKind::TimedOut,
             format!("{} timed out (it may have taken effect)", endpoint.name()),
         )),
-        RequestOutcome::Failed(why) => Err(LeaseError::new(LeaseErrorKind::Connection, why)),
+        Answer::Failed(why) => Err(LeaseError::new(LeaseErrorKind::Connection, why)),
     }
 }
 

@@ -6,33 +6,27 @@
 //! message, outcome, timer and the stop, sends its requests untimed and drops the
 //! ones it cancels, publishes its replies (and tells it as each is handed to the
 //! client), unsubscribes and flushes when it says, and records its metric and log
-//! events. Every decision (which reply may go out, who the caller is, admission,
+//! events. Every decision (which reply may go out, who the caller is, which of
+//! the inputs that arrived at once goes first, admission,
 //! the calls, the coalescer, the confirm switch, when a request is given up, which
 //! failed subscription is fatal, the stop's phases and when its flush may begin) is
 //! the machine's.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_nats::{Client, Message, Subscriber};
 use dagnats_leases_core::RequestOutcome;
-use dagnats_leases_core::call::DEFAULT_KV_TIMEOUT;
 use dagnats_leases_core::call::KvFact;
 use dagnats_leases_core::health::LogLevel;
 use dagnats_leases_core::io::TransmitKind;
 use dagnats_leases_core::io::{EffectId, Mode};
 use dagnats_leases_core::proto::Delivered;
-use dagnats_leases_core::reply_scope::ReplyScope;
-use dagnats_leases_core::service::coalesce;
-use dagnats_leases_core::service::replicas::REPLICAS_RECHECK;
 use dagnats_leases_core::service::shutdown::StopPhase;
-use dagnats_leases_core::service::startup::BucketOptions;
 use dagnats_leases_core::service::{
-    Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind,
+    Arrivals, Received, ReplyId, Service, ServiceEvent, SubscriptionKind,
 };
-use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_core::subjects::QUEUE_GROUP;
-use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 use futures::future::{AbortHandle, BoxFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt as _, StreamExt};
@@ -50,76 +44,21 @@ use crate::strict::{StrictClient, StrictOptions, Subscription};
 use crate::telemetry;
 use crate::{Error, ErrorKind as ServiceErrorKind};
 
-pub use dagnats_leases_core::service::DEFAULT_MAX_CALLS_IN_FLIGHT;
+pub use dagnats_leases_core::service::startup::BucketOptions;
+pub use dagnats_leases_core::service::{DEFAULT_MAX_CALLS_IN_FLIGHT, ServiceConfig};
 
-/// How the service runs.
-#[derive(Debug, Clone)]
+/// How the service runs: the core's [`ServiceConfig`], whose fields and defaults
+/// are the options (written once, in the core; read and set through this type
+/// as if its own), and how readiness hears of the connections. [`start`] fills
+/// in what the server's INFO says, the instance id and this crate's version.
+#[derive(Debug, Clone, Default)]
 pub struct ServiceOptions {
-    /// Stream replicas of the bucket; `None` creates with 1 and leaves an existing one's.
-    pub replicas: Option<usize>,
-    /// Bound on each JetStream request.
-    pub kv_timeout: Duration,
-    /// How long shutdown waits for calls in flight.
-    pub shutdown_timeout: Duration,
-    /// How often the stream's replicas are asked again while serving: read
-    /// confirmation turns on when they go above 1 and off when they come back.
-    pub replicas_recheck: Duration,
-    /// At most this many calls run at once; further requests wait, up to
-    /// `max_calls_waiting`, and past that are answered `unavailable` at once
-    /// ([`dagnats_leases_core::service::admit`]): the service's memory stays flat whatever
-    /// the burst, and no call is answered long after its caller gave up.
-    pub max_calls_in_flight: usize,
-    /// At most this many requests wait for a call to end (half of them kept for
-    /// renew and release).
-    pub max_calls_waiting: usize,
-    /// Whether the calls' writes go through one write coalescer
-    /// ([`dagnats_leases_core::service::coalesce`]): past `batch_after` single writes in
-    /// flight they gather into atomic batches when the stream allows it
-    /// (nats-server 2.12+). Off by default; `Auto` turns it on for a
-    /// single-replica bucket ([`coalesce::coalesce_on`]), for a server with
-    /// `sync_interval: always`, where `scripts/bench` measured batches winning
-    /// with many writes in flight (on the default lazy sync they lost, and on a
-    /// three-node cluster too; see docs/benchmarks.md).
-    pub coalesce_writes: coalesce::CoalesceWrites,
-    /// Single writes in flight before writes gather into batches.
-    pub batch_after: usize,
-    /// The smallest batch the coalescer sends; fewer gathered writes wait for a
-    /// single write to come back and go single.
-    pub min_batch: usize,
-    /// The reply subjects the service answers: `_INBOX.`, `_R_.` and the
-    /// operator's own prefixes. A request with any other reply is dropped
-    /// unanswered and no call runs for it.
-    pub reply_scope: ReplyScope,
-    /// One key namespace, or one per tenant account (`serve --tenancy accounts`,
-    /// [`dagnats_leases_core::tenant`]).
-    pub tenancy: Tenancy,
-    /// Tenancy: the accounts served (`serve --tenant-account`); a request of any
-    /// other is answered `forbidden`, and tenancy with none refuses to start.
-    pub tenant_accounts: TenantAccounts,
-    /// Tenancy: at most this many live leases per tenant account; an acquire of a
-    /// new key past it is answered `forbidden` ([`dagnats_leases_core::tenant::TenantLeases`]).
-    pub max_leases_per_tenant: Option<usize>,
-    /// How many keys' last revisions the service remembers
-    /// ([`dagnats_leases_core::known`]), learnt from its own calls and from the
-    /// change events it subscribes to: a renew or release of a revision it knows is
-    /// one conditional write and no read. 0: nothing remembered, no subscription,
-    /// every renew and release reads first.
-    pub known_capacity: usize,
-    /// Whether the service serves `renew_many`, many renewals in one request, and
-    /// advertises it in `$SRV.INFO` (on by default). Off, it serves the five
-    /// endpoints alone, as a service without it: holder libraries renew one by one.
-    pub renew_many: bool,
-    /// How many streams the bucket's keys are spread over (`serve --shards`,
-    /// [`dagnats_leases_core::shard`]); one is the one-stream layout.
-    pub shards: ShardMap,
+    /// The options and their defaults.
+    pub config: ServiceConfig,
     /// How many of the service's connections are down (`connect::LinksDown`
     /// of the `cli` feature counts them from the client's events): readiness
     /// follows it. `None`: taken as always connected.
     pub links_down: Option<watch::Receiver<u32>>,
-    /// Test only: answer from unconfirmed reads even on a replicated bucket, to
-    /// show what the fault tests catch without read confirmation.
-    #[cfg(feature = "__test")]
-    pub unconfirmed_reads_for_tests: bool,
 }
 
 impl ServiceOptions {
@@ -132,57 +71,35 @@ impl ServiceOptions {
         instance_id: String,
     ) -> ServiceConfig {
         ServiceConfig {
-            bucket: BucketOptions {
-                replicas: self.replicas,
-                tenancy: self.tenancy,
-                shards: self.shards,
-            },
             server_version: version.to_string(),
             max_payload,
-            kv_timeout: self.kv_timeout,
-            shutdown_timeout: self.shutdown_timeout,
-            replicas_recheck: self.replicas_recheck,
-            max_calls_in_flight: self.max_calls_in_flight,
-            max_calls_waiting: self.max_calls_waiting,
-            coalesce_writes: self.coalesce_writes,
-            batch_after: self.batch_after,
-            min_batch: self.min_batch,
             instance_id,
             version: env!("CARGO_PKG_VERSION").to_string(),
-            reply_scope: self.reply_scope.clone(),
-            max_leases_per_tenant: self.max_leases_per_tenant,
-            tenant_accounts: self.tenant_accounts.clone(),
-            known_capacity: self.known_capacity,
-            renew_many: self.renew_many,
-            #[cfg(feature = "__test")]
-            unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
+            ..self.config.clone()
         }
     }
 }
 
-impl Default for ServiceOptions {
-    fn default() -> Self {
+impl From<ServiceConfig> for ServiceOptions {
+    fn from(config: ServiceConfig) -> Self {
         Self {
-            replicas: None,
-            kv_timeout: DEFAULT_KV_TIMEOUT,
-            shutdown_timeout: Duration::from_secs(10),
-            replicas_recheck: REPLICAS_RECHECK,
-            max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
-            coalesce_writes: coalesce::CoalesceWrites::Auto,
-            batch_after: coalesce::DEFAULT_SINGLE_WINDOW,
-            min_batch: coalesce::DEFAULT_MIN_BATCH,
-            reply_scope: ReplyScope::default(),
-            tenancy: Tenancy::Single,
-            tenant_accounts: TenantAccounts::default(),
-            max_leases_per_tenant: None,
-            known_capacity: dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY,
-            renew_many: true,
-            shards: ShardMap::SINGLE,
+            config,
             links_down: None,
-            #[cfg(feature = "__test")]
-            unconfirmed_reads_for_tests: false,
         }
+    }
+}
+
+impl std::ops::Deref for ServiceOptions {
+    type Target = ServiceConfig;
+
+    fn deref(&self) -> &ServiceConfig {
+        &self.config
+    }
+}
+
+impl std::ops::DerefMut for ServiceOptions {
+    fn deref_mut(&mut self) -> &mut ServiceConfig {
+        &mut self.config
     }
 }
 
@@ -374,7 +291,7 @@ pub async fn prepare(
         .flush()
         .await
         .map_err(|e| Error::new(ServiceErrorKind::Nats, e))?;
-    while service.mode() == Mode::Starting {
+    while service.is_starting() {
         io.step(&mut service, None).await?;
     }
     let (stop, stopped) = watch::channel(false);
@@ -514,11 +431,6 @@ impl Io {
                 None => std::future::pending().await,
             }
         };
-        // Change events first: one the connection delivered before a request is
-        // learnt before that request's call starts.
-        while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
-            service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
-        }
         let links = async {
             let Some(links) = &mut self.links_down else {
                 return std::future::pending().await;
@@ -532,10 +444,16 @@ impl Io {
         tokio::select! {
             connected = links => service.handle_connection(self.runtime.now(), connected),
             Some(m) = async { self.changes.as_mut().expect("guarded").next().await }, if self.changes.is_some() => {
-                service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), received(m));
+                let mut changes = vec![received(m)];
+                changes.extend(self.changes_ready());
+                service.handle_arrivals(self.runtime.now(), OffsetDateTime::now_utc(), Arrivals::changes(changes));
             }
             next = self.requests.next(), if self.intake_open => match next {
-                Some(m) => service.handle_request(self.runtime.now(), OffsetDateTime::now_utc(), delivered(m)),
+                // With the change events already delivered: the machine orders them.
+                Some(m) => {
+                    let arrivals = Arrivals::request(delivered(m), self.changes_ready());
+                    service.handle_arrivals(self.runtime.now(), OffsetDateTime::now_utc(), arrivals);
+                }
                 None => {
                     self.intake_open = false;
                     service.handle_intake_closed(self.runtime.now());
@@ -570,6 +488,15 @@ impl Io {
             }
         }
         self.drain(service).await
+    }
+
+    /// The change events delivered and not yet taken, without waiting.
+    fn changes_ready(&mut self) -> Vec<Received> {
+        let mut ready = Vec::new();
+        while let Some(Some(m)) = self.changes.as_mut().and_then(|c| c.next().now_or_never()) {
+            ready.push(received(m));
+        }
+        ready
     }
 
     /// Carries out every output of `service`.

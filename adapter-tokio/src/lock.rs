@@ -12,8 +12,9 @@
 //!   deadline: `--grace` before it the command's group gets SIGTERM, SIGKILL at the
 //!   latest at the deadline, which comes before the server can expire the lease.
 //!
-//! Every rule (when to signal, when the command is over, when to release) is a core
-//! machine: [`dagnats_leases_core::holder::supervise`], the watchdog's [`Supervisor`] and the
+//! Every rule (when to signal, when the command is over, when to release; which
+//! key and fence are held, which renewals count, which holder a message names;
+//! when the watchdog's timer is armed) is a core machine: [`dagnats_leases_core::holder::supervise`], the watchdog's [`Supervisor`] and the
 //! tool's [`Lock`]. This module is their IO: processes, signals, the channel between
 //! the two processes (a socket pair that is the watchdog's stdin), and one timer each.
 //!
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::Client;
-use dagnats_leases_core::holder::HolderEvent;
+use dagnats_leases_core::holder::relay::Heard;
 use dagnats_leases_core::holder::supervise::{
     GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace,
@@ -51,7 +52,7 @@ use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::exit::{EXIT_ERROR, EXIT_NO_SERVER, EXIT_NOT_HELD};
-use crate::member::{CampaignObserver, Change, Elector, HeldKey, Member, Ownership, Semaphore};
+use crate::member::{Elector, Member, Semaphore};
 
 pub use crate::exit::{EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_LEASE_LOST};
 /// The longest default grace period (the default is a third of the TTL, at most this).
@@ -142,21 +143,11 @@ enum Campaigner {
 }
 
 impl Campaigner {
-    async fn next(&mut self) -> Option<Change> {
+    /// The next event of its keys as a supervisor hears it, with the key.
+    async fn next(&mut self) -> Option<(String, Heard)> {
         match self {
-            Self::One(e) => e.next().await,
-            Self::Slots(s) => s.next().await,
-        }
-    }
-
-    /// The key held now (the slot, for a semaphore) and its tenure.
-    fn held(&self) -> Option<HeldKey> {
-        match self {
-            Self::One(e) => e.tenure().map(|tenure| HeldKey {
-                key: e.key().to_string(),
-                tenure,
-            }),
-            Self::Slots(s) => s.held(),
+            Self::One(e) => e.next_heard().await,
+            Self::Slots(s) => s.next_heard().await,
         }
     }
 
@@ -165,37 +156,6 @@ impl Campaigner {
             Self::One(e) => e.stop().await,
             Self::Slots(s) => s.stop().await,
         }
-    }
-}
-
-/// What the campaign's observer passes on to the tool's loop.
-enum Observed {
-    /// An acquire did not win the key (the [`Lock`] counts them for `--wait`),
-    /// naming the holder when the service did.
-    Refused {
-        why: Refusal,
-        holder: Option<String>,
-    },
-    /// A renewal of `key`: a new deadline.
-    Renewed { key: String, deadline: Instant },
-}
-
-struct Observer(mpsc::UnboundedSender<Observed>);
-
-impl CampaignObserver for Observer {
-    fn event(&self, key: &str, event: &HolderEvent, _at: Instant) {
-        let seen = match event {
-            HolderEvent::Renewed { deadline, .. } => Observed::Renewed {
-                key: key.to_string(),
-                deadline: *deadline,
-            },
-            HolderEvent::Refused { holder, answer } => Observed::Refused {
-                why: Refusal::of(holder.is_some(), *answer),
-                holder: holder.clone(),
-            },
-            _ => return,
-        };
-        let _ = self.0.send(seen);
     }
 }
 
@@ -539,9 +499,8 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
         .holder
         .clone()
         .unwrap_or_else(|| Member::unique_id("lock"));
-    let (observed_tx, mut observed) = mpsc::unbounded_channel();
     let member = match Member::new(nats, holder.clone()) {
-        Ok(m) => m.with_observer(Arc::new(Observer(observed_tx))),
+        Ok(m) => m.supervised(),
         Err(e) => {
             say.say("exit", Some(e.kind().as_str()), &e.to_string());
             return crate::exit::exit_code(&e);
@@ -567,12 +526,10 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
     let mut watchdog: Option<WatchdogProc> = None;
     // After the watchdog died: what reaping the command's processes shows.
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
-    let mut held_key = args.key.clone();
-    let mut fence = 0;
-    // The holder the service last named, for what `lock` says.
-    let mut other: Option<String> = None;
     loop {
         while let Some(event) = lock.poll_event() {
+            let (held_key, fence) = lock.held().unwrap_or((&args.key, 0));
+            let (held_key, other) = (held_key.to_string(), lock.named_holder().map(String::from));
             match event {
                 LockEvent::Waiting(why) => say_waiting(&say, why, &args.key, other.as_deref()),
                 LockEvent::StartWatchdog { deadline } => {
@@ -636,34 +593,12 @@ pub async fn run(nats: Client, args: LockArgs, json: bool) -> u8 {
             }
         };
         tokio::select! {
-            change = campaign.next() => {
-                let now = clock::now();
-                match change.map(|c| c.ownership) {
-                    Some(Ownership::Elected { fence: f }) => {
-                        let held = campaign.held();
-                        if let Some(h) = &held {
-                            (held_key, fence) = (h.key.clone(), f);
-                        }
-                        lock.handle_elected(now, held.map(|h| h.tenure.deadline));
-                    }
-                    Some(Ownership::SteppedDown { .. }) => lock.handle_lost(now),
-                    None => {
-                        say.say("exit", Some("internal"), &format!("the campaign for {} ended", args.key));
-                        return EXIT_ERROR;
-                    }
+            heard = campaign.next() => match heard {
+                Some((key, heard)) => lock.handle_heard(clock::now(), &key, &heard),
+                None => {
+                    say.say("exit", Some("internal"), &format!("the campaign for {} ended", args.key));
+                    return EXIT_ERROR;
                 }
-            }
-            Some(seen) = observed.recv() => match seen {
-                Observed::Refused { why, holder } => {
-                    if holder.is_some() {
-                        other = holder;
-                    }
-                    lock.handle_refused(clock::now(), why)
-                }
-                Observed::Renewed { key, deadline } if key == held_key => {
-                    lock.handle_deadline(clock::now(), deadline)
-                }
-                Observed::Renewed { .. } => {}
             },
             line = async { watchdog.as_mut().expect("guarded by the condition").from.next_line().await },
                 if watchdog.is_some() && reaped.is_none() => match line {
@@ -728,7 +663,6 @@ pub async fn watchdog(args: WatchdogArgs) -> u8 {
     let mut reaped: Option<mpsc::UnboundedReceiver<Reaped>> = None;
     let mut lines = BufReader::new(from_tool).lines();
     let mut tool_open = true;
-    let mut armed: Option<Option<Instant>> = None;
     loop {
         while let Some(event) = supervisor.poll_event() {
             match event {
@@ -765,15 +699,12 @@ pub async fn watchdog(args: WatchdogArgs) -> u8 {
                 }
             }
         }
-        // Armed once per deadline: a timer that failed is not tried again for it.
-        let wake = supervisor.poll_timeout();
-        if armed != Some(wake) {
-            armed = Some(wake);
-            if let Err(e) = timer.arm(wake) {
-                eprintln!("dagnats-leases: __lock-watchdog: cannot arm its timer: {e}");
-                supervisor.handle_timer_failed(clock::now());
-                continue;
-            }
+        if let Some(wake) = supervisor.poll_timer()
+            && let Err(e) = timer.arm(wake)
+        {
+            eprintln!("dagnats-leases: __lock-watchdog: cannot arm its timer: {e}");
+            supervisor.handle_timer_failed(clock::now());
+            continue;
         }
         tokio::select! {
             line = lines.next_line(), if tool_open => match line {

@@ -11,17 +11,17 @@ use dagnats_leases_core::wire::{
 };
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::client::LeaseClient;
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::service::{self, ServiceConfig, ServiceOptions};
 use futures::StreamExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_past_the_bound_wait_until_one_ends() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         max_calls_in_flight: 2,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let _service = service::start((server.url(), client.clone()), options)
         .await
         .unwrap();
@@ -99,11 +99,11 @@ async fn send(client: &async_nats::Client, inbox: &str, request: &Request) {
 async fn past_the_waiting_room_a_request_is_refused_at_once_and_renewals_keep_half() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         max_calls_in_flight: 1,
         max_calls_waiting: 2,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let _service = service::start((server.url(), client.clone()), options)
         .await
         .unwrap();

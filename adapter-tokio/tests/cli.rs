@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dagnats_leases_tests::NatsServer;
 use dagnats_leases_tokio::member::{Member, Ownership};
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::service::{self, BucketOptions, ServiceConfig, ServiceOptions};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
@@ -214,10 +214,13 @@ async fn list_reads_every_shard_of_a_sharded_bucket() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
     let shards = dagnats_leases_core::shard::ShardMap::new(3).unwrap();
-    let options = ServiceOptions {
-        shards,
-        ..ServiceOptions::default()
-    };
+    let options = ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            shards,
+            ..BucketOptions::default()
+        },
+        ..ServiceConfig::default()
+    });
     let _service = service::start((server.url(), client), options)
         .await
         .unwrap();

@@ -60,6 +60,9 @@ pub struct Options {
     pub hold_s: u64,
     /// Implementations, in order (see [`Kind::parse`]).
     pub impls: Vec<String>,
+    /// `--cpu-profile`: profile each step's window (the service's on one server
+    /// only), the profiles going to this directory.
+    pub profile: Option<std::path::PathBuf>,
 }
 
 /// What one step showed.
@@ -126,6 +129,9 @@ pub struct Capacity {
     pub load_average_at_start: f64,
     /// Every step run.
     pub steps: Vec<Step>,
+    /// With `--cpu-profile`: what the last window's profilers recorded.
+    #[serde(skip)]
+    pub recorded: Option<crate::cpu_profile::Recorded>,
 }
 
 /// What an implementation name asks for.
@@ -198,8 +204,8 @@ fn load_average() -> f64 {
 }
 
 /// Runs every implementation's ramp, printing as it goes and putting each under
-/// `capacity.<impl>` of `report.json` in `out` as soon as it ends.
-pub async fn run(out: &Path, options: &Options) {
+/// `capacity.<impl>` of `report.json` in `out` as soon as it ends; returns them.
+pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
     let kinds: Vec<(String, Kind)> = options
         .impls
         .iter()
@@ -212,6 +218,7 @@ pub async fn run(out: &Path, options: &Options) {
         .install_recorder()
         .expect("a metrics recorder");
     let started = Instant::now();
+    let mut all = Vec::new();
     for (name, kind) in kinds {
         println!(
             "capacity {name}: steps {:?}, each held {} s once all are held; TTL {} s, renewed every {:.1} s ({:.0} s since the ramp began)",
@@ -240,8 +247,10 @@ pub async fn run(out: &Path, options: &Options) {
                 .map_or("-".to_string(), |c| format!("{c:.4}"))
         );
         put(out, &name, &capacity);
+        all.push((name, capacity));
     }
     println!("capacity: done in {:.0} s", started.elapsed().as_secs_f64());
+    all
 }
 
 /// Puts `capacity` under `capacity.<name>` of `report.json`, keeping the rest.
@@ -362,6 +371,7 @@ fn capacity_of(steps: Vec<Step>, setup: String, hold_s: u64, load: f64) -> Capac
         cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average_at_start: load,
         steps,
+        recorded: None,
     }
 }
 
@@ -379,6 +389,8 @@ async fn service(
     let load = load_average();
     let server = if cluster {
         servers::Server::Cluster(servers::Cluster::start().await)
+    } else if options.profile.is_some() {
+        servers::Server::Single(servers::Nats::start_profiled(servers::Sync::Always))
     } else {
         servers::Server::Single(servers::Nats::start_sync(servers::Sync::Always))
     };
@@ -443,7 +455,10 @@ async fn service(
     };
     let mut have = 0;
     let mut steps = Vec::new();
+    let mut recorded = None;
     for &target in &options.steps {
+        // A profile is of the last step, and only if that step had a window.
+        recorded = None;
         let lost0 = lost.load(Ordering::Relaxed);
         let t0 = Instant::now();
         // Members join one after another, the next once the leases so far are
@@ -472,14 +487,33 @@ async fn service(
         let ramped = held.load(Ordering::Relaxed) as usize >= target;
         let r0 = renews();
         let w = if ramped && lost.load(Ordering::Relaxed) == lost0 {
-            window(
+            // The profilers run for the window (the server, the service, and this
+            // process, where the holders run).
+            let recording = options.profile.as_ref().filter(|_| !cluster).map(|dir| {
+                crate::cpu_profile::Recording::start(
+                    &dir.join(format!("{name}-{target}")),
+                    options.hold_s,
+                    &[
+                        (crate::cpu_profile::Role::Server, server_pids[0]),
+                        (crate::cpu_profile::Role::Service, running.pid()),
+                        (crate::cpu_profile::Role::Holders, std::process::id()),
+                    ],
+                    &server.nodes()[0],
+                )
+            });
+            let w = window(
                 options.hold_s,
                 Some(running.pid()),
                 &server_pids,
                 || lost.load(Ordering::Relaxed),
                 lost0,
             )
-            .await
+            .await;
+            if let Some(r) = recording {
+                let node = &server.nodes()[0];
+                recorded = Some(tokio::task::block_in_place(|| r.finish(node)));
+            }
+            w
         } else {
             window(0, Some(running.pid()), &server_pids, || 0, 0).await
         };
@@ -528,7 +562,9 @@ async fn service(
     holders.stop();
     running.stop();
     drop(server);
-    capacity_of(steps, setup, options.hold_s, load)
+    let mut capacity = capacity_of(steps, setup, options.hold_s, load);
+    capacity.recorded = recorded;
+    capacity
 }
 
 #[cfg(not(feature = "etcd"))]

@@ -11,6 +11,7 @@ mod baseline;
 mod burst;
 mod campaign_cost;
 mod capacity;
+mod cpu_profile;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod load;
@@ -190,6 +191,17 @@ pub struct RunArgs {
     /// etcd-r3; etcd's left out with `--no-etcd`).
     #[arg(long, value_delimiter = ',')]
     pub capacity_impls: Vec<String>,
+    /// Instead of the benchmark: where a renewal's CPU goes. One capacity step
+    /// (`--capacity-steps`, default 10,000 leases; `--capacity-hold-secs`, default
+    /// 30; `--capacity-impls`, default tokio-fsync, one server only) with, during
+    /// its window, nats-server's own profiler and `perf record` of the server, the
+    /// service and this process (the holders); the share of each process's CPU by
+    /// category, `profile.json` (a column per run) and flame graphs.
+    #[arg(long)]
+    pub cpu_profile: bool,
+    /// The profile's column name after the commit (e.g. `before`).
+    #[arg(long, requires = "cpu_profile")]
+    pub cpu_profile_label: Option<String>,
 }
 
 /// Which nats-servers a run starts (see `--sync`).
@@ -327,6 +339,10 @@ async fn run(args: RunArgs) {
     }
     if args.capacity_only {
         capacity::run(&out, &capacity_options(&args)).await;
+        return;
+    }
+    if args.cpu_profile {
+        cpu_profile(&out, &args).await;
         return;
     }
     if let Some(n) = args.scale {
@@ -630,6 +646,66 @@ async fn run(args: RunArgs) {
     }
 }
 
+/// `--cpu-profile`: one capacity step of the service on one server, profiled.
+async fn cpu_profile(out: &std::path::Path, args: &RunArgs) {
+    let mut options = capacity_options(args);
+    if args.capacity_steps.is_empty() {
+        options.steps = vec![10_000];
+    }
+    options.hold_s = args.capacity_hold_secs.unwrap_or(30);
+    if args.capacity_impls.is_empty() {
+        options.impls = vec!["tokio-fsync".to_string()];
+    }
+    for name in &options.impls {
+        match capacity::Kind::parse(name) {
+            Ok(capacity::Kind::Service { cluster: false, .. }) => {}
+            _ => panic!(
+                "--cpu-profile: `{name}` is not the service on one server (tokio-fsync, tokio-single-fsync, tokio-fsync-shardsN)"
+            ),
+        }
+    }
+    options.profile = Some(out.join("cpu-profile"));
+    let commit = std::process::Command::new("git")
+        .arg("-C")
+        .arg(servers::checkout())
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "?".to_string());
+    for (name, capacity) in capacity::run(out, &options).await {
+        let (Some(recorded), Some(step)) = (&capacity.recorded, capacity.steps.last()) else {
+            println!(
+                "profile {name}: no window was recorded (the step did not get its leases held)"
+            );
+            continue;
+        };
+        let label = match &args.cpu_profile_label {
+            Some(l) => format!("{commit} {l}"),
+            None => commit.clone(),
+        };
+        let label = if options.impls.len() > 1 {
+            format!("{label} {name}")
+        } else {
+            label
+        };
+        let figures = cpu_profile::StepFigures {
+            leases: step.leases,
+            renewals_per_s: step.renewals_per_s,
+            window_s: step.window_s,
+            setup: format!(
+                "{}{}",
+                capacity.setup,
+                step.why
+                    .as_ref()
+                    .map_or(String::new(), |w| format!("; the step failed: {w}"))
+            ),
+        };
+        cpu_profile::analyse(out, recorded, &figures, &label);
+    }
+}
+
 /// The capacity ramp's options from the command line.
 fn capacity_options(args: &RunArgs) -> capacity::Options {
     let steps = if !args.capacity_steps.is_empty() {
@@ -665,5 +741,6 @@ fn capacity_options(args: &RunArgs) -> capacity::Options {
             .capacity_hold_secs
             .unwrap_or(if args.quick { 10 } else { 60 }),
         impls,
+        profile: None,
     }
 }

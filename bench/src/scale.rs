@@ -80,7 +80,7 @@ pub(crate) fn cpu_s(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / clk_tck()
 }
 
-fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

@@ -58,6 +58,10 @@ pub struct Nats {
     http: u16,
     /// The version the server's INFO gives.
     pub version: String,
+    /// The port of the server's own profiler (`prof_port`), if it has one.
+    prof: Option<u16>,
+    /// The binary it runs.
+    bin: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -87,6 +91,15 @@ impl Nats {
     /// Starts nats-server with `sync` and waits for its INFO.
     pub fn start_sync(sync: Sync) -> Nats {
         Nats::launch(free_port(), sync, "")
+    }
+
+    /// Like [`Nats::start_sync`], with the server's own profiler on a port of its
+    /// own (`prof_port`: Go's `/debug/pprof/` endpoints), for `--cpu-profile`.
+    pub fn start_profiled(sync: Sync) -> Nats {
+        let prof = free_port();
+        let mut nats = Nats::launch(free_port(), sync, &format!("prof_port: {prof}\n"));
+        nats.prof = Some(prof);
+        nats
     }
 
     /// Starts nats-server on `port` with `sync` and `extra` configuration (a
@@ -146,6 +159,8 @@ impl Nats {
             port,
             http,
             version,
+            prof: None,
+            bin,
             _dir: dir,
         }
     }
@@ -168,6 +183,17 @@ impl Nats {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The port of the server's profiler, if it was started with one
+    /// ([`Nats::start_profiled`]).
+    pub fn prof_port(&self) -> Option<u16> {
+        self.prof
+    }
+
+    /// The nats-server binary it runs (what `go tool pprof` reads symbols from).
+    pub fn binary(&self) -> &std::path::Path {
+        &self.bin
     }
 
     /// `nats://127.0.0.1:PORT`.

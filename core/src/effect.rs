@@ -149,12 +149,7 @@ impl Effect {
     /// The effect as an adapter sends it for a tenant `account` (`None`: the one
     /// shared namespace): the key's subjects become `$KV.leases.<account>.<key>`
     /// (and its `.read`), an owner's inbox `dagnats.lease.inbox.<account>.<holder>.<key>`
-    /// (the service account's import of the tenant's inboxes).
-    pub fn into_transmit_in(self, account: Option<&str>) -> Transmit {
-        self.into_transmit_sharded(account, &ShardMap::SINGLE)
-    }
-
-    /// [`Effect::into_transmit_in`] on a sharded bucket: a read, write or
+    /// (the service account's import of the tenant's inboxes); a read, write or
     /// confirmation goes to the stream of the key's shard, chosen from the storage
     /// key (the account's prefix included).
     pub fn into_transmit_sharded(self, account: Option<&str>, shards: &ShardMap) -> Transmit {

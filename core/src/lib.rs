@@ -23,7 +23,8 @@
 //! - **The shared vocabulary** both sides speak: wire types and strict validation
 //!   ([`wire`]), the subjects ([`subjects`]), the record in the bucket ([`record`]),
 //!   how JetStream's answers are read ([`js`]), the sharded bucket ([`shard`]), change
-//!   events ([`change`]), the I/O types every machine shares ([`io`]), the requests a
+//!   events ([`change`]), the I/O types every machine shares ([`io`]), how a machine
+//!   keeps its ids, deadlines, requests out and hand-offs ([`outbox`]), the requests a
 //!   call asks for ([`effect`]), the strict NATS
 //!   client protocol ([`proto`]), connection health and readiness ([`health`]), what
 //!   the service knows of leases ([`known`]), tenancy ([`tenant`]) and the reply rule
@@ -110,6 +111,8 @@ pub mod holder;
 pub mod io;
 pub mod js;
 pub mod known;
+pub mod outbox;
+pub mod outcome;
 pub mod proto;
 pub mod record;
 pub mod reply_scope;

@@ -316,10 +316,8 @@ pub async fn start_r3_service(
         .connect(url.clone())
         .await
         .expect("connect the service");
-    let options = dagnats_leases_tokio::service::ServiceOptions {
-        replicas: Some(3),
-        ..options
-    };
+    let mut options = options;
+    options.bucket.replicas = Some(3);
     dagnats_leases_tokio::service::start((url, client), options)
         .await
         .expect("service starts")

@@ -22,7 +22,9 @@ use std::time::Duration;
 use dagnats_leases_core::tenant::{Tenancy, TenantAccounts};
 use dagnats_leases_tests::raw::{RawClient, RawMsg};
 use dagnats_leases_tests::{Binary, NatsServer};
-use dagnats_leases_tokio::service::{self, Clients, ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{
+    self, BucketOptions, Clients, ServiceConfig, ServiceHandle, ServiceOptions,
+};
 use dagnats_leases_tokio::strict::StrictOptions;
 use serde_json::{Value, json};
 
@@ -50,12 +52,15 @@ async fn serve_tenants(server: &NatsServer, cap: Option<usize>) -> ServiceHandle
     let mut serving = StrictOptions::new(server.url());
     serving.user = Some("serve".into());
     serving.password = Some("serve".into());
-    let options = ServiceOptions {
-        tenancy: Tenancy::Accounts,
+    let options = ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            tenancy: Tenancy::Accounts,
+            ..BucketOptions::default()
+        },
         tenant_accounts: TenantAccounts::new(["TA", "TB"]).expect("names"),
         max_leases_per_tenant: cap,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     service::start(Clients::new(serving, backend), options)
         .await
         .expect("service starts")

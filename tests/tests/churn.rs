@@ -12,7 +12,7 @@ use async_nats::Client;
 use common::connect;
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_tests::NatsServer;
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::service::{self, BucketOptions, ServiceConfig, ServiceOptions};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -108,10 +108,13 @@ async fn until_empty(client: &Client, shards: ShardMap) -> Result<Duration, u64>
 }
 
 fn options(shards: ShardMap) -> ServiceOptions {
-    ServiceOptions {
-        shards,
-        ..ServiceOptions::default()
-    }
+    ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            shards,
+            ..BucketOptions::default()
+        },
+        ..ServiceConfig::default()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

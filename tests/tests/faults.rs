@@ -19,7 +19,9 @@ use dagnats_leases_tests::NatsCluster;
 use dagnats_leases_tests::cluster::NODES;
 use dagnats_leases_tests::history::{self, Nanos, Op, Outcome, Record, Verdict, now};
 use dagnats_leases_tests::load::{self, HolderKind, Load};
-use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{
+    self, BucketOptions, ServiceConfig, ServiceHandle, ServiceOptions,
+};
 use serde_json::{Value, json};
 
 const TTL_MS: u64 = 2_000;
@@ -59,10 +61,13 @@ struct Fx {
 }
 
 async fn start_service(url: String) -> ServiceHandle {
-    let options = ServiceOptions {
-        shards: dagnats_leases_tests::test_shards(),
-        ..ServiceOptions::default()
-    };
+    let options = ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            shards: dagnats_leases_tests::test_shards(),
+            ..BucketOptions::default()
+        },
+        ..ServiceConfig::default()
+    });
     dagnats_leases_tests::cluster::start_r3_service(url, options).await
 }
 
@@ -775,7 +780,7 @@ async fn partition_of_the_leaders_node_then_heal() {
 }
 
 /// The same partition with the services' read confirmation switched off (the
-/// test-only [`ServiceOptions::unconfirmed_reads_for_tests`]): the checker must see
+/// test-only `ServiceConfig::unconfirmed_reads_for_tests`): the checker must see
 /// the deposed leader's stale answers. Whether the majority commits a write while
 /// the old leader still answers is a race (it did in 10 of 16 runs before reads
 /// were confirmed), so this runs on demand, not in CI:
@@ -790,12 +795,15 @@ async fn without_read_confirmation_the_partition_shows_stale_reads() {
             .connect(fx.cluster.url(i))
             .await
             .expect("connect the service");
-        let options = ServiceOptions {
-            replicas: Some(3),
+        let options = ServiceOptions::from(ServiceConfig {
+            bucket: BucketOptions {
+                replicas: Some(3),
+                shards: dagnats_leases_tests::test_shards(),
+                ..BucketOptions::default()
+            },
             unconfirmed_reads_for_tests: true,
-            shards: dagnats_leases_tests::test_shards(),
-            ..ServiceOptions::default()
-        };
+            ..ServiceConfig::default()
+        });
         fx.services.push(
             service::start((fx.cluster.url(i), client), options)
                 .await

@@ -13,7 +13,9 @@ use std::time::Duration;
 use async_nats::Client;
 use common::{call_raw, kind, next_within, test_shards};
 use dagnats_leases_tests::{NatsCluster, NatsServer};
-use dagnats_leases_tokio::service::{self, ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{
+    self, BucketOptions, ServiceConfig, ServiceHandle, ServiceOptions,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -98,10 +100,8 @@ where
 
 /// The service with `options`, on `DAGNATS_TEST_SHARDS` shards.
 async fn start_service(url: String, options: ServiceOptions) -> ServiceHandle {
-    let options = ServiceOptions {
-        shards: test_shards(),
-        ..options
-    };
+    let mut options = options;
+    options.bucket.shards = test_shards();
     service::start((url.clone(), client(url).await), options)
         .await
         .expect("service starts")
@@ -112,10 +112,13 @@ async fn a_replicated_bucket_confirms_reads_and_they_never_become_events() {
     let cluster = tokio::task::spawn_blocking(NatsCluster::start)
         .await
         .unwrap();
-    let options = ServiceOptions {
-        replicas: Some(3),
-        ..ServiceOptions::default()
-    };
+    let options = ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            replicas: Some(3),
+            ..BucketOptions::default()
+        },
+        ..ServiceConfig::default()
+    });
     let svc = start_service(cluster.url(0), options).await;
     let c = client(cluster.url(0)).await;
     let mut events = c.subscribe("dagnats.lease.changed.>").await.unwrap();
@@ -311,11 +314,10 @@ async fn confirmation_follows_the_streams_replicas() {
     let cluster = tokio::task::spawn_blocking(NatsCluster::start)
         .await
         .unwrap();
-    let options = ServiceOptions {
-        replicas: None,
+    let options = ServiceOptions::from(ServiceConfig {
         replicas_recheck: Duration::from_millis(200),
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let svc = start_service(cluster.url(0), options).await;
     let c = client(cluster.url(0)).await;
     call(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Fx, kind};
 use dagnats_leases_tests::NatsServer;
-use dagnats_leases_tokio::service::ServiceOptions;
+use dagnats_leases_tokio::service::{ServiceConfig, ServiceOptions};
 use futures::FutureExt as _;
 use serde_json::{Value, json};
 
@@ -89,10 +89,10 @@ async fn a_service_with_it_off_has_no_responder_there_and_does_not_advertise_it(
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         renew_many: false,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let fx = Fx::on_with(server, options).await;
     assert!(!dagnats_leases_core::service::micro::advertises_renew_many(
         &info(&fx).await
@@ -148,10 +148,10 @@ async fn a_member_batches_renewals_where_the_service_has_it_and_renews_one_by_on
         let server = tokio::task::spawn_blocking(NatsServer::start)
             .await
             .unwrap();
-        let options = ServiceOptions {
+        let options = ServiceOptions::from(ServiceConfig {
             renew_many: on,
-            ..ServiceOptions::default()
-        };
+            ..ServiceConfig::default()
+        });
         let fx = Fx::on_with(server, options).await;
         let mut events = fx
             .client

@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use common::*;
 use dagnats_leases_tests::{ENV_SERVER, NatsServer, SUPPORTED_VERSION};
-use dagnats_leases_tokio::service::ServiceOptions;
+use dagnats_leases_tokio::service::{ServiceConfig, ServiceOptions};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -858,10 +858,10 @@ async fn request_within(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_service_mid_call_answers_internal() {
     let server = NatsServer::start();
-    let options = dagnats_leases_tokio::service::ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         shutdown_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
+        ..ServiceConfig::default()
+    });
     let service = start_service_with(&server, options).await;
     let client = connect(&server).await;
     let a = call_raw(
@@ -1061,12 +1061,12 @@ async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<V
 /// out, batches from two) so that batches form however fast singles come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::On,
         batch_after: 1,
         min_batch: 2,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let fx = Fx::on_with(NatsServer::start(), options).await;
     let atomic = has_atomic_batches(&fx.client);
     let n = 48;
@@ -1112,12 +1112,12 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
 /// would batch them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_false_every_write_goes_alone() {
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Off,
         batch_after: 1,
         min_batch: 2,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let fx = Fx::on_with(NatsServer::start(), options).await;
     let (keys, _) = acquire_at_once(&fx, "off", 48).await;
     assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
@@ -1129,12 +1129,12 @@ async fn with_false_every_write_goes_alone() {
 /// bucket leaves it off: the core's `coalesce_on` table test. `auto` is the default.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auto_a_single_replica_bucket_batches_under_load() {
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Auto,
         batch_after: 1,
         min_batch: 2,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let fx = Fx::on_with(NatsServer::start(), options).await;
     let (keys, _) = acquire_at_once(&fx, "auto", 48).await;
     let batched = stored_by_a_batch(&fx.client, &keys).await;
@@ -1149,10 +1149,10 @@ async fn with_auto_a_single_replica_bucket_batches_under_load() {
 /// single window holds all go alone: a call at low load never waits behind a batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_within_the_single_window_never_go_in_a_batch() {
-    let options = ServiceOptions {
+    let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::On,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     let fx = Fx::on_with(NatsServer::start(), options).await;
     let n = dagnats_leases_core::service::coalesce::DEFAULT_SINGLE_WINDOW;
     let (keys, _) = acquire_at_once(&fx, "alone", n).await;

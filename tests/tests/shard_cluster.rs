@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_tests::NatsCluster;
 use dagnats_leases_tests::cluster::NODES;
-use dagnats_leases_tokio::service::{ServiceHandle, ServiceOptions};
+use dagnats_leases_tokio::service::{BucketOptions, ServiceConfig, ServiceHandle, ServiceOptions};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -39,11 +39,14 @@ fn key_per_shard(shards: ShardMap) -> Vec<String> {
 }
 
 async fn start_service(url: String) -> ServiceHandle {
-    let options = ServiceOptions {
-        shards: shards(),
+    let options = ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            shards: shards(),
+            ..BucketOptions::default()
+        },
         kv_timeout: KV_TIMEOUT,
-        ..ServiceOptions::default()
-    };
+        ..ServiceConfig::default()
+    });
     dagnats_leases_tests::cluster::start_r3_service(url, options).await
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use common::*;
 use dagnats_leases_core::shard::ShardMap;
 use dagnats_leases_tests::{Binary, NatsServer};
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::service::{self, BucketOptions, ServiceConfig, ServiceOptions};
 use serde_json::{Value, json};
 
 fn three() -> ShardMap {
@@ -19,10 +19,13 @@ fn three() -> ShardMap {
 }
 
 fn with_shards(shards: ShardMap) -> ServiceOptions {
-    ServiceOptions {
-        shards,
-        ..ServiceOptions::default()
-    }
+    ServiceOptions::from(ServiceConfig {
+        bucket: BucketOptions {
+            shards,
+            ..BucketOptions::default()
+        },
+        ..ServiceConfig::default()
+    })
 }
 
 /// Keys enough to land in every one of `shards`, at least two per shard.

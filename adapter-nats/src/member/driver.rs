@@ -2,7 +2,9 @@
 //! rejects and cancels as its events say, feeds back outcomes, change events, inbox
 //! messages and the hand-offs done, records the metrics the events carry, and
 //! sleeps until the machine's next deadline: the one timer it arms. Every command
-//! runs in the background, its bound the machine's. Every branch here is IO.
+//! runs in the background, its bound the machine's. What each listener hears of
+//! a holder event, and when the driver ends, is the core's
+//! ([`dagnats_leases_core::holder::relay`]). Every branch here is IO.
 
 use super::*;
 use crate::cancellable::Cancellable;
@@ -53,20 +55,19 @@ pub(super) async fn drive(shared: Arc<Shared>) {
         Some(Handoff::ServiceInfo(info.ok().map(|m| m.payload.to_vec())))
     }));
     loop {
-        let (requests, events, wake, new_inboxes, done) = {
+        let (requests, events, wake, new_inboxes, member_alive) = {
             let mut state = shared.lock();
             let campaign = &mut state.campaign;
             let requests: Vec<CampaignTransmit> =
                 std::iter::from_fn(|| campaign.poll_transmit()).collect();
             let events: Vec<CampaignEvent> =
                 std::iter::from_fn(|| state.campaign.poll_event()).collect();
-            let done = !state.member_alive && state.campaign.is_done();
             (
                 requests,
                 events,
                 state.campaign.poll_timeout(),
                 std::mem::take(&mut state.inboxes),
-                done,
+                state.member_alive,
             )
         };
         for request in requests {
@@ -118,7 +119,12 @@ pub(super) async fn drive(shared: Arc<Shared>) {
             inbox_msgs.push(Box::pin(feed.subscriber.map(move |m| (n, m))));
         }
         let inbox_open = inboxes.iter().any(|(tx, _)| !tx.is_closed());
-        if done && pending.is_empty() && !inbox_open {
+        let end =
+            shared
+                .lock()
+                .campaign
+                .driver_may_end(member_alive, !pending.is_empty(), inbox_open);
+        if end {
             break;
         }
         let sleep = async {
@@ -197,23 +203,18 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     for event in events {
         match event {
             CampaignEvent::Holder { group, key, event } => {
-                let ownership = match event {
-                    HolderEvent::Elected { fence, .. } => Some(Ownership::Elected { fence }),
-                    HolderEvent::SteppedDown { reason } => {
-                        telemetry::stepped_down(&reason);
-                        Some(Ownership::SteppedDown { reason })
-                    }
-                    HolderEvent::Renewed { .. } | HolderEvent::Refused { .. } => None,
-                    HolderEvent::Failed { kind, message } => {
+                let heard = Heard::of(event);
+                match &heard {
+                    Heard::SteppedDown { reason } => telemetry::stepped_down(reason),
+                    Heard::Failed { kind, message } => {
                         tracing::error!(key, %kind, message, "the lease service refused this holder");
-                        None
                     }
-                };
-                if let (Some(ownership), Some(outlet)) = (ownership, state.outlets.get(&group)) {
-                    told.push(Told::Change(
-                        outlet.changes.clone(),
-                        Change { key, ownership },
-                    ));
+                    _ => {}
+                }
+                if let Some(outlet) = state.outlets.get(&group)
+                    && let Some(heard) = heard.for_listener(shared.listener)
+                {
+                    told.push(Told::Change(outlet.changes.clone(), key, heard));
                 }
             }
             CampaignEvent::Finished { group } => {
@@ -236,8 +237,8 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     drop(state);
     for t in told {
         match t {
-            Told::Change(to, change) => {
-                let _ = to.send(change);
+            Told::Change(to, key, heard) => {
+                let _ = to.send((key, heard));
             }
             Told::Finished(waiting) => {
                 for f in waiting {
@@ -251,8 +252,8 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
 /// What the application is told of one batch, in order, once its metrics are
 /// recorded.
 enum Told {
-    /// A change of ownership, to its group's stream.
-    Change(mpsc::UnboundedSender<Change>, Change),
+    /// What its group's listener hears of a key's holder, to the group's stream.
+    Change(mpsc::UnboundedSender<(String, Heard)>, String, Heard),
     /// The group's campaign is over: whoever waits for it.
     Finished(Vec<oneshot::Sender<()>>),
 }

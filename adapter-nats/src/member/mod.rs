@@ -59,6 +59,7 @@ use dagnats_leases_core::holder::campaign::{
     Campaign, CampaignEvent, CampaignTransmit, GroupId, InboxVerdict, RejectId,
 };
 use dagnats_leases_core::holder::guard::RejectReason;
+use dagnats_leases_core::holder::relay::Listener;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
@@ -111,24 +112,14 @@ pub struct ObservedRequest<'a> {
 
 type Observer = Option<Arc<dyn CampaignObserver>>;
 
-/// A change of ownership of one key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ownership {
-    /// This process owns the key: fence every downstream write with `fence`.
-    Elected {
-        /// The revision that began the tenure: the renew's that confirmed the grant,
-        /// above every fence an earlier tenure of this holder ID handed out.
-        fence: u64,
-    },
-    /// Stop acting as owner of the key now. For [`StepDownReason::Revoked`] and
-    /// [`StepDownReason::Unhealthy`], writes already under way may finish before its
-    /// `deadline`; then call `done` ([`Elector::done`], [`Shards::done`],
-    /// [`Semaphore::done`]) so the key moves without waiting for it.
-    SteppedDown {
-        /// Why.
-        reason: StepDownReason,
-    },
-}
+/// A change of ownership of one key (for [`StepDownReason::Revoked`] and
+/// [`StepDownReason::Unhealthy`], call `done` once writes under way are over:
+/// [`Elector::done`], [`Shards::done`], [`Semaphore::done`]).
+pub use dagnats_leases_core::holder::relay::Ownership;
+
+/// What a supervised member's campaigns tell ([`Member::supervised`],
+/// [`Elector::next_heard`]): ownership changes, renewals and refusals.
+pub use dagnats_leases_core::holder::relay::Heard;
 
 /// An [`Ownership`] change and the key it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +144,7 @@ pub struct HeldKey {
 
 /// Where a group's ownership changes go, and who waits for it to finish.
 struct Outlet {
-    changes: mpsc::UnboundedSender<Change>,
+    changes: mpsc::UnboundedSender<(String, Heard)>,
     finished: Vec<oneshot::Sender<()>>,
 }
 
@@ -184,6 +175,8 @@ struct Shared {
     observer: Observer,
     /// The candidate priority of every campaign ([`Member::with_priority`]).
     priority: Option<u8>,
+    /// Who hears the campaigns' events ([`Member::supervised`]).
+    listener: Listener,
     state: Mutex<State>,
     wake: Notify,
 }
@@ -246,7 +239,14 @@ impl Member {
         holder: impl Into<String>,
         runtime: Arc<dyn Runtime>,
     ) -> Result<Self, LeaseError> {
-        Self::build(nats, holder.into(), runtime, None, None)
+        Self::build(
+            nats,
+            holder.into(),
+            runtime,
+            None,
+            None,
+            Listener::Application,
+        )
     }
 
     fn build(
@@ -255,6 +255,7 @@ impl Member {
         runtime: Arc<dyn Runtime>,
         observer: Observer,
         priority: Option<u8>,
+        listener: Listener,
     ) -> Result<Self, LeaseError> {
         let mut campaign = Campaign::new(&holder, runtime.now()).map_err(ErrorReply::from)?;
         // The holders' retry jitter: randomness drawn here, never in the core
@@ -271,6 +272,7 @@ impl Member {
             runtime,
             observer,
             priority,
+            listener,
             state: Mutex::new(State {
                 campaign,
                 outlets: BTreeMap::new(),
@@ -296,6 +298,24 @@ impl Member {
             shared.runtime.clone(),
             Some(observer),
             shared.priority,
+            shared.listener,
+        )
+        .expect("the holder ID was checked already")
+    }
+
+    /// The same member, its campaigns told to a supervisor of a process under
+    /// the lease (`lock`): [`Elector::next_heard`] and [`Semaphore::next_heard`]
+    /// then hear renewals and refusals as well as ownership changes. Call it
+    /// before the first campaign: a member made afresh is returned.
+    pub fn supervised(self) -> Self {
+        let shared = &self.shared;
+        Self::build(
+            shared.nats.clone(),
+            shared.holder.clone(),
+            shared.runtime.clone(),
+            shared.observer.clone(),
+            shared.priority,
+            Listener::Supervisor,
         )
         .expect("the holder ID was checked already")
     }
@@ -325,6 +345,7 @@ impl Member {
             shared.runtime.clone(),
             shared.observer.clone(),
             Some(priority),
+            shared.listener,
         )
         .expect("the holder ID was checked already")
     }
@@ -499,7 +520,7 @@ impl Member {
 struct Group {
     shared: Arc<Shared>,
     id: GroupId,
-    changes: mpsc::UnboundedReceiver<Change>,
+    changes: mpsc::UnboundedReceiver<(String, Heard)>,
     stopped: bool,
 }
 
@@ -510,6 +531,16 @@ impl std::fmt::Debug for Group {
 }
 
 impl Group {
+    /// The next ownership change: what the application hears of its events.
+    async fn next_change(&mut self) -> Option<Change> {
+        loop {
+            let (key, heard) = self.changes.recv().await?;
+            if let Some(ownership) = heard.into_ownership() {
+                return Some(Change { key, ownership });
+            }
+        }
+    }
+
     fn hand_over(&self) {
         let now = self.shared.runtime.now();
         self.shared.lock().campaign.handle_hand_over(now, self.id);
@@ -651,6 +682,12 @@ pub struct Elector {
 impl Elector {
     /// The next ownership change; `None` once the elector has stopped.
     pub async fn next(&mut self) -> Option<Change> {
+        self.group.next_change().await
+    }
+
+    /// The next event a supervisor hears ([`Member::supervised`]: renewals and
+    /// refusals too), with its key; `None` once stopped.
+    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
         self.group.changes.recv().await
     }
 
@@ -789,6 +826,12 @@ pub struct Semaphore {
 impl Semaphore {
     /// The next ownership change of a slot; `None` once stopped.
     pub async fn next(&mut self) -> Option<Change> {
+        self.group.next_change().await
+    }
+
+    /// The next event a supervisor hears of a slot ([`Member::supervised`]:
+    /// renewals and refusals too), with the slot; `None` once stopped.
+    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
         self.group.changes.recv().await
     }
 
@@ -868,7 +911,7 @@ pub struct Shards {
 impl Shards {
     /// The next ownership change of any shard; `None` once stopped.
     pub async fn next(&mut self) -> Option<Change> {
-        self.group.changes.recv().await
+        self.group.next_change().await
     }
 
     /// The shards this process owns right now, with their tenures.

@@ -5,7 +5,7 @@
 
 use crate::io::RequestOutcome;
 use crate::js::JsFailure;
-use crate::wire::ErrorKind;
+use crate::outcome::OutcomeClass;
 
 /// Which of a call's JetStream requests it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,13 +52,9 @@ impl KvFact {
     /// error said (`unavailable` for a leaderless stream and the like, `internal`
     /// for the rest).
     pub fn failed(op: KvOp, outcome: &RequestOutcome, failure: &JsFailure) -> Self {
-        let kind = match outcome {
-            RequestOutcome::TimedOut => "timed_out",
-            RequestOutcome::NoResponders => "no_responders",
-            RequestOutcome::Failed(_) => "request_failed",
-            RequestOutcome::Reply { .. } if failure.kind == ErrorKind::Unavailable => "unavailable",
-            RequestOutcome::Reply { .. } => "internal",
-        };
+        let kind = OutcomeClass::of_failure(outcome, failure.kind)
+            .label()
+            .unwrap_or("internal");
         Self::Error { op, kind }
     }
 
@@ -66,7 +62,7 @@ impl KvFact {
     pub fn timed_out(op: KvOp) -> Self {
         Self::Error {
             op,
-            kind: "timed_out",
+            kind: OutcomeClass::TimedOut.label().unwrap_or("timed_out"),
         }
     }
 }

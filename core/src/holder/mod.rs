@@ -82,6 +82,7 @@ pub mod acquire_wait;
 pub mod campaign;
 pub mod elect;
 pub mod guard;
+pub mod relay;
 pub mod supervise;
 
 use std::collections::VecDeque;
@@ -365,60 +366,7 @@ pub enum HolderEvent {
     },
 }
 
-/// How a holder reads what came of one of its requests: a clear yes or no, or an
-/// outcome it cannot read as either (the slow path, counted by the holder
-/// library's metrics). The driver feeds outcomes back; it never reads them itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutcomeClass {
-    /// A reply the holder reads as a yes or a no (a grant, a refusal, `lost`, ...).
-    Clear,
-    /// No reply within the request's timeout: it may still be processed.
-    TimedOut,
-    /// Nobody received the request: nothing was written.
-    NoResponders,
-    /// The client could not send it, or its connection failed meanwhile.
-    RequestFailed,
-    /// The service answered `unavailable`: it may have written before it failed.
-    Unavailable,
-    /// The service answered `internal`, or a reply no endpoint's shape reads.
-    Internal,
-}
-
-impl OutcomeClass {
-    /// The class of `outcome`, the reply of a call to `endpoint`, read whole.
-    pub fn of(endpoint: Endpoint, outcome: &RequestOutcome) -> Self {
-        match outcome {
-            RequestOutcome::TimedOut => Self::TimedOut,
-            RequestOutcome::NoResponders => Self::NoResponders,
-            RequestOutcome::Failed(_) => Self::RequestFailed,
-            RequestOutcome::Reply { payload, .. } => {
-                match Response::decode(endpoint, payload).map(|r| r.error_kind()) {
-                    Ok(Some(ErrorKind::Unavailable)) => Self::Unavailable,
-                    Ok(Some(ErrorKind::Internal)) | Err(_) => Self::Internal,
-                    Ok(_) => Self::Clear,
-                }
-            }
-        }
-    }
-
-    /// Whether the holder reads it as a yes or a no.
-    pub fn is_clear(self) -> bool {
-        self == Self::Clear
-    }
-
-    /// Its metrics label (`timed_out`, `no_responders`, `request_failed`,
-    /// `unavailable`, `internal`); `None` for [`OutcomeClass::Clear`].
-    pub fn label(self) -> Option<&'static str> {
-        Some(match self {
-            Self::Clear => return None,
-            Self::TimedOut => "timed_out",
-            Self::NoResponders => "no_responders",
-            Self::RequestFailed => "request_failed",
-            Self::Unavailable => "unavailable",
-            Self::Internal => "internal",
-        })
-    }
-}
+pub use crate::outcome::OutcomeClass;
 
 /// Where a [`Holder`] is in its life ([`Holder::status`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -142,6 +142,12 @@ pub fn coalesce_on(setting: CoalesceWrites, replicas: usize, atomic: bool) -> bo
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WriteId(pub u64);
 
+impl crate::outbox::Id for WriteId {
+    fn from_raw(n: u64) -> Self {
+        Self(n)
+    }
+}
+
 /// How the coalescer batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoalescerConfig {

@@ -15,7 +15,12 @@ use crate::tenant::TenantAccounts;
 /// tens of thousands of requests would cost in memory.
 pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
 
+/// The default bound on how long a stop waits for the calls in flight.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How the service runs: the operator's options and what the server said in INFO.
+/// Its defaults ([`ServiceConfig::default`]) are the only ones: the adapters'
+/// options and the CLI's flags take theirs from here.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
     /// The bucket's replicas and the tenancy.
@@ -73,7 +78,7 @@ impl ServiceConfig {
             server_version: server_version.into(),
             max_payload,
             kv_timeout: DEFAULT_KV_TIMEOUT,
-            shutdown_timeout: Duration::from_secs(10),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             replicas_recheck: REPLICAS_RECHECK,
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
@@ -90,5 +95,13 @@ impl ServiceConfig {
             #[cfg(any(test, feature = "__test"))]
             unconfirmed_reads_for_tests: false,
         }
+    }
+}
+
+/// The defaults, before the server's INFO is known (an adapter fills in
+/// `server_version` and `max_payload` from it).
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self::new(String::new(), 0)
     }
 }

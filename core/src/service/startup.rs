@@ -149,17 +149,13 @@ fn managed_fields() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// `$JS.API.STREAM.INFO.KV_leases`: asked again while serving, for the replicas.
-pub fn stream_info_request(timeout: Duration) -> NatsRequest {
-    stream_info_request_of(STREAM, timeout)
-}
-
-/// `$JS.API.STREAM.INFO.<stream>`.
+/// `$JS.API.STREAM.INFO.<stream>`: asked at startup, and again while serving for
+/// the replicas.
 pub fn stream_info_request_of(stream: &str, timeout: Duration) -> NatsRequest {
     js::api_request(format!("$JS.API.STREAM.INFO.{stream}"), &json!({}), timeout)
 }
 
-/// The stream's replicas from a reply to [`stream_info_request`]; `None` when the
+/// The stream's replicas from a reply to [`stream_info_request_of`]; `None` when the
 /// reply does not tell (an error, or JetStream unavailable): keep what was known.
 pub fn replicas_from_reply(outcome: &RequestOutcome) -> Option<usize> {
     match js::parse_api_reply(outcome) {

@@ -225,3 +225,9 @@ pub enum ServiceEvent {
 /// A reply the service sent, until the client takes it or the machine gives it up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReplyId(pub u64);
+
+impl crate::outbox::Id for ReplyId {
+    fn from_raw(n: u64) -> Self {
+        Self(n)
+    }
+}

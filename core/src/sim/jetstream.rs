@@ -61,30 +61,6 @@ impl SimMsg {
             .flatten()
     }
 
-    /// What a change event of this message tells the service
-    /// ([`crate::known`]): its sequence, and its record stored at `epoch` +
-    /// `time_ms` by the server's clock, or that the key is free.
-    pub fn known_fact(&self, epoch: OffsetDateTime) -> crate::known::Known {
-        use crate::known::{Known, KnownState, Stamp};
-        let state = match self.kind {
-            MsgKind::Marker | MsgKind::Tombstone => KnownState::Free,
-            MsgKind::Value => match self.record() {
-                Some(record) => KnownState::Held {
-                    record,
-                    stamp: Stamp {
-                        server: Some(epoch + Duration::from_millis(self.time_ms)),
-                        sent_before: None,
-                    },
-                },
-                None => KnownState::Other,
-            },
-        };
-        Known {
-            revision: self.seq,
-            state,
-        }
-    }
-
     /// When its TTL runs out, ms: the end of the lease it holds.
     pub fn expires_ms(&self) -> Option<u64> {
         self.ttl_ms.map(|t| self.time_ms + t)

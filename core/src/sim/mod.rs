@@ -14,13 +14,17 @@
 //!
 //! The simulated stream is in `jetstream`; the steps a world takes are in `ops` (the
 //! operation grammar), the world that carries them out in `world`, and the
-//! invariants it checks after each in `judge`. The holder world (`holder_world`)
-//! runs holders and members against the call machines over the same stream.
+//! invariants it checks after each in `judge`: a world of calls, which judges how
+//! calls act. The holder world (`holder_world`) runs holders and members against
+//! the [`Service`](crate::service::Service) itself over the same stream, as does
+//! the service world (`service_world`) with requests of its own; both answer the
+//! service through `server` (the stream API and the change events it republishes).
 
 pub mod holder_world;
 mod jetstream;
 mod judge;
 mod ops;
+pub mod server;
 pub mod service_world;
 mod world;
 

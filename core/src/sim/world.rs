@@ -160,11 +160,12 @@ pub struct World {
     pub(super) max_granted: BTreeMap<String, u64>,
     /// Replies seen, by kind of call, for reporting coverage.
     pub replies: Vec<(CallKind, Response)>,
-    /// With [`World::with_known`]: what the service knows of each key, fed by the
-    /// calls and by change events delivered one step late.
+    /// With [`World::with_known`]: a known map as the calls of one service share
+    /// it, taught what the calls learn and the stream's change events one step late.
     known: Option<KnownLeases>,
-    /// The change events of the last step, delivered at the end of the next.
-    events: Vec<(String, Known)>,
+    /// The change events of the last step (as the server's RePublish sends
+    /// them), delivered at the end of the next.
+    events: Vec<crate::service::Received>,
 }
 
 /// A broken invariant.
@@ -191,10 +192,13 @@ impl World {
         }
     }
 
-    /// The same world with the service's [`KnownLeases`]: calls start from what it
-    /// knows of their key ([`Call::with_known`]) and teach it what they learn, and
-    /// the stream's last message of every key reaches it as a change event one step
-    /// after it was current (so what it knows is sometimes out of date).
+    /// The same world with a [`KnownLeases`] map: calls start from what it knows
+    /// of their key ([`Call::with_known`]) and teach it what they learn, and the
+    /// stream's last message of every key reaches it as a change event one step
+    /// after it was current (so what it knows is sometimes out of date). This
+    /// world drives calls, not a service: it judges how calls act on what is
+    /// known. How the [`Service`](crate::service::Service) itself feeds its map is
+    /// tested where it runs whole: the holder world and the service world.
     pub fn with_known(mut self) -> Self {
         self.known = Some(KnownLeases::new(64));
         self
@@ -205,14 +209,21 @@ impl World {
         let Some(known) = &mut self.known else {
             return;
         };
-        for (key, fact) in self.events.drain(..) {
-            known.learn(&key, fact);
+        for message in self.events.drain(..) {
+            let header = |name: &str| {
+                message
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            known.handle_change(&message.subject, header, &message.payload);
         }
         for k in 0..self.keys {
             let key = format!("k{k}");
             if let Some(m) = self.sim.current(&key) {
-                let fact = m.known_fact(self.sim.epoch);
-                self.events.push((key, fact));
+                self.events
+                    .push(super::server::republished(self.sim.epoch, m));
             }
         }
     }

@@ -69,7 +69,9 @@ proptest! {
     /// The same worlds with the service acting on what it knows of the key
     /// (renew and release of a known revision straight to their write, the
     /// renewal judged by the service's own monotonic bound when that is all it
-    /// has): still nobody believes past the server's lease, never two at once.
+    /// has), one instance or two sharing the requests (each knowing the other's
+    /// writes only from change events): still nobody believes past the server's
+    /// lease, never two at once.
     #[test]
     fn holders_never_believe_past_the_server_lease_when_the_service_knows_revisions(
         seed in any::<u64>(),
@@ -80,13 +82,14 @@ proptest! {
         max_latency_ms in 1u64..1200,
         ack_loss_percent in 0u64..30,
         recreate_every_ms in prop_oneof![Just(0u64), 1_000u64..20_000],
+        instances in 1usize..3,
     ) {
         let mut p = params(seed, holders, ttl_s, pause_every_ms);
         p.loss_percent = loss_percent;
         p.max_latency_ms = max_latency_ms;
         p.ack_loss_percent = ack_loss_percent;
         p.recreate_every_ms = recreate_every_ms;
-        let mut world = HolderWorld::new(p).with_known();
+        let mut world = HolderWorld::new(p).with_known().with_instances(instances);
         if let Err(v) = world.run() {
             prop_assert!(false, "seed {}: {}", seed, v);
         }
@@ -667,4 +670,48 @@ fn batching_worlds_send_batches_and_still_elect_and_renew() {
     assert!(total.batched_renewals > 2 * total.batches, "{total:?}");
     assert!(total.elections > 50, "{total:?}");
     assert!(total.renewals > 200, "{total:?}");
+}
+
+/// The service in these worlds is the one deployed, feeding its own known map
+/// from its calls and from the change events it subscribes to: with the map, a
+/// renewal goes straight to its conditional write. One holder renewing its lease
+/// under the usual loss and latency: without the map every renewal reads first;
+/// with it almost none does, whether the map learns from the service's own calls
+/// alone (its change subscription refused) or, with two instances sharing the
+/// requests, from the change events of the other's writes too. Fails when the
+/// service stops feeding its map from either.
+#[test]
+fn the_service_feeds_its_known_map_and_renewals_skip_their_read() {
+    let run = |shape: fn(HolderWorld) -> HolderWorld| {
+        let mut total = Stats::default();
+        for seed in 0..12 {
+            let mut world = shape(HolderWorld::new(params(seed, 1, 2, 0)));
+            world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+            total.service_reads += world.stats.service_reads;
+            total.service_writes += world.stats.service_writes;
+            total.renewals += world.stats.renewals;
+        }
+        let share = total.service_reads as f64 / total.service_writes.max(1) as f64;
+        assert!(total.renewals > 500, "{total:?}");
+        (share, total)
+    };
+    let without = run(|w| w);
+    let own_calls = run(|w| w.with_known().with_change_events_refused());
+    let two_instances = run(|w| w.with_known().with_instances(2));
+    let two_without = run(|w| w.with_instances(2));
+    for (name, (share, total)) in [
+        ("without the map", &without),
+        ("fed by its calls alone", &own_calls),
+        ("two instances", &two_instances),
+        ("two instances without the map", &two_without),
+    ] {
+        println!(
+            "{name}: {share:.2} reads per write ({} reads, {} writes, {} renewals)",
+            total.service_reads, total.service_writes, total.renewals
+        );
+    }
+    assert!(without.0 > 0.9, "without the map a renewal reads first");
+    assert!(two_without.0 > 0.9, "without the map a renewal reads first");
+    assert!(own_calls.0 < 0.5, "the calls' facts spared few reads");
+    assert!(two_instances.0 < 0.5, "the change events spared few reads");
 }

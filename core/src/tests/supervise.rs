@@ -630,3 +630,105 @@ fn lock_elected_with_the_tenure_over_already_is_a_lost_lease() {
         }]
     );
 }
+
+#[test]
+fn lock_holds_the_key_and_fence_it_was_elected_for_and_counts_only_that_keys_renewals() {
+    use crate::holder::relay::Heard;
+    let t = Instant::now();
+    let mut lock = Lock::new(GRACE, None, t);
+    lock.handle_heard(
+        t,
+        "sem-1",
+        &Heard::Elected {
+            fence: 9,
+            deadline: ms(t, 15_000),
+        },
+    );
+    assert_eq!(lock.held(), Some(("sem-1", 9)));
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::StartWatchdog {
+            deadline: ms(t, 15_000)
+        }]
+    );
+    lock.handle_report(t, WatchdogReport::Started { pgid: PID });
+    // Another slot's renewal moves nothing; the held one's does.
+    let cases = [("sem-0", false), ("sem-1", true)];
+    for (key, passed) in cases {
+        let deadline = ms(t, 20_000);
+        lock.handle_heard(t, key, &Heard::Renewed { deadline });
+        let told = drain_lock(&mut lock);
+        let expected = if passed {
+            vec![LockEvent::ToWatchdog(WatchdogMessage::Deadline(deadline))]
+        } else {
+            vec![]
+        };
+        assert_eq!(told, expected, "{key}");
+    }
+}
+
+#[test]
+fn lock_hears_an_election_whose_deadline_passed_as_a_loss() {
+    use crate::holder::relay::Heard;
+    let t = Instant::now();
+    let mut lock = Lock::new(GRACE, None, t);
+    lock.handle_heard(
+        ms(t, 15_000),
+        "k",
+        &Heard::Elected {
+            fence: 3,
+            deadline: ms(t, 15_000),
+        },
+    );
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Exit {
+            exit: LockExit::LeaseLost,
+            release: true
+        }]
+    );
+}
+
+#[test]
+fn lock_names_the_holder_the_service_last_named() {
+    use crate::holder::relay::Heard;
+    let t = Instant::now();
+    let mut lock = Lock::new(GRACE, None, t);
+    // (holder named in the refusal, holder lock names after it)
+    let cases = [
+        (Some("a"), Some("a")),
+        (None, Some("a")),
+        (Some("b"), Some("b")),
+    ];
+    for (named, names) in cases {
+        lock.handle_heard(
+            t,
+            "k",
+            &Heard::Refused {
+                why: Refusal::Held,
+                holder: named.map(String::from),
+            },
+        );
+        assert_eq!(lock.named_holder(), names, "{named:?}");
+    }
+    assert_eq!(lock.held(), None);
+}
+
+#[test]
+fn the_watchdogs_timer_is_armed_once_per_wake_up() {
+    let t = Instant::now();
+    let mut s = started(t, ms(t, 15_000));
+    // The first wake-up is handed out once; asked again, nothing to arm.
+    assert_eq!(s.poll_timer(), Some(Some(ms(t, 13_000))));
+    assert_eq!(s.poll_timer(), None);
+    // A failed arm is not retried for the same wake-up: the kill it leads to
+    // has no timer left to arm.
+    s.handle_timer_failed(t);
+    assert_eq!(s.poll_timer(), Some(None));
+    assert_eq!(s.poll_timer(), None);
+    // A renewal's new wake-up is armed.
+    let mut s = started(t, ms(t, 15_000));
+    assert_eq!(s.poll_timer(), Some(Some(ms(t, 13_000))));
+    s.handle_deadline(t, ms(t, 20_000));
+    assert_eq!(s.poll_timer(), Some(Some(ms(t, 18_000))));
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use dagnats_leases_tests::history::{History, Record};
 use dagnats_leases_tests::load::{self, HolderConfig, HolderKind, Observer, StoreTarget};
-use dagnats_leases_tokio::service::{self, ServiceOptions};
+use dagnats_leases_tokio::service::{self, BucketOptions, ServiceConfig, ServiceOptions};
 
 fn line(v: serde_json::Value) {
     let mut out = std::io::stdout().lock();
@@ -47,12 +47,15 @@ async fn main() {
                 .connect(url)
                 .await
                 .expect("connect");
-            let options = ServiceOptions {
-                replicas: Some(replicas),
-                // Inherited from the fault suite: `DAGNATS_TEST_SHARDS`.
-                shards: dagnats_leases_tests::test_shards(),
-                ..ServiceOptions::default()
-            };
+            let options = ServiceOptions::from(ServiceConfig {
+                bucket: BucketOptions {
+                    replicas: Some(replicas),
+                    // Inherited from the fault suite: `DAGNATS_TEST_SHARDS`.
+                    shards: dagnats_leases_tests::test_shards(),
+                    ..BucketOptions::default()
+                },
+                ..ServiceConfig::default()
+            });
             let handle = service::start((url.as_str(), client), options)
                 .await
                 .expect("service starts");

@@ -139,8 +139,8 @@ pub use dagnats_leases_tests::test_shards;
 /// The service with these options, on the runtime the suite runs; with the
 /// one-stream layout asked for, on `DAGNATS_TEST_SHARDS` shards instead.
 pub async fn start_service_with(server: &NatsServer, mut options: ServiceOptions) -> Service {
-    if options.shards.is_single() {
-        options.shards = test_shards();
+    if options.bucket.shards.is_single() {
+        options.bucket.shards = test_shards();
     }
     match runtime().as_str() {
         "tokio" => {

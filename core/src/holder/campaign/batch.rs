@@ -77,11 +77,7 @@ impl Campaign {
                 widest
             }
         };
-        let due: Vec<String> = self
-            .timers
-            .range(..=(now + widest, String::new()))
-            .map(|(_, key)| key.clone())
-            .collect();
+        let due: Vec<String> = self.timers.due(now + widest).cloned().collect();
         let mut any = false;
         for key in due {
             let Some(candidacy) = self.candidacies.get_mut(&key) else {
@@ -120,8 +116,7 @@ impl Campaign {
         if members.len() == 1 {
             return members.pop().expect("one");
         }
-        let id = EffectId(self.out.next_request);
-        self.out.next_request += 1;
+        let id = self.out.ids.allocate();
         let mut payload = b"{\"leases\":[".to_vec();
         for (i, t) in members.iter().enumerate() {
             if i > 0 {
@@ -184,7 +179,7 @@ impl Campaign {
             }))) => {
                 self.batching.on = false;
                 for (_, t) in members.into_iter().rev() {
-                    if self.out.routes.contains_key(&t.id) {
+                    if self.out.routes.contains(&t.id) {
                         self.out.requests.push_front(t);
                     }
                 }
@@ -223,11 +218,7 @@ impl Campaign {
             .batching
             .out
             .iter()
-            .filter(|(_, members)| {
-                members
-                    .iter()
-                    .all(|(m, _)| !self.out.routes.contains_key(m))
-            })
+            .filter(|(_, members)| members.iter().all(|(m, _)| !self.out.routes.contains(m)))
             .map(|(id, _)| *id)
             .collect();
         for id in spent {

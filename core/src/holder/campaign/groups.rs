@@ -217,9 +217,7 @@ impl Campaign {
             let Some(candidacy) = self.candidacies.remove(&key) else {
                 continue;
             };
-            if let Some(at) = candidacy.timer {
-                self.timers.remove(&(at, key.clone()));
-            }
+            self.timers.remove(&key);
             // A holder done owns nothing (its step-down said so already, if it did).
             if self.owned.contains(&key) {
                 lead(&mut self.owned, &mut self.events, &key, false);

@@ -1,7 +1,7 @@
 //! The commands a member hands to its NATS client besides requests: the subscribe
 //! of a key's change events ([`CampaignEvent::Watch`]) and the reply rejecting a
 //! forwarded request ([`CampaignEvent::Reject`]). Each is given up at
-//! [`HANDOFF_BOUND`] if the adapter has not reported it done: a client reconnecting
+//! [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) if the adapter has not reported it done: a client reconnecting
 //! to a server that is gone takes no command, and a lost subscribe or reject costs
 //! only an early wake-up or a forwarding service's timeout, never correctness. The
 //! adapter runs them in the background and arms no timer of its own for them.
@@ -13,81 +13,65 @@ use super::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RejectId(pub u64);
 
+impl crate::outbox::Id for RejectId {
+    fn from_raw(n: u64) -> Self {
+        Self(n)
+    }
+}
+
 /// The subscribes and rejects handed to the client and not yet reported done, each
 /// with the instant it is given up.
 #[derive(Debug, Default)]
 pub(super) struct Handoffs {
-    watches: BTreeMap<String, Instant>,
-    watches_due: BTreeSet<(Instant, String)>,
-    rejects: BTreeMap<RejectId, Instant>,
-    rejects_due: BTreeSet<(Instant, RejectId)>,
-    next_reject: u64,
+    watches: Handoff<String>,
+    rejects: Handoff<RejectId>,
+    reject_ids: Ids<RejectId>,
 }
 
 impl Handoffs {
-    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`].
+    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND).
     pub(super) fn watch(
         &mut self,
         now: Instant,
         key: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        let due = now + HANDOFF_BOUND;
-        if let Some(old) = self.watches.insert(key.clone(), due) {
-            self.watches_due.remove(&(old, key.clone()));
-        }
-        self.watches_due.insert((due, key.clone()));
+        self.watches.hand(now, key.clone());
         events.push_back(CampaignEvent::Watch { key });
     }
 
     /// The subscribe of `key` is over (done, failed, or no longer wanted).
     pub(super) fn watched(&mut self, key: &str) {
-        if let Some(due) = self.watches.remove(key) {
-            self.watches_due.remove(&(due, key.to_string()));
-        }
+        self.watches.done(&key.to_string());
     }
 
     /// Rejects a forwarded request by a reply to `to`, given up at `now` +
-    /// [`HANDOFF_BOUND`].
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND).
     pub(super) fn reject(
         &mut self,
         now: Instant,
         to: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        let id = RejectId(self.next_reject);
-        self.next_reject += 1;
-        let due = now + HANDOFF_BOUND;
-        self.rejects.insert(id, due);
-        self.rejects_due.insert((due, id));
+        let id = self.reject_ids.allocate();
+        self.rejects.hand(now, id);
         events.push_back(CampaignEvent::Reject { id, to });
     }
 
     /// Gives up what the client has not taken by `now`.
     pub(super) fn give_up(&mut self, now: Instant, events: &mut VecDeque<CampaignEvent>) {
-        while let Some((due, key)) = self.watches_due.first().cloned() {
-            if due > now {
-                break;
-            }
-            self.watches_due.remove(&(due, key.clone()));
-            self.watches.remove(&key);
+        while let Some(key) = self.watches.pop_given_up(now) {
             events.push_back(CampaignEvent::CancelWatch { key });
         }
-        while let Some(&(due, id)) = self.rejects_due.first() {
-            if due > now {
-                break;
-            }
-            self.rejects_due.remove(&(due, id));
-            self.rejects.remove(&id);
+        while let Some(id) = self.rejects.pop_given_up(now) {
             events.push_back(CampaignEvent::CancelReject { id });
         }
     }
 
     /// When the first of them is given up.
     pub(super) fn next_due(&self) -> Option<Instant> {
-        let watch = self.watches_due.first().map(|(at, _)| *at);
-        let reject = self.rejects_due.first().map(|(at, _)| *at);
-        watch.into_iter().chain(reject).min()
+        let watch = self.watches.next_due();
+        watch.into_iter().chain(self.rejects.next_due()).min()
     }
 
     /// Whether a reject is still being handed over: a member finishing waits for it.
@@ -99,19 +83,17 @@ impl Handoffs {
 impl Campaign {
     /// The subscribe of `key`'s change events ([`CampaignEvent::Watch`]) is over:
     /// made, or failed (a failed one only loses the early wake-up; the campaign
-    /// ticks still ask). Not reported by [`HANDOFF_BOUND`], the campaign gives it
+    /// ticks still ask). Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives it
     /// up ([`CampaignEvent::CancelWatch`]); a report after that is ignored.
     pub fn handle_watched(&mut self, _now: Instant, key: &str) {
         self.handoffs.watched(key);
     }
 
     /// The reject reply `id` ([`CampaignEvent::Reject`]) was handed to the client,
-    /// or its publish failed. Not reported by [`HANDOFF_BOUND`], the campaign gives
+    /// or its publish failed. Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives
     /// it up ([`CampaignEvent::CancelReject`]).
     pub fn handle_reject_sent(&mut self, _now: Instant, id: RejectId) {
-        if let Some(due) = self.handoffs.rejects.remove(&id) {
-            self.handoffs.rejects_due.remove(&(due, id));
-        }
+        self.handoffs.rejects.done(&id);
     }
 
     /// A request forwarded to this holder's inbox arrived on `subject`, with reply

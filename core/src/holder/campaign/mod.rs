@@ -68,7 +68,7 @@
 //!   sent: its holder hears [`Holder::handle_cancel`].
 //! - **Hand-offs are bounded here.** A subscribe of change events
 //!   ([`CampaignEvent::Watch`]) or a reject reply ([`CampaignEvent::Reject`]) the
-//!   adapter has not reported done within [`HANDOFF_BOUND`] is given up
+//!   adapter has not reported done within [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) is given up
 //!   ([`CampaignEvent::CancelWatch`], [`CampaignEvent::CancelReject`]): the adapter
 //!   runs them in the background, never holding its loop, and arms no timer for them.
 //! - **What the metrics count comes out as events**: each request's outcome class
@@ -130,7 +130,8 @@ use crate::holder::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
-use crate::io::{EffectId, HANDOFF_BOUND, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::outbox::{Due, Handoff, Ids, Requests};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
 mod batch;
@@ -172,13 +173,13 @@ pub enum CampaignEvent {
     /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
     /// members of a balanced set by it). They wake a campaign when the key may be free.
     /// Say when the subscribe is over with [`Campaign::handle_watched`]; the campaign
-    /// gives it up at [`HANDOFF_BOUND`] ([`CampaignEvent::CancelWatch`]).
+    /// gives it up at [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) ([`CampaignEvent::CancelWatch`]).
     Watch {
         /// The key.
         key: String,
     },
     /// Drop the subscribe of `key`'s change events: the client took no command for
-    /// [`HANDOFF_BOUND`] (it reconnects to a server that is gone). The key goes
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) (it reconnects to a server that is gone). The key goes
     /// unwatched: its campaign asks at its ticks, without the early wake-up.
     CancelWatch {
         /// The key.
@@ -187,7 +188,7 @@ pub enum CampaignEvent {
     /// Publish an empty reply with `Dagnats-Lease-Reject: stale`
     /// ([`RejectReason::reply_header`]) to `to`: a forwarded request
     /// [`Campaign::handle_inbox`] rejected. Say when the client took it with
-    /// [`Campaign::handle_reject_sent`]; the campaign gives it up at [`HANDOFF_BOUND`]
+    /// [`Campaign::handle_reject_sent`]; the campaign gives it up at [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND)
     /// ([`CampaignEvent::CancelReject`]).
     Reject {
         /// Names this reply in [`Campaign::handle_reject_sent`] and
@@ -197,7 +198,7 @@ pub enum CampaignEvent {
         to: String,
     },
     /// Drop the publish of reject `id`: the client took no command for
-    /// [`HANDOFF_BOUND`]. The forwarding service times the request out instead.
+    /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND). The forwarding service times the request out instead.
     CancelReject {
         /// The reject given up.
         id: RejectId,
@@ -306,8 +307,6 @@ struct Candidacy {
     /// Revoked for balance, or handed over: not campaigned for again until a
     /// campaign interval after its release.
     shed: bool,
-    /// The deadline this candidacy is filed under in `Campaign::timers`.
-    timer: Option<Instant>,
 }
 
 /// Every campaign of one holder ID. See the [module docs](self).
@@ -340,15 +339,16 @@ pub struct Campaign {
     drained: BTreeSet<String>,
     /// Every holder's next deadline, in order: a timeout feeds only the holders due,
     /// and `poll_timeout` reads the first (a member may hold thousands of keys).
-    timers: BTreeSet<(Instant, String)>,
+    timers: Due<String>,
     /// Mixed into the jitter of every holder made ([`Campaign::seed_jitter`]).
     jitter_seed: u64,
     /// Keys whose last renew had no clear answer: a renew sent now is a retry.
     renew_unclear: BTreeSet<String>,
     /// Keys this holder ID owns, as their holders' events said.
     owned: BTreeSet<String>,
-    /// Subscribes and rejects handed to the client, until done or given up.
-    handoffs: Handoffs,
+    /// Subscribes and rejects handed to the client, until done or given up (boxed:
+    /// seldom touched, kept out of the machine's inline size).
+    handoffs: Box<Handoffs>,
     /// Renewals sent together in one request, where the service takes them so.
     batching: Box<batch::Batching>,
 }
@@ -375,11 +375,11 @@ impl Campaign {
             vacancies: false,
             touched: BTreeSet::new(),
             drained: BTreeSet::new(),
-            timers: BTreeSet::new(),
+            timers: Due::new(),
             jitter_seed: 0,
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
-            handoffs: Handoffs::default(),
+            handoffs: Box::default(),
             batching: Box::default(),
         })
     }
@@ -447,19 +447,12 @@ impl Campaign {
     /// Acts on the time: requests past their deadline time out; holders renew,
     /// campaign or step down as due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let expired: Vec<EffectId> = self
-            .out
-            .deadlines
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, id)| *id)
-            .collect();
-        for id in expired {
+        while let Some((id, route)) = self.out.routes.pop_timed_out(now) {
             if self.out.unqueue(id) {
                 // Due before it was polled: never sent.
-                self.withdraw(now, id);
+                self.withdraw_route(now, route);
             } else {
-                self.deliver(now, id, RequestOutcome::TimedOut);
+                self.deliver_route(now, route, RequestOutcome::TimedOut);
                 self.events.push_back(CampaignEvent::Cancel { id });
             }
         }
@@ -474,9 +467,8 @@ impl Campaign {
         // before it was indexed again); a holder not due does nothing.
         let due: BTreeSet<String> = self
             .timers
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, key)| key.clone())
+            .due(now)
+            .cloned()
             .chain(self.touched.iter().cloned())
             .collect();
         for key in due {
@@ -502,7 +494,7 @@ impl Campaign {
             });
         }
         // Every queued request has its route: one taken is unqueued with it.
-        let route = &self.out.routes[&transmit.id];
+        let route = self.out.routes.get(&transmit.id)?;
         Some(CampaignTransmit {
             key: route.key.clone(),
             endpoint: route.endpoint,

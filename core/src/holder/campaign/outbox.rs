@@ -10,7 +10,6 @@ pub(super) struct Route {
     pub(super) inner: EffectId,
     pub(super) group: GroupId,
     pub(super) gated: bool,
-    pub(super) deadline: Instant,
     pub(super) endpoint: Endpoint,
     pub(super) sent: Instant,
     pub(super) renew_retry: bool,
@@ -19,19 +18,16 @@ pub(super) struct Route {
 /// Requests sent and waiting for their outcome, and those ready to send.
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
-    pub(super) routes: BTreeMap<EffectId, Route>,
-    /// The routes' deadlines, in order.
-    pub(super) deadlines: BTreeSet<(Instant, EffectId)>,
+    /// Each request's route and deadline, sent or ready to send.
+    pub(super) routes: Requests<EffectId, Route>,
     pub(super) requests: VecDeque<Transmit>,
-    pub(super) next_request: u64,
+    pub(super) ids: Ids<EffectId>,
 }
 
 impl Outbox {
     /// Takes the route of request `id` (answered, timed out or recalled).
     pub(super) fn take(&mut self, id: EffectId) -> Option<Route> {
-        let route = self.routes.remove(&id)?;
-        self.deadlines.remove(&(route.deadline, id));
-        Some(route)
+        self.routes.take(&id)
     }
 
     /// Takes request `id` back if it is still waiting to be polled: then it was
@@ -52,8 +48,7 @@ impl Outbox {
         renew_unclear: &BTreeSet<String>,
         request: Transmit,
     ) {
-        let id = EffectId(self.next_request);
-        self.next_request += 1;
+        let id = self.ids.allocate();
         let endpoint = match request.kind {
             TransmitKind::Lease(endpoint) => endpoint,
             // A holder sends only lease calls.
@@ -67,13 +62,12 @@ impl Outbox {
                 inner: request.id,
                 group: candidacy.group,
                 gated,
-                deadline: now + request.request.timeout,
                 endpoint,
                 sent: now,
                 renew_retry: endpoint == Endpoint::Renew && renew_unclear.contains(key),
             },
+            Some(now + request.request.timeout),
         );
-        self.deadlines.insert((now + request.request.timeout, id));
         self.requests.push_back(Transmit { id, ..request });
     }
 }
@@ -82,9 +76,13 @@ impl Campaign {
     /// Request `id`, taken back before it was polled, was never sent: its holder
     /// hears so ([`Holder::handle_cancel`]), not that it timed out.
     pub(super) fn withdraw(&mut self, now: Instant, id: EffectId) {
-        let Some(route) = self.out.take(id) else {
-            return;
-        };
+        if let Some(route) = self.out.take(id) {
+            self.withdraw_route(now, route);
+        }
+    }
+
+    /// A request never sent, its route taken: its holder hears it cancelled.
+    pub(super) fn withdraw_route(&mut self, now: Instant, route: Route) {
         if route.gated
             && let Some(g) = self.groups.get_mut(&route.group)
         {
@@ -99,9 +97,14 @@ impl Campaign {
     }
 
     pub(super) fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
-        let Some(route) = self.out.take(id) else {
-            return;
-        };
+        if let Some(route) = self.out.take(id) {
+            self.deliver_route(now, route, outcome);
+        }
+    }
+
+    /// What came of a request whose route was taken goes to its holder, and is
+    /// counted.
+    pub(super) fn deliver_route(&mut self, now: Instant, route: Route, outcome: RequestOutcome) {
         let class = OutcomeClass::of(route.endpoint, &outcome);
         if route.endpoint == Endpoint::Renew {
             if class.is_clear() {

@@ -119,7 +119,6 @@ impl Campaign {
                         serial: self.next_serial,
                         holder,
                         shed: false,
-                        timer: None,
                     },
                 );
                 self.next_serial += 1;

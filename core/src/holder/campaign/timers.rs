@@ -6,8 +6,8 @@ use super::*;
 impl Campaign {
     /// When to call [`Campaign::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let holders = self.timers.first().map(|(at, _)| *at);
-        let requests = self.out.deadlines.first().map(|(at, _)| *at);
+        let holders = self.timers.next();
+        let requests = self.out.routes.next_due();
         let cooldowns = self.cooldown.values().copied();
         // An unhealthy group holding keys steps down at its deadline.
         let health = self.groups.iter().filter_map(|(id, g)| {
@@ -36,20 +36,13 @@ impl Campaign {
     pub(super) fn index_timers(&mut self) {
         for key in std::mem::take(&mut self.drained) {
             // A candidacy gone took its entry with it (`remove_finished`).
-            let Some(candidacy) = self.candidacies.get_mut(&key) else {
+            let Some(candidacy) = self.candidacies.get(&key) else {
                 continue;
             };
             let next = candidacy.holder.poll_timeout();
-            if next == candidacy.timer {
-                continue;
+            if next != self.timers.get(&key) {
+                self.timers.set(key, next);
             }
-            if let Some(at) = candidacy.timer {
-                self.timers.remove(&(at, key.clone()));
-            }
-            if let Some(at) = next {
-                self.timers.insert((at, key));
-            }
-            candidacy.timer = next;
         }
         #[cfg(debug_assertions)]
         for (key, candidacy) in &self.candidacies {
@@ -58,15 +51,9 @@ impl Campaign {
                 "{key}: a holder fed without being marked touched"
             );
             debug_assert_eq!(
-                candidacy.timer,
+                self.timers.get(key),
                 candidacy.holder.poll_timeout(),
                 "{key}: a deadline not indexed"
-            );
-            debug_assert!(
-                candidacy
-                    .timer
-                    .is_none_or(|at| self.timers.contains(&(at, key.clone()))),
-                "{key}: its deadline is not in the index"
             );
         }
         #[cfg(debug_assertions)]
@@ -74,7 +61,7 @@ impl Campaign {
             self.timers.len(),
             self.candidacies
                 .values()
-                .filter(|s| s.timer.is_some())
+                .filter(|s| s.holder.poll_timeout().is_some())
                 .count(),
             "an index entry of a candidacy gone"
         );

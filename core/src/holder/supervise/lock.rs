@@ -8,6 +8,7 @@ use super::{
     GroupSignal, StopCause, Supervisor, SupervisorEvent, WatchdogMessage, WatchdogReport, may_start,
 };
 use crate::holder::OutcomeClass;
+use crate::holder::relay::Heard;
 
 /// Why a campaign's acquire did not win the key, as `lock` tells it: a lease
 /// service that answered "held" is not the same as no lease service at all.
@@ -131,6 +132,10 @@ pub struct Lock {
     deadline: Option<Instant>,
     lost: bool,
     events: VecDeque<LockEvent>,
+    /// The key held and its fence, once elected (a semaphore's slot).
+    held: Option<(String, u64)>,
+    /// The holder the service last named in a refusal.
+    named: Option<String>,
 }
 
 impl Lock {
@@ -147,7 +152,46 @@ impl Lock {
             deadline: None,
             lost: false,
             events: VecDeque::new(),
+            held: None,
+            named: None,
         }
+    }
+
+    /// What the campaign told of `key`'s holder ([`Heard`], as a supervisor
+    /// hears it): an election records the key held (a semaphore's slot) and its
+    /// fence, and one whose deadline has passed already is a loss; a renewal
+    /// counts only for the key held; a refusal keeps the holder it names.
+    pub fn handle_heard(&mut self, now: Instant, key: &str, heard: &Heard) {
+        match heard {
+            Heard::Elected { fence, deadline } => {
+                self.held = Some((key.to_string(), *fence));
+                self.handle_elected(now, (now < *deadline).then_some(*deadline));
+            }
+            Heard::SteppedDown { .. } => self.handle_lost(now),
+            Heard::Renewed { deadline } => {
+                if self.held.as_ref().is_some_and(|(k, _)| k == key) {
+                    self.handle_deadline(now, *deadline);
+                }
+            }
+            Heard::Refused { why, holder } => {
+                if holder.is_some() {
+                    self.named.clone_from(holder);
+                }
+                self.handle_refused(now, *why);
+            }
+            Heard::Failed { .. } => {}
+        }
+    }
+
+    /// The key held (a semaphore's slot) and its fence, once elected: what the
+    /// command's environment and `lock`'s messages name.
+    pub fn held(&self) -> Option<(&str, u64)> {
+        self.held.as_ref().map(|(k, f)| (k.as_str(), *f))
+    }
+
+    /// The holder the service last named in a refusal, for `lock`'s messages.
+    pub fn named_holder(&self) -> Option<&str> {
+        self.named.as_deref()
     }
 
     /// The holder's acquire did not win the key ([`HolderEvent::Refused`], read

@@ -39,6 +39,8 @@ pub struct Supervisor {
     leader_code: Option<u8>,
     finished: bool,
     events: VecDeque<SupervisorEvent>,
+    /// The timer last handed out to arm ([`Supervisor::poll_timer`]).
+    armed: Option<Option<Instant>>,
 }
 
 impl Supervisor {
@@ -77,6 +79,7 @@ impl Supervisor {
             leader_code: None,
             finished: false,
             events: VecDeque::new(),
+            armed: None,
         }
     }
 
@@ -212,6 +215,18 @@ impl Supervisor {
             ),
             Some(s) => s.kill_at,
         }
+    }
+
+    /// The timer to arm now (`Some(None)`: disarm), when it is not the one last
+    /// handed out: each wake-up is armed once, so a timer that failed to arm
+    /// ([`Supervisor::handle_timer_failed`]) is not tried again for it.
+    pub fn poll_timer(&mut self) -> Option<Option<Instant>> {
+        let wake = self.poll_timeout();
+        if self.armed == Some(wake) {
+            return None;
+        }
+        self.armed = Some(wake);
+        Some(wake)
     }
 
     /// The next thing to do, if any.

@@ -3,7 +3,9 @@
 //! core's tests (`tests/service.rs`) and the fuzzer (`service_inputs`). Requests
 //! (good and bad, to good and bad reply subjects), `$SRV` verbs, forged change
 //! events, the stream's replicas going up and down (the confirm switch), timers and
-//! a stop arrive in any order. After every step the world checks:
+//! a stop arrive in any order; the change events the stream republishes reach the
+//! service (once it subscribed to them) when time next moves on. What it checks as
+//! it drains the service is in `checks`. After every step the world checks:
 //!
 //! 1. a reply goes only to a reply subject the reply rule lets through, and only to
 //!    a request (or verb) that asked; no request is answered twice;
@@ -36,22 +38,21 @@
 //!    yet be answered: the outcome must be ignored.)
 //! 8. a stop's flush is asked only once every reply sent was handed to the
 //!    client, or given up ([`ServiceEvent::CancelReply`]) no sooner than
-//!    [`HANDOFF_BOUND`] after it was sent and never once taken (the world's client
+//!    [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) after it was sent and never once taken (the world's client
 //!    takes replies when it carries out a stop's waits, and when a test settles).
+
+mod checks;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{MsgKind, SimJetStream};
-use crate::io::HANDOFF_BOUND;
+use super::SimJetStream;
+use super::server::{StreamAdmin, republished};
 use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
-use crate::reply_scope::ReplyScope;
 use crate::service::shutdown::Shutdown;
-use crate::service::startup::stream_config_for;
-use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent, SubscriptionKind};
-use crate::subjects::{HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_KV_OPERATION, STREAM};
+use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent};
 use crate::wire::{Endpoint, Response};
 
 const HOLDERS: [&str; 3] = ["h0", "h1", "h2"];
@@ -94,10 +95,8 @@ pub struct ServiceWorld {
     sim: SimJetStream,
     t0: Instant,
     now_ms: u64,
-    replicas: usize,
-    created: u64,
-    /// The `first_seq` the stream was made anew with, if it was.
-    first_seq: Option<u64>,
+    /// What the stream API says of the stream.
+    admin: StreamAdmin,
     network: Vec<InFlight>,
     /// Requests the network lost, by when the service must have cancelled them.
     lost: BTreeMap<EffectId, Instant>,
@@ -125,6 +124,12 @@ pub struct ServiceWorld {
     steps_since_stop: usize,
     /// How much of the stream's log the tombstone check has read.
     log_checked: usize,
+    /// Whether the service subscribed to change events, the ones the stream
+    /// republished not yet delivered (they are, when time next moves on), and how
+    /// far into its log they were taken.
+    hears_changes: bool,
+    changes: Vec<Received>,
+    changes_read: usize,
 }
 
 /// The most steps a stopped world may take to be done: every reply out, then the
@@ -145,9 +150,11 @@ impl ServiceWorld {
             sim,
             t0,
             now_ms: 0,
-            replicas,
-            created: 1,
-            first_seq: None,
+            admin: StreamAdmin {
+                replicas,
+                created: 1,
+                first_seq: None,
+            },
             network: Vec::new(),
             lost: BTreeMap::new(),
             cancelled: BTreeSet::new(),
@@ -164,6 +171,9 @@ impl ServiceWorld {
             subscribed: BTreeSet::new(),
             steps_since_stop: 0,
             log_checked: 0,
+            hears_changes: false,
+            changes: Vec::new(),
+            changes_read: 0,
         };
         world.drain().expect("a new service breaks no rule");
         world
@@ -247,302 +257,45 @@ impl ServiceWorld {
 
     /// Sets the stream's replicas (the next stream info reports them).
     pub fn set_replicas(&mut self, replicas: usize) {
-        self.replicas = replicas.max(1);
+        self.admin.replicas = replicas.max(1);
     }
 
     /// Makes the stream anew as the restore procedure does, its `first_seq` above
     /// every sequence used (the next stream info reports another created time).
     pub fn replace_stream(&mut self) {
-        self.created += 1;
-        self.first_seq = Some(self.sim.last_seq() + 1);
+        self.admin.created += 1;
+        self.admin.first_seq = Some(self.sim.last_seq() + 1);
     }
 
     /// Makes the stream anew from sequence 1, empty: its fences start again.
     pub fn rewind_stream(&mut self) {
-        self.created += 1;
-        self.first_seq = None;
+        self.admin.created += 1;
+        self.admin.first_seq = None;
         self.sim = SimJetStream::new().with_atomic(true);
+        self.changes_read = 0;
     }
 
-    /// Drains the service's outputs and checks each reply, what the stream
-    /// stored since, then each write: the replies first, so that a write handed
-    /// out with its call's answer counts as sent after it.
-    fn drain(&mut self) -> Result<(), String> {
-        if self.done_at.is_none()
-            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Done)
-        {
-            self.done_at = Some(self.now_ms);
-        }
-        self.drain_events()?;
-        self.check_tombstones()?;
-        while let Some(t) = self.service.poll_transmit() {
-            for m in t.publish.iter().chain(std::iter::once(&t.request)) {
-                self.check_write_has_a_caller(m)?;
-            }
-            self.network.push(InFlight {
-                id: t.id,
-                due: self.now() + t.request.timeout,
-                transmit: t,
-            });
-        }
-        Ok(())
-    }
-
-    /// A stream write the service hands out must belong to a call still waiting
-    /// for its reply (rule 5 of the [module docs](self)).
-    fn check_write_has_a_caller(&self, m: &NatsRequest) -> Result<(), String> {
-        let Some(key) = kv_key(&m.subject) else {
-            return Ok(());
-        };
-        let header = |name: &str| {
-            m.headers
+    /// Takes the messages the stream stored since the last look as the change
+    /// events its RePublish sends, if the service subscribed to them.
+    fn republish(&mut self) {
+        if self.hears_changes {
+            let epoch = self.sim.epoch;
+            let new = self.sim.log[self.changes_read.min(self.sim.log.len())..]
                 .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
-        let waiting = |endpoints: &[Endpoint], holder: Option<&str>, revision: Option<u64>| {
-            self.asked.values().any(|a| {
-                endpoints.iter().any(|e| a.waits(*e))
-                    && a.key == key.trim_end_matches(".read")
-                    && holder.is_none_or(|h| a.holder == h)
-                    && revision.is_none_or(|r| a.revision == Some(r))
-            })
-        };
-        let (what, owned) = if key.ends_with(".read") {
-            (
-                "a read confirmation".to_string(),
-                waiting(&Endpoint::ALL, None, None),
-            )
-        } else if header(HDR_KV_OPERATION).is_some() {
-            let expected = header(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE).and_then(|v| v.parse().ok());
-            (
-                format!("a tombstone expecting {expected:?}"),
-                expected.is_some() && waiting(&[Endpoint::Release], None, expected),
-            )
-        } else {
-            let holder = crate::record::LeaseRecord::parse(&m.payload)
-                .map(|r| r.holder)
-                .unwrap_or_default();
-            (
-                format!("a record of {holder}"),
-                waiting(&[Endpoint::Acquire, Endpoint::Renew], Some(&holder), None),
-            )
-        };
-        if owned {
-            return Ok(());
+                .map(|m| republished(epoch, m));
+            self.changes.extend(new);
         }
-        let calls: Vec<String> = self
-            .asked
-            .iter()
-            .filter(|(_, a)| a.endpoint.is_some() && a.key == key.trim_end_matches(".read"))
-            .map(|(to, a)| {
-                format!(
-                    "{to}: {:?} by {} at {:?}{}",
-                    a.endpoint,
-                    a.holder,
-                    a.revision,
-                    if a.answered { ", answered" } else { "" }
-                )
-            })
-            .collect();
-        Err(format!(
-            "{what} went out to {} after every call that could have sent it was answered \
-             (a write not sent when its call gave up is never sent); the calls on the key: \
-             {calls:?}",
-            m.subject
-        ))
+        self.changes_read = self.sim.log.len();
     }
 
-    /// No tombstone lands over a record whose holder did not ask to release it
-    /// at that revision (rule 4 of the [module docs](self)): read over the
-    /// stream's log since the last look.
-    fn check_tombstones(&mut self) -> Result<(), String> {
-        let from = self.log_checked;
-        self.log_checked = self.sim.log.len();
-        for (i, m) in self.sim.log.iter().enumerate().skip(from) {
-            if m.kind != MsgKind::Tombstone {
-                continue;
-            }
-            let Some(over) = self.sim.log[..i].iter().rev().find(|p| p.key == m.key) else {
-                continue;
-            };
-            let Some(record) = over.record() else {
-                continue;
-            };
-            let asked = self.asked.values().any(|a| {
-                a.endpoint == Some(Endpoint::Release)
-                    && a.key == m.key
-                    && a.holder == record.holder
-                    && a.revision == Some(over.seq)
-            });
-            if !asked {
-                return Err(format!(
-                    "the tombstone at {} removed {}'s lease of {} at {}, which {} never \
-                     asked to release",
-                    m.seq, record.holder, m.key, over.seq, record.holder
-                ));
-            }
+    /// Delivers the change events taken so far to the service, as its
+    /// subscription would.
+    pub fn deliver_changes(&mut self) -> Result<(), String> {
+        for message in std::mem::take(&mut self.changes) {
+            self.service
+                .handle_request(self.now(), self.sim.wall(), message);
         }
-        Ok(())
-    }
-
-    /// Drains the service's events, checking each reply.
-    fn drain_events(&mut self) -> Result<(), String> {
-        while let Some(event) = self.service.poll_event() {
-            match &event {
-                ServiceEvent::Subscribe { subject, kind, .. }
-                    if *kind != SubscriptionKind::Changes
-                        && !self.subscribed.insert(subject.clone()) =>
-                {
-                    return Err(format!("subscribed twice to {subject}"));
-                }
-                ServiceEvent::Reply { id, to, body } => {
-                    if self.handing.insert(*id, self.now()).is_some() {
-                        return Err(format!("reply {id:?} sent twice"));
-                    }
-                    self.check_reply(to, body)?
-                }
-                ServiceEvent::CancelReply { id } => {
-                    // The world's client takes replies only when it settles: one
-                    // it has not taken for the hand-off bound may be given up,
-                    // never sooner and never one it took.
-                    let Some(sent) = self.handing.remove(id) else {
-                        return Err(format!("reply {id:?} given up, though not out"));
-                    };
-                    if self.now() < sent + HANDOFF_BOUND {
-                        return Err(format!(
-                            "reply {id:?} given up {:?} after it was sent, before the \
-                             hand-off bound",
-                            self.now() - sent
-                        ));
-                    }
-                }
-                ServiceEvent::Flush { .. } if !self.handing.is_empty() => {
-                    return Err(format!(
-                        "a flush was asked with {} replies not yet handed to the client",
-                        self.handing.len()
-                    ));
-                }
-                ServiceEvent::Cancel { id } => {
-                    if !self.cancelled.insert(*id) {
-                        return Err(format!("request {id:?} cancelled twice"));
-                    }
-                    self.lost.remove(id);
-                }
-                _ => {}
-            }
-            self.events.push(event);
-        }
-        if !self.service.is_done()
-            && let Some((id, due)) = self.lost.iter().find(|(_, due)| **due < self.now())
-        {
-            return Err(format!(
-                "request {id:?}, lost on the network, was not cancelled by its timeout \
-                 ({:?} ago)",
-                self.now() - *due
-            ));
-        }
-        Ok(())
-    }
-
-    /// The ids of the requests in flight on the network, in order.
-    pub fn in_flight_ids(&self) -> Vec<EffectId> {
-        self.network.iter().map(|f| f.id).collect()
-    }
-
-    fn check_reply(&mut self, to: &str, body: &[u8]) -> Result<(), String> {
-        if ReplyScope::default().check(Some(to)).is_err() {
-            return Err(format!("a reply went to {to:?}, which the rule refuses"));
-        }
-        let Some(asked) = self.asked.get_mut(to) else {
-            return Err(format!("a reply went to {to}, which nobody asked from"));
-        };
-        if asked.answered {
-            return Err(format!("{to} was answered twice"));
-        }
-        asked.answered = true;
-        let Some(endpoint) = asked.endpoint else {
-            if let Some(n) = self.many.remove(to) {
-                return self.check_many_reply(to, n, body);
-            }
-            return Ok(());
-        };
-        let asked = asked.clone();
-        let response = Response::decode(endpoint, body)
-            .map_err(|e| format!("a reply that does not decode: {e}"))?;
-        match (endpoint, &response) {
-            (Endpoint::Acquire, Response::Acquired(r)) if r.granted => {
-                let record = self
-                    .sim
-                    .at(r.lease.revision)
-                    .and_then(super::SimMsg::record);
-                if record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
-                    || r.lease.holder != asked.holder
-                    || r.lease.key != asked.key
-                {
-                    return Err(format!(
-                        "grant to {} not backed by its record: {r:?}",
-                        asked.holder
-                    ));
-                }
-                let max = self.fences.entry(asked.key.clone()).or_default();
-                if r.lease.revision < *max {
-                    return Err(format!(
-                        "grant of {} at {} below an earlier fence {max}",
-                        asked.key, r.lease.revision
-                    ));
-                }
-                *max = r.lease.revision;
-            }
-            (Endpoint::Release, Response::Released(r)) => self.check_release(&asked, r)?,
-            (Endpoint::Renew, Response::Lease(l)) => {
-                let record = self.sim.at(l.revision).and_then(super::SimMsg::record);
-                if l.holder != asked.holder
-                    || record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
-                {
-                    return Err(format!(
-                        "renew of {} not backed by its record: {l:?}",
-                        asked.holder
-                    ));
-                }
-            }
-            _ => {}
-        }
-        self.replies.push((to.to_string(), response));
-        Ok(())
-    }
-
-    /// A release's success: the caller's, and the key tombstoned above the fence
-    /// asked, over the caller's own record at that fence.
-    fn check_release(&self, asked: &Asked, r: &crate::wire::ReleaseReply) -> Result<(), String> {
-        let fence = asked.revision.unwrap_or_default();
-        let tombstone = self
-            .sim
-            .at(r.revision)
-            .filter(|m| m.kind == MsgKind::Tombstone && m.key == asked.key);
-        let over = self.sim.log[..self.sim.log.partition_point(|m| m.seq < r.revision)]
-            .iter()
-            .rev()
-            .find(|m| m.key == asked.key);
-        let over_holder = over.and_then(super::SimMsg::record).map(|r| r.holder);
-        if r.holder != asked.holder
-            || r.key != asked.key
-            || r.revision <= fence
-            || tombstone.is_none()
-            || over.map(|m| m.seq) != Some(fence)
-            || over_holder.as_deref() != Some(asked.holder.as_str())
-        {
-            return Err(format!(
-                "release by {} of {} at {fence} not backed by a tombstone over its own \
-                 record: {r:?}; stored at {}: {:?}; the message it replaced: {:?}",
-                asked.holder,
-                asked.key,
-                r.revision,
-                self.sim.at(r.revision).map(|m| (m.kind, &m.key)),
-                over.map(|m| (m.seq, m.kind, over_holder.clone())),
-            ));
-        }
-        Ok(())
+        self.drain()
     }
 
     /// Sends a request to `endpoint` with `body`, its reply to a fresh inbox
@@ -631,88 +384,13 @@ impl ServiceWorld {
         reply
     }
 
-    /// A `renew_many` reply: every item answered by it, each renewed item backed by
-    /// its own record, the results in request order.
-    fn check_many_reply(&mut self, to: &str, n: usize, body: &[u8]) -> Result<(), String> {
-        self.many_replies.push((to.to_string(), body.to_vec()));
-        let items: Vec<Asked> = (0..n)
-            .filter_map(|i| {
-                let asked = self.asked.get_mut(&format!("{to}#{i}"))?;
-                asked.answered = true;
-                Some(asked.clone())
-            })
-            .collect();
-        let answer = crate::wire::RenewManyReply::decode(body)
-            .map_err(|e| format!("a renew_many reply that does not decode: {e}"))?;
-        let Ok(reply) = answer else {
-            return Ok(());
-        };
-        if reply.results.len() != n {
-            return Err(format!(
-                "{to}: {} results for {n} items",
-                reply.results.len()
-            ));
-        }
-        for (asked, result) in items.iter().zip(&reply.results) {
-            if result.key() != asked.key {
-                return Err(format!(
-                    "{to}: result for {} in {}'s place",
-                    result.key(),
-                    asked.key
-                ));
-            }
-            if let crate::wire::RenewManyResult::Renewed(l) = result {
-                let record = self.sim.at(l.revision).and_then(super::SimMsg::record);
-                if l.holder != asked.holder
-                    || record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
-                {
-                    return Err(format!(
-                        "batched renew of {} not backed by its record: {l:?}",
-                        asked.holder
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Answers the request in flight at `index` (mod their count).
     pub fn deliver(&mut self, index: usize) {
         if self.network.is_empty() {
             return;
         }
         let InFlight { id, transmit, .. } = self.network.remove(index % self.network.len());
-        for m in &transmit.publish {
-            self.sim.handle_publish(m);
-        }
-        let subject = transmit.request.subject.as_str();
-        let outcome = if ["INFO", "CREATE", "UPDATE"]
-            .iter()
-            .any(|verb| subject == format!("$JS.API.STREAM.{verb}.{STREAM}"))
-        {
-            let mut info = json!({
-                "config": stream_config_for(self.replicas, true),
-                "state": {"last_seq": self.sim.last_seq()},
-                "created": format!("2026-01-01T00:00:{:02}Z", self.created % 60),
-            });
-            info["config"]["republish"] =
-                crate::service::startup::republish_for(crate::tenant::Tenancy::Single);
-            if let Some(first) = self.first_seq {
-                info["config"]["first_seq"] = json!(first);
-            }
-            RequestOutcome::reply(info.to_string())
-        } else if subject.starts_with("$JS.API.STREAM.INFO.") {
-            // Startup's other-layout question: no stream but the world's exists.
-            crate::sim::api_error(404, crate::js::ERR_STREAM_NOT_FOUND, "stream not found")
-        } else if transmit
-            .request
-            .subject
-            .starts_with("$JS.API.STREAM.PURGE.")
-        {
-            RequestOutcome::reply(json!({"success": true, "purged": 1}).to_string())
-        } else {
-            self.sim.handle(&transmit.request)
-        };
+        let outcome = self.admin.answer(&mut self.sim, &transmit);
         self.service.handle_outcome(self.now(), id, outcome);
     }
 
@@ -730,6 +408,7 @@ impl ServiceWorld {
     /// and checking its outputs after each firing (a write handed out at one
     /// timer is sent before a call gives up at the next).
     pub fn advance(&mut self, ms: u64) -> Result<(), String> {
+        self.deliver_changes()?;
         let until = self.now() + Duration::from_millis(ms);
         // The timer fires on time: at each deadline on the way.
         for _ in 0..1000 {
@@ -973,21 +652,5 @@ impl ServiceWorld {
 
     fn service_shutdown_timeout(&self) -> Duration {
         self.service.shutdown_timeout()
-    }
-}
-
-/// The key of a stream subject `$KV.leases.<key>` (`<key>.read` for a read
-/// confirmation), or `None` for any other subject.
-fn kv_key(subject: &str) -> Option<&str> {
-    let rest = subject
-        .strip_prefix("$KV.")?
-        .strip_prefix(crate::subjects::BUCKET)?;
-    // One stream (`$KV.leases.<key>`) or a shard's (`$KV.leases_<i>.<key>`).
-    match rest.strip_prefix('.') {
-        Some(key) => Some(key),
-        None => {
-            let (shard, key) = rest.strip_prefix('_')?.split_once('.')?;
-            shard.bytes().all(|b| b.is_ascii_digit()).then_some(key)
-        }
     }
 }

@@ -1,0 +1,248 @@
+//! The calls running: each call's outputs driven after every input (its requests
+//! out under ids of the service's own, its stream writes through the coalescer, its
+//! facts to the known map, the bucket's sequence checked against what was seen),
+//! its end, the outcomes fed back ([`Service::handle_outcome`]) to a call or a
+//! part, and the give-up of what nobody waits for any more: a call past its
+//! deadline, a part's request past its timeout.
+
+use super::*;
+
+impl Service {
+    /// Drains one call's outputs after an input: its requests go out (its stream
+    /// writes through the coalescer when there is one), what it learnt goes to the
+    /// known map, its reply ends it.
+    pub(super) fn drive(&mut self, now: Instant, token: CallId) {
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
+        if let Some(known) = &mut self.known
+            && let Some((key, fact)) = running.call.poll_learnt()
+        {
+            known.learn(&key, fact);
+        }
+        // Fences never repeat: a write sent after the service saw revision F is
+        // stored above F, unless the stream went back under it.
+        let stored = running.call.highest_stored();
+        let rewound = (stored > 0 && stored <= running.floor).then(|| {
+            format!(
+                "a write was stored at sequence {stored} of stream {}, at or below {} seen \
+                 before it was sent: the stream's sequence went back (restored from a \
+                 backup, or made anew), and that fence was handed out already",
+                self.config.bucket.shards.stream(running.shard as u32),
+                running.floor
+            )
+        });
+        if let Some(floor) = self.floors.get_mut(running.shard) {
+            *floor = (*floor).max(running.call.highest_seen());
+        }
+        if let Some(why) = rewound {
+            self.refuse_bucket(why);
+        }
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
+        while let Some(transmit) = running.call.poll_transmit() {
+            if let Some(coalescer) = self
+                .coalescer
+                .as_mut()
+                .filter(|_| transmit.kind.is_stream_write())
+            {
+                let write = self.write_ids.allocate();
+                running.writes.push(write);
+                self.writes.insert(write, (token, transmit.id));
+                coalescer.handle_write(now, write, transmit.request);
+                continue;
+            }
+            let id = self.effect_ids.allocate();
+            running.sent.push(id);
+            let route = Route::Call {
+                call: token,
+                inner: transmit.id,
+            };
+            self.routes.insert(id, route, None);
+            self.transmits.push_back(Transmit { id, ..transmit });
+        }
+        while let Some(event) = running.call.poll_event() {
+            match event {
+                CallEvent::Kv(fact) => self.events.push_back(ServiceEvent::Kv(fact)),
+                CallEvent::Replied(response) => return self.finish(now, token, response),
+            }
+        }
+        self.deadlines.set(token, running.call.poll_timeout());
+    }
+
+    /// A call replied: it ends, its queued writes are dropped, its reply goes out,
+    /// and what it did reaches the sweep, the tenants' counts and admission.
+    pub(super) fn finish(&mut self, now: Instant, token: CallId, response: Response) {
+        let Some(running) = self.calls.remove(&token) else {
+            return;
+        };
+        self.deadlines.remove(&token);
+        // A request still out (a call cut off) is waited for no more.
+        self.give_up_waits(now, &running.sent, &running.writes);
+        match (&response, &running.scope) {
+            (Response::Released(r), scope) if self.stop.is_none() => {
+                let key = tenant::storage_key(scope.as_ref(), &r.key);
+                self.sweep.handle_released(now, key, r.revision);
+                if let Some(caller) = scope {
+                    self.tenants.handle_released(&caller.account, &r.key);
+                }
+            }
+            (Response::Released(r), Some(caller)) => {
+                self.tenants.handle_released(&caller.account, &r.key);
+            }
+            (Response::Acquired(r), Some(caller)) if r.granted => {
+                self.tenants.handle_granted(&caller.account, &r.lease.key);
+            }
+            _ => {}
+        }
+        // Refused meanwhile: what the call did went to a stream whose sequence
+        // went back, and its fence may be one handed out already.
+        let response = match (&self.refused, response) {
+            (Some(why), r) if r.error_kind().is_none() => Response::Error(ErrorReply::new(
+                crate::wire::ErrorKind::Unavailable,
+                format!("the lease service refuses its bucket: {why}"),
+            )),
+            (_, r) => r,
+        };
+        self.acquire_ended(Some(&running.scope), running.acquiring.as_deref());
+        let took = now.saturating_duration_since(running.started);
+        self.answered_or_gathered(
+            now,
+            running.item,
+            running.endpoint,
+            running.reply,
+            response,
+            took,
+        );
+        let tenant = running.scope.map(|c| c.account);
+        self.admission.handle_finished_of(now, tenant);
+    }
+
+    /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
+    /// waits for any more (its call ended, it timed out) is ignored.
+    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let Some(route) = self.routes.take(&id) else {
+            return;
+        };
+        match route {
+            Route::Call { call, inner } => self.call_outcome(now, call, id, inner, outcome),
+            Route::Part { part, inner } => self.part_outcome(now, part, inner, outcome),
+        }
+        self.pump_startup(now);
+        self.pump(now);
+    }
+
+    fn call_outcome(
+        &mut self,
+        now: Instant,
+        token: CallId,
+        sent: EffectId,
+        inner: EffectId,
+        outcome: RequestOutcome,
+    ) {
+        let Some(running) = self.calls.get_mut(&token) else {
+            return;
+        };
+        running.sent.retain(|s| *s != sent);
+        running.call.handle_outcome(now, inner, outcome);
+        self.drive(now, token);
+    }
+
+    /// Hands a part's request's outcome to the part.
+    fn part_outcome(&mut self, now: Instant, part: Part, inner: EffectId, outcome: RequestOutcome) {
+        match part {
+            Part::Coalescer => {
+                if let Some(c) = &mut self.coalescer {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Startup => {
+                if let Phase::Starting(startup) = &mut self.phase {
+                    startup.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Replicas => {
+                if let Some(c) = &mut self.check {
+                    c.handle_outcome(now, inner, outcome);
+                }
+            }
+            Part::Sweep => self.sweep.handle_outcome(now, inner, outcome),
+        }
+    }
+
+    /// Sends a part's request, timed out at its own timeout from `now`.
+    pub(super) fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
+        let id = self.effect_ids.allocate();
+        let due = now + transmit.request.timeout;
+        let route = Route::Part {
+            part,
+            inner: transmit.id,
+        };
+        self.routes.insert(id, route, Some(due));
+        self.transmits.push_back(Transmit { id, ..transmit });
+    }
+
+    /// Gives up a request out: nothing waits for it any more.
+    pub(super) fn cancel(&mut self, id: EffectId) {
+        if self.routes.take(&id).is_some() {
+            self.events.push_back(ServiceEvent::Cancel { id });
+        }
+    }
+
+    /// Refuses the bucket from now on (once): its sequence went back.
+    pub(super) fn refuse_bucket(&mut self, why: String) {
+        if let Some(known) = &mut self.known {
+            known.clear();
+        }
+        if self.refused.is_none() {
+            self.events
+                .push_back(ServiceEvent::BucketRefused(why.clone()));
+            self.refused = Some(why);
+        }
+    }
+
+    /// The calls past their deadline act on it; what each waits on is given up
+    /// first (the call counts it as it times out): its send is dropped, and a
+    /// queued write of it is never sent.
+    pub(super) fn expire_calls(&mut self, now: Instant) {
+        while let Some(token) = self.deadlines.pop_due(now) {
+            let Some(running) = self.calls.get_mut(&token) else {
+                continue;
+            };
+            let sent = std::mem::take(&mut running.sent);
+            let writes = std::mem::take(&mut running.writes);
+            self.give_up_waits(now, &sent, &writes);
+            if let Some(running) = self.calls.get_mut(&token) {
+                running.call.handle_timeout(now);
+            }
+            self.drive(now, token);
+        }
+    }
+
+    /// A call's requests out are waited for no more (each send dropped), and its
+    /// writes still queued in the coalescer are never sent late.
+    fn give_up_waits(&mut self, now: Instant, sent: &[EffectId], writes: &[WriteId]) {
+        for id in sent {
+            self.cancel(*id);
+        }
+        for write in writes {
+            if self.writes.remove(write).is_some()
+                && let Some(coalescer) = &mut self.coalescer
+            {
+                coalescer.handle_cancel(now, *write);
+            }
+        }
+    }
+
+    /// The give-up of the parts' requests past their timeout: each send is
+    /// dropped, and its part learns it timed out.
+    pub(super) fn time_out_sends(&mut self, now: Instant) {
+        while let Some((id, route)) = self.routes.pop_timed_out(now) {
+            self.events.push_back(ServiceEvent::Cancel { id });
+            if let Route::Part { part, inner } = route {
+                self.part_outcome(now, part, inner, RequestOutcome::TimedOut);
+            }
+        }
+    }
+}
