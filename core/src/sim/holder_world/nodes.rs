@@ -344,6 +344,17 @@ impl HolderWorld {
         }
     }
 
+    /// Member `h` reads the service's INFO: `renew_many` listed, with batching.
+    pub(super) fn tell_batching(&mut self, h: usize) {
+        if let (true, Machine::Member { campaign, .. }) =
+            (self.batching, &mut self.holders[h].machine)
+        {
+            campaign.handle_service_info(
+                br#"{"name":"dagnats-api","endpoints":[{"name":"renew_many"}]}"#,
+            );
+        }
+    }
+
     /// Member `h`'s running group hears its health check (after a flip, a join or
     /// a restart: a group made afresh learns it at once).
     pub(super) fn tell_health(&mut self, h: usize) {
@@ -559,6 +570,7 @@ impl HolderWorld {
                 sim.subscribing.clear();
                 sim.subscribed.clear();
                 self.stats.recreations += 1;
+                self.tell_batching(h);
                 self.tell_health(h);
                 if !self.paused(h) {
                     self.drain_holder(h);
