@@ -12,7 +12,8 @@
 //!
 //! - The service (`tokio-fsync`: one server with `sync_interval: always`;
 //!   `tokio-r3`: the three-node cluster, an R3 bucket; `-shardsN`: `serve --shards
-//!   N`; `tokio-batched-*` / `tokio-single-*`: the write coalescer forced on / off)
+//!   N`; `tokio-batched-*` / `tokio-single-*`: the write coalescer forced on / off;
+//!   `-no-renew-many`: `serve --renew-many false`, every renewal its own request)
 //!   is held by the holder library as
 //!   in `--scale` ([`crate::scale::Holders`]: members of 1,000 keys, one connection
 //!   each). A lease is lost when its holder steps down (the library renews at
@@ -146,6 +147,9 @@ pub enum Kind {
         /// `serve --coalesce-writes`: `auto` (`tokio-`, as the runs of record), `true`
         /// (`tokio-batched-`) or `false` (`tokio-single-`).
         coalesce: CoalesceWrites,
+        /// `serve --renew-many`: on as it ships; off (`-no-renew-many`) the holder
+        /// library renews one key a request.
+        renew_many: bool,
     },
     /// etcd with this many members.
     Etcd {
@@ -155,7 +159,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// `tokio[-batched|-single](-fsync|-r3)[-shardsN]`, `etcd` or `etcd-r3`.
+    /// `tokio[-batched|-single](-fsync|-r3)[-shardsN][-no-renew-many]`, `etcd` or
+    /// `etcd-r3`.
     pub fn parse(name: &str) -> Result<Kind, String> {
         match name {
             "etcd" => return Ok(Kind::Etcd { members: 1 }),
@@ -165,8 +170,13 @@ impl Kind {
         let bad = || {
             format!(
                 "--capacity-impls: `{name}` is not an implementation (tokio-fsync, tokio-r3, \
-                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, etcd, etcd-r3)"
+                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, \
+                 tokio-fsync-no-renew-many, etcd, etcd-r3)"
             )
+        };
+        let (name, renew_many) = match name.strip_suffix("-no-renew-many") {
+            Some(rest) => (rest, false),
+            None => (name, true),
         };
         let (rest, shards) = match name.rsplit_once("-shards") {
             Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
@@ -191,8 +201,17 @@ impl Kind {
             cluster,
             shards,
             coalesce,
+            renew_many,
         })
     }
+}
+
+/// How one service implementation is run.
+struct Setting {
+    cluster: bool,
+    shards: Option<usize>,
+    coalesce: CoalesceWrites,
+    renew_many: bool,
 }
 
 /// The 1-minute load average.
@@ -250,7 +269,16 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
                 cluster,
                 shards,
                 coalesce,
-            } => service(out, &name, cluster, shards, coalesce, options, &handle).await,
+                renew_many,
+            } => {
+                let setting = Setting {
+                    cluster,
+                    shards,
+                    coalesce,
+                    renew_many,
+                };
+                service(out, &name, setting, options, &handle).await
+            }
             Kind::Etcd { members } => etcd(out, &name, members, options).await,
         };
         println!(
@@ -411,12 +439,16 @@ fn capacity_of(steps: Vec<Step>, setup: String, hold_s: u64, load: f64) -> Capac
 async fn service(
     out: &Path,
     name: &str,
-    cluster: bool,
-    shards: Option<usize>,
-    coalesce: CoalesceWrites,
+    setting: Setting,
     options: &Options,
     handle: &metrics_exporter_prometheus::PrometheusHandle,
 ) -> Capacity {
+    let Setting {
+        cluster,
+        shards,
+        coalesce,
+        renew_many,
+    } = setting;
     let load = load_average();
     let server = if cluster {
         servers::Server::Cluster(servers::Cluster::start().await)
@@ -440,6 +472,9 @@ async fn service(
     if let Some(n) = shards {
         extra_args.extend(["--shards".to_string(), n.to_string()]);
     }
+    if !renew_many {
+        extra_args.extend(["--renew-many".to_string(), "false".to_string()]);
+    }
     let start_options = procs::Options {
         replicas: cluster.then_some(servers::CLUSTER_NODES),
         extra_args,
@@ -459,7 +494,7 @@ async fn service(
         servers::Cluster::pin_leader(&admin, dagnats_leases_core::subjects::STREAM).await;
     }
     let setup = format!(
-        "nats-server {}, sync_interval: always, {}{}{}; the tokio service; holders: the holder library, members of {PER_MEMBER} keys, one connection each",
+        "nats-server {}, sync_interval: always, {}{}{}{}; the tokio service; holders: the holder library, members of {PER_MEMBER} keys, one connection each",
         server.version(),
         if cluster {
             "three nodes on loopback, R3 bucket, leader on the node everything connects to"
@@ -471,6 +506,11 @@ async fn service(
             CoalesceWrites::Auto => ", --coalesce-writes auto (as it ships)",
             CoalesceWrites::On => ", --coalesce-writes true",
             CoalesceWrites::Off => ", --coalesce-writes false",
+        },
+        if renew_many {
+            ", renew_many served (renewals grouped)"
+        } else {
+            ", --renew-many false (one renewal a request)"
         },
     );
     println!("capacity {name}: {setup}");
@@ -739,6 +779,7 @@ mod tests {
             cluster,
             shards,
             coalesce,
+            renew_many: true,
         };
         let table = [
             ("tokio-fsync", Ok(svc(false, None, Auto))),
@@ -747,6 +788,15 @@ mod tests {
             ("tokio-single-fsync", Ok(svc(false, None, Off))),
             ("tokio-fsync-shards4", Ok(svc(false, Some(4), Auto))),
             ("tokio-r3-shards2", Ok(svc(true, Some(2), Auto))),
+            (
+                "tokio-fsync-shards2-no-renew-many",
+                Ok(Kind::Service {
+                    cluster: false,
+                    shards: Some(2),
+                    coalesce: Auto,
+                    renew_many: false,
+                }),
+            ),
             ("etcd", Ok(Kind::Etcd { members: 1 })),
             ("etcd-r3", Ok(Kind::Etcd { members: 3 })),
         ];
