@@ -136,13 +136,7 @@ impl Service {
     }
 
     fn handle_change(&mut self, message: &Received) {
-        let header = |name: &str| {
-            message
-                .headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let header = |name: &str| message.header(name);
         if let Some(known) = &mut self.known {
             known.handle_change(&message.subject, header, &message.payload);
         }

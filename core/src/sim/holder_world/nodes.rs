@@ -321,13 +321,7 @@ impl HolderWorld {
             .iter()
             .map(|m| {
                 let message = republished(self.js.epoch, m);
-                let header = |name: &str| {
-                    message
-                        .headers
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map(|(_, v)| v.as_str())
-                };
+                let header = |name: &str| message.header(name);
                 (
                     m.key.clone(),
                     ChangeEvent::from_parts(header, &message.payload),
