@@ -324,15 +324,7 @@ impl ServiceWorld {
                 answered: !good_reply,
             },
         );
-        let message = Received {
-            subject: endpoint.subject(),
-            reply: Some(reply.clone()),
-            headers: Vec::new(),
-            payload: body.to_string().into_bytes(),
-            header_error: None,
-        };
-        self.service
-            .handle_request(self.now(), self.sim.wall(), message);
+        self.send(endpoint.subject(), &reply, &body);
         reply
     }
 
@@ -372,16 +364,21 @@ impl ServiceWorld {
         if good_reply {
             self.many.insert(reply.clone(), items.len());
         }
+        self.send(crate::wire::renew_many_subject(), &reply, &body);
+        reply
+    }
+
+    /// Hands the service `body` on `subject` with `reply`, as its subscription would.
+    fn send(&mut self, subject: String, reply: &str, body: &serde_json::Value) {
         let message = Received {
-            subject: crate::wire::renew_many_subject(),
-            reply: Some(reply.clone()),
+            subject,
+            reply: Some(reply.to_string()),
             headers: Vec::new(),
             payload: body.to_string().into_bytes(),
             header_error: None,
         };
         self.service
             .handle_request(self.now(), self.sim.wall(), message);
-        reply
     }
 
     /// Answers the request in flight at `index` (mod their count).
