@@ -100,6 +100,17 @@ pub struct ServeArgs {
         value_name = "auto|true|false"
     )]
     pub coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites,
+    /// Serve `renew_many` (many renewals in one request, advertised in `$SRV.INFO`,
+    /// which the holder library uses where it is listed): `true` (the default) or
+    /// `false` (not subscribed, not listed; the library renews one by one).
+    #[arg(
+        long,
+        env = "DAGNATS_LEASES_RENEW_MANY",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "true|false"
+    )]
+    pub renew_many: bool,
     /// Single writes in flight before writes start to gather into batches.
     #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_SINGLE_WINDOW)]
     pub batch_after: usize,
@@ -260,6 +271,7 @@ impl ServeArgs {
             max_calls_in_flight: self.max_calls_in_flight,
             max_calls_waiting: self.max_calls_waiting,
             coalesce_writes: self.coalesce_writes,
+            renew_many: self.renew_many,
             batch_after: self.batch_after,
             min_batch: self.min_batch,
             known_capacity: self.known_keys,

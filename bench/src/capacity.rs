@@ -12,7 +12,8 @@
 //!
 //! - The service (`tokio-fsync`: one server with `sync_interval: always`;
 //!   `tokio-r3`: the three-node cluster, an R3 bucket; `-shardsN`: `serve --shards
-//!   N`; `tokio-batched-*` / `tokio-single-*`: the write coalescer forced on / off)
+//!   N`; `tokio-batched-*` / `tokio-single-*`: the write coalescer forced on / off;
+//!   `-no-renew-many`: `serve --renew-many false`, every renewal its own request)
 //!   is held by the holder library as
 //!   in `--scale` ([`crate::scale::Holders`]: members of 1,000 keys, one connection
 //!   each). A lease is lost when its holder steps down (the library renews at
@@ -146,6 +147,9 @@ pub enum Kind {
         /// `serve --coalesce-writes`: `auto` (`tokio-`, as the runs of record), `true`
         /// (`tokio-batched-`) or `false` (`tokio-single-`).
         coalesce: CoalesceWrites,
+        /// `serve --renew-many`: on as it ships; off (`-no-renew-many`) the holder
+        /// library renews one key a request.
+        renew_many: bool,
     },
     /// etcd with this many members.
     Etcd {
@@ -155,7 +159,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// `tokio[-batched|-single](-fsync|-r3)[-shardsN]`, `etcd` or `etcd-r3`.
+    /// `tokio[-batched|-single](-fsync|-r3)[-shardsN][-no-renew-many]`, `etcd` or
+    /// `etcd-r3`.
     pub fn parse(name: &str) -> Result<Kind, String> {
         match name {
             "etcd" => return Ok(Kind::Etcd { members: 1 }),
@@ -165,8 +170,13 @@ impl Kind {
         let bad = || {
             format!(
                 "--capacity-impls: `{name}` is not an implementation (tokio-fsync, tokio-r3, \
-                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, etcd, etcd-r3)"
+                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, \
+                 tokio-fsync-no-renew-many, etcd, etcd-r3)"
             )
+        };
+        let (name, renew_many) = match name.strip_suffix("-no-renew-many") {
+            Some(rest) => (rest, false),
+            None => (name, true),
         };
         let (rest, shards) = match name.rsplit_once("-shards") {
             Some((rest, n)) => (rest, Some(n.parse::<usize>().map_err(|_| bad())?)),
@@ -191,8 +201,17 @@ impl Kind {
             cluster,
             shards,
             coalesce,
+            renew_many,
         })
     }
+}
+
+/// How one service implementation is run.
+struct Setting {
+    cluster: bool,
+    shards: Option<usize>,
+    coalesce: CoalesceWrites,
+    renew_many: bool,
 }
 
 /// The 1-minute load average.
@@ -218,6 +237,23 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
         .install_recorder()
         .expect("a metrics recorder");
     let started = Instant::now();
+    let load = load_average();
+    let of_record = is_quiet(load);
+    if of_record {
+        println!(
+            "capacity: load average {load:.2} at the start (under {QUIET_LOAD}): a run of record"
+        );
+    } else {
+        println!(
+            "capacity: load average {load:.2} at the start (not under {QUIET_LOAD}): NOT a run of record; \
+             rerun alone on a quiet machine for figures to cite"
+        );
+    }
+    put_value(
+        out,
+        "run",
+        serde_json::json!({ "load_average_at_start": load, "of_record": of_record }),
+    );
     let mut all = Vec::new();
     for (name, kind) in kinds {
         println!(
@@ -233,7 +269,16 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
                 cluster,
                 shards,
                 coalesce,
-            } => service(out, &name, cluster, shards, coalesce, options, &handle).await,
+                renew_many,
+            } => {
+                let setting = Setting {
+                    cluster,
+                    shards,
+                    coalesce,
+                    renew_many,
+                };
+                service(out, &name, setting, options, &handle).await
+            }
             Kind::Etcd { members } => etcd(out, &name, members, options).await,
         };
         println!(
@@ -253,8 +298,22 @@ pub async fn run(out: &Path, options: &Options) -> Vec<(String, Capacity)> {
     all
 }
 
+/// The 1-minute load average under which a run's start counts as quiet.
+pub const QUIET_LOAD: f64 = 1.0;
+
+/// Whether a run that starts at `load` may be called a run of record: only on a
+/// machine with less than one runnable task on average (nothing else running).
+pub fn is_quiet(load: f64) -> bool {
+    load < QUIET_LOAD
+}
+
 /// Puts `capacity` under `capacity.<name>` of `report.json`, keeping the rest.
 fn put(out: &Path, name: &str, capacity: &Capacity) {
+    put_value(out, name, serde_json::to_value(capacity).expect("json"));
+}
+
+/// Puts `value` under `capacity.<name>` of `report.json`, keeping the rest.
+fn put_value(out: &Path, name: &str, value: serde_json::Value) {
     let path = out.join("report.json");
     let mut all = std::fs::read(&path)
         .ok()
@@ -262,7 +321,7 @@ fn put(out: &Path, name: &str, capacity: &Capacity) {
         .and_then(|r| r.get("capacity").cloned())
         .filter(serde_json::Value::is_object)
         .unwrap_or_else(|| serde_json::json!({}));
-    all[name] = serde_json::to_value(capacity).expect("json");
+    all[name] = value;
     let path = crate::report::put(out, "capacity", all);
     println!("capacity {name}: written to {}", path.display());
 }
@@ -380,12 +439,16 @@ fn capacity_of(steps: Vec<Step>, setup: String, hold_s: u64, load: f64) -> Capac
 async fn service(
     out: &Path,
     name: &str,
-    cluster: bool,
-    shards: Option<usize>,
-    coalesce: CoalesceWrites,
+    setting: Setting,
     options: &Options,
     handle: &metrics_exporter_prometheus::PrometheusHandle,
 ) -> Capacity {
+    let Setting {
+        cluster,
+        shards,
+        coalesce,
+        renew_many,
+    } = setting;
     let load = load_average();
     let server = if cluster {
         servers::Server::Cluster(servers::Cluster::start().await)
@@ -409,6 +472,9 @@ async fn service(
     if let Some(n) = shards {
         extra_args.extend(["--shards".to_string(), n.to_string()]);
     }
+    if !renew_many {
+        extra_args.extend(["--renew-many".to_string(), "false".to_string()]);
+    }
     let start_options = procs::Options {
         replicas: cluster.then_some(servers::CLUSTER_NODES),
         extra_args,
@@ -428,7 +494,7 @@ async fn service(
         servers::Cluster::pin_leader(&admin, dagnats_leases_core::subjects::STREAM).await;
     }
     let setup = format!(
-        "nats-server {}, sync_interval: always, {}{}{}; the tokio service; holders: the holder library, members of {PER_MEMBER} keys, one connection each",
+        "nats-server {}, sync_interval: always, {}{}{}{}; the tokio service; holders: the holder library, members of {PER_MEMBER} keys, one connection each",
         server.version(),
         if cluster {
             "three nodes on loopback, R3 bucket, leader on the node everything connects to"
@@ -440,6 +506,11 @@ async fn service(
             CoalesceWrites::Auto => ", --coalesce-writes auto (as it ships)",
             CoalesceWrites::On => ", --coalesce-writes true",
             CoalesceWrites::Off => ", --coalesce-writes false",
+        },
+        if renew_many {
+            ", renew_many served (renewals grouped)"
+        } else {
+            ", --renew-many false (one renewal a request)"
         },
     );
     println!("capacity {name}: {setup}");
@@ -692,12 +763,23 @@ mod tests {
     use super::Kind;
 
     #[test]
+    fn a_run_is_of_record_only_when_it_starts_under_a_load_of_one() {
+        assert!(super::is_quiet(0.0));
+        assert!(super::is_quiet(0.99));
+        assert!(!super::is_quiet(1.0));
+        assert!(!super::is_quiet(7.5));
+        // An unreadable load average proves nothing quiet.
+        assert!(!super::is_quiet(f64::NAN));
+    }
+
+    #[test]
     fn implementation_names_parse_as_in_vs_etcd() {
         use super::CoalesceWrites::{Auto, Off, On};
         let svc = |cluster, shards, coalesce| Kind::Service {
             cluster,
             shards,
             coalesce,
+            renew_many: true,
         };
         let table = [
             ("tokio-fsync", Ok(svc(false, None, Auto))),
@@ -706,6 +788,15 @@ mod tests {
             ("tokio-single-fsync", Ok(svc(false, None, Off))),
             ("tokio-fsync-shards4", Ok(svc(false, Some(4), Auto))),
             ("tokio-r3-shards2", Ok(svc(true, Some(2), Auto))),
+            (
+                "tokio-fsync-shards2-no-renew-many",
+                Ok(Kind::Service {
+                    cluster: false,
+                    shards: Some(2),
+                    coalesce: Auto,
+                    renew_many: false,
+                }),
+            ),
             ("etcd", Ok(Kind::Etcd { members: 1 })),
             ("etcd-r3", Ok(Kind::Etcd { members: 3 })),
         ];

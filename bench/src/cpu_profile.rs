@@ -119,6 +119,19 @@ pub const GO_SCHED: &str = "Go runtime: scheduler, poller, wake-ups";
 /// A stack no rule names.
 pub const OTHER: &str = "other";
 
+/// The async runtime's frames, the same in the service and the holders.
+const RUNTIME: &[&str] = &[
+    "tokio::",
+    "mio::",
+    "futures_util::",
+    "futures_core::",
+    "futures_channel::",
+    "futures_executor::",
+    "parking_lot",
+    "std::thread",
+    "std::sys::",
+];
+
 const fn rule(category: &'static str, matches: Match) -> Rule {
     Rule { category, matches }
 }
@@ -232,20 +245,7 @@ pub const SERVICE: &[Rule] = &[
             "dagnats_leases_nats::telemetry",
         ]),
     ),
-    rule(
-        "runtime (tokio)",
-        Match::Path(&[
-            "tokio::",
-            "mio::",
-            "futures_util::",
-            "futures_core::",
-            "futures_channel::",
-            "futures_executor::",
-            "parking_lot",
-            "std::thread",
-            "std::sys::",
-        ]),
-    ),
+    rule("runtime (tokio)", Match::Path(RUNTIME)),
     rule(
         "call logic (service machine, its IO loop)",
         Match::Path(&[
@@ -285,20 +285,7 @@ pub const HOLDERS: &[Rule] = &[
             "tracing_core::",
         ]),
     ),
-    rule(
-        "runtime (tokio)",
-        Match::Path(&[
-            "tokio::",
-            "mio::",
-            "futures_util::",
-            "futures_core::",
-            "futures_channel::",
-            "futures_executor::",
-            "parking_lot",
-            "std::thread",
-            "std::sys::",
-        ]),
-    ),
+    rule("runtime (tokio)", Match::Path(RUNTIME)),
     rule(
         "library: machines (core)",
         Match::Path(&["dagnats_leases_core::"]),

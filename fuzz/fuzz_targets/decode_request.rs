@@ -1,11 +1,12 @@
 //! Request decoding never panics, accepts only in-bound requests, and an invalid
-//! body ends its call with `invalid` before any KV effect.
+//! body ends its call with `invalid` before any KV effect. A `renew_many` body is
+//! accepted only with 1 to 256 in-bound renewals of distinct keys.
 #![no_main]
 
 use std::time::Instant;
 
 use dagnats_leases_core::call::{Call, CallConfig, CallEvent};
-use dagnats_leases_core::wire::{Endpoint, ErrorKind, Request};
+use dagnats_leases_core::wire::{Endpoint, ErrorKind, MAX_RENEW_MANY, Request, decode_renew_many};
 use libfuzzer_sys::fuzz_target;
 
 fn name_ok(s: &str) -> bool {
@@ -18,7 +19,23 @@ fn ttl_ok(t: u64) -> bool {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, body)) = data.split_first() else { return };
-    let endpoint = Endpoint::ALL[pick as usize % Endpoint::ALL.len()];
+    let choice = pick as usize % (Endpoint::ALL.len() + 1);
+    if choice == Endpoint::ALL.len() {
+        match decode_renew_many(body) {
+            Ok(items) => {
+                assert!((1..=MAX_RENEW_MANY).contains(&items.len()));
+                assert_eq!(body.iter().find(|b| !b.is_ascii_whitespace()), Some(&b'{'));
+                let keys: std::collections::BTreeSet<&str> = items.iter().map(|r| r.key.as_str()).collect();
+                assert_eq!(keys.len(), items.len(), "a key twice");
+                for r in &items {
+                    assert!(name_ok(&r.key) && name_ok(&r.holder) && r.ttl_ms.is_none_or(ttl_ok));
+                }
+            }
+            Err(e) => assert_eq!(e.kind, ErrorKind::Invalid),
+        }
+        return;
+    }
+    let endpoint = Endpoint::ALL[choice];
     let decoded = Request::decode(endpoint, body);
     if decoded.is_ok() {
         // Only a JSON object names its fields (serde would read an array too).

@@ -1,10 +1,11 @@
 //! Holder worlds (`sim::holder_world`) shaped and steered by the input: its first
 //! bytes choose the nodes (bare holders, or members of a capped, balanced or
 //! semaphore group), the lease service (its known map on or off, one instance or
-//! two) and the faults within the bounds the core's property tests use;
-//! the rest are the world's draws (latencies, losses, pauses, restarts, health
-//! flips). After every step the world checks that nobody believes past the server's
-//! lease, never two at once, within the caps, and the applications' fenced writes.
+//! two), whether members batch their renewals, and the faults within the bounds the
+//! core's property tests use; the rest are the world's draws (latencies, losses,
+//! pauses, restarts, health flips). After every step the world checks that nobody
+//! believes past the server's lease, never two at once, within the caps, and the
+//! applications' fenced writes.
 #![no_main]
 
 use dagnats_leases_core::sim::holder_world::{App, Grouping, HolderWorld, Nodes, WorldParams};
@@ -20,17 +21,23 @@ fuzz_target!(|data: &[u8]| {
     let p = params(shape);
     let shown = format!("{p:?}");
     let mut world = HolderWorld::scripted(p, script.to_vec());
-    // The service keeps its known map, and serves as one instance or two.
+    // Shape byte 3's bits: 1 (bit 0) members take new ids on restart (in `params`),
+    // 2 (bit 1) the service keeps its known map, 4 (bit 2) it serves as two
+    // instances, 8 (bit 3) members batch their renewals into renew_many.
     if shape[3] & 2 == 2 {
         world = world.with_known();
     }
     if shape[3] & 4 == 4 {
         world = world.with_instances(2);
     }
+    if shape[3] & 8 == 8 {
+        world = world.with_batching();
+    }
     let shown = format!(
-        "{shown}, known map {}, instances {}",
+        "{shown}, known map {}, instances {}, batching {}",
         shape[3] & 2 == 2,
-        1 + (shape[3] >> 2 & 1)
+        1 + (shape[3] >> 2 & 1),
+        shape[3] & 8 == 8
     );
     if let Err(v) = world.run() {
         panic!("{shown}: {v}");

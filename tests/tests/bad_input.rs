@@ -498,6 +498,7 @@ fn hostile_reply_subjects() -> Vec<String> {
         "api.leases.release",
         "api.leases.owner",
         "api.leases.forward",
+        "api.leases.renew_many",
         "api.leases.*",
         "$SRV.PING",
         "$SRV.INFO.dagnats-api",
@@ -602,6 +603,10 @@ async fn hostile_reply_subjects_are_not_answered_and_change_nothing(binary: Bina
         (
             "forward",
             json!({"key": "held-2", "payload": "aGk=", "timeout_ms": 200}),
+        ),
+        (
+            "renew_many",
+            json!({"leases": [{"key": "held-1", "holder": "fh", "revision": revs[1]}]}),
         ),
     ];
     let subjects = hostile_reply_subjects();

@@ -730,7 +730,8 @@ async fn the_service_registers_as_the_dagnats_api_micro_service() {
             "api.leases.forward",
             "api.leases.owner",
             "api.leases.release",
-            "api.leases.renew"
+            "api.leases.renew",
+            "api.leases.renew_many"
         ]
     );
     for e in endpoints {

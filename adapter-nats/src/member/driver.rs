@@ -14,6 +14,9 @@ use crate::cancellable::Cancellable;
 enum Handoff {
     Watched(String, Option<Subscriber>),
     Rejected(RejectId),
+    /// The service's `$SRV.INFO` answer (`None`: none came): whether the campaign
+    /// may batch renewals.
+    ServiceInfo(Option<Vec<u8>>),
 }
 
 /// What came of a request, for the machine.
@@ -43,6 +46,14 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     // How to drop each subscribe and reject under way, as the machine says.
     let mut subscribing: Cancellable<String> = Cancellable::new();
     let mut rejecting: Cancellable<RejectId> = Cancellable::new();
+    // Whether the service takes renewals in one request: until it says so, and
+    // with no answer, one by one.
+    let nats = shared.nats.clone();
+    handoffs.push(Box::pin(async move {
+        let subject = dagnats_leases_core::service::micro::info_subject();
+        let info = nats.request(subject, bytes::Bytes::new()).await;
+        Some(Handoff::ServiceInfo(info.ok().map(|m| m.payload.to_vec())))
+    }));
     loop {
         let (requests, events, wake, new_inboxes, member_alive) = {
             let mut state = shared.lock();
@@ -157,6 +168,10 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                         rejecting.finished(&id);
                         shared.lock().campaign.handle_reject_sent(now, id);
                     }
+                    Some(Handoff::ServiceInfo(Some(info))) => {
+                        shared.lock().campaign.handle_service_info(&info);
+                    }
+                    Some(Handoff::ServiceInfo(None)) => {}
                 }
             }
             _ = sleep => {

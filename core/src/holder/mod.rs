@@ -693,6 +693,33 @@ impl Holder {
         }
     }
 
+    /// An owner whose next renewal is due by `by` renews now instead, earlier than
+    /// its schedule (never later): so that renewals due close together go out in
+    /// one batch. Not while a request is in flight, recovering with an acquire, or
+    /// retrying after a failure (its backoff stands). Whether it renews now.
+    pub(crate) fn renew_early(&mut self, now: Instant, by: Instant) -> bool {
+        match self.phase {
+            Phase::Owner {
+                ownership,
+                next_at,
+                recovering: false,
+            } if self.in_flight.is_none()
+                && self.failures == 0
+                && next_at <= by
+                && now < ownership.deadline =>
+            {
+                self.phase = Phase::Owner {
+                    ownership,
+                    next_at: next_at.min(now),
+                    recovering: false,
+                };
+                self.drive(now);
+                self.in_flight.is_some()
+            }
+            _ => false,
+        }
+    }
+
     /// Asks again now, as after a change event that may have freed the key.
     pub(crate) fn ask_now(&mut self, now: Instant) {
         let quiet = self.quiet_until;

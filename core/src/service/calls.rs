@@ -103,7 +103,14 @@ impl Service {
         };
         self.acquire_ended(Some(&running.scope), running.acquiring.as_deref());
         let took = now.saturating_duration_since(running.started);
-        self.answered(now, running.endpoint, running.reply, response, took);
+        self.answered_or_gathered(
+            now,
+            running.item,
+            running.endpoint,
+            running.reply,
+            response,
+            took,
+        );
         let tenant = running.scope.map(|c| c.account);
         self.admission.handle_finished_of(now, tenant);
     }

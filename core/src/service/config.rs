@@ -61,6 +61,9 @@ pub struct ServiceConfig {
     /// How many keys' last revisions the service remembers (0: none, no change
     /// events subscribed for them).
     pub known_capacity: usize,
+    /// Whether the service serves `renew_many` (many renewals in one request) and
+    /// advertises it in `$SRV.INFO`; off, it is a service of the five endpoints alone.
+    pub renew_many: bool,
     /// Test stand-in: answer from unconfirmed reads even on a replicated bucket, to
     /// show what the fault tests catch without read confirmation.
     #[cfg(any(test, feature = "__test"))]
@@ -88,6 +91,7 @@ impl ServiceConfig {
             max_leases_per_tenant: None,
             tenant_accounts: TenantAccounts::default(),
             known_capacity: DEFAULT_KNOWN_CAPACITY,
+            renew_many: true,
             #[cfg(any(test, feature = "__test"))]
             unconfirmed_reads_for_tests: false,
         }

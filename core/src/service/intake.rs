@@ -35,6 +35,9 @@ impl Service {
             Tenancy::Accounts => tenant::tenant_endpoint_of(&message.subject).map(|(_, e)| e),
         };
         let Some(endpoint) = name.and_then(Endpoint::from_subject) else {
+            if name == Some(crate::wire::RENEW_MANY) {
+                self.handle_renew_many(now, wall, message);
+            }
             return;
         };
         let Some(scope) = self.gate(now, RequestSource::Api, &message) else {
@@ -76,6 +79,7 @@ impl Service {
             acquiring: None,
             at: now,
             wall,
+            item: None,
         };
         if let Ok(Some(caller)) = &pending.scope {
             match self
@@ -94,7 +98,7 @@ impl Service {
 
     /// The reply rule: the caller's scope when the reply may go out, else `None`
     /// (counted, and logged at most once per interval).
-    fn gate(
+    pub(super) fn gate(
         &mut self,
         now: Instant,
         source: RequestSource,
@@ -132,13 +136,7 @@ impl Service {
     }
 
     fn handle_change(&mut self, message: &Received) {
-        let header = |name: &str| {
-            message
-                .headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let header = |name: &str| message.header(name);
         if let Some(known) = &mut self.known {
             known.handle_change(&message.subject, header, &message.payload);
         }
@@ -221,6 +219,10 @@ impl Service {
                 AdmissionEvent::Refuse(endpoint, pending, response) => {
                     self.acquire_ended(pending.scope.as_ref().ok(), pending.acquiring.as_deref());
                     self.events.push_back(ServiceEvent::Refused { endpoint });
+                    if let Some(item) = pending.item {
+                        self.item_answered(now, item, response, Duration::ZERO);
+                        continue;
+                    }
                     self.micro
                         .handle_answered(endpoint, &response, Duration::ZERO);
                     self.reply(now, pending.reply, response.to_json());
@@ -234,8 +236,9 @@ impl Service {
         let wall = pending.wall + now.saturating_duration_since(pending.at);
         let scope = match pending.scope {
             Err(refused) => {
-                self.answered(
+                self.answered_or_gathered(
                     now,
+                    pending.item,
                     endpoint,
                     pending.reply,
                     Response::Error(refused),
@@ -247,6 +250,7 @@ impl Service {
             Ok(scope) => scope,
         };
         let acquiring = pending.acquiring;
+        let item = pending.item;
         let call = Call::new_scoped(
             self.call_config,
             scope.clone(),
@@ -271,6 +275,7 @@ impl Service {
                 sent: Vec::new(),
                 shard,
                 floor,
+                item,
             },
         );
         self.drive(now, token);

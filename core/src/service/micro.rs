@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::subjects::{QUEUE_GROUP, SERVICE_NAME};
-use crate::wire::{Endpoint, Response};
+use crate::wire::{Endpoint, ErrorReply, RENEW_MANY, Response, renew_many_subject};
 
 /// The description every instance announces in `$SRV.INFO`.
 pub const DESCRIPTION: &str = "dagnats leases: leader election and shard ownership over NATS";
@@ -59,6 +59,8 @@ pub struct MicroService {
     version: String,
     started: OffsetDateTime,
     stats: [EndpointStats; 5],
+    /// The `renew_many` endpoint's counts, when the service serves it.
+    renew_many: Option<EndpointStats>,
 }
 
 impl MicroService {
@@ -70,7 +72,34 @@ impl MicroService {
             version: version.into(),
             started,
             stats: Default::default(),
+            renew_many: None,
         }
+    }
+
+    /// This instance serves `renew_many` too: `$SRV.INFO` and `$SRV.STATS` list it
+    /// after the five, so a holder library can tell it may batch its renewals.
+    pub fn with_renew_many(mut self) -> Self {
+        self.renew_many = Some(EndpointStats::default());
+        self
+    }
+
+    /// A `renew_many` request was answered after `took`: with its results (`None`),
+    /// or with one error for the whole request.
+    pub fn handle_many_answered(&mut self, error: Option<&ErrorReply>, took: Duration) {
+        let Some(stats) = &mut self.renew_many else {
+            return;
+        };
+        stats.requests += 1;
+        stats.processing += took;
+        if let Some(e) = error {
+            stats.errors += 1;
+            stats.last_error = format!("{}: {}", e.kind.as_str(), e.error);
+        }
+    }
+
+    /// Requests answered so far at `renew_many`, when served.
+    pub fn renew_many_requests(&self) -> Option<u64> {
+        self.renew_many.as_ref().map(|s| s.requests)
     }
 
     /// This instance's id.
@@ -144,12 +173,17 @@ impl MicroService {
                 "description": DESCRIPTION,
                 "version": self.version,
                 "metadata": {},
-                "endpoints": Endpoint::ALL.map(|e| json!({
-                    "name": e.name(),
-                    "subject": e.subject(),
-                    "queue_group": QUEUE_GROUP,
-                    "metadata": {},
-                })),
+                "endpoints": Endpoint::ALL
+                    .map(|e| (e.name(), e.subject()))
+                    .into_iter()
+                    .chain(self.renew_many.as_ref().map(|_| (RENEW_MANY, renew_many_subject())))
+                    .map(|(name, subject)| json!({
+                        "name": name,
+                        "subject": subject,
+                        "queue_group": QUEUE_GROUP,
+                        "metadata": {},
+                    }))
+                    .collect::<Vec<_>>(),
             }),
             MicroVerb::Stats => json!({
                 "type": "io.nats.micro.v1.stats_response",
@@ -158,29 +192,58 @@ impl MicroService {
                 "version": self.version,
                 "started": self.started.format(&Rfc3339).unwrap_or_default(),
                 "metadata": {},
-                "endpoints": Endpoint::ALL.map(|e| self.endpoint_stats(e)),
+                "endpoints": Endpoint::ALL
+                    .map(|e| stats_json(e.name(), e.subject(), &self.stats[index(e)]))
+                    .into_iter()
+                    .chain(self.renew_many.as_ref().map(|s| {
+                        stats_json(RENEW_MANY, renew_many_subject(), s)
+                    }))
+                    .collect::<Vec<_>>(),
             }),
         };
         value.to_string().into_bytes()
     }
+}
 
-    fn endpoint_stats(&self, endpoint: Endpoint) -> Value {
-        let s = &self.stats[index(endpoint)];
-        let average = match u32::try_from(s.requests) {
-            Ok(n) if n > 0 => s.processing / n,
-            _ => Duration::ZERO,
-        };
-        json!({
-            "name": endpoint.name(),
-            "subject": endpoint.subject(),
-            "queue_group": QUEUE_GROUP,
-            "num_requests": s.requests,
-            "num_errors": s.errors,
-            "processing_time": nanos(s.processing),
-            "average_processing_time": nanos(average),
-            "last_error": s.last_error,
-        })
-    }
+fn stats_json(name: &str, subject: String, s: &EndpointStats) -> Value {
+    let average = match u32::try_from(s.requests) {
+        Ok(n) if n > 0 => s.processing / n,
+        _ => Duration::ZERO,
+    };
+    json!({
+        "name": name,
+        "subject": subject,
+        "queue_group": QUEUE_GROUP,
+        "num_requests": s.requests,
+        "num_errors": s.errors,
+        "processing_time": nanos(s.processing),
+        "average_processing_time": nanos(average),
+        "last_error": s.last_error,
+    })
+}
+
+/// Where a holder library asks every instance of this service for its endpoints:
+/// `$SRV.INFO.dagnats-api` (the first answer is the one read).
+pub fn info_subject() -> String {
+    format!("$SRV.{}.{SERVICE_NAME}", MicroVerb::Info.token())
+}
+
+/// Whether a `$SRV.INFO` answer is this service's and lists `renew_many` among its
+/// endpoints: what a holder library reads before it batches renewals. Anything
+/// else (another service, a body that does not parse, an older service) is `false`.
+pub fn advertises_renew_many(info: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<Value>(info) else {
+        return false;
+    };
+    value.get("name").and_then(Value::as_str) == Some(SERVICE_NAME)
+        && value
+            .get("endpoints")
+            .and_then(Value::as_array)
+            .is_some_and(|endpoints| {
+                endpoints
+                    .iter()
+                    .any(|e| e.get("name").and_then(Value::as_str) == Some(RENEW_MANY))
+            })
 }
 
 fn nanos(d: Duration) -> u64 {

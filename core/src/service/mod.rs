@@ -68,6 +68,7 @@ mod intake;
 mod intake_order;
 pub mod micro;
 mod parts;
+mod renew_many;
 pub mod replicas;
 mod replies;
 pub mod shutdown;
@@ -169,6 +170,8 @@ struct Pending {
     /// as moved on by the monotonic time since.
     at: Instant,
     wall: OffsetDateTime,
+    /// An item of a `renew_many` request: its outcome goes to the gather.
+    item: Option<renew_many::Item>,
 }
 
 impl Pending {
@@ -196,6 +199,8 @@ struct Running {
     /// it when the call started: every write of the call must be stored above.
     shard: usize,
     floor: u64,
+    /// An item of a `renew_many` request: its outcome goes to the gather.
+    item: Option<renew_many::Item>,
 }
 
 /// Where the service is.
@@ -252,6 +257,8 @@ pub struct Service {
     /// replicas check's last sequences): a write stored at or below it went to a
     /// stream whose sequence went back.
     floors: Vec<u64>,
+    /// The `renew_many` requests whose items run.
+    gathers: renew_many::Gathers,
 }
 
 impl Service {
@@ -260,7 +267,10 @@ impl Service {
     /// version (the client has not had the server's INFO) it refuses to start
     /// ([`ServiceEvent::StartRefused`]) and asks for nothing.
     pub fn new(config: ServiceConfig, wall: OffsetDateTime, now: Instant) -> Self {
-        let micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
+        let mut micro = MicroService::new(config.instance_id.clone(), config.version.clone(), wall);
+        if config.renew_many {
+            micro = micro.with_renew_many();
+        }
         let startup = Startup::new(
             config.bucket,
             &config.server_version,
@@ -308,6 +318,7 @@ impl Service {
             refused: None,
             health: None,
             floors: vec![0; config.bucket.shards.count() as usize],
+            gathers: renew_many::Gathers::default(),
             phase: Phase::Starting(Box::new(startup)),
             mode: Mode::Starting,
             call_config,
@@ -350,6 +361,7 @@ impl Service {
                         kind: SubscriptionKind::Api,
                     });
                 }
+                self.subscribe_renew_many();
             }
             // Every tenant's endpoints, `api.leases.<account>.<endpoint>`.
             Tenancy::Accounts => self.events.push_back(ServiceEvent::Subscribe {

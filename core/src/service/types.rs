@@ -27,6 +27,16 @@ pub struct Received {
     pub header_error: Option<String>,
 }
 
+impl Received {
+    /// The value of the first header named `name`, as the connection read it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// What a subscription the service wants is for (which connection takes it is the
 /// adapter's: the documented deployment serves on one user and reads change
 /// events on the other).

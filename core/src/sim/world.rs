@@ -214,13 +214,7 @@ impl World {
             return;
         };
         for message in self.events.drain(..) {
-            let header = |name: &str| {
-                message
-                    .headers
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.as_str())
-            };
+            let header = |name: &str| message.header(name);
             known.handle_change(&message.subject, header, &message.payload);
         }
         for k in 0..self.keys {

@@ -617,6 +617,61 @@ fn health_worlds_step_down_for_health_and_elect_again() {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Members batching their renewals into `renew_many` requests (the service
+    /// advertises it), each item its own renew call at the service, under the faults
+    /// of the other member worlds (a lost batch reply loses every renewal in it at
+    /// once): nobody believes past the server's lease, never two at once, never more
+    /// than the cap, and the fenced store sees no fence go back.
+    #[test]
+    fn members_batching_renewals_keep_every_invariant(
+        seed in any::<u64>(),
+        members in 2usize..5,
+        shards in 2usize..8,
+        grouping in 0usize..3,
+        loss_percent in 0u64..30,
+        pause_every_ms in 0u64..20_000,
+        known in any::<bool>(),
+    ) {
+        let mut p = grouped(member_params(seed, members, shards, seed % 2 == 0), GROUPINGS[grouping]);
+        p.loss_percent = loss_percent;
+        p.pause_every_ms = pause_every_ms;
+        p.app = App::IgnoresRevocation;
+        let mut world = HolderWorld::new(p).with_batching();
+        if known {
+            world = world.with_known();
+        }
+        if let Err(v) = world.run() {
+            prop_assert!(false, "seed {}: {}", seed, v);
+        }
+    }
+}
+
+/// The batching worlds exercise what they claim: renewals go out in batches of more
+/// than one, and keys are elected and renewed all the same. The counts are printed
+/// (`--show-output`).
+#[test]
+fn batching_worlds_send_batches_and_still_elect_and_renew() {
+    let mut total = Stats::default();
+    for seed in 0..9 {
+        let mut p = member_params(seed, 2, 6, false);
+        p.app = App::IgnoresRevocation;
+        let mut world = HolderWorld::new(p).with_batching();
+        world.run().unwrap_or_else(|v| panic!("seed {seed}: {v}"));
+        total.batches += world.stats.batches;
+        total.batched_renewals += world.stats.batched_renewals;
+        total.elections += world.stats.elections;
+        total.renewals += world.stats.renewals;
+    }
+    println!("{total:?}");
+    assert!(total.batches > 50, "{total:?}");
+    assert!(total.batched_renewals > 2 * total.batches, "{total:?}");
+    assert!(total.elections > 50, "{total:?}");
+    assert!(total.renewals > 200, "{total:?}");
+}
+
 /// The service in these worlds is the one deployed, feeding its own known map
 /// from its calls and from the change events it subscribes to: with the map, a
 /// renewal goes straight to its conditional write. One holder renewing its lease

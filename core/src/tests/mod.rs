@@ -3,6 +3,7 @@
 mod acquire_wait;
 mod admit;
 mod campaign;
+mod campaign_batch;
 mod coalesce;
 mod coalesce_props;
 mod confirm;
@@ -21,6 +22,8 @@ mod priority_world;
 mod properties;
 mod proto;
 mod relay;
+mod renew_many_service;
+mod renew_many_wire;
 mod replicas;
 mod reply_scope;
 mod rules;

@@ -24,7 +24,7 @@ pub(super) fn config() -> ServiceConfig {
 }
 
 /// A world serving once startup's stream info is answered.
-fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
+pub(super) fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
     let mut w = ServiceWorld::new(config, replicas);
     // The bucket's stream info, then the other layout's (not found).
     while w.service.mode() != Mode::Ready && !w.in_flight().is_empty() {
@@ -40,7 +40,7 @@ fn serving(config: ServiceConfig, replicas: usize) -> ServiceWorld {
     w
 }
 
-fn acquire(w: &mut ServiceWorld, holder: &str, key: &str) -> String {
+pub(super) fn acquire(w: &mut ServiceWorld, holder: &str, key: &str) -> String {
     let reply = w.request(
         Endpoint::Acquire,
         json!({"key": key, "holder": holder, "ttl_ms": 5000}),
@@ -80,7 +80,8 @@ fn it_subscribes_to_the_endpoints_in_the_queue_group_the_verbs_and_the_changes()
         .iter()
         .filter(|s| s.2 == SubscriptionKind::Api)
         .collect();
-    assert_eq!(api.len(), 5);
+    assert_eq!(api.len(), 6, "the five, and renew_many");
+    assert!(api.iter().any(|s| s.0 == "api.leases.renew_many"));
     assert!(api.iter().all(|s| s.1 == Some("dagnats-leases")));
     assert_eq!(
         subs.iter().filter(|s| s.2 == SubscriptionKind::Srv).count(),
@@ -735,7 +736,7 @@ pub(super) fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<Service
 }
 
 /// The replies `s` sent, drained.
-fn replies(s: &mut Service) -> Vec<(String, Vec<u8>)> {
+pub(super) fn replies(s: &mut Service) -> Vec<(String, Vec<u8>)> {
     std::iter::from_fn(|| s.poll_event())
         .filter_map(|e| match e {
             ServiceEvent::Reply { to, body, .. } => Some((to, body)),

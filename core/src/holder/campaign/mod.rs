@@ -130,10 +130,11 @@ use crate::holder::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
-use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
 use crate::outbox::{Due, Handoff, Ids, Requests};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
+mod batch;
 mod groups;
 mod handoff;
 mod health;
@@ -143,6 +144,7 @@ mod rebalance;
 mod semaphore;
 mod timers;
 
+pub use batch::EARLY_WINDOW_DIVISOR;
 use handoff::Handoffs;
 pub use handoff::RejectId;
 use health::Health;
@@ -347,6 +349,8 @@ pub struct Campaign {
     /// Subscribes and rejects handed to the client, until done or given up (boxed:
     /// seldom touched, kept out of the machine's inline size).
     handoffs: Box<Handoffs>,
+    /// Renewals sent together in one request, where the service takes them so.
+    batching: Box<batch::Batching>,
 }
 
 impl Campaign {
@@ -376,6 +380,7 @@ impl Campaign {
             renew_unclear: BTreeSet::new(),
             owned: BTreeSet::new(),
             handoffs: Box::default(),
+            batching: Box::default(),
         })
     }
 
@@ -399,7 +404,11 @@ impl Campaign {
         if self.out.requests.iter().any(|r| r.id == id) {
             return;
         }
-        self.deliver(now, id, outcome);
+        if self.is_batch(id) {
+            self.deliver_batch(now, id, outcome);
+        } else {
+            self.deliver(now, id, outcome);
+        }
         self.settle(now);
     }
 
@@ -447,6 +456,7 @@ impl Campaign {
                 self.events.push_back(CampaignEvent::Cancel { id });
             }
         }
+        self.cancel_spent_batches();
         self.handoffs.give_up(now, &mut self.events);
         // Queued requests at their holder's timeout are cancelled first: never sent,
         // they are not an unknown outcome.
@@ -475,6 +485,14 @@ impl Campaign {
     /// fed back or [`CampaignEvent::Cancel`] names it.
     pub fn poll_transmit(&mut self) -> Option<CampaignTransmit> {
         let transmit = self.out.requests.pop_front()?;
+        let transmit = self.batch_with(transmit);
+        if let Some(key) = self.batch_key(transmit.id) {
+            return Some(CampaignTransmit {
+                key,
+                endpoint: Endpoint::Renew,
+                transmit,
+            });
+        }
         // Every queued request has its route: one taken is unqueued with it.
         let route = self.out.routes.get(&transmit.id)?;
         Some(CampaignTransmit {
@@ -522,6 +540,7 @@ impl Campaign {
             changed |= self.rebalance(now);
             self.drain(now);
             changed |= self.pump(now);
+            changed |= self.renew_due_early(now);
             if !changed {
                 break;
             }

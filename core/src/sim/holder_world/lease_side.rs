@@ -13,7 +13,7 @@ use super::{Ev, HolderWorld, Instance};
 use crate::io::RequestOutcome;
 use crate::service::{Received, ServiceConfig, ServiceEvent, SubscriptionKind};
 use crate::sim::server::{republished, started};
-use crate::wire::{ErrorKind, Response};
+use crate::wire::{ErrorKind, ErrorReply, RenewManyReply, RenewManyResult, Response};
 
 /// The service of a holder world: the simulated server's version and payload
 /// bound, a stop that cuts its calls off at once, and its known map on or off.
@@ -41,8 +41,17 @@ impl HolderWorld {
                 let inbox = format!("_INBOX.h{h}.{}", self.next_inbox);
                 let asked = (h, generation, request.id, request.endpoint);
                 self.inboxes.insert(inbox.clone(), asked);
+                // A member's batch of renewals goes to `renew_many`.
+                let subject = match crate::wire::decode_renew_many(&request.body) {
+                    Ok(items) if request.body.starts_with(b"{\"leases\":") => {
+                        self.stats.batches += 1;
+                        self.stats.batched_renewals += items.len() as u64;
+                        crate::wire::renew_many_subject()
+                    }
+                    _ => request.endpoint.subject(),
+                };
                 let message = Received {
-                    subject: request.endpoint.subject(),
+                    subject,
                     reply: Some(inbox),
                     headers: Vec::new(),
                     payload: request.body,
@@ -177,12 +186,19 @@ impl HolderWorld {
         let Some((h, generation, id, endpoint)) = self.inboxes.remove(to) else {
             return;
         };
-        if matches!(
-            Response::decode(endpoint, &body),
-            Ok(Response::Error(e)) if e.kind == ErrorKind::Internal
-        ) {
-            self.stats.internal_replies += 1;
-        }
+        let internal = |e: &ErrorReply| e.kind == ErrorKind::Internal;
+        self.stats.internal_replies += match RenewManyReply::decode(&body) {
+            // A batch's reply: each item's internal error counts as a renew's.
+            Ok(Ok(many)) => many
+                .results
+                .iter()
+                .filter(|r| matches!(r, RenewManyResult::Failed { error, .. } if internal(error)))
+                .count() as u64,
+            _ => u64::from(matches!(
+                Response::decode(endpoint, &body),
+                Ok(Response::Error(e)) if internal(&e)
+            )),
+        };
         if !self.rng.chance(self.p.loss_percent) {
             let at = self.t + self.latency();
             let outcome = RequestOutcome::reply(body);

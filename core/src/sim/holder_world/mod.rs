@@ -25,7 +25,11 @@
 //!    a member hears change events only for keys whose subscribe was made, and the
 //!    campaign gives up a subscribe only while it is under way and not before
 //!    [`HANDOFF_BOUND`] after it asked for it (by its own clock); invariants 1 to 3
-//!    hold with the wake-ups lost.
+//!    hold with the wake-ups lost;
+//! 6. in member worlds with batching ([`HolderWorld::with_batching`]): the service
+//!    advertises `renew_many`, members send the renewals due together in one
+//!    request, the service runs each item as its own renew call and answers once
+//!    all are in; invariants 1 to 3 hold as with single renewals.
 
 mod checks;
 mod lease_side;
@@ -134,6 +138,8 @@ pub struct HolderWorld {
     /// hang past the hand-off bound, percent, and the draws of their delays (apart
     /// from the world's, so its other draws replay as without).
     slow_subscribes: Option<(u64, Rng)>,
+    /// With [`HolderWorld::with_batching`]: members batch their renewals.
+    batching: bool,
 }
 
 /// One instance of the lease service in the world.
@@ -228,6 +234,7 @@ impl HolderWorld {
             known: false,
             changes_refused: false,
             slow_subscribes: None,
+            batching: false,
         };
         world.start_instances(1);
         if world.p.app != App::None {
@@ -282,6 +289,16 @@ impl HolderWorld {
     pub fn with_slow_subscribes(mut self, percent: u64) -> Self {
         let draws = Rng::new(self.p.seed ^ 0x5AB5_C41B, Vec::new());
         self.slow_subscribes = Some((percent, draws));
+        self
+    }
+
+    /// The same world with the service advertising `renew_many` to every member
+    /// (invariant 6): renewals due together go out in one request.
+    pub fn with_batching(mut self) -> Self {
+        self.batching = true;
+        for h in 0..self.holders.len() {
+            self.tell_batching(h);
+        }
         self
     }
 

@@ -321,13 +321,7 @@ impl HolderWorld {
             .iter()
             .map(|m| {
                 let message = republished(self.js.epoch, m);
-                let header = |name: &str| {
-                    message
-                        .headers
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map(|(_, v)| v.as_str())
-                };
+                let header = |name: &str| message.header(name);
                 (
                     m.key.clone(),
                     ChangeEvent::from_parts(header, &message.payload),
@@ -341,6 +335,17 @@ impl HolderWorld {
                 let generation = self.holders[h].generation;
                 self.schedule(at, Ev::Change(h, generation, key.clone(), event.clone()));
             }
+        }
+    }
+
+    /// Member `h` reads the service's INFO: `renew_many` listed, with batching.
+    pub(super) fn tell_batching(&mut self, h: usize) {
+        if let (true, Machine::Member { campaign, .. }) =
+            (self.batching, &mut self.holders[h].machine)
+        {
+            campaign.handle_service_info(
+                br#"{"name":"dagnats-api","endpoints":[{"name":"renew_many"}]}"#,
+            );
         }
     }
 
@@ -559,6 +564,7 @@ impl HolderWorld {
                 sim.subscribing.clear();
                 sim.subscribed.clear();
                 self.stats.recreations += 1;
+                self.tell_batching(h);
                 self.tell_health(h);
                 if !self.paused(h) {
                     self.drain_holder(h);

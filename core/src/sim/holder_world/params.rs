@@ -187,4 +187,8 @@ pub struct Stats {
     pub service_writes: u64,
     /// Subscribes the campaigns gave up ([`HolderWorld::with_slow_subscribes`]).
     pub subscribes_given_up: u64,
+    /// `renew_many` requests that reached the service ([`HolderWorld::with_batching`]).
+    pub batches: u64,
+    /// The renewals the `renew_many` requests carried.
+    pub batched_renewals: u64,
 }

@@ -213,6 +213,9 @@ impl ServiceWorld {
         }
         asked.answered = true;
         let Some(endpoint) = asked.endpoint else {
+            if let Some(n) = self.many.remove(to) {
+                return self.check_many_reply(to, n, body);
+            }
             return Ok(());
         };
         let asked = asked.clone();
@@ -254,6 +257,51 @@ impl ServiceWorld {
             _ => {}
         }
         self.replies.push((to.to_string(), response));
+        Ok(())
+    }
+
+    /// A `renew_many` reply: every item answered by it, each renewed item backed by
+    /// its own record, the results in request order.
+    fn check_many_reply(&mut self, to: &str, n: usize, body: &[u8]) -> Result<(), String> {
+        self.many_replies.push((to.to_string(), body.to_vec()));
+        let items: Vec<Asked> = (0..n)
+            .filter_map(|i| {
+                let asked = self.asked.get_mut(&format!("{to}#{i}"))?;
+                asked.answered = true;
+                Some(asked.clone())
+            })
+            .collect();
+        let answer = crate::wire::RenewManyReply::decode(body)
+            .map_err(|e| format!("a renew_many reply that does not decode: {e}"))?;
+        let Ok(reply) = answer else {
+            return Ok(());
+        };
+        if reply.results.len() != n {
+            return Err(format!(
+                "{to}: {} results for {n} items",
+                reply.results.len()
+            ));
+        }
+        for (asked, result) in items.iter().zip(&reply.results) {
+            if result.key() != asked.key {
+                return Err(format!(
+                    "{to}: result for {} in {}'s place",
+                    result.key(),
+                    asked.key
+                ));
+            }
+            if let crate::wire::RenewManyResult::Renewed(l) = result {
+                let record = self.sim.at(l.revision).and_then(SimMsg::record);
+                if l.holder != asked.holder
+                    || record.as_ref().map(|r| r.holder.as_str()) != Some(asked.holder.as_str())
+                {
+                    return Err(format!(
+                        "batched renew of {} not backed by its record: {l:?}",
+                        asked.holder
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -110,6 +110,10 @@ pub struct ServiceWorld {
     fences: BTreeMap<String, u64>,
     /// Replies by endpoint kind, for the tests' counts.
     pub replies: Vec<(String, Response)>,
+    /// The `renew_many` requests let through: their reply subject and how many items.
+    many: BTreeMap<String, usize>,
+    /// The bodies of the replies to `renew_many` requests, by reply subject.
+    pub many_replies: Vec<(String, Vec<u8>)>,
     /// Every event the service reported, in order.
     pub events: Vec<ServiceEvent>,
     /// When the stop came, in virtual ms.
@@ -159,6 +163,8 @@ impl ServiceWorld {
             next_request: 0,
             fences: BTreeMap::new(),
             replies: Vec::new(),
+            many: BTreeMap::new(),
+            many_replies: Vec::new(),
             events: Vec::new(),
             stopped_at: None,
             done_at: None,
@@ -318,16 +324,61 @@ impl ServiceWorld {
                 answered: !good_reply,
             },
         );
+        self.send(endpoint.subject(), &reply, &body);
+        reply
+    }
+
+    /// Sends a `renew_many` request with `body`, as [`ServiceWorld::request`] does;
+    /// each item is asked as a renew of its own (`<reply>#<i>`), so that its writes
+    /// are checked as a renew's, and answered by the request's one reply.
+    pub fn request_many(&mut self, body: serde_json::Value, good_reply: bool) -> String {
+        self.next_request += 1;
+        let reply = if good_reply {
+            format!("_INBOX.many.{}", self.next_request)
+        } else {
+            format!("$KV.leases.k{}", self.next_request % 3)
+        };
+        let items = body["leases"].as_array().cloned().unwrap_or_default();
+        for (i, item) in items.iter().enumerate() {
+            self.asked.insert(
+                format!("{reply}#{i}"),
+                Asked {
+                    endpoint: Some(Endpoint::Renew),
+                    holder: item["holder"].as_str().unwrap_or_default().to_string(),
+                    key: item["key"].as_str().unwrap_or_default().to_string(),
+                    revision: item["revision"].as_u64(),
+                    answered: !good_reply,
+                },
+            );
+        }
+        self.asked.insert(
+            reply.clone(),
+            Asked {
+                endpoint: None,
+                holder: String::new(),
+                key: String::new(),
+                revision: None,
+                answered: !good_reply,
+            },
+        );
+        if good_reply {
+            self.many.insert(reply.clone(), items.len());
+        }
+        self.send(crate::wire::renew_many_subject(), &reply, &body);
+        reply
+    }
+
+    /// Hands the service `body` on `subject` with `reply`, as its subscription would.
+    fn send(&mut self, subject: String, reply: &str, body: &serde_json::Value) {
         let message = Received {
-            subject: endpoint.subject(),
-            reply: Some(reply.clone()),
+            subject,
+            reply: Some(reply.to_string()),
             headers: Vec::new(),
             payload: body.to_string().into_bytes(),
             header_error: None,
         };
         self.service
             .handle_request(self.now(), self.sim.wall(), message);
-        reply
     }
 
     /// Answers the request in flight at `index` (mod their count).
@@ -458,6 +509,24 @@ impl ServiceWorld {
                     Some(record) if !arg.is_multiple_of(4) => record.holder,
                     _ => holder.to_string(),
                 };
+                if byte % 16 == 2 && arg.is_multiple_of(5) {
+                    // The key's renewal beside another key's, in one request.
+                    let other = KEYS[(usize::from(arg / 3) + 1) % KEYS.len()];
+                    let other_rev = self.sim.current(other).map_or(1, |m| m.seq);
+                    let other_holder = self
+                        .sim
+                        .current(other)
+                        .and_then(super::SimMsg::record)
+                        .map_or(holder.clone(), |r| r.holder);
+                    self.request_many(
+                        json!({"leases": [
+                            {"key": key, "holder": holder, "revision": revision},
+                            {"key": other, "holder": other_holder, "revision": other_rev},
+                        ]}),
+                        good,
+                    );
+                    return self.after_step();
+                }
                 let endpoint = if byte % 16 == 2 {
                     Endpoint::Renew
                 } else {
@@ -510,6 +579,11 @@ impl ServiceWorld {
             14 => self.stop(),
             _ => self.replace_stream(),
         }
+        self.after_step()
+    }
+
+    /// What every step ends with: the outputs drained and checked, a stop obeyed.
+    fn after_step(&mut self) -> Result<(), String> {
         self.drain()?;
         if self.stopped_at.is_some() {
             self.obey();

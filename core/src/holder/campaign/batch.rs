@@ -1,0 +1,229 @@
+//! Renewals in one request: where the service advertises `renew_many`
+//! ([`Campaign::handle_service_info`]), the renewals ready to send at once go out as
+//! one `api.leases.renew_many` request, and its reply is split back into one
+//! outcome per key, exactly the reply a renew of that key alone would have had: the
+//! holders' rules do not change.
+//!
+//! - **Never later than a key's own schedule.** A renewal due now pulls in the
+//!   owners whose next renewal is due within [`EARLY_WINDOW_DIVISOR`]th of their
+//!   TTL: they renew now, earlier than their schedule
+//!   (`Holder::renew_early`), never later; one that retries after a failure keeps
+//!   its backoff. Renewed together, their schedules stay together.
+//! - **One by one where the service cannot.** Batching is off until the service's
+//!   `$SRV.INFO` lists `renew_many`; a `renew_many` answered with no responders (an
+//!   older service, or one with it off) or refused whole as `invalid` (no item ran)
+//!   turns it off and sends its renewals again one by one at once.
+//! - **A whole-request answer is every item's.** `unavailable`, `forbidden` or
+//!   `internal` for the request, a timeout or a failure, is what each renewal in it
+//!   hears; a reply that does not read as the request's results is a failure (the
+//!   items may have been written: each holder treats it as an unknown outcome).
+//! - **Deadlines stay each renewal's.** A renewal in a batch times out at its own
+//!   deadline, as alone; once every renewal of a batch is answered or timed out, the
+//!   batch request is cancelled ([`CampaignEvent::Cancel`]).
+
+use super::*;
+use crate::wire::{MAX_RENEW_MANY, RenewManyReply, renew_many_subject};
+
+/// A renewal due now pulls in the owners due within a TTL divided by this.
+pub const EARLY_WINDOW_DIVISOR: u32 = 10;
+
+/// The renewals sent together, and whether the service takes them so.
+#[derive(Debug, Default)]
+pub(super) struct Batching {
+    /// Whether the service advertised `renew_many` and has not refused it since.
+    on: bool,
+    /// Batch requests out: their renewals (the campaign's ids and requests).
+    out: BTreeMap<EffectId, Vec<(EffectId, Transmit)>>,
+    /// The widest early window of the keys campaigned for, and for how many keys it
+    /// was worked out: the timers are scanned only that far ahead.
+    widest: Option<(usize, Duration)>,
+}
+
+impl Campaign {
+    /// What the lease service's `$SRV.INFO` answered: renewals go out in batches
+    /// only when it lists `renew_many`
+    /// ([`advertises_renew_many`](crate::service::micro::advertises_renew_many)).
+    pub fn handle_service_info(&mut self, info: &[u8]) {
+        self.batching.on = crate::service::micro::advertises_renew_many(info);
+    }
+
+    /// Whether renewals go out in batches now.
+    pub fn batches_renewals(&self) -> bool {
+        self.batching.on
+    }
+
+    /// With batching on and a renewal waiting to be sent, the owners due within
+    /// their early window renew now too. Whether any did.
+    pub(super) fn renew_due_early(&mut self, now: Instant) -> bool {
+        let waiting = self.out.requests.iter().any(|t| {
+            self.out
+                .routes
+                .get(&t.id)
+                .is_some_and(|r| r.endpoint == Endpoint::Renew)
+        });
+        if !self.batching.on || !waiting {
+            return false;
+        }
+        let widest = match self.batching.widest {
+            Some((n, widest)) if n == self.candidacies.len() => widest,
+            _ => {
+                let widest = self
+                    .candidacies
+                    .values()
+                    .map(|c| c.holder.config().ttl / EARLY_WINDOW_DIVISOR)
+                    .max()
+                    .unwrap_or_default();
+                self.batching.widest = Some((self.candidacies.len(), widest));
+                widest
+            }
+        };
+        let due: Vec<String> = self.timers.due(now + widest).cloned().collect();
+        let mut any = false;
+        for key in due {
+            let Some(candidacy) = self.candidacies.get_mut(&key) else {
+                continue;
+            };
+            let window = candidacy.holder.config().ttl / EARLY_WINDOW_DIVISOR;
+            if candidacy.holder.renew_early(now, now + window) {
+                self.touched.insert(key);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// `first`, just taken from the queue, with the other renewals waiting beside
+    /// it as one `renew_many` request, when batching is on and there are others.
+    pub(super) fn batch_with(&mut self, first: Transmit) -> Transmit {
+        let is_renew = |out: &Outbox, t: &Transmit| {
+            out.routes
+                .get(&t.id)
+                .is_some_and(|r| r.endpoint == Endpoint::Renew)
+        };
+        if !self.batching.on || !is_renew(&self.out, &first) {
+            return first;
+        }
+        let mut members = vec![first];
+        let mut rest = VecDeque::new();
+        while let Some(t) = self.out.requests.pop_front() {
+            if members.len() < MAX_RENEW_MANY && is_renew(&self.out, &t) {
+                members.push(t);
+            } else {
+                rest.push_back(t);
+            }
+        }
+        self.out.requests = rest;
+        if members.len() == 1 {
+            return members.pop().expect("one");
+        }
+        let id = self.out.ids.allocate();
+        let mut payload = b"{\"leases\":[".to_vec();
+        for (i, t) in members.iter().enumerate() {
+            if i > 0 {
+                payload.push(b',');
+            }
+            payload.extend_from_slice(&t.request.payload);
+        }
+        payload.extend_from_slice(b"]}");
+        let timeout = members
+            .iter()
+            .map(|t| t.request.timeout)
+            .min()
+            .expect("two or more");
+        let request = NatsRequest {
+            subject: renew_many_subject(),
+            headers: Vec::new(),
+            payload,
+            timeout,
+        };
+        let batch = Transmit::new(id, TransmitKind::Lease(Endpoint::Renew), request);
+        self.batching
+            .out
+            .insert(id, members.into_iter().map(|t| (t.id, t)).collect());
+        batch
+    }
+
+    /// Whether `id` is a batch request out.
+    pub(super) fn is_batch(&self, id: EffectId) -> bool {
+        self.batching.out.contains_key(&id)
+    }
+
+    /// The key of batch `id`'s first renewal, if `id` is a batch request out.
+    pub(super) fn batch_key(&self, id: EffectId) -> Option<String> {
+        let (first, _) = self.batching.out.get(&id)?.first()?;
+        self.out.routes.get(first).map(|r| r.key.clone())
+    }
+
+    /// What came of batch request `id`: each renewal in it hears its own outcome.
+    pub(super) fn deliver_batch(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+        let Some(members) = self.batching.out.remove(&id) else {
+            return;
+        };
+        let body = match &outcome {
+            RequestOutcome::NoResponders => None,
+            RequestOutcome::Reply { payload, .. } => Some(payload),
+            _ => {
+                for (member, _) in members {
+                    self.deliver(now, member, outcome.clone());
+                }
+                return;
+            }
+        };
+        let answer = body.map(|b| RenewManyReply::decode(b));
+        match answer {
+            // No responders, or refused whole before any item ran: one by one.
+            None
+            | Some(Ok(Err(ErrorReply {
+                kind: ErrorKind::Invalid,
+                ..
+            }))) => {
+                self.batching.on = false;
+                for (_, t) in members.into_iter().rev() {
+                    if self.out.routes.contains(&t.id) {
+                        self.out.requests.push_front(t);
+                    }
+                }
+            }
+            Some(Ok(Err(error))) => {
+                let body = wire::Response::Error(error).to_json();
+                for (member, _) in members {
+                    self.deliver(now, member, RequestOutcome::reply(body.clone()));
+                }
+            }
+            Some(Ok(Ok(reply)))
+                if reply.results.len() == members.len()
+                    && reply.results.iter().zip(&members).all(|(r, (m, _))| {
+                        self.out
+                            .routes
+                            .get(m)
+                            .is_none_or(|route| route.key == r.key())
+                    }) =>
+            {
+                for (result, (member, _)) in reply.results.iter().zip(members) {
+                    self.deliver(now, member, RequestOutcome::reply(result.renew_body()));
+                }
+            }
+            Some(Ok(Ok(_))) | Some(Err(_)) => {
+                let why = "the renew_many reply does not read as its request's results";
+                for (member, _) in members {
+                    self.deliver(now, member, RequestOutcome::Failed(why.to_string()));
+                }
+            }
+        }
+    }
+
+    /// Batches whose renewals are all answered or timed out: cancelled.
+    pub(super) fn cancel_spent_batches(&mut self) {
+        let spent: Vec<EffectId> = self
+            .batching
+            .out
+            .iter()
+            .filter(|(_, members)| members.iter().all(|(m, _)| !self.out.routes.contains(m)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in spent {
+            self.batching.out.remove(&id);
+            self.events.push_back(CampaignEvent::Cancel { id });
+        }
+    }
+}

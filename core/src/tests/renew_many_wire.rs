@@ -1,0 +1,190 @@
+//! The `renew_many` body: the renew request's fields per item, its bounds, and the
+//! reply's shape.
+
+use crate::wire::{
+    ErrorKind, ErrorReply, Lease, MAX_RENEW_MANY, RenewManyReply, RenewManyResult, Response,
+    decode_renew_many, renew_many_subject,
+};
+
+fn item(key: &str) -> String {
+    format!(r#"{{"key":"{key}","holder":"h","revision":7,"ttl_ms":15000}}"#)
+}
+
+fn body(items: &[String]) -> String {
+    format!(r#"{{"leases":[{}]}}"#, items.join(","))
+}
+
+/// Refused as a whole with `invalid`, the message naming each of `names`.
+fn rejects(body: &str, names: &[&str]) {
+    match decode_renew_many(body.as_bytes()) {
+        Ok(r) => panic!("accepted {body}: {r:?}"),
+        Err(e) => {
+            assert_eq!(e.kind, ErrorKind::Invalid, "{body}");
+            for name in names {
+                assert!(
+                    e.error.contains(name),
+                    "{body}: {:?} does not name {name}",
+                    e.error
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_subject_sits_beside_the_five() {
+    assert_eq!(renew_many_subject(), "api.leases.renew_many");
+}
+
+#[test]
+fn each_item_is_a_renew_request_in_order() {
+    let got = decode_renew_many(
+        body(&[
+            item("a"),
+            r#"{"key":"b","holder":"h2","revision":9}"#.to_string(),
+        ])
+        .as_bytes(),
+    )
+    .expect("valid");
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        (got[0].key.as_str(), got[0].revision, got[0].ttl_ms),
+        ("a", 7, Some(15000))
+    );
+    assert_eq!((got[1].key.as_str(), got[1].holder.as_str()), ("b", "h2"));
+    assert_eq!(got[1].ttl_ms, None, "ttl_ms stays optional, as on renew");
+}
+
+#[test]
+fn an_invalid_item_refuses_the_whole_request_naming_the_item_and_its_field() {
+    let ok = item("a");
+    let cases: [(&str, &[&str]); 8] = [
+        (r#"{"key":"b","holder":"h"}"#, &["leases[1]", "revision"]),
+        (
+            r#"{"key":"b.c","holder":"h","revision":1}"#,
+            &["leases[1]", "key"],
+        ),
+        (
+            r#"{"key":"b","holder":"","revision":1}"#,
+            &["leases[1]", "holder"],
+        ),
+        (
+            r#"{"key":"b","holder":"h","revision":1,"ttl_ms":1500}"#,
+            &["leases[1]", "ttl_ms"],
+        ),
+        (
+            r#"{"key":"b","holder":"h","revision":"1"}"#,
+            &["leases[1]", "revision"],
+        ),
+        (
+            r#"{"key":"b","holder":"h","revision":1,"ttl":1000}"#,
+            &["leases[1]", "ttl"],
+        ),
+        (r#"["b","h",1]"#, &["leases[1]", "object"]),
+        (r#""b""#, &["leases[1]", "object"]),
+    ];
+    for (bad, names) in cases {
+        rejects(&body(&[ok.clone(), bad.to_string()]), names);
+    }
+}
+
+#[test]
+fn a_key_twice_is_invalid() {
+    rejects(
+        &body(&[item("a"), item("b"), item("a")]),
+        &["leases[2]", "leases[0]", "key"],
+    );
+}
+
+#[test]
+fn one_to_the_bound_of_items() {
+    rejects(r#"{"leases":[]}"#, &["leases", "empty"]);
+    let most: Vec<String> = (0..MAX_RENEW_MANY)
+        .map(|i| item(&format!("k{i}")))
+        .collect();
+    assert_eq!(
+        decode_renew_many(body(&most).as_bytes())
+            .expect("at the bound")
+            .len(),
+        MAX_RENEW_MANY
+    );
+    let over: Vec<String> = (0..=MAX_RENEW_MANY)
+        .map(|i| item(&format!("k{i}")))
+        .collect();
+    rejects(&body(&over), &["leases", &MAX_RENEW_MANY.to_string()]);
+}
+
+#[test]
+fn the_body_is_an_object_with_leases_only() {
+    for (bad, name) in [
+        ("", "JSON"),
+        ("nope", "JSON"),
+        ("[]", "leases"),
+        (" []", "object"),
+        (r#"{}"#, "leases"),
+        (r#"{"leases":{}}"#, "leases"),
+        (r#"{"leases":[],"key":"a"}"#, "key"),
+        (r#"{"leases":null}"#, "leases"),
+    ] {
+        rejects(bad, &[name]);
+    }
+    rejects(&format!("{} x", body(&[item("a")])), &["JSON"]);
+}
+
+fn lease(key: &str, revision: u64) -> Lease {
+    Lease {
+        held: true,
+        key: key.to_string(),
+        holder: "h".to_string(),
+        revision,
+        acquired_at: "2026-10-18T12:00:00Z".to_string(),
+        expires_at: "2026-10-18T12:00:15Z".to_string(),
+        ttl_ms: 15000,
+    }
+}
+
+#[test]
+fn the_reply_lists_each_item_as_a_renew_would_reply_it() {
+    let lost = ErrorReply::new(ErrorKind::Lost, "the lease is not held");
+    let reply = RenewManyReply {
+        results: vec![
+            RenewManyResult::of("a", &Response::Lease(lease("a", 8))),
+            RenewManyResult::of("b", &Response::Error(lost.clone())),
+        ],
+    };
+    let json: serde_json::Value = serde_json::from_slice(&reply.to_json()).expect("JSON");
+    assert_eq!(
+        json,
+        serde_json::json!({"results": [
+            {"held": true, "key": "a", "holder": "h", "revision": 8,
+             "acquired_at": "2026-10-18T12:00:00Z", "expires_at": "2026-10-18T12:00:15Z",
+             "ttl_ms": 15000},
+            {"key": "b", "error": "the lease is not held", "kind": "lost"},
+        ]})
+    );
+    let back = RenewManyReply::decode(&reply.to_json())
+        .expect("parses")
+        .expect("results");
+    assert_eq!(back, reply);
+    // Each item reads back as the renew reply of its key alone.
+    assert_eq!(
+        back.results[0].renew_body(),
+        Response::Lease(lease("a", 8)).to_json()
+    );
+    assert_eq!(
+        back.results[1].renew_body(),
+        Response::Error(lost).to_json()
+    );
+    assert_eq!(back.results[1].key(), "b");
+}
+
+#[test]
+fn a_whole_request_error_reads_as_one() {
+    let body = br#"{"error":"the service is at its bound","kind":"unavailable"}"#;
+    let e = RenewManyReply::decode(body)
+        .expect("parses")
+        .expect_err("an error");
+    assert_eq!(e.kind, ErrorKind::Unavailable);
+    assert!(RenewManyReply::decode(b"{").is_err());
+    assert!(RenewManyReply::decode(br#"{"results":[{"key":"a"}]}"#).is_err());
+}
