@@ -588,8 +588,13 @@ impl Io {
                 }
             }
             ServiceEvent::Fatal(why) => return Err(Error::new(ServiceErrorKind::Nats, why)),
-            ServiceEvent::Reply { id, to, body, call } => {
-                if let Some(a) = call {
+            ServiceEvent::Reply {
+                id,
+                to,
+                body,
+                calls,
+            } => {
+                for a in calls {
                     telemetry::call_answered(a.endpoint, &a.response, a.took);
                 }
                 let serving = self.serving.clone();

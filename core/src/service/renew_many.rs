@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use super::{Pending, Received, RequestSource, Service, ServiceEvent, SubscriptionKind};
+use super::{Answered, Pending, Received, RequestSource, Service, ServiceEvent, SubscriptionKind};
 use crate::call::{Call, CallEvent};
 use crate::subjects::QUEUE_GROUP;
 use crate::wire::{
@@ -48,6 +48,8 @@ struct Gather {
     keys: Vec<String>,
     results: Vec<Option<RenewManyResult>>,
     left: usize,
+    /// Each item's renew call as answered, counted with the one reply.
+    calls: Vec<Answered>,
 }
 
 /// The `renew_many` requests whose items run, by batch number.
@@ -101,25 +103,29 @@ impl Service {
                 ErrorKind::Invalid,
                 format!("the request is malformed: {why}"),
             );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO);
+            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
         }
         let scope = match scope {
             Ok(scope) => scope,
-            Err(refused) => return self.many_answered(now, reply, Err(refused), Duration::ZERO),
+            Err(refused) => {
+                return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            }
         };
         let items = match decode_renew_many(&payload).and_then(|items| {
             self.check_reply_fits(items.len())?;
             Ok(items)
         }) {
             Ok(items) => items,
-            Err(refused) => return self.many_answered(now, reply, Err(refused), Duration::ZERO),
+            Err(refused) => {
+                return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            }
         };
         if let (Some(why), None) = (&self.refused, &self.stop) {
             let refused = ErrorReply::new(
                 ErrorKind::Unavailable,
                 format!("the lease service refuses its bucket: {why}"),
             );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO);
+            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
         }
         let at_once = match (&self.phase, self.stop.as_ref().map(|s| s.phase())) {
             (super::Phase::Starting(_), None) => true,
@@ -144,7 +150,7 @@ impl Service {
                 .unwrap_or_else(|| {
                     ErrorReply::new(ErrorKind::Unavailable, "the lease service is not serving")
                 });
-            return self.many_answered(now, reply, Err(response), Duration::ZERO);
+            return self.many_answered(now, reply, Err(response), Duration::ZERO, Vec::new());
         }
         let counts = self.admission.counts();
         let room = (self.config.max_calls_in_flight + self.config.max_calls_waiting)
@@ -163,7 +169,7 @@ impl Service {
                     items.len()
                 ),
             );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO);
+            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
         }
         let batch = self.gathers.next;
         self.gathers.next += 1;
@@ -175,6 +181,7 @@ impl Service {
                 keys: items.iter().map(|r| r.key.clone()).collect(),
                 results: vec![None; items.len()],
                 left: items.len(),
+                calls: Vec::with_capacity(items.len()),
             },
         );
         let tenant = scope.as_ref().map(|c| c.account.clone());
@@ -247,7 +254,7 @@ impl Service {
         *slot = Some(RenewManyResult::of(&gather.keys[item.index], &response));
         gather.left -= 1;
         let done = gather.left == 0;
-        self.events.push_back(ServiceEvent::Answered {
+        gather.calls.push(Answered {
             endpoint: Endpoint::Renew,
             response,
             took,
@@ -258,22 +265,25 @@ impl Service {
         let gather = self.gathers.open.remove(&item.batch).expect("found above");
         let results = gather.results.into_iter().flatten().collect();
         let took = now.saturating_duration_since(gather.started);
-        self.many_answered(now, gather.reply, Ok(RenewManyReply { results }), took);
+        let answer = Ok(RenewManyReply { results });
+        self.many_answered(now, gather.reply, answer, took, gather.calls);
     }
 
-    /// The reply to a `renew_many` request: counted, and sent.
+    /// The reply to a `renew_many` request: counted, and sent with its items'
+    /// renew calls (none when it was answered whole).
     fn many_answered(
         &mut self,
         now: Instant,
         reply: String,
         answer: Result<RenewManyReply, ErrorReply>,
         took: Duration,
+        calls: Vec<Answered>,
     ) {
         self.micro.handle_many_answered(answer.as_ref().err(), took);
         let body = match answer {
             Ok(results) => results.to_json(),
             Err(e) => Response::Error(e).to_json(),
         };
-        self.reply(now, reply, body);
+        self.reply_with(now, reply, body, calls);
     }
 }

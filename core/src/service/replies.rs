@@ -8,15 +8,26 @@ impl Service {
     /// Publishes a reply to a subject the reply rule let through, given up if the
     /// client has not taken it within [`HANDOFF_BOUND`].
     pub(super) fn reply(&mut self, now: Instant, to: String, body: Vec<u8>) {
-        self.reply_for(now, to, body, None);
+        self.reply_with(now, to, body, Vec::new());
     }
 
-    /// Publishes a reply, with the call it answers if a call ran for it.
-    fn reply_for(&mut self, now: Instant, to: String, body: Vec<u8>, call: Option<Answered>) {
+    /// Publishes a reply, with the calls it answers (a call's, or each item's of
+    /// a `renew_many`).
+    pub(super) fn reply_with(
+        &mut self,
+        now: Instant,
+        to: String,
+        body: Vec<u8>,
+        calls: Vec<Answered>,
+    ) {
         let id = self.reply_ids.allocate();
         self.replies.hand(now, id);
-        self.events
-            .push_back(ServiceEvent::Reply { id, to, body, call });
+        self.events.push_back(ServiceEvent::Reply {
+            id,
+            to,
+            body,
+            calls,
+        });
     }
 
     /// A call's reply: counted, and sent with what it answered.
@@ -35,7 +46,7 @@ impl Service {
             response,
             took,
         };
-        self.reply_for(now, reply, body, Some(call));
+        self.reply_with(now, reply, body, vec![call]);
     }
 
     /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its

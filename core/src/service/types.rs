@@ -121,10 +121,11 @@ pub enum ServiceEvent {
         to: String,
         /// The reply.
         body: Vec<u8>,
-        /// The call this reply answers, for the metrics (a counter by reply kind,
-        /// a duration); `None` for a reply to a `$SRV` verb or to a request
-        /// admission answered `unavailable` at once.
-        call: Option<Answered>,
+        /// The calls this reply answers, for the metrics (a counter by reply
+        /// kind, a duration each): a call's, or each item's renew of a
+        /// `renew_many`; none for a reply to a `$SRV` verb, a request admission
+        /// answered `unavailable` at once, or a `renew_many` answered whole.
+        calls: Vec<Answered>,
     },
     /// Drop the publish of reply `id`: the client took no command for
     /// [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) (it reconnects to a server that is gone), and a reply
