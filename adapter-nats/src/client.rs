@@ -2,7 +2,7 @@
 //!
 //! Each call is one NATS request to `api.leases.*`; protocol refusals (`lost`,
 //! `fence_mismatch`, `not_held`, ...) come back as a [`LeaseError`] whose kind is
-//! [`LeaseErrorKind::Refused`], so `?` works and a `match` on the kind tells them
+//! [`LeaseErrorKind::ErrorReply`], so `?` works and a `match` on the kind tells them
 //! apart. `granted: false` on acquire is a normal answer, not an error.
 //!
 //! ```no_run
@@ -52,7 +52,7 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[non_exhaustive]
 pub enum LeaseErrorKind {
     /// The service answered with an error reply of this kind (`lost`, `not_held`, ...).
-    Refused(ErrorKind),
+    ErrorReply(ErrorKind),
     /// No lease service subscribes to the subject: none is running.
     NoService,
     /// No reply within the call's timeout (the call may have taken effect).
@@ -69,7 +69,7 @@ impl LeaseErrorKind {
     /// `connection` or `bad_reply`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Refused(kind) => kind.as_str(),
+            Self::ErrorReply(kind) => kind.as_str(),
             Self::NoService => "no_service",
             Self::TimedOut => "timed_out",
             Self::Connection => "connection",
@@ -107,14 +107,14 @@ impl LeaseError {
 
     /// Whether the caller must stop acting as owner: `lost`.
     pub fn is_lost(&self) -> bool {
-        self.kind == LeaseErrorKind::Refused(ErrorKind::Lost)
+        self.kind == LeaseErrorKind::ErrorReply(ErrorKind::Lost)
     }
 }
 
 impl fmt::Display for LeaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            LeaseErrorKind::Refused(kind) => write!(f, "{kind}: {}", self.message),
+            LeaseErrorKind::ErrorReply(kind) => write!(f, "{kind}: {}", self.message),
             _ => f.write_str(&self.message),
         }
     }
@@ -125,7 +125,7 @@ impl std::error::Error for LeaseError {}
 impl From<ErrorReply> for LeaseError {
     fn from(reply: ErrorReply) -> Self {
         Self {
-            kind: LeaseErrorKind::Refused(reply.kind),
+            kind: LeaseErrorKind::ErrorReply(reply.kind),
             message: reply.error.clone(),
             reply: Some(reply),
         }
@@ -137,7 +137,7 @@ impl From<ErrorReply> for LeaseError {
 pub fn reply_of(endpoint: Endpoint, outcome: RequestOutcome) -> Result<Response, LeaseError> {
     match Answer::of(endpoint, outcome) {
         Answer::Reply(reply) => Ok(reply),
-        Answer::Refused(e) => Err(e.into()),
+        Answer::Error(e) => Err(e.into()),
         Answer::Unreadable(why) => Err(LeaseError::new(LeaseErrorKind::BadReply, why)),
         Answer::NoResponders => Err(LeaseError::new(
             LeaseErrorKind::NoService,
@@ -312,7 +312,7 @@ impl LeaseClient {
                     WaitingAcquireEvent::CancelSubscribe | WaitingAcquireEvent::CancelFlush => {
                         setup = None;
                     }
-                    WaitingAcquireEvent::Refused(reply) => refused(&reply),
+                    WaitingAcquireEvent::NotGranted(reply) => refused(&reply),
                     WaitingAcquireEvent::Done(reply) => return Ok(reply),
                     WaitingAcquireEvent::Failed(outcome) => {
                         return Err(match reply_of(Endpoint::Acquire, outcome) {

@@ -27,8 +27,8 @@ pub const EXIT_FENCE_MISMATCH: u8 = 4;
 /// The exit code of a failed call.
 pub fn exit_code(e: &LeaseError) -> u8 {
     match e.kind() {
-        LeaseErrorKind::Refused(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
-        LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
+        LeaseErrorKind::ErrorReply(ErrorKind::Lost | ErrorKind::NotHeld) => EXIT_NOT_HELD,
+        LeaseErrorKind::ErrorReply(ErrorKind::FenceMismatch) => EXIT_FENCE_MISMATCH,
         LeaseErrorKind::Connection | LeaseErrorKind::NoService => EXIT_NO_SERVER,
         _ => EXIT_ERROR,
     }

@@ -20,7 +20,7 @@ use dagnats_leases_core::RequestOutcome;
 use dagnats_leases_core::call::KvFact;
 use dagnats_leases_core::health::LogLevel;
 use dagnats_leases_core::io::TransmitKind;
-use dagnats_leases_core::io::{EffectId, Mode};
+use dagnats_leases_core::io::{Mode, TransmitId};
 use dagnats_leases_core::proto::Delivered;
 use dagnats_leases_core::service::shutdown::StopPhase;
 use dagnats_leases_core::service::{
@@ -323,9 +323,9 @@ struct Io {
     requests: SelectAll<Subscription>,
     changes: Option<Subscriber>,
     /// The requests out, each until its outcome or the machine's cancel.
-    outcomes: FuturesUnordered<BoxFuture<'static, Option<(EffectId, RequestOutcome)>>>,
+    outcomes: FuturesUnordered<BoxFuture<'static, Option<(TransmitId, RequestOutcome)>>>,
     /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
-    cancels: Cancellable<EffectId>,
+    cancels: Cancellable<TransmitId>,
     /// The replies being handed to the client, each until it is or the machine
     /// gives it up.
     sending: FuturesUnordered<BoxFuture<'static, Option<ReplyId>>>,
@@ -621,13 +621,13 @@ impl Io {
                     "serving api.leases.* (a tenant's as api.leases.<account>.*) in queue group {QUEUE_GROUP}"
                 )
             }
-            ServiceEvent::Refused { endpoint } => telemetry::refused(endpoint),
-            ServiceEvent::ReplyRefused {
+            ServiceEvent::Overloaded { endpoint } => telemetry::overloaded(endpoint),
+            ServiceEvent::Dropped {
                 source,
                 reason,
                 log,
             } => {
-                telemetry::reply_refused(source.label(), reason);
+                telemetry::dropped(source.label(), reason);
                 if let Some(log) = log {
                     tracing::warn!(
                         subject = %log.subject,

@@ -42,7 +42,7 @@ use dagnats_leases_core::health::{Health, NotReady};
 use dagnats_leases_core::holder::StepDownReason;
 use dagnats_leases_core::holder::campaign::AnsweredRequest;
 use dagnats_leases_core::io::Mode;
-use dagnats_leases_core::reply_scope::ReplyRefusal;
+use dagnats_leases_core::reply_scope::DropReason;
 use dagnats_leases_core::wire::{Endpoint, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
@@ -203,12 +203,12 @@ pub(crate) fn call_answered(endpoint: Endpoint, response: &Response, took: Durat
 }
 
 /// A request for `endpoint` was refused at the service's bound.
-pub(crate) fn refused(endpoint: Endpoint) {
+pub(crate) fn overloaded(endpoint: Endpoint) {
     counter!(REFUSED, "endpoint" => endpoint.name()).increment(1);
 }
 
 /// A request on `subject` (`api` or `srv`) was dropped: its reply was refused.
-pub(crate) fn reply_refused(subject: &'static str, reason: ReplyRefusal) {
+pub(crate) fn dropped(subject: &'static str, reason: DropReason) {
     counter!(REPLIES_REFUSED, "subject" => subject, "reason" => reason.as_str()).increment(1);
 }
 
@@ -246,7 +246,7 @@ pub fn readiness() -> Result<(), String> {
 pub(crate) fn set_health(health: &Health) {
     gauge!(READY).set(if health.ready.is_ok() { 1.0 } else { 0.0 });
     gauge!(CONNECTED).set(if health.connected { 1.0 } else { 0.0 });
-    let refused = matches!(health.ready, Err(NotReady::Refused(_)));
+    let refused = matches!(health.ready, Err(NotReady::BucketRefused(_)));
     gauge!(BUCKET_REFUSED).set(if refused { 1.0 } else { 0.0 });
     *READINESS.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(health.ready.clone().map_err(|why| why.to_string()));

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use dagnats_leases_core::holder::relay::Heard;
 use dagnats_leases_core::holder::supervise::{
-    GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, NotGranted, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace,
 };
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -385,9 +385,9 @@ fn start_watchdog(
 }
 
 /// The sentence `lock` says while it campaigns, for a refusal unlike the last.
-fn say_waiting(say: &Say, why: Refusal, key: &str, holder: Option<&str>) {
+fn say_waiting(say: &Say, why: NotGranted, key: &str, holder: Option<&str>) {
     match why {
-        Refusal::Held => say.say(
+        NotGranted::Held => say.say(
             "waiting",
             None,
             &format!(
@@ -395,7 +395,7 @@ fn say_waiting(say: &Say, why: Refusal, key: &str, holder: Option<&str>) {
                 holder.unwrap_or("another holder")
             ),
         ),
-        Refusal::NoService => say.say(
+        NotGranted::NoService => say.say(
             "waiting",
             Some("no_service"),
             &format!(
@@ -403,7 +403,7 @@ fn say_waiting(say: &Say, why: Refusal, key: &str, holder: Option<&str>) {
                 dagnats_leases_core::wire::Endpoint::Acquire.subject()
             ),
         ),
-        Refusal::NoAnswer => say.say(
+        NotGranted::NoAnswer => say.say(
             "waiting",
             Some("no_answer"),
             "the lease service gave no usable answer: trying again",

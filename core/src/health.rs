@@ -120,7 +120,7 @@ pub enum NotReady {
     /// The last look at the leases stream got no answer or an error.
     BucketUnreachable(String),
     /// The service refuses to serve its bucket (its sequence went back).
-    Refused(String),
+    BucketRefused(String),
     /// The service is stopping.
     Stopping,
 }
@@ -135,7 +135,7 @@ impl std::fmt::Display for NotReady {
             ),
             Self::Disconnected => write!(f, "disconnected from NATS: reconnecting"),
             Self::BucketUnreachable(why) => write!(f, "leases bucket unreachable: {why}"),
-            Self::Refused(why) => write!(f, "refused: {why}"),
+            Self::BucketRefused(why) => write!(f, "refused: {why}"),
             Self::Stopping => write!(f, "stopping"),
         }
     }
@@ -164,7 +164,7 @@ pub fn readiness(
         return Err(NotReady::Stopping);
     }
     if let Some(why) = refused {
-        return Err(NotReady::Refused(why.to_string()));
+        return Err(NotReady::BucketRefused(why.to_string()));
     }
     if !connected {
         return Err(NotReady::Disconnected);

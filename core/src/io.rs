@@ -1,23 +1,25 @@
 //! The I/O vocabulary every machine shares: what it asks an adapter to send
-//! ([`Transmit`]), the id the outcome comes back with ([`EffectId`]), what came of
+//! ([`Transmit`]), the id the outcome comes back with ([`TransmitId`]), what came of
 //! it ([`RequestOutcome`]), and whether the service can serve ([`Mode`]).
 
 use std::time::Duration;
 
 use crate::wire::Endpoint;
 
-/// Names one request a machine asks an adapter to send (every machine of this crate
-/// uses it: a call, startup, a holder, a campaign); the outcome comes back with it.
+/// Names one [`Transmit`], a request a machine asks an adapter to send (every
+/// machine of this crate uses it: the service and its parts, a holder, a
+/// campaign); the outcome comes back with it. One id space per owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EffectId(pub u64);
+pub struct TransmitId(pub u64);
 
-impl EffectId {
+impl TransmitId {
     /// The id of a request a part has decided and not yet handed out: its owner
     /// names it as it polls it (`poll_transmit(ids)`), from its own id space.
     pub const UNSENT: Self = Self(0);
 }
 
-/// One NATS request with headers, as an adapter sends it.
+/// One NATS request with headers, as an adapter sends it: the message itself
+/// (a [`Transmit`] carries one, with its id and kind).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsRequest {
     /// Where to send it.
@@ -96,12 +98,14 @@ impl TransmitKind {
     }
 }
 
-/// One request a machine wants sent: publish each of `publish` in order (no reply
-/// wanted), then send `request` and feed its outcome back with `id`.
+/// One request a machine wants sent, the same at every level (a call's typed
+/// [`CallRequest`](crate::call_request::CallRequest) becomes one; a campaign's
+/// adds its key): publish each of `publish` in order (no reply wanted), then
+/// send `request` and feed its outcome back with `id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
     /// Feed the outcome of `request` back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// What it is for.
     pub kind: TransmitKind,
     /// Messages to publish first: an atomic batch's before its commit; usually empty.
@@ -112,7 +116,7 @@ pub struct Transmit {
 
 impl Transmit {
     /// One request, nothing published before it.
-    pub fn new(id: EffectId, kind: TransmitKind, request: NatsRequest) -> Self {
+    pub fn new(id: TransmitId, kind: TransmitKind, request: NatsRequest) -> Self {
         Self {
             id,
             kind,
@@ -124,7 +128,12 @@ impl Transmit {
 
 /// A call to the lease service: `body` to `endpoint`'s subject, bounded by
 /// `timeout` (the machine that asks times it out itself too).
-pub fn lease_call(id: EffectId, endpoint: Endpoint, body: Vec<u8>, timeout: Duration) -> Transmit {
+pub fn lease_call(
+    id: TransmitId,
+    endpoint: Endpoint,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Transmit {
     let request = NatsRequest {
         subject: endpoint.subject(),
         headers: Vec::new(),

@@ -25,7 +25,7 @@
 //!   how JetStream's answers are read ([`js`]), the sharded bucket ([`shard`]), change
 //!   events ([`change`]), the I/O types every machine shares ([`io`]), how a machine
 //!   keeps its ids, deadlines, requests out and hand-offs ([`outbox`]), the requests a
-//!   call asks for ([`effect`]), the strict NATS
+//!   call asks for ([`call_request`]), the strict NATS
 //!   client protocol ([`proto`]), connection health and readiness ([`health`]), what
 //!   the service knows of leases ([`known`]), tenancy ([`tenant`]) and the reply rule
 //!   ([`reply_scope`]).
@@ -35,7 +35,7 @@
 //! Nothing here does IO, reads a clock, spawns, sleeps or locks. Time comes in as
 //! arguments (`now: Instant` for deadlines, `wall: OffsetDateTime` for the
 //! timestamps replies carry) and the result of every effect comes back as an input
-//! tagged with its [`io::EffectId`]. The same inputs always give the same effects.
+//! tagged with its [`io::TransmitId`]. The same inputs always give the same effects.
 //!
 //! # One vocabulary
 //!
@@ -49,7 +49,7 @@
 //! neither `poll_transmit` nor `poll_timeout`):
 //!
 //! - inputs are `handle_*(now, …)`; the result of a request comes back as
-//!   `handle_outcome(now, id, outcome)`, tagged with the [`io::EffectId`] it was
+//!   `handle_outcome(now, id, outcome)`, tagged with the [`io::TransmitId`] it was
 //!   sent with;
 //! - `poll_transmit()` gives the next [`io::Transmit`] to send (one NATS request,
 //!   with its id, and its [`io::TransmitKind`] for routing and metrics);
@@ -69,7 +69,7 @@
 //! ```
 //! use std::time::Instant;
 //! use dagnats_leases_core::call::{Call, CallConfig, CallEvent};
-//! use dagnats_leases_core::io::{EffectId, NatsRequest, RequestOutcome};
+//! use dagnats_leases_core::io::{TransmitId, NatsRequest, RequestOutcome};
 //! use dagnats_leases_core::outbox::Ids;
 //! use dagnats_leases_core::wire::{Endpoint, Response};
 //!
@@ -83,7 +83,7 @@
 //! let wall = time::OffsetDateTime::now_utc();
 //! let mut call = Call::new(CallConfig::ready(1024 * 1024), Endpoint::Acquire, body, wall, now);
 //! // The call's owner names its requests (the service does, from one id space).
-//! let mut ids = Ids::<EffectId>::starting_at(1);
+//! let mut ids = Ids::<TransmitId>::starting_at(1);
 //! let reply = 'call: loop {
 //!     while let Some(transmit) = call.poll_transmit(&mut ids) {
 //!         let outcome = send(&transmit.request); // an adapter races this against the timer
@@ -107,8 +107,8 @@
 #![warn(clippy::use_self)]
 
 pub mod call;
+pub mod call_request;
 pub mod change;
-pub mod effect;
 pub mod health;
 pub mod holder;
 pub mod io;
@@ -133,12 +133,12 @@ pub mod sim;
 #[doc(hidden)]
 pub mod test_support;
 
-pub use call::{Call, CallConfig, CallEvent, Effect};
+pub use call::{Call, CallConfig, CallEvent, CallRequest};
 pub use change::{ChangeEvent, ChangeKind};
 pub use holder::campaign::{Campaign, CampaignEvent, GroupId};
 pub use holder::guard::{FenceGuard, InboxGuard};
 pub use holder::{Holder, HolderConfig, HolderEvent, Tenure};
-pub use io::{EffectId, Mode, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+pub use io::{Mode, NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 pub use wire::{Endpoint, ErrorKind, Request, Response};
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
 use std::time::Instant;
 
-use crate::io::{EffectId, HANDOFF_BOUND};
+use crate::io::{HANDOFF_BOUND, TransmitId};
 
 /// An id a machine allocates itself, one space per kind ([`Ids`]).
 pub trait Id: Copy + Ord {
@@ -22,7 +22,7 @@ pub trait Id: Copy + Ord {
     fn from_raw(n: u64) -> Self;
 }
 
-impl Id for EffectId {
+impl Id for TransmitId {
     fn from_raw(n: u64) -> Self {
         Self(n)
     }

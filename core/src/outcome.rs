@@ -12,7 +12,7 @@ pub enum Answer {
     /// A reply of the endpoint's success shape.
     Reply(Response),
     /// An error reply: the service refused (or failed) with this kind.
-    Refused(ErrorReply),
+    Error(ErrorReply),
     /// A reply no shape of the endpoint reads: why.
     Unreadable(String),
     /// Nobody received the request: no service subscribes to its subject.
@@ -28,7 +28,7 @@ impl Answer {
     pub fn of(endpoint: Endpoint, outcome: RequestOutcome) -> Self {
         match outcome {
             RequestOutcome::Reply { payload, .. } => match Response::decode(endpoint, &payload) {
-                Ok(Response::Error(e)) => Self::Refused(e),
+                Ok(Response::Error(e)) => Self::Error(e),
                 Ok(reply) => Self::Reply(reply),
                 Err(why) => Self::Unreadable(why),
             },
@@ -42,7 +42,7 @@ impl Answer {
     pub fn class(&self) -> OutcomeClass {
         match self {
             Self::Reply(_) => OutcomeClass::Clear,
-            Self::Refused(e) => OutcomeClass::of_error(e.kind),
+            Self::Error(e) => OutcomeClass::of_error(e.kind),
             Self::Unreadable(_) => OutcomeClass::Internal,
             Self::NoResponders => OutcomeClass::NoResponders,
             Self::TimedOut => OutcomeClass::TimedOut,

@@ -11,7 +11,7 @@
 //! itself) or a prefix the operator adds. A request whose reply is anything else
 //! is not run at all: an answer nobody may receive must not change a lease either.
 //!
-//! [`ReplyScope`] is the rule; [`RefusalLog`] keeps its log lines to one per
+//! [`ReplyScope`] is the rule; [`DropLog`] keeps its log lines to one per
 //! interval, so a flood of steered requests cannot flood the log.
 
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ const PROTECTED_PREFIXES: [&str; 3] = ["$", "api.", "dagnats."];
 
 /// Why a reply subject was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReplyRefusal {
+pub enum DropReason {
     /// The request carried no reply subject: nobody asked for an answer.
     Missing,
     /// The subject does not start with an accepted inbox prefix.
@@ -41,7 +41,7 @@ pub enum ReplyRefusal {
     Malformed,
 }
 
-impl ReplyRefusal {
+impl DropReason {
     /// The label of the refusal metric and log line.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -102,15 +102,15 @@ impl ReplyScope {
     }
 
     /// Whether a reply may go to `reply`.
-    pub fn check(&self, reply: Option<&str>) -> Result<(), ReplyRefusal> {
-        let reply = reply.ok_or(ReplyRefusal::Missing)?;
+    pub fn check(&self, reply: Option<&str>) -> Result<(), DropReason> {
+        let reply = reply.ok_or(DropReason::Missing)?;
         let rest = self
             .prefixes
             .iter()
             .find_map(|p| reply.strip_prefix(p.as_str()))
-            .ok_or(ReplyRefusal::NotAnInbox)?;
+            .ok_or(DropReason::NotAnInbox)?;
         if reply.len() > MAX_REPLY_LEN || !is_literal_subject(rest) {
-            return Err(ReplyRefusal::Malformed);
+            return Err(DropReason::Malformed);
         }
         Ok(())
     }
@@ -165,15 +165,15 @@ fn bad_char(c: char) -> bool {
 }
 
 /// One log line per `every` about refused replies, however many are refused:
-/// [`RefusalLog::handle_refused`] says when to write one and how many it covers.
+/// [`DropLog::handle_dropped`] says when to write one and how many it covers.
 #[derive(Debug, Clone)]
-pub struct RefusalLog {
+pub struct DropLog {
     every: Duration,
     next_at: Option<Instant>,
     unlogged: u64,
 }
 
-impl RefusalLog {
+impl DropLog {
     /// At most one line per `every`.
     pub fn new(every: Duration) -> Self {
         Self {
@@ -185,7 +185,7 @@ impl RefusalLog {
 
     /// A reply was refused at `now`. `Some(n)`: write a line now, covering `n`
     /// refusals (this one and those not logged since the last line).
-    pub fn handle_refused(&mut self, now: Instant) -> Option<u64> {
+    pub fn handle_dropped(&mut self, now: Instant) -> Option<u64> {
         self.unlogged += 1;
         if self.next_at.is_some_and(|at| now < at) {
             return None;
@@ -196,4 +196,4 @@ impl RefusalLog {
 }
 
 /// The default interval between refusal log lines.
-pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);

@@ -1,7 +1,7 @@
 //! Fixtures shared by the core's tests and the integration suite (`tests/`). Not
 //! public API (`__test` feature).
 
-use crate::io::EffectId;
+use crate::io::TransmitId;
 use crate::wire::Endpoint;
 
 /// The invalid bodies every endpoint must reject.
@@ -75,7 +75,7 @@ pub fn invalid_bodies(endpoint: Endpoint) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderRequest {
     /// Feed the outcome back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// The endpoint called.
     pub endpoint: Endpoint,
     /// The JSON body.

@@ -107,7 +107,7 @@ async fn a_leader_steps_down_when_renew_says_lost() {
         let fence = elector.tenure().expect("leading").fence;
         match leases.release("leader", "victim", fence).await {
             Ok(_) => break,
-            Err(e) if e.kind() == LeaseErrorKind::Refused(ErrorKind::FenceMismatch) => {}
+            Err(e) if e.kind() == LeaseErrorKind::ErrorReply(ErrorKind::FenceMismatch) => {}
             Err(e) => panic!("release: {e}"),
         }
     }
@@ -199,7 +199,7 @@ async fn a_forward_after_the_owner_stopped_is_not_held() {
         .forward("leader", b"ping", Duration::from_secs(2))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::NotHeld));
+    assert_eq!(err.kind(), LeaseErrorKind::ErrorReply(ErrorKind::NotHeld));
 }
 
 #[tokio::test]
@@ -349,11 +349,11 @@ async fn a_holder_config_outside_the_bounds_is_refused_before_any_request() {
     let fx = Fx::start().await;
     let m = member(&fx, "r0").await;
     let err = m.elect("a.b", TTL).unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert_eq!(err.kind(), LeaseErrorKind::ErrorReply(ErrorKind::Invalid));
     let mut config = HolderConfig::new("leader", "r0", Duration::from_millis(1500));
     config.renew_every = Duration::from_millis(500);
     let err = m.elect_with(config).unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert_eq!(err.kind(), LeaseErrorKind::ErrorReply(ErrorKind::Invalid));
     assert!(Member::new(fx.client.clone(), "bad holder").is_err());
 }
 
@@ -364,9 +364,9 @@ async fn one_member_campaigns_for_a_key_once() {
     let elector = m.elect("leader", TTL).unwrap();
     // A second campaign of the same holder ID would believe it owns the key too.
     let err = m.elect("leader", TTL).unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert_eq!(err.kind(), LeaseErrorKind::ErrorReply(ErrorKind::Invalid));
     let err = m.shards(&["a", "leader"], 1, TTL).unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Refused(ErrorKind::Invalid));
+    assert_eq!(err.kind(), LeaseErrorKind::ErrorReply(ErrorKind::Invalid));
     assert!(
         m.shards(&["a", "a"], 1, TTL).is_err(),
         "a key twice in one set"

@@ -221,7 +221,7 @@ async fn an_owner_answering_a_forward_with_malformed_headers_costs_only_that_for
             let e = outcome.expect_err("a malformed reply is no answer");
             assert_eq!(
                 e.kind(),
-                LeaseErrorKind::Refused(dagnats_leases_core::wire::ErrorKind::Unavailable),
+                LeaseErrorKind::ErrorReply(dagnats_leases_core::wire::ErrorKind::Unavailable),
                 "forward {i}: {e}"
             );
             assert!(
@@ -262,7 +262,9 @@ async fn the_service_keeps_serving_strictly_after_the_server_restarts() {
             }
             Err(e)
                 if e.kind()
-                    == LeaseErrorKind::Refused(dagnats_leases_core::wire::ErrorKind::Invalid) =>
+                    == LeaseErrorKind::ErrorReply(
+                        dagnats_leases_core::wire::ErrorKind::Invalid,
+                    ) =>
             {
                 panic!("{e}")
             }

@@ -21,7 +21,7 @@ enum Handoff {
 
 /// What came of a request, for the machine.
 struct Answer {
-    id: EffectId,
+    id: TransmitId,
     outcome: RequestOutcome,
 }
 
@@ -41,7 +41,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     let mut inbox_msgs: Feed<(usize, Message)> = SelectAll::new();
     let mut inboxes: Vec<(mpsc::UnboundedSender<ForwardedRequest>, Arc<AtomicU64>)> = Vec::new();
     // A request in flight ends when its sender is dropped: the campaign cancelled it.
-    let mut in_flight: BTreeMap<EffectId, oneshot::Sender<()>> = BTreeMap::new();
+    let mut in_flight: BTreeMap<TransmitId, oneshot::Sender<()>> = BTreeMap::new();
     let mut handoffs = Handoffs::new();
     // How to drop each subscribe and reject under way, as the machine says.
     let mut subscribing: Cancellable<String> = Cancellable::new();

@@ -63,7 +63,7 @@ use dagnats_leases_core::holder::relay::Listener;
 use dagnats_leases_core::holder::{HolderConfig, HolderEvent};
 use dagnats_leases_core::subjects::{HDR_FENCE, changed_subject, inbox_wildcard};
 use dagnats_leases_core::wire::{Endpoint, ErrorReply};
-use dagnats_leases_core::{EffectId, RequestOutcome};
+use dagnats_leases_core::{RequestOutcome, TransmitId};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -459,7 +459,7 @@ impl Member {
         let mut state = self.shared.lock();
         let now = self.shared.runtime.now();
         let id = add(&mut state.campaign, now)
-            .map_err(|e| LeaseError::new(LeaseErrorKind::Refused(e.kind), e.error))?;
+            .map_err(|e| LeaseError::new(LeaseErrorKind::ErrorReply(e.kind), e.error))?;
         // The gauges show at once, before the driver runs.
         telemetry::campaigning_for(state.campaign.candidates(id));
         state.outlets.insert(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{Call, Job};
-use crate::effect::{KvWrite, Operation};
+use crate::call_request::{KvWrite, Operation};
 use crate::js::KeyState;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
 use crate::wire::{AcquireReply, AcquireRequest, ErrorKind, ErrorReply, Lease, Response};
@@ -32,7 +32,7 @@ impl Call {
         };
         let ttl = r.ttl_ms;
         self.write(KvWrite {
-            id: crate::io::EffectId::UNSENT,
+            id: crate::io::TransmitId::UNSENT,
             key,
             operation: Operation::Put,
             expected_revision,

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::Call;
-use crate::effect::KvWrite;
+use crate::call_request::KvWrite;
 use crate::js::KeyState;
 use crate::known::{KnownState, Stamp};
 use crate::record::LeaseRecord;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use base64::Engine as _;
 
 use super::{Call, Job, Waiting, with_owner};
-use crate::effect::{Effect, InboxRequest};
+use crate::call_request::{CallRequest, InboxRequest};
 use crate::io::RequestOutcome;
 use crate::js::KeyState;
 use crate::subjects::{HDR_REJECT, REJECT_STALE};
@@ -79,7 +79,7 @@ impl Call {
         f.attempts += 1;
         f.retry = None;
         f.last_tried = Some((holder.clone(), revision));
-        let id = crate::io::EffectId::UNSENT;
+        let id = crate::io::TransmitId::UNSENT;
         let request = InboxRequest {
             id,
             holder,
@@ -89,7 +89,7 @@ impl Call {
             timeout: f.deadline.saturating_duration_since(now),
         };
         self.job = Job::Forward(f);
-        self.issue(Waiting::Inbox, Effect::InboxRequest(request));
+        self.issue(Waiting::Inbox, CallRequest::InboxRequest(request));
     }
 
     pub(super) fn on_inbox(&mut self, now: Instant, outcome: RequestOutcome) {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::io::{EffectId, Mode, RequestOutcome, Transmit};
+use crate::io::{Mode, RequestOutcome, Transmit, TransmitId};
 use crate::js::{self, JsFailure, KeyState, PublishResult};
 use crate::known::{Known, KnownLeases, KnownState, Stamp};
 use crate::outbox::Ids;
@@ -79,7 +79,7 @@ impl CallConfig {
     }
 }
 
-pub use crate::effect::{ConfirmRead, Effect, InboxRequest, KvRead, KvWrite, Operation};
+pub use crate::call_request::{CallRequest, ConfirmRead, InboxRequest, KvRead, KvWrite, Operation};
 use crate::shard::ShardMap;
 
 /// What a call reports: facts about its JetStream requests as it reads their
@@ -138,14 +138,14 @@ pub struct Call {
     started_at: Instant,
     waiting: Waiting,
     /// The id its owner gave the request waited for, once it went out.
-    out: Option<EffectId>,
+    out: Option<TransmitId>,
     /// When the effect waited for times out (the call keeps its own deadlines).
     waiting_until: Option<Instant>,
     /// The time of the input being handled.
     now: Instant,
     writes: u32,
     confirms: u32,
-    effects: std::collections::VecDeque<Effect>,
+    effects: std::collections::VecDeque<CallRequest>,
     /// What the call reports, until polled.
     events: std::collections::VecDeque<CallEvent>,
     /// Tenancy: who asked, as the server vouched (`None`: one shared namespace).
@@ -309,8 +309,8 @@ impl Call {
 
     /// The next request to send, if any, under an id from its owner's `ids`:
     /// its outcome comes back with that id.
-    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
-        let effect = self.poll_effect(ids)?;
+    pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
+        let effect = self.poll_request(ids)?;
         let account = self.scope.as_ref().map(|c| c.account.as_str());
         Some(effect.into_transmit_sharded(account, &self.config.shards))
     }
@@ -347,7 +347,7 @@ impl Call {
 
     /// The next request as the call decided it, under an id from its owner's
     /// `ids` (table tests read its fields).
-    pub fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect> {
+    pub fn poll_request(&mut self, ids: &mut Ids<TransmitId>) -> Option<CallRequest> {
         let mut effect = self.effects.pop_front()?;
         let id = ids.allocate();
         effect.set_id(id);
@@ -440,7 +440,7 @@ impl Call {
     /// deadline ends the call `owner_timeout`, whatever it found, as does an owner's
     /// "no responders" or reject then (there is no time left to try again). Only an
     /// owner's own reply is taken as it is.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         self.now = now;
         if self.out != Some(id) {
             return;
@@ -573,7 +573,7 @@ impl Call {
     }
 
     /// Asks for `effect` and waits for its outcome until its timeout has passed.
-    fn issue(&mut self, waiting: Waiting, effect: Effect) {
+    fn issue(&mut self, waiting: Waiting, effect: CallRequest) {
         self.waiting = waiting;
         self.out = None;
         self.waiting_until = Some(self.now + effect.timeout());
@@ -581,30 +581,36 @@ impl Call {
     }
 
     fn read(&mut self, key: String) {
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         let timeout = self.config.kv_timeout;
-        self.issue(Waiting::Read, Effect::KvRead(KvRead { id, key, timeout }));
+        self.issue(
+            Waiting::Read,
+            CallRequest::KvRead(KvRead { id, key, timeout }),
+        );
     }
 
     /// A read bounded by a forward's deadline.
     fn read_before(&mut self, key: String, now: Instant, deadline: Instant) {
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         let timeout = self
             .config
             .kv_timeout
             .min(deadline.saturating_duration_since(now));
-        self.issue(Waiting::Read, Effect::KvRead(KvRead { id, key, timeout }));
+        self.issue(
+            Waiting::Read,
+            CallRequest::KvRead(KvRead { id, key, timeout }),
+        );
     }
 
     fn write(&mut self, mut write: KvWrite) {
-        write.id = EffectId::UNSENT;
+        write.id = TransmitId::UNSENT;
         self.writes += 1;
         let record = match write.operation {
             Operation::Put => LeaseRecord::parse(&write.value).ok(),
             Operation::Delete => None,
         };
         self.sent = Some((self.now, record));
-        self.issue(Waiting::Write, Effect::KvWrite(write));
+        self.issue(Waiting::Write, CallRequest::KvWrite(write));
     }
 
     fn reply(&mut self, response: Response) {
@@ -713,14 +719,14 @@ impl Call {
         }
         self.confirms += 1;
         self.report(KvFact::ConfirmSent);
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         let confirm = ConfirmRead {
             id,
             key,
             revision: state.revision(),
             timeout: self.kv_timeout(now),
         };
-        self.issue(Waiting::Confirm(state), Effect::ConfirmRead(confirm));
+        self.issue(Waiting::Confirm(state), CallRequest::ConfirmRead(confirm));
     }
 
     /// Acts on a read that is current: confirmed, or about to be by a write.

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::fence::KnownFence;
 use super::{Call, Job};
-use crate::effect::{KvWrite, Operation};
+use crate::call_request::{KvWrite, Operation};
 use crate::js::KeyState;
 use crate::record::LeaseEvent;
 use crate::wire::{ReleaseReply, Response};
@@ -70,7 +70,7 @@ impl Call {
 /// The release's write: a tombstone without a TTL, conditional on `expected`.
 fn tombstone(key: String, expected: u64, timeout: std::time::Duration) -> KvWrite {
     KvWrite {
-        id: crate::io::EffectId::UNSENT,
+        id: crate::io::TransmitId::UNSENT,
         key,
         operation: Operation::Delete,
         expected_revision: expected,

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 
 use super::fence::KnownFence;
 use super::{Call, Job, expiry_guard};
-use crate::effect::{KvWrite, Operation};
+use crate::call_request::{KvWrite, Operation};
 use crate::js::KeyState;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
 use crate::wire::{ErrorKind, ErrorReply, Lease, RenewRequest, Response};
@@ -113,7 +113,7 @@ impl Call {
             }),
         );
         self.fenced_write(KvWrite {
-            id: crate::io::EffectId::UNSENT,
+            id: crate::io::TransmitId::UNSENT,
             key,
             operation: Operation::Put,
             expected_revision: expected,

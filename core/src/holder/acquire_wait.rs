@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
-use crate::io::{EffectId, FLUSH_BOUND, HANDOFF_BOUND, RequestOutcome, Transmit, lease_call};
+use crate::io::{FLUSH_BOUND, HANDOFF_BOUND, RequestOutcome, Transmit, TransmitId, lease_call};
 use crate::wire::{AcquireReply, AcquireRequest, Endpoint, Request, Response};
 
 /// What a [`WaitingAcquire`] reports.
@@ -39,7 +39,7 @@ pub enum WaitingAcquireEvent {
     /// ahead; the subscription is kept.
     CancelFlush,
     /// Another holder has the key: waiting for it.
-    Refused(AcquireReply),
+    NotGranted(AcquireReply),
     /// Over: granted, or the last refusal once the wait ran out.
     Done(AcquireReply),
     /// Over: the acquire got no usable answer (no reply in time, no service, an
@@ -59,7 +59,7 @@ enum Phase {
     },
     /// The acquire `id` is out until `due`.
     Asking {
-        id: EffectId,
+        id: TransmitId,
         due: Instant,
     },
     /// Refused: ask again at `until` (a TTL after the last write seen), or at once
@@ -139,7 +139,7 @@ impl WaitingAcquire {
 
     fn ask(&mut self, now: Instant) {
         self.next_id += 1;
-        let id = EffectId(self.next_id);
+        let id = TransmitId(self.next_id);
         self.phase = Phase::Asking {
             id,
             due: now + self.timeout,
@@ -155,7 +155,7 @@ impl WaitingAcquire {
     }
 
     /// What came of acquire `id`.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         if !matches!(self.phase, Phase::Asking { id: w, .. } if w == id) {
             return;
         }
@@ -175,7 +175,8 @@ impl WaitingAcquire {
             ttl,
         };
         self.last = Some(reply.clone());
-        self.events.push_back(WaitingAcquireEvent::Refused(reply));
+        self.events
+            .push_back(WaitingAcquireEvent::NotGranted(reply));
     }
 
     /// A change event of the key: one that may free it asks again now; any other

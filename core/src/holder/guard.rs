@@ -122,7 +122,7 @@ impl InboxGuard {
                 }
             }
             HolderEvent::SteppedDown { .. } | HolderEvent::Failed { .. } => self.end(key),
-            HolderEvent::Refused { .. } => {}
+            HolderEvent::NotGranted { .. } => {}
         }
     }
 

@@ -90,7 +90,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::change::ChangeEvent;
-use crate::io::{EffectId, RequestOutcome, Transmit, lease_call};
+use crate::io::{RequestOutcome, Transmit, TransmitId, lease_call};
 use crate::wire::{
     self, AcquireRequest, Endpoint, ErrorKind, ErrorReply, OwnerRequest, ReleaseRequest,
     RenewRequest, Request, Response,
@@ -350,7 +350,7 @@ pub enum HolderEvent {
     /// An acquire while campaigning did not win the key: `holder` has it, or
     /// (`None`) no usable answer came. The holder asks again later; `lock --wait`
     /// gives up on it once its wait has passed.
-    Refused {
+    NotGranted {
         /// The holder the service named, if it answered.
         holder: Option<String>,
         /// What came back: [`OutcomeClass::Clear`] when the service answered,
@@ -418,7 +418,7 @@ impl Purpose {
 
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
-    id: EffectId,
+    id: TransmitId,
     purpose: Purpose,
     sent_at: Instant,
     /// The fence a renew or release carried.
@@ -678,7 +678,7 @@ impl Holder {
     }
 
     /// Whether the holder waits for the outcome of request `id`.
-    pub fn waits_for(&self, id: EffectId) -> bool {
+    pub fn waits_for(&self, id: TransmitId) -> bool {
         self.in_flight.is_some_and(|f| f.id == id)
     }
 
@@ -825,7 +825,7 @@ impl Holder {
     /// Request `id` was never sent (its driver dropped it, as a [`campaign`]
     /// queue does for a holder that stopped meanwhile): it wrote nothing, so nothing
     /// about it is unknown. A campaign asks again at its next tick.
-    pub fn handle_cancel(&mut self, now: Instant, id: EffectId) {
+    pub fn handle_cancel(&mut self, now: Instant, id: TransmitId) {
         if self.in_flight.is_none_or(|f| f.id != id) {
             return;
         }
@@ -838,8 +838,8 @@ impl Holder {
 
     /// Feeds back what came of request `id`. Outcomes of requests the holder no longer
     /// waits for are ignored. A campaign's acquire that leaves the holder campaigning
-    /// is reported [`HolderEvent::Refused`].
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    /// is reported [`HolderEvent::NotGranted`].
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.filter(|f| f.id == id) else {
             return;
         };
@@ -858,7 +858,7 @@ impl Holder {
         self.on_outcome(now, flight, outcome);
         if campaign && matches!(self.phase, Phase::Campaigning { .. }) {
             self.events
-                .push_back(HolderEvent::Refused { holder, answer });
+                .push_back(HolderEvent::NotGranted { holder, answer });
         }
     }
 
@@ -1342,7 +1342,7 @@ impl Holder {
         if let Phase::Stopping { attempts, .. } = &mut self.phase {
             *attempts += 1;
         }
-        let id = EffectId(self.next_id);
+        let id = TransmitId(self.next_id);
         self.next_id += 1;
         self.in_flight = Some(InFlight {
             id,

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use crate::holder::campaign::Campaign;
-use crate::holder::supervise::Refusal;
+use crate::holder::supervise::NotGranted;
 use crate::holder::{HolderEvent, StepDownReason};
 use crate::wire::ErrorKind;
 
@@ -53,9 +53,9 @@ pub enum Heard {
         deadline: Instant,
     },
     /// An acquire did not win the key.
-    Refused {
+    NotGranted {
         /// Why, as `lock` tells it.
-        why: Refusal,
+        why: NotGranted,
         /// The holder the service named, if it did.
         holder: Option<String>,
     },
@@ -85,8 +85,8 @@ impl Heard {
             HolderEvent::Elected { fence, deadline } => Self::Elected { fence, deadline },
             HolderEvent::SteppedDown { reason } => Self::SteppedDown { reason },
             HolderEvent::Renewed { deadline, .. } => Self::Renewed { deadline },
-            HolderEvent::Refused { holder, answer } => Self::Refused {
-                why: Refusal::of(holder.is_some(), answer),
+            HolderEvent::NotGranted { holder, answer } => Self::NotGranted {
+                why: NotGranted::of(holder.is_some(), answer),
                 holder,
             },
             HolderEvent::Failed { kind, message } => Self::Failed { kind, message },
@@ -97,8 +97,8 @@ impl Heard {
     pub fn for_listener(self, listener: Listener) -> Option<Self> {
         match (&self, listener) {
             (Self::Elected { .. } | Self::SteppedDown { .. }, _) => Some(self),
-            (Self::Renewed { .. } | Self::Refused { .. }, Listener::Supervisor) => Some(self),
-            (Self::Renewed { .. } | Self::Refused { .. }, Listener::Application) => None,
+            (Self::Renewed { .. } | Self::NotGranted { .. }, Listener::Supervisor) => Some(self),
+            (Self::Renewed { .. } | Self::NotGranted { .. }, Listener::Application) => None,
             (Self::Failed { .. }, _) => None,
         }
     }

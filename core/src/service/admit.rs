@@ -1,5 +1,5 @@
 //! Admission: which requests the service starts at once, which wait for a call to
-//! end, and which it refuses at once with `unavailable`.
+//! end, and which it answers `unavailable` at once (overloaded).
 //!
 //! Requests past the bound used to wait in the subscription, unbounded: under a
 //! load above what the server can write (`scripts/bench --scale 100000` on 2
@@ -12,7 +12,7 @@
 //!   takes a key or only reads (acquire, owner, forward) waits only while fewer than
 //!   half of `max_waiting` wait, so the other half stays for renew and release,
 //!   which keep the leases already held;
-//! - else is refused at once: `unavailable`, which callers retry with backoff (the
+//! - else is answered `unavailable` at once (overloaded), which callers retry with backoff (the
 //!   holder library's campaign doubles its wait; an owner renews again at its retry
 //!   interval).
 //!
@@ -25,7 +25,7 @@
 //! own and calls start from the queues in turn, so one tenant's flood waits behind
 //! another's renewals no longer than one call each; and when the room is full, a
 //! request of a tenant with fewer waiting takes the place of the last request of
-//! the tenant with the most (which is refused `unavailable`), so a flood cannot
+//! the tenant with the most (which is answered `unavailable`), so a flood cannot
 //! keep another tenant out of the room either.
 //!
 //! The machine holds the waiting requests themselves (any `T`: the adapter's
@@ -42,7 +42,7 @@ pub enum AdmissionEvent<T> {
     /// Start its call now; feed [`Admission::handle_finished`] when it ends.
     Start(Endpoint, T),
     /// Answer it with this reply now; no call runs for it.
-    Refuse(Endpoint, T, Response),
+    Overloaded(Endpoint, T, Response),
 }
 
 /// What [`Admission::counts`] reports.
@@ -52,8 +52,8 @@ pub struct AdmissionCounts {
     pub running: usize,
     /// Requests waiting for a call to end.
     pub waiting: usize,
-    /// Requests refused so far.
-    pub refused: u64,
+    /// Requests answered `unavailable` at once at the bound so far.
+    pub overloaded: u64,
 }
 
 /// The admission machine. See the [module docs](self).
@@ -72,7 +72,7 @@ pub struct Admission<T> {
     turns: VecDeque<Option<String>>,
     waiting: usize,
     out: VecDeque<AdmissionEvent<T>>,
-    refused: u64,
+    overloaded: u64,
 }
 
 impl<T> Admission<T> {
@@ -89,7 +89,7 @@ impl<T> Admission<T> {
             turns: VecDeque::new(),
             waiting: 0,
             out: VecDeque::new(),
-            refused: 0,
+            overloaded: 0,
         }
     }
 
@@ -146,10 +146,10 @@ impl<T> Admission<T> {
             let queue = self.queues.get_mut(&victim).expect("found above");
             let (their_endpoint, theirs) = queue.pop_back().expect("longer than 1");
             self.waiting -= 1;
-            self.refuse(their_endpoint, theirs);
+            self.answer_overloaded(their_endpoint, theirs);
             return self.enqueue(tenant, endpoint, request);
         }
-        self.refuse(endpoint, request);
+        self.answer_overloaded(endpoint, request);
     }
 
     fn enqueue(&mut self, tenant: Option<String>, endpoint: Endpoint, request: T) {
@@ -161,8 +161,8 @@ impl<T> Admission<T> {
         self.waiting += 1;
     }
 
-    fn refuse(&mut self, endpoint: Endpoint, request: T) {
-        self.refused += 1;
+    fn answer_overloaded(&mut self, endpoint: Endpoint, request: T) {
+        self.overloaded += 1;
         let reply = ErrorReply::new(
             ErrorKind::Unavailable,
             format!(
@@ -170,7 +170,7 @@ impl<T> Admission<T> {
                 self.in_flight, self.waiting
             ),
         );
-        self.out.push_back(AdmissionEvent::Refuse(
+        self.out.push_back(AdmissionEvent::Overloaded(
             endpoint,
             request,
             Response::Error(reply),
@@ -212,12 +212,12 @@ impl<T> Admission<T> {
         self.in_flight == 0 && self.waiting == 0 && self.out.is_empty()
     }
 
-    /// Calls running, requests waiting, and requests refused so far.
+    /// Calls running, requests waiting, and requests answered at the bound so far.
     pub fn counts(&self) -> AdmissionCounts {
         AdmissionCounts {
             running: self.in_flight,
             waiting: self.waiting,
-            refused: self.refused,
+            overloaded: self.overloaded,
         }
     }
 

@@ -43,7 +43,7 @@ impl Service {
         };
         // One id names each request from the call to the adapter (or to the
         // coalescer) and back: the service's own.
-        while let Some(transmit) = running.call.poll_transmit(&mut self.effect_ids) {
+        while let Some(transmit) = running.call.poll_transmit(&mut self.transmit_ids) {
             let id = transmit.id;
             running.sent.push(id);
             if let Some(coalescer) = self
@@ -94,7 +94,7 @@ impl Service {
         }
         // Refused meanwhile: what the call did went to a stream whose sequence
         // went back, and its fence may be one handed out already.
-        let response = match (&self.refused, response) {
+        let response = match (&self.bucket_refused, response) {
             (Some(why), r) if r.error_kind().is_none() => Response::Error(ErrorReply::new(
                 crate::wire::ErrorKind::Unavailable,
                 format!("the lease service refuses its bucket: {why}"),
@@ -117,7 +117,7 @@ impl Service {
 
     /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
     /// waits for any more (its call ended, it timed out) is ignored.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         // A write in the coalescer was never handed to the adapter.
         if matches!(self.routes.get(&id), None | Some(Route::Write(_))) {
             return;
@@ -137,7 +137,7 @@ impl Service {
         &mut self,
         now: Instant,
         token: CallId,
-        id: EffectId,
+        id: TransmitId,
         outcome: RequestOutcome,
     ) {
         let Some(running) = self.calls.get_mut(&token) else {
@@ -149,7 +149,7 @@ impl Service {
     }
 
     /// Hands a part's request's outcome to the part.
-    fn part_outcome(&mut self, now: Instant, part: Part, id: EffectId, outcome: RequestOutcome) {
+    fn part_outcome(&mut self, now: Instant, part: Part, id: TransmitId, outcome: RequestOutcome) {
         match part {
             Part::Coalescer => {
                 if let Some(c) = &mut self.coalescer {
@@ -181,7 +181,7 @@ impl Service {
 
     /// Gives up a request out: nothing waits for it any more. A write still in
     /// the coalescer is never sent late; one sent is dropped by the adapter.
-    pub(super) fn cancel(&mut self, now: Instant, id: EffectId) {
+    pub(super) fn cancel(&mut self, now: Instant, id: TransmitId) {
         match self.routes.take(&id) {
             Some(Route::Write(_)) => {
                 if let Some(coalescer) = &mut self.coalescer {
@@ -198,10 +198,10 @@ impl Service {
         if let Some(known) = &mut self.known {
             known.clear();
         }
-        if self.refused.is_none() {
+        if self.bucket_refused.is_none() {
             self.events
                 .push_back(ServiceEvent::BucketRefused(why.clone()));
-            self.refused = Some(why);
+            self.bucket_refused = Some(why);
         }
     }
 
@@ -224,7 +224,7 @@ impl Service {
 
     /// A call's requests out are waited for no more (each send dropped), and its
     /// writes still queued in the coalescer are never sent late.
-    fn give_up_waits(&mut self, now: Instant, sent: &[EffectId]) {
+    fn give_up_waits(&mut self, now: Instant, sent: &[TransmitId]) {
         for id in sent {
             self.cancel(now, *id);
         }

@@ -50,7 +50,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::outbox::Ids;
 
 use crate::shard::ShardMap;
@@ -212,7 +212,7 @@ pub enum CoalescerEvent {
     /// the outcome of its own request.
     Done {
         /// The write: the id its owner gave the call's request.
-        write: EffectId,
+        write: TransmitId,
         /// What a single write would have been answered.
         outcome: RequestOutcome,
     },
@@ -220,7 +220,7 @@ pub enum CoalescerEvent {
 
 #[derive(Debug, Clone)]
 struct Write {
-    id: EffectId,
+    id: TransmitId,
     request: NatsRequest,
 }
 
@@ -249,7 +249,7 @@ enum Flight {
 pub struct Coalescer {
     config: CoalescerConfig,
     queue: VecDeque<Write>,
-    in_flight: BTreeMap<EffectId, Flight>,
+    in_flight: BTreeMap<TransmitId, Flight>,
     /// First-time singles out (not retries).
     singles: usize,
     /// Batches out.
@@ -262,7 +262,7 @@ pub struct Coalescer {
     batches_failed: u64,
     /// Writes cancelled while out in a batch: if the batch fails they are not
     /// sent again alone (their call gave up and was answered).
-    cancelled: std::collections::HashSet<EffectId>,
+    cancelled: std::collections::HashSet<TransmitId>,
 }
 
 impl Coalescer {
@@ -308,7 +308,7 @@ impl Coalescer {
     /// A write to send: a JetStream publish as the call built it.
     /// `id` is the id its owner gave the call's request: the write's result
     /// comes back with it ([`CoalescerEvent::Done`]).
-    pub fn handle_write(&mut self, _now: Instant, id: EffectId, request: NatsRequest) {
+    pub fn handle_write(&mut self, _now: Instant, id: TransmitId, request: NatsRequest) {
         self.queue.push_back(Write { id, request });
         self.dispatch();
     }
@@ -316,7 +316,7 @@ impl Coalescer {
     /// The caller of a write gave up on it (its call timed out or was cut off):
     /// dropped if it has not gone out yet, and then no result comes for it; once
     /// sent it runs its course and its result comes as usual.
-    pub fn handle_cancel(&mut self, _now: Instant, id: EffectId) {
+    pub fn handle_cancel(&mut self, _now: Instant, id: TransmitId) {
         let queued = self.queue.len();
         self.queue.retain(|w| w.id != id);
         let out_in_a_batch = self
@@ -333,7 +333,7 @@ impl Coalescer {
     }
 
     /// The outcome of a transmit's `request`.
-    pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, _now: Instant, id: TransmitId, outcome: RequestOutcome) {
         let Some(flight) = self.in_flight.remove(&id) else {
             return;
         };
@@ -354,7 +354,7 @@ impl Coalescer {
     /// The next send: a single write, or a batch (its messages before the commit
     /// in `publish`, the commit as `request`), under an id from its owner's `ids`:
     /// feed its outcome back with it. Drain after every input.
-    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
         let (mut transmit, flight) = self.unsent.pop_front()?;
         transmit.id = ids.allocate();
         self.in_flight.insert(transmit.id, flight);
@@ -375,7 +375,7 @@ impl Coalescer {
     }
 
     /// The writes a send in flight carries, in order (empty once answered).
-    pub fn writes_of(&self, send: EffectId) -> Vec<EffectId> {
+    pub fn writes_of(&self, send: TransmitId) -> Vec<TransmitId> {
         match self.in_flight.get(&send) {
             None => Vec::new(),
             Some(Flight::Single(w) | Flight::Retry(w)) => vec![w.id],
@@ -391,7 +391,7 @@ impl Coalescer {
         }
     }
 
-    fn done(&mut self, write: EffectId, outcome: RequestOutcome) {
+    fn done(&mut self, write: TransmitId, outcome: RequestOutcome) {
         self.cancelled.remove(&write);
         self.events
             .push_back(CoalescerEvent::Done { write, outcome });
@@ -478,7 +478,7 @@ impl Coalescer {
     }
 
     fn send_single(&mut self, w: Write, retry: bool) {
-        let transmit = Transmit::new(EffectId::UNSENT, TransmitKind::Write, w.request.clone());
+        let transmit = Transmit::new(TransmitId::UNSENT, TransmitKind::Write, w.request.clone());
         let flight = if retry {
             Flight::Retry(w)
         } else {
@@ -515,7 +515,7 @@ impl Coalescer {
         let request = messages.pop().expect("a batch is not empty");
         self.batches += 1;
         let transmit = Transmit {
-            id: EffectId::UNSENT,
+            id: TransmitId::UNSENT,
             kind: TransmitKind::Write,
             publish: messages,
             request,

@@ -55,7 +55,7 @@ impl Service {
         }
         let Received { reply, payload, .. } = message;
         let reply = reply.unwrap_or_default();
-        if let (Some(why), None) = (&self.refused, &self.stop) {
+        if let (Some(why), None) = (&self.bucket_refused, &self.stop) {
             let response = Response::Error(ErrorReply::new(
                 crate::wire::ErrorKind::Unavailable,
                 format!("the lease service refuses its bucket: {why}"),
@@ -116,7 +116,7 @@ impl Service {
                 ))
             }
             Err(reason) => {
-                let log = self.refusals.handle_refused(now).map(|dropped| DroppedLog {
+                let log = self.drops.handle_dropped(now).map(|dropped| DroppedLog {
                     dropped,
                     subject: message.subject.clone(),
                     reply: message
@@ -125,7 +125,7 @@ impl Service {
                         .map(|r| r.escape_debug().to_string()),
                     prefixes: self.config.reply_scope.prefixes().join(", "),
                 });
-                self.events.push_back(ServiceEvent::ReplyRefused {
+                self.events.push_back(ServiceEvent::Dropped {
                     source,
                     reason,
                     log,
@@ -216,9 +216,9 @@ impl Service {
             any = true;
             match event {
                 AdmissionEvent::Start(endpoint, pending) => self.start(now, endpoint, pending),
-                AdmissionEvent::Refuse(endpoint, pending, response) => {
+                AdmissionEvent::Overloaded(endpoint, pending, response) => {
                     self.acquire_ended(pending.scope.as_ref().ok(), pending.acquiring.as_deref());
-                    self.events.push_back(ServiceEvent::Refused { endpoint });
+                    self.events.push_back(ServiceEvent::Overloaded { endpoint });
                     if let Some(item) = pending.item {
                         self.item_answered(now, item, response, Duration::ZERO);
                         continue;

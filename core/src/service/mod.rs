@@ -92,10 +92,10 @@ use self::sweep::{TombstoneSweep, TombstoneSweepEvent};
 use crate::call::{Call, CallConfig, CallEvent};
 use crate::change::ChangeEvent;
 use crate::health::{self, Health, LogLevel, NotReady};
-use crate::io::{EffectId, HANDOFF_BOUND, Mode, RequestOutcome, Transmit};
+use crate::io::{HANDOFF_BOUND, Mode, RequestOutcome, Transmit, TransmitId};
 use crate::known::KnownLeases;
 use crate::outbox::{CallId, Due, Handoff, Ids, Requests};
-use crate::reply_scope::{REFUSAL_LOG_EVERY, RefusalLog};
+use crate::reply_scope::{DROP_LOG_EVERY, DropLog};
 use crate::subjects::{
     API_PREFIX, CHANGED_PREFIX, QUEUE_GROUP, TENANT_API_SUBJECTS, TENANT_CHANGED_SUBJECTS,
     changed_subject,
@@ -194,7 +194,7 @@ struct Running {
     acquiring: Option<String>,
     started: Instant,
     /// Its requests out, to the adapter or in the coalescer.
-    sent: Vec<EffectId>,
+    sent: Vec<TransmitId>,
     /// The shard of its key, and the highest revision the service had seen on
     /// it when the call started: every write of the call must be stored above.
     shard: usize,
@@ -218,7 +218,7 @@ pub struct Service {
     mode: Mode,
     call_config: CallConfig,
     micro: MicroService,
-    refusals: RefusalLog,
+    drops: DropLog,
     admission: Admission<Pending>,
     tenants: TenantLeases,
     known: Option<KnownLeases>,
@@ -240,9 +240,9 @@ pub struct Service {
     /// Each call's deadline.
     deadlines: Due<CallId>,
     /// Requests out, by whom each belongs to; the parts' timed out here.
-    routes: Requests<EffectId, Route>,
+    routes: Requests<TransmitId, Route>,
     /// The ids of every request of the service, its calls' and its parts'.
-    effect_ids: Ids<EffectId>,
+    transmit_ids: Ids<TransmitId>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ServiceEvent>,
     /// Whether every connection is up, as the adapter last said.
@@ -250,7 +250,7 @@ pub struct Service {
     /// Whether the bucket answered the last look, or why not.
     bucket: Result<(), String>,
     /// Why the bucket is refused, once its sequence went back.
-    refused: Option<String>,
+    bucket_refused: Option<String>,
     /// The health last reported.
     health: Option<Health>,
     /// Each shard's highest revision seen (its calls' reads and writes, the
@@ -292,7 +292,7 @@ impl Service {
         }
         let mut service = Self {
             micro,
-            refusals: RefusalLog::new(REFUSAL_LOG_EVERY),
+            drops: DropLog::new(DROP_LOG_EVERY),
             admission,
             tenants: TenantLeases::new(config.max_leases_per_tenant),
             known: (config.known_capacity > 0).then(|| KnownLeases::new(config.known_capacity)),
@@ -310,12 +310,12 @@ impl Service {
             call_ids: Ids::starting_at(1),
             deadlines: Due::new(),
             routes: Requests::new(),
-            effect_ids: Ids::starting_at(1),
+            transmit_ids: Ids::starting_at(1),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             connected: true,
             bucket: Ok(()),
-            refused: None,
+            bucket_refused: None,
             health: None,
             floors: vec![0; config.bucket.shards.count() as usize],
             gathers: renew_many::Gathers::default(),
@@ -421,7 +421,7 @@ impl Service {
                 not_serving,
                 self.connected,
                 self.bucket.clone(),
-                self.refused.as_deref(),
+                self.bucket_refused.as_deref(),
                 self.stop.is_some() || self.failed,
             ),
             connected: self.connected,

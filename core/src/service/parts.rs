@@ -23,7 +23,7 @@ impl Service {
             while let Some(t) = self
                 .coalescer
                 .as_mut()
-                .and_then(|c| c.poll_transmit(&mut self.effect_ids))
+                .and_then(|c| c.poll_transmit(&mut self.transmit_ids))
             {
                 moved = true;
                 self.send_for(now, Part::Coalescer, t);
@@ -42,7 +42,7 @@ impl Service {
 
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
-        while let Some(t) = self.sweep.poll_transmit(&mut self.effect_ids) {
+        while let Some(t) = self.sweep.poll_transmit(&mut self.transmit_ids) {
             self.send_for(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
@@ -51,7 +51,7 @@ impl Service {
         while let Some(t) = self
             .check
             .as_mut()
-            .and_then(|c| c.poll_transmit(&mut self.effect_ids))
+            .and_then(|c| c.poll_transmit(&mut self.transmit_ids))
         {
             self.send_for(now, Part::Replicas, t);
         }
@@ -143,7 +143,7 @@ impl Service {
         let Phase::Starting(startup) = &mut self.phase else {
             return;
         };
-        let ids = &mut self.effect_ids;
+        let ids = &mut self.transmit_ids;
         let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit(ids)).collect();
         for t in sends {
             self.send_for(now, Part::Startup, t);
@@ -166,7 +166,7 @@ impl Service {
                         startup.seen().to_vec(),
                     ));
                 }
-                StartupEvent::Refused(why) => {
+                StartupEvent::StartRefused(why) => {
                     self.events.push_back(ServiceEvent::StartRefused(why));
                 }
             }

@@ -120,7 +120,7 @@ impl Service {
                 return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
             }
         };
-        if let (Some(why), None) = (&self.refused, &self.stop) {
+        if let (Some(why), None) = (&self.bucket_refused, &self.stop) {
             let refused = ErrorReply::new(
                 ErrorKind::Unavailable,
                 format!("the lease service refuses its bucket: {why}"),
@@ -156,7 +156,7 @@ impl Service {
         let room = (self.config.max_calls_in_flight + self.config.max_calls_waiting)
             .saturating_sub(counts.running + counts.waiting);
         if items.len() > room && self.stop.is_none() {
-            self.events.push_back(ServiceEvent::Refused {
+            self.events.push_back(ServiceEvent::Overloaded {
                 endpoint: Endpoint::Renew,
             });
             let refused = ErrorReply::new(

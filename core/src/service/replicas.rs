@@ -31,7 +31,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js;
 use crate::outbox::Ids;
 use crate::service::bucket::{replicas_from_reply, stream_info_request_of};
@@ -79,7 +79,7 @@ pub struct ReplicasCheck {
     next_at: Instant,
     /// The check in flight (its owner times it out and says so with
     /// [`RequestOutcome::TimedOut`]).
-    waiting: Option<EffectId>,
+    waiting: Option<TransmitId>,
     confirm_reads: bool,
     /// Each shard's stream, its `created` time as last seen, and its replicas.
     streams: Vec<(String, Option<String>, usize)>,
@@ -182,7 +182,7 @@ impl ReplicasCheck {
     /// Asks the stream at the cursor.
     fn ask(&mut self) {
         self.floor = self.high[self.cursor];
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         self.waiting = Some(id);
         let request = stream_info_request_of(&self.streams[self.cursor].0, self.timeout);
         self.transmits
@@ -190,7 +190,7 @@ impl ReplicasCheck {
     }
 
     /// The answer to a check: an event when the replicas cross one.
-    pub fn handle_outcome(&mut self, _now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, _now: Instant, id: TransmitId, outcome: RequestOutcome) {
         if self.waiting != Some(id) {
             return;
         }
@@ -294,7 +294,7 @@ impl ReplicasCheck {
 
     /// The next stream-info request to send.
     /// It goes under an id from its owner's `ids`: feed its outcome back with it.
-    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
         let mut transmit = self.transmits.pop_front()?;
         transmit.id = ids.allocate();
         if let Some(waited) = &mut self.waiting {

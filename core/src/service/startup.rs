@@ -12,7 +12,7 @@ use super::bucket::{
     ATOMIC_SERVER_VERSION, BucketOptions, MIN_SERVER_VERSION, managed_fields, parse_version,
     replicas_in, republish_at, shard_stream_config, stream_info_request_of,
 };
-use crate::io::{EffectId, Mode, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{Mode, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js::{
     self, ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, ERR_STREAM_SUBJECT_OVERLAP, JsFailure,
 };
@@ -55,7 +55,7 @@ pub enum StartupEvent {
     /// The bucket exists with another layout (another `--shards`): serving would
     /// move keys to other streams and restart their fences, so the service must not
     /// start. The sentence says which count the bucket has.
-    Refused(String),
+    StartRefused(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub struct Startup {
     step: Step,
     /// The request waited on (its owner times it out and says so with
     /// [`RequestOutcome::TimedOut`]).
-    waiting: Option<EffectId>,
+    waiting: Option<TransmitId>,
     races: u32,
     replicas: usize,
     mode: Mode,
@@ -185,7 +185,7 @@ impl Startup {
 
     /// The next request to send, if any.
     /// It goes under an id from its owner's `ids`: feed its outcome back with it.
-    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
         let mut transmit = self.transmits.pop_front()?;
         transmit.id = ids.allocate();
         if let Some(waited) = &mut self.waiting {
@@ -224,7 +224,7 @@ impl Startup {
     }
 
     /// Feeds back the outcome of a request.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         if self.waiting != Some(id) {
             return;
         }
@@ -310,7 +310,7 @@ impl Startup {
     }
 
     fn send(&mut self, step: Step, subject: String, body: Value) {
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         self.step = step;
         self.waiting = Some(id);
         let request = js::api_request(subject, &body, self.timeout);
@@ -324,7 +324,7 @@ impl Startup {
     }
 
     fn ask_info(&mut self) {
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         self.step = Step::Info;
         self.waiting = Some(id);
         let request = stream_info_request_of(&self.stream(), self.timeout);
@@ -343,7 +343,7 @@ impl Startup {
     }
 
     fn ask_layout(&mut self) {
-        let id = EffectId::UNSENT;
+        let id = TransmitId::UNSENT;
         self.step = Step::Layout;
         self.waiting = Some(id);
         let request = stream_info_request_of(&self.other_layout_stream(), self.timeout);
@@ -399,7 +399,7 @@ impl Startup {
 
     fn refuse(&mut self, sentence: String) {
         self.step = Step::Done;
-        self.events.push_back(StartupEvent::Refused(sentence));
+        self.events.push_back(StartupEvent::StartRefused(sentence));
     }
 
     fn create(&mut self) {

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::json;
 
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js;
 use crate::outbox::Ids;
 use crate::shard::ShardMap;
@@ -165,7 +165,7 @@ enum ReadFound {
 pub struct TombstoneSweep {
     timeout: Duration,
     pending: VecDeque<Tombstone>,
-    out: HashMap<EffectId, Out>,
+    out: HashMap<TransmitId, Out>,
     purges_out: usize,
     scans: Vec<StreamScan>,
     /// Scans wait until then after a failure.
@@ -237,7 +237,7 @@ impl TombstoneSweep {
     }
 
     /// The outcome of the request sent as `id`.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         match self.out.remove(&id) {
             None => {}
             Some(Out::Purge(t)) => {
@@ -321,7 +321,7 @@ impl TombstoneSweep {
     /// The next request to send: purges first, up to [`MAX_IN_FLIGHT`], then one
     /// scan read per stream.
     /// Each goes under an id from its owner's `ids`: feed its outcome back with it.
-    pub fn poll_transmit(&mut self, ids: &mut Ids<EffectId>) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
         if self.purges_out < MAX_IN_FLIGHT
             && let Some(t) = self.pending.pop_front()
         {
@@ -363,7 +363,7 @@ impl TombstoneSweep {
         None
     }
 
-    fn send(&mut self, ids: &mut Ids<EffectId>, out: Out, request: NatsRequest) -> Transmit {
+    fn send(&mut self, ids: &mut Ids<TransmitId>, out: Out, request: NatsRequest) -> Transmit {
         let id = ids.allocate();
         self.out.insert(id, out);
         Transmit::new(id, TransmitKind::Api, request)

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::shutdown::StopPhase;
 use crate::call::KvFact;
 use crate::health::{Health, LogLevel};
-use crate::io::{EffectId, Mode};
-use crate::reply_scope::ReplyRefusal;
+use crate::io::{Mode, TransmitId};
+use crate::reply_scope::DropReason;
 use crate::wire::{Endpoint, Response};
 
 /// A message as a subscription delivered it.
@@ -149,17 +149,18 @@ pub enum ServiceEvent {
     /// The bucket is ensured: serving from now on, in [`Serving::mode`] (the
     /// mode gauge).
     Serving(Serving),
-    /// A request was answered `unavailable` at once: the service is at its bound.
-    Refused {
+    /// A request was answered `unavailable` at once: the service is at its bound
+    /// (admission's answer when overloaded).
+    Overloaded {
         /// Its endpoint.
         endpoint: Endpoint,
     },
     /// A request was dropped unanswered: its reply subject may not be answered.
-    ReplyRefused {
+    Dropped {
         /// Where it came in.
         source: RequestSource,
         /// Why.
-        reason: ReplyRefusal,
+        reason: DropReason,
         /// The log line, at most once per interval.
         log: Option<DroppedLog>,
     },
@@ -171,7 +172,7 @@ pub enum ServiceEvent {
     /// machine's deadlines are the only timers a request has: send it untimed.
     Cancel {
         /// The request.
-        id: EffectId,
+        id: TransmitId,
     },
     /// Read confirmation turned on or off with the stream's replicas.
     ConfirmReads {

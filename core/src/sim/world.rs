@@ -9,9 +9,9 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{Op, OwnerBehaviour, SimJetStream};
-use crate::call::{Call, CallConfig, CallEvent, Effect};
-use crate::io::EffectId;
+use crate::call::{Call, CallConfig, CallEvent, CallRequest};
 use crate::io::RequestOutcome;
+use crate::io::TransmitId;
 use crate::js::{self, KeyState};
 use crate::known::{Known, KnownLeases};
 use crate::outbox::Ids;
@@ -67,12 +67,12 @@ pub enum CallKind {
 /// The call machine a [`World`] drives: [`Call`] itself, or a test's wrapper of it
 /// (a mutant the checks must catch).
 pub trait CallMachine: std::fmt::Debug {
-    /// See [`Call::poll_effect`].
-    fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect>;
+    /// See [`Call::poll_request`].
+    fn poll_request(&mut self, ids: &mut Ids<TransmitId>) -> Option<CallRequest>;
     /// See [`Call::poll_event`].
     fn poll_event(&mut self) -> Option<CallEvent>;
     /// See [`Call::handle_outcome`].
-    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome);
+    fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome);
     /// See [`Call::poll_timeout`].
     fn poll_timeout(&self) -> Option<Instant>;
     /// See [`Call::handle_timeout`].
@@ -84,13 +84,13 @@ pub trait CallMachine: std::fmt::Debug {
 }
 
 impl CallMachine for Call {
-    fn poll_effect(&mut self, ids: &mut Ids<EffectId>) -> Option<Effect> {
-        Self::poll_effect(self, ids)
+    fn poll_request(&mut self, ids: &mut Ids<TransmitId>) -> Option<CallRequest> {
+        Self::poll_request(self, ids)
     }
     fn poll_event(&mut self) -> Option<CallEvent> {
         Self::poll_event(self)
     }
-    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         Self::handle_outcome(self, now, id, outcome)
     }
     fn poll_timeout(&self) -> Option<Instant> {
@@ -122,7 +122,7 @@ fn make_call(
 pub(super) struct Active {
     pub(super) kind: CallKind,
     call: Box<dyn CallMachine>,
-    pending: Option<Effect>,
+    pending: Option<CallRequest>,
     pub(super) last_read: Option<KeyState>,
     pub(super) written: Vec<u64>,
     pub(super) inbox_attempts: u32,
@@ -168,7 +168,7 @@ pub struct World {
     /// them), delivered at the end of the next.
     events: Vec<crate::service::Received>,
     /// The ids of the calls' requests: the world is their owner.
-    ids: Ids<EffectId>,
+    ids: Ids<TransmitId>,
 }
 
 /// A broken invariant.
@@ -464,8 +464,8 @@ impl World {
         };
         let now = self.now();
         let cut = self.cut_leader.as_mut().filter(|_| via_cut);
-        let (id, outcome): (EffectId, RequestOutcome) = match &effect {
-            Effect::KvRead(_) => {
+        let (id, outcome): (TransmitId, RequestOutcome) = match &effect {
+            CallRequest::KvRead(_) => {
                 let (id, req) = effect.nats_request();
                 let outcome = match cut {
                     Some(stale) => stale.handle(&req),
@@ -481,12 +481,12 @@ impl World {
                     },
                 )
             }
-            Effect::KvWrite(_) | Effect::ConfirmRead(_) if cut.is_some() => {
+            CallRequest::KvWrite(_) | CallRequest::ConfirmRead(_) if cut.is_some() => {
                 let (id, req) = effect.nats_request();
                 let stale = cut.expect("checked");
                 (id, stale.handle(&req))
             }
-            Effect::ConfirmRead(_) => {
+            CallRequest::ConfirmRead(_) => {
                 let (id, req) = effect.nats_request();
                 let outcome = self.sim.handle(&req);
                 (
@@ -498,7 +498,7 @@ impl World {
                     },
                 )
             }
-            Effect::KvWrite(w) => {
+            CallRequest::KvWrite(w) => {
                 self.check_write(i, w)?;
                 let (id, req) = effect.nats_request();
                 let outcome = self.sim.handle(&req);
@@ -514,7 +514,7 @@ impl World {
                     },
                 )
             }
-            Effect::InboxRequest(r) => {
+            CallRequest::InboxRequest(r) => {
                 let a = &mut self.calls[i];
                 a.inbox_attempts += 1;
                 if a.inbox_attempts > crate::call::MAX_FORWARD_ATTEMPTS {
@@ -547,22 +547,22 @@ impl World {
             }
         };
         let timed_out =
-            matches!(effect, Effect::InboxRequest(_)) && outcome == RequestOutcome::TimedOut;
+            matches!(effect, CallRequest::InboxRequest(_)) && outcome == RequestOutcome::TimedOut;
         let unavailable = |f: js::JsFailure| f.kind == ErrorKind::Unavailable;
         let a = &mut self.calls[i];
         match &effect {
-            Effect::KvRead(_) => {
+            CallRequest::KvRead(_) => {
                 a.js_failed |= js::parse_read(&outcome).is_err_and(unavailable);
             }
-            Effect::KvWrite(_) | Effect::ConfirmRead(_) => {
-                if matches!(effect, Effect::KvWrite(_)) {
+            CallRequest::KvWrite(_) | CallRequest::ConfirmRead(_) => {
+                if matches!(effect, CallRequest::KvWrite(_)) {
                     a.writes += 1;
                 } else {
                     a.confirms += 1;
                 }
                 a.js_failed |= js::parse_pub_ack(&outcome).is_err_and(unavailable);
             }
-            Effect::InboxRequest(r) => {
+            CallRequest::InboxRequest(r) => {
                 a.last_inbox = Some((r.holder.clone(), r.fence, Some(owner)));
             }
         }
@@ -585,17 +585,17 @@ impl World {
                 known.learn(&key, fact);
             }
         }
-        while let Some(effect) = self.calls[i].call.poll_effect(&mut self.ids) {
+        while let Some(effect) = self.calls[i].call.poll_request(&mut self.ids) {
             if self.calls[i].reply.is_some() {
                 return Err(format!("effect after the reply: {effect:?}"));
             }
             if matches!(
                 effect,
-                Effect::KvRead(_) | Effect::KvWrite(_) | Effect::ConfirmRead(_)
+                CallRequest::KvRead(_) | CallRequest::KvWrite(_) | CallRequest::ConfirmRead(_)
             ) {
                 self.calls[i].kv_effects += 1;
             }
-            if let Effect::InboxRequest(r) = &effect {
+            if let CallRequest::InboxRequest(r) = &effect {
                 self.calls[i].last_inbox = Some((r.holder.clone(), r.fence, None));
                 // Sent right after the read (and its confirmation) that chose
                 // this owner: it must be the owner now.

@@ -101,7 +101,7 @@ fn a_wait_of_zero_asks_once() {
 fn a_release_event_asks_again_at_once_and_a_renewal_event_pushes_the_fallback() {
     let t0 = Instant::now();
     let (mut w, first) = first_answer(t0, 60_000, false);
-    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::NotGranted(reply(false)));
     assert_eq!(
         w.poll_timeout(),
         Some(ms(t0, 10 + TTL_MS)),
@@ -130,7 +130,7 @@ fn without_events_it_asks_again_a_ttl_after_the_last_write_seen() {
 fn the_wait_ends_with_the_last_refusal_even_before_the_fallback() {
     let t0 = Instant::now();
     let (mut w, first) = first_answer(t0, 1_000, false);
-    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::NotGranted(reply(false)));
     assert_eq!(w.poll_timeout(), Some(ms(t0, 1_000)));
     w.handle_timeout(ms(t0, 1_000));
     assert_eq!(
@@ -181,7 +181,7 @@ fn no_usable_answer_fails_and_a_late_one_is_ignored() {
 fn no_service_while_waiting_is_a_failure_not_the_last_refusal() {
     let t0 = Instant::now();
     let (mut w, first) = first_answer(t0, 60_000, false);
-    assert_eq!(first, WaitingAcquireEvent::Refused(reply(false)));
+    assert_eq!(first, WaitingAcquireEvent::NotGranted(reply(false)));
     w.handle_change(ms(t0, 1_000), &event(ChangeKind::Released));
     let r = asked(&mut w);
     w.handle_outcome(ms(t0, 1_001), r.id, RequestOutcome::NoResponders);
@@ -216,7 +216,7 @@ fn the_first_acquire_goes_out_once_subscribed_and_flushed_and_the_wait_begins_th
     w.handle_outcome(ms(t0, 50), r.id, answer(&reply(false)));
     assert_eq!(
         w.poll_event(),
-        Some(WaitingAcquireEvent::Refused(reply(false)))
+        Some(WaitingAcquireEvent::NotGranted(reply(false)))
     );
     assert_eq!(
         w.poll_timeout(),
@@ -257,7 +257,7 @@ fn a_subscribe_not_over_within_the_handoff_bound_is_given_up_and_the_acquire_goe
     w.handle_outcome(refused_at, r.id, answer(&reply(false)));
     assert_eq!(
         w.poll_event(),
-        Some(WaitingAcquireEvent::Refused(reply(false)))
+        Some(WaitingAcquireEvent::NotGranted(reply(false)))
     );
     let fallback = refused_at + Duration::from_millis(TTL_MS);
     assert_eq!(
@@ -314,7 +314,7 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
     };
     let mut w = started(at(0), Duration::from_millis(wait_ms));
     // The acquire out: (arrives at, id, reply).
-    let mut out: Option<(u64, crate::io::EffectId, Vec<u8>)> = None;
+    let mut out: Option<(u64, crate::io::TransmitId, Vec<u8>)> = None;
     let mut released = false;
     let mut t = 0;
     loop {
@@ -328,10 +328,10 @@ fn world(seed: u64, wait_ms: u64, release_at: u64, expire: bool) -> Result<(), S
         }
         while let Some(e) = w.poll_event() {
             match e {
-                WaitingAcquireEvent::Refused(_) if t >= wait_ms => {
+                WaitingAcquireEvent::NotGranted(_) if t >= wait_ms => {
                     return Err(format!("t={t}: still waiting past the wait"));
                 }
-                WaitingAcquireEvent::Refused(_) => {}
+                WaitingAcquireEvent::NotGranted(_) => {}
                 WaitingAcquireEvent::Done(r) if r.granted => {
                     if service.held_by(t) != Some("me") {
                         return Err(format!("t={t}: granted but the service says otherwise"));

@@ -14,21 +14,21 @@ fn started(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
         .iter()
         .filter_map(|e| match e {
             AdmissionEvent::Start(_, r) => Some(*r),
-            AdmissionEvent::Refuse(..) => None,
+            AdmissionEvent::Overloaded(..) => None,
         })
         .collect()
 }
 
-fn refused(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
+fn overloaded(events: &[AdmissionEvent<u32>]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            AdmissionEvent::Refuse(_, r, Response::Error(e))
+            AdmissionEvent::Overloaded(_, r, Response::Error(e))
                 if e.kind == ErrorKind::Unavailable =>
             {
                 Some(*r)
             }
-            AdmissionEvent::Refuse(..) => panic!("a refusal is `unavailable`: {e:?}"),
+            AdmissionEvent::Overloaded(..) => panic!("a refusal is `unavailable`: {e:?}"),
             AdmissionEvent::Start(..) => None,
         })
         .collect()
@@ -77,7 +77,11 @@ fn a_full_queue_refuses_at_once_with_unavailable() {
     a.handle_request(now, Endpoint::Renew, 3);
     let events = drain(&mut a);
     assert_eq!(started(&events), [0]);
-    assert_eq!(refused(&events), [3], "two wait, the third past the bound");
+    assert_eq!(
+        overloaded(&events),
+        [3],
+        "two wait, the third past the bound"
+    );
     assert_eq!(a.counts(), counts(1, 2, 1));
 }
 
@@ -97,7 +101,7 @@ fn half_the_queue_is_kept_for_renew_and_release() {
     a.handle_request(now, Endpoint::Renew, 7);
     let events = drain(&mut a);
     assert_eq!(started(&events), [0]);
-    assert_eq!(refused(&events), [3, 4, 7]);
+    assert_eq!(overloaded(&events), [3, 4, 7]);
     for _ in 0..5 {
         a.handle_finished(now);
     }
@@ -126,7 +130,7 @@ fn a_bound_of_zero_still_runs_one_call() {
     a.handle_request(now, Endpoint::Owner, 1);
     let events = drain(&mut a);
     assert_eq!(started(&events), [0]);
-    assert_eq!(refused(&events), [1]);
+    assert_eq!(overloaded(&events), [1]);
 }
 
 fn ta() -> Option<String> {
@@ -167,10 +171,10 @@ fn a_full_room_makes_space_for_a_tenant_with_fewer_waiting_at_the_floods_expense
     assert_eq!(started(&drain(&mut a)), [0]);
     // The room is full of TA's; TB's renewal takes the place of TA's last.
     a.handle_request_of(now, tb(), Endpoint::Renew, 100);
-    assert_eq!(refused(&drain(&mut a)), [4]);
+    assert_eq!(overloaded(&drain(&mut a)), [4]);
     // TA's next finds the room full and no longer queue to take from.
     a.handle_request_of(now, ta(), Endpoint::Renew, 5);
-    assert_eq!(refused(&drain(&mut a)), [5]);
+    assert_eq!(overloaded(&drain(&mut a)), [5]);
     assert_eq!(a.counts(), counts(1, 4, 2));
     for _ in 0..4 {
         a.handle_finished(now);
@@ -219,10 +223,14 @@ fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
 }
 
 /// The counts as a named struct, for the table rows above.
-fn counts(running: usize, waiting: usize, refused: u64) -> crate::service::admit::AdmissionCounts {
+fn counts(
+    running: usize,
+    waiting: usize,
+    overloaded: u64,
+) -> crate::service::admit::AdmissionCounts {
     crate::service::admit::AdmissionCounts {
         running,
         waiting,
-        refused,
+        overloaded,
     }
 }

@@ -40,7 +40,7 @@ fn is_watch(e: &CampaignEvent) -> bool {
             | CampaignEvent::Unwatch { .. }
             | CampaignEvent::CancelWatch { .. }
             | CampaignEvent::Holder {
-                event: HolderEvent::Refused { .. },
+                event: HolderEvent::NotGranted { .. },
                 ..
             }
     )
@@ -1643,7 +1643,7 @@ fn an_outcome_for_a_request_not_yet_polled_is_ignored_and_the_request_still_goes
     let mut run = Run::new();
     run.group(&["leader"], 1);
     // The campaign's own ids start at 0: the acquire waits to be polled under it.
-    let first = crate::io::EffectId(0);
+    let first = crate::io::TransmitId(0);
     run.campaign.handle_outcome(run.at(1), first, granted(3));
     assert!(answers(&run.bookkeeping()).is_empty());
     let acquire = run.request();

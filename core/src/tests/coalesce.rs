@@ -4,7 +4,7 @@ use super::support::owner_ids;
 use crate::service::coalesce::BatchCounts;
 use std::time::{Duration, Instant};
 
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js::{PublishResult, parse_pub_ack};
 use crate::service::coalesce::{
     CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID,
@@ -31,7 +31,7 @@ fn header<'a>(r: &'a NatsRequest, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn drain(c: &mut Coalescer) -> (Vec<Transmit>, Vec<(EffectId, RequestOutcome)>) {
+fn drain(c: &mut Coalescer) -> (Vec<Transmit>, Vec<(TransmitId, RequestOutcome)>) {
     let mut sends = Vec::new();
     let mut done = Vec::new();
     while let Some(t) = c.poll_transmit(&mut owner_ids()) {
@@ -97,7 +97,7 @@ fn with_batch_bounds(max_batch: usize, min_batch: usize) -> Coalescer {
 
 /// Sends write 0 (key `x`) alone: the single window is full from then on.
 fn fill_the_single_window(c: &mut Coalescer, now: Instant) -> Transmit {
-    c.handle_write(now, EffectId(0), write("x", 0));
+    c.handle_write(now, TransmitId(0), write("x", 0));
     drain(c).0.remove(0)
 }
 
@@ -109,7 +109,7 @@ fn atomic() -> Coalescer {
 fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
     let now = Instant::now();
     let mut c = atomic();
-    c.handle_write(now, EffectId(1), write("a", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
     let (sends, done) = drain(&mut c);
     assert!(done.is_empty());
     assert_eq!(sends.len(), 1);
@@ -124,7 +124,7 @@ fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
     assert!(sends2.is_empty());
     assert_eq!(
         done,
-        vec![(EffectId(1), ack(7))],
+        vec![(TransmitId(1), ack(7))],
         "the reply passes through untouched"
     );
     assert!(c.is_done());
@@ -134,22 +134,22 @@ fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
 fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
     let now = Instant::now();
     let mut c = atomic();
-    c.handle_write(now, EffectId(1), write("a", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
     let (first, _) = drain(&mut c);
     for (i, key) in ["b", "c"].iter().enumerate() {
-        c.handle_write(now, EffectId(2 + i as u64), write(key, 5));
+        c.handle_write(now, TransmitId(2 + i as u64), write(key, 5));
         assert_eq!(
             drain(&mut c),
             (vec![], vec![]),
             "the single window is full and the queue below min_batch: they wait"
         );
     }
-    c.handle_write(now, EffectId(4), write("d", 5));
+    c.handle_write(now, TransmitId(4), write("d", 5));
     let (sends, done) = drain(&mut c);
     assert!(done.is_empty());
     assert_eq!(sends.len(), 1, "the third makes a batch, at once");
     c.handle_outcome(now, first[0].id, ack(1));
-    assert_eq!(drain(&mut c), (vec![], vec![(EffectId(1), ack(1))]));
+    assert_eq!(drain(&mut c), (vec![], vec![(TransmitId(1), ack(1))]));
     let s = &sends[0];
     assert_eq!(s.publish.len(), 2);
     let all: Vec<&NatsRequest> = s.publish.iter().chain([&s.request]).collect();
@@ -177,13 +177,13 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
     c.handle_outcome(now, s.id, batch_ack(12, 3));
     let (sends, done) = drain(&mut c);
     assert!(sends.is_empty());
-    let got: Vec<(EffectId, Option<u64>)> = done.iter().map(|(w, o)| (*w, stored(o))).collect();
+    let got: Vec<(TransmitId, Option<u64>)> = done.iter().map(|(w, o)| (*w, stored(o))).collect();
     assert_eq!(
         got,
         vec![
-            (EffectId(2), Some(10)),
-            (EffectId(3), Some(11)),
-            (EffectId(4), Some(12))
+            (TransmitId(2), Some(10)),
+            (TransmitId(3), Some(11)),
+            (TransmitId(4), Some(12))
         ]
     );
     assert!(c.is_done());
@@ -194,10 +194,10 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
 fn a_batch_holds_at_most_max_batch_writes() {
     let now = Instant::now();
     let mut c = with_batch_bounds(4, 4);
-    c.handle_write(now, EffectId(0), write("k0", 0));
+    c.handle_write(now, TransmitId(0), write("k0", 0));
     let (first, _) = drain(&mut c);
     for i in 1..=10u64 {
-        c.handle_write(now, EffectId(i), write(&format!("k{i}"), 0));
+        c.handle_write(now, TransmitId(i), write(&format!("k{i}"), 0));
     }
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1, "one batch out at once");
@@ -219,7 +219,7 @@ fn a_batch_holds_at_most_max_batch_writes() {
         "the single came back: the front goes single"
     );
     assert!(sends[0].publish.is_empty());
-    assert_eq!(c.writes_of(sends[0].id), vec![EffectId(9)]);
+    assert_eq!(c.writes_of(sends[0].id), vec![TransmitId(9)]);
     assert_eq!(c.pending(), pending(1, 1));
 }
 
@@ -227,10 +227,10 @@ fn a_batch_holds_at_most_max_batch_writes() {
 fn the_bound_is_clamped_to_the_servers_limit() {
     let now = Instant::now();
     let mut c = with_batch_bounds(5000, 5000);
-    c.handle_write(now, EffectId(0), write("k", 0));
+    c.handle_write(now, TransmitId(0), write("k", 0));
     drain(&mut c);
     for i in 1..=1500u64 {
-        c.handle_write(now, EffectId(i), write(&format!("k{i}"), 0));
+        c.handle_write(now, TransmitId(i), write(&format!("k{i}"), 0));
     }
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1);
@@ -242,17 +242,17 @@ fn two_writes_of_one_subject_never_share_a_batch() {
     let now = Instant::now();
     let mut c = with_min_batch(5);
     fill_the_single_window(&mut c, now);
-    c.handle_write(now, EffectId(1), write("a", 3));
-    c.handle_write(now, EffectId(2), write("a", 3));
+    c.handle_write(now, TransmitId(1), write("a", 3));
+    c.handle_write(now, TransmitId(2), write("a", 3));
     // A read confirmation checks `$KV.leases.b` from another subject.
     let mut confirm = write("b", 4);
     confirm.subject = confirm_subject("b");
     confirm
         .headers
         .push((HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, kv_subject("b")));
-    c.handle_write(now, EffectId(3), confirm);
-    c.handle_write(now, EffectId(4), write("b", 4));
-    c.handle_write(now, EffectId(5), write("c", 0));
+    c.handle_write(now, TransmitId(3), confirm);
+    c.handle_write(now, TransmitId(4), write("b", 4));
+    c.handle_write(now, TransmitId(5), write("c", 0));
     let (sends, _) = drain(&mut c);
     let subjects = batch_subjects(&sends[0]);
     assert_eq!(
@@ -264,7 +264,7 @@ fn two_writes_of_one_subject_never_share_a_batch() {
     assert_eq!(done.len(), 3);
     assert!(sends.is_empty(), "a and b left: below min_batch");
     for (i, key) in ["d", "e", "f"].iter().enumerate() {
-        c.handle_write(now, EffectId(6 + i as u64), write(key, 0));
+        c.handle_write(now, TransmitId(6 + i as u64), write(key, 0));
     }
     let (sends, _) = drain(&mut c);
     let subjects = batch_subjects(&sends[0]);
@@ -281,9 +281,9 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
         let now = Instant::now();
         let mut c = atomic();
         let first = fill_the_single_window(&mut c, now);
-        c.handle_write(now, EffectId(1), write("a", 0));
-        c.handle_write(now, EffectId(2), write("b", 9));
-        c.handle_write(now, EffectId(3), write("c", 0));
+        c.handle_write(now, TransmitId(1), write("a", 0));
+        c.handle_write(now, TransmitId(2), write("b", 9));
+        c.handle_write(now, TransmitId(3), write("c", 0));
         let (sends, _) = drain(&mut c);
         c.handle_outcome(now, sends[0].id, error(err_code));
         let (retries, done) = drain(&mut c);
@@ -302,9 +302,9 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
         assert_eq!(
             done,
             vec![
-                (EffectId(2), error(10071)),
-                (EffectId(1), ack(2)),
-                (EffectId(3), RequestOutcome::TimedOut)
+                (TransmitId(2), error(10071)),
+                (TransmitId(1), ack(2)),
+                (TransmitId(3), RequestOutcome::TimedOut)
             ],
             "err_code {err_code}"
         );
@@ -326,15 +326,15 @@ fn a_batch_without_a_reply_gives_every_write_that_outcome_and_no_retry() {
         let now = Instant::now();
         let mut c = with_min_batch(2);
         fill_the_single_window(&mut c, now);
-        c.handle_write(now, EffectId(1), write("a", 0));
-        c.handle_write(now, EffectId(2), write("b", 0));
+        c.handle_write(now, TransmitId(1), write("a", 0));
+        c.handle_write(now, TransmitId(2), write("b", 0));
         let (sends, _) = drain(&mut c);
         c.handle_outcome(now, sends[0].id, outcome.clone());
         let (sends, done) = drain(&mut c);
         assert!(sends.is_empty());
         assert_eq!(
             done,
-            vec![(EffectId(1), outcome.clone()), (EffectId(2), outcome)]
+            vec![(TransmitId(1), outcome.clone()), (TransmitId(2), outcome)]
         );
     }
 }
@@ -344,8 +344,8 @@ fn an_unreadable_batch_ack_lends_no_write_its_sequence() {
     let now = Instant::now();
     let mut c = with_min_batch(2);
     fill_the_single_window(&mut c, now);
-    c.handle_write(now, EffectId(1), write("a", 0));
-    c.handle_write(now, EffectId(2), write("b", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
+    c.handle_write(now, TransmitId(2), write("b", 0));
     let (sends, _) = drain(&mut c);
     c.handle_outcome(now, sends[0].id, batch_ack(9, 3));
     let (sends, done) = drain(&mut c);
@@ -358,14 +358,14 @@ fn atomic_disabled_answer_turns_batches_off() {
     let now = Instant::now();
     let mut c = with_min_batch(2);
     fill_the_single_window(&mut c, now);
-    c.handle_write(now, EffectId(1), write("a", 0));
-    c.handle_write(now, EffectId(2), write("b", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
+    c.handle_write(now, TransmitId(2), write("b", 0));
     let (sends, _) = drain(&mut c);
     c.handle_outcome(now, sends[0].id, error(10174));
     let (retries, _) = drain(&mut c);
     assert_eq!(retries.len(), 2);
     assert!(!c.atomic());
-    c.handle_write(now, EffectId(3), write("c", 0));
+    c.handle_write(now, TransmitId(3), write("c", 0));
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1, "single at once though two are in flight");
 }
@@ -375,7 +375,7 @@ fn without_atomic_support_everything_goes_single_at_once() {
     let now = Instant::now();
     let mut c = Coalescer::new(CoalescerConfig::single(), now);
     for i in 0..5u64 {
-        c.handle_write(now, EffectId(i), write(&format!("k{i}"), 0));
+        c.handle_write(now, TransmitId(i), write(&format!("k{i}"), 0));
     }
     let (sends, done) = drain(&mut c);
     assert!(done.is_empty());
@@ -392,7 +392,7 @@ fn without_atomic_support_everything_goes_single_at_once() {
     assert_eq!(done.len(), 5);
     assert!(c.is_done());
     // An outcome for an id it never sent is ignored.
-    c.handle_outcome(now, EffectId(999), ack(1));
+    c.handle_outcome(now, TransmitId(999), ack(1));
     assert!(c.poll_transmit(&mut owner_ids()).is_none() && c.poll_event().is_none());
 }
 
@@ -407,12 +407,12 @@ fn a_wider_single_window_sends_more_writes_at_once() {
         },
         now,
     );
-    c.handle_write(now, EffectId(1), write("a", 0));
-    c.handle_write(now, EffectId(2), write("b", 0));
-    c.handle_write(now, EffectId(3), write("c", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
+    c.handle_write(now, TransmitId(2), write("b", 0));
+    c.handle_write(now, TransmitId(3), write("c", 0));
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 2, "two singles, the third waits");
-    c.handle_write(now, EffectId(4), write("d", 0));
+    c.handle_write(now, TransmitId(4), write("d", 0));
     let (sends, done) = drain(&mut c);
     assert!(done.is_empty());
     assert_eq!(sends.len(), 1);
@@ -425,16 +425,16 @@ fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
     let now = Instant::now();
     let mut c = Coalescer::new(CoalescerConfig::atomic("p-"), now);
     for i in 0..16u64 {
-        c.handle_write(now, EffectId(i), write(&format!("k{i}"), 0));
+        c.handle_write(now, TransmitId(i), write(&format!("k{i}"), 0));
     }
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 16);
     assert!(sends.iter().all(|s| s.publish.is_empty()), "no batch at 16");
     for i in 16..31u64 {
-        c.handle_write(now, EffectId(i), write(&format!("k{i}"), 0));
+        c.handle_write(now, TransmitId(i), write(&format!("k{i}"), 0));
     }
     assert_eq!(drain(&mut c), (vec![], vec![]), "fifteen wait");
-    c.handle_write(now, EffectId(31), write("k31", 0));
+    c.handle_write(now, TransmitId(31), write("k31", 0));
     let (batch, _) = drain(&mut c);
     assert_eq!(batch.len(), 1);
     assert_eq!(
@@ -444,7 +444,7 @@ fn by_default_sixteen_writes_at_once_all_go_single_and_the_rest_gather() {
     );
     c.handle_outcome(now, sends[0].id, ack(1));
     let (_, done) = drain(&mut c);
-    assert_eq!(done, vec![(EffectId(0), ack(1))]);
+    assert_eq!(done, vec![(TransmitId(0), ack(1))]);
 }
 
 #[test]
@@ -452,8 +452,8 @@ fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
     let now = Instant::now();
     let mut c = with_min_batch(2);
     let first = fill_the_single_window(&mut c, now);
-    c.handle_write(now, EffectId(1), write("a", 1));
-    c.handle_write(now, EffectId(2), write("a", 1));
+    c.handle_write(now, TransmitId(1), write("a", 1));
+    c.handle_write(now, TransmitId(2), write("a", 1));
     assert_eq!(
         drain(&mut c),
         (vec![], vec![]),
@@ -463,7 +463,7 @@ fn a_queue_of_one_subject_goes_single_as_singles_come_back() {
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1);
     assert!(sends[0].publish.is_empty());
-    assert_eq!(c.writes_of(sends[0].id), vec![EffectId(1)]);
+    assert_eq!(c.writes_of(sends[0].id), vec![TransmitId(1)]);
     assert_eq!(c.pending(), pending(1, 1));
 }
 
@@ -479,7 +479,7 @@ fn two_messages_to_one_subject_never_share_a_batch_whatever_they_check() {
             HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
             kv_subject(checked),
         ));
-        c.handle_write(now, EffectId(1 + i as u64), confirm);
+        c.handle_write(now, TransmitId(1 + i as u64), confirm);
     }
     c.handle_outcome(now, first.id, ack(1));
     let (sends, _) = drain(&mut c);
@@ -609,23 +609,23 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     let now = Instant::now();
     let mut c = atomic();
     let first = fill_the_single_window(&mut c, now);
-    c.handle_write(now, EffectId(1), write("a", 0));
-    c.handle_write(now, EffectId(2), write("b", 0));
+    c.handle_write(now, TransmitId(1), write("a", 0));
+    c.handle_write(now, TransmitId(2), write("b", 0));
     let queued = c.pending().queued;
-    c.handle_cancel(now, EffectId(2));
+    c.handle_cancel(now, TransmitId(2));
     assert_eq!(c.pending().queued, queued - 1, "dropped from the queue");
-    c.handle_cancel(now, EffectId(0));
+    c.handle_cancel(now, TransmitId(0));
     assert_eq!(
         c.pending().queued,
         queued - 1,
         "already out: it runs its course"
     );
-    c.handle_write(now, EffectId(3), write("c", 0));
-    c.handle_write(now, EffectId(4), write("d", 0));
+    c.handle_write(now, TransmitId(3), write("c", 0));
+    c.handle_write(now, TransmitId(4), write("d", 0));
     let (sends, _) = drain(&mut c);
     assert_eq!(
         c.writes_of(sends[0].id),
-        vec![EffectId(1), EffectId(3), EffectId(4)]
+        vec![TransmitId(1), TransmitId(3), TransmitId(4)]
     );
     c.handle_outcome(now, first.id, ack(1));
     c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
@@ -691,7 +691,7 @@ fn writes_of_two_shards_never_share_a_batch() {
     let mut id = 1;
     for (a, b) in zero.iter().zip(&one) {
         for key in [a, b] {
-            c.handle_write(now, EffectId(id), shard_write(shards, key));
+            c.handle_write(now, TransmitId(id), shard_write(shards, key));
             id += 1;
         }
     }
@@ -752,7 +752,7 @@ fn a_batch_holds_min_batch_writes_of_its_own_shard() {
     fill_the_single_window(&mut c, now);
     let mut id = 1;
     let mut send = |c: &mut Coalescer, key: &String| {
-        c.handle_write(now, EffectId(id), shard_write(shards, key));
+        c.handle_write(now, TransmitId(id), shard_write(shards, key));
         id += 1;
     };
     for (a, b) in zero.iter().zip(&one).take(2) {
@@ -781,12 +781,12 @@ fn a_write_cancelled_while_its_batch_is_out_is_not_sent_again_when_the_batch_fai
     let mut c = atomic();
     fill_the_single_window(&mut c, now);
     for (id, key) in [(1, "k1"), (2, "k2"), (3, "k3")] {
-        c.handle_write(now, EffectId(id), write(key, 0));
+        c.handle_write(now, TransmitId(id), write(key, 0));
     }
     let (sends, _) = drain(&mut c);
     assert_eq!(sends.len(), 1, "one batch of three");
     assert_eq!(c.writes_of(sends[0].id).len(), 3);
-    c.handle_cancel(now, EffectId(2));
+    c.handle_cancel(now, TransmitId(2));
     c.handle_outcome(now, sends[0].id, error(10071));
     let (again, done) = drain(&mut c);
     let subjects: Vec<&str> = again.iter().map(|t| t.request.subject.as_str()).collect();
@@ -796,5 +796,5 @@ fn a_write_cancelled_while_its_batch_is_out_is_not_sent_again_when_the_batch_fai
         "only the writes still wanted go again"
     );
     assert_eq!(done.len(), 1, "the cancelled write ends unsent");
-    assert_eq!(done[0].0, EffectId(2));
+    assert_eq!(done[0].0, TransmitId(2));
 }

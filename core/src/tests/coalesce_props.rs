@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::call::{Call, CallConfig, CallEvent};
 
-use crate::io::{EffectId, NatsRequest, Transmit};
+use crate::io::{NatsRequest, Transmit, TransmitId};
 use crate::service::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent};
 use crate::sim::SimJetStream;
 use crate::wire::{Endpoint, Response};
@@ -98,7 +98,7 @@ impl Driver {
     }
 
     /// Call `i`'s next effects: its reply, or requests (with their index `k`).
-    fn drain(&mut self, i: usize) -> Vec<(u32, EffectId, NatsRequest, bool)> {
+    fn drain(&mut self, i: usize) -> Vec<(u32, TransmitId, NatsRequest, bool)> {
         let mut out = Vec::new();
         while let Some(t) = self.calls[i].poll_transmit(&mut owner_ids()) {
             let k = self.issued[i];
@@ -126,9 +126,9 @@ fn coalesced(
     let mut d = Driver::new(calls, replicated, sim_atomic);
     let mut co = Coalescer::new(config, Instant::now());
     let mut trace = Vec::new();
-    let mut reads: Vec<(usize, u32, EffectId, NatsRequest)> = Vec::new();
+    let mut reads: Vec<(usize, u32, TransmitId, NatsRequest)> = Vec::new();
     let mut sends: Vec<Transmit> = Vec::new();
-    let mut writes: BTreeMap<EffectId, (usize, u32, EffectId)> = BTreeMap::new();
+    let mut writes: BTreeMap<TransmitId, (usize, u32, TransmitId)> = BTreeMap::new();
     let mut ready: Vec<usize> = (0..calls.len()).collect();
 
     let mut script = script.iter().copied();
@@ -222,7 +222,7 @@ fn single(
     sim_atomic: bool,
 ) -> Result<(Vec<Option<Response>>, SimJetStream), String> {
     let mut d = Driver::new(calls, replicated, sim_atomic);
-    let mut pending: BTreeMap<(usize, u32), (EffectId, NatsRequest)> = BTreeMap::new();
+    let mut pending: BTreeMap<(usize, u32), (TransmitId, NatsRequest)> = BTreeMap::new();
     for i in 0..calls.len() {
         for (k, id, req, _) in d.drain(i) {
             pending.insert((i, k), (id, req));

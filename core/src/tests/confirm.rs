@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::support::*;
-use crate::call::{CallConfig, Effect, MAX_READ_CONFIRMS};
+use crate::call::{CallConfig, CallRequest, MAX_READ_CONFIRMS};
 use crate::io::RequestOutcome;
 use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, HDR_TTL,
@@ -46,7 +46,7 @@ fn a_confirmation_is_a_conditional_publish_to_the_keys_read_subject() {
     assert_eq!(header(&req, HDR_TTL), Some("1s"));
     assert!(req.payload.is_empty());
     assert!(
-        d.call.poll_effect(&mut owner_ids()).is_none(),
+        d.call.poll_request(&mut owner_ids()).is_none(),
         "no reply before the confirmation"
     );
     d.feed(c.id, ack(8));
@@ -177,7 +177,7 @@ fn renew_and_release_confirm_lost_and_fence_mismatch_but_not_a_passing_fence_che
         let mut d = Drive::replicated(endpoint, body);
         let r = d.read();
         d.feed(r.id, held(7, "me", 15000, 0));
-        assert!(matches!(d.effect(), Effect::KvWrite(w) if w.expected_revision == 7));
+        assert!(matches!(d.effect(), CallRequest::KvWrite(w) if w.expected_revision == 7));
         for (state, revision, kind) in [
             (held(7, "other", 15000, 0), 7, ErrorKind::Lost),
             (no_message(), 0, ErrorKind::Lost),

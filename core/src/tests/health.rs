@@ -146,7 +146,7 @@ fn ready_means_serving_connected_reachable_not_refused_not_stopping() {
             Ok(()),
             Some("went back"),
             false,
-            Err(NotReady::Refused("went back".into())),
+            Err(NotReady::BucketRefused("went back".into())),
         ),
         (
             None,
@@ -154,7 +154,7 @@ fn ready_means_serving_connected_reachable_not_refused_not_stopping() {
             unreachable(),
             Some("went back"),
             false,
-            Err(NotReady::Refused("went back".into())),
+            Err(NotReady::BucketRefused("went back".into())),
         ),
         (
             None,
@@ -277,7 +277,7 @@ fn a_stream_whose_sequence_went_back_is_refused_and_no_fence_repeats() {
     assert!(refusals[0].contains("made anew"), "{}", refusals[0]);
     assert!(matches!(
         w.service.health().ready,
-        Err(NotReady::Refused(_))
+        Err(NotReady::BucketRefused(_))
     ));
     let reply = acquire(&mut w, "d");
     match w.reply_to(&reply) {
@@ -329,7 +329,7 @@ fn a_write_stored_below_what_was_seen_is_refused_before_its_reply() {
     }
     assert!(matches!(
         w.service.health().ready,
-        Err(NotReady::Refused(_))
+        Err(NotReady::BucketRefused(_))
     ));
     // From then on every call is refused at once.
     let reply = acquire(&mut w, "e");

@@ -101,7 +101,7 @@ impl Run {
     fn events(&mut self) -> Vec<HolderEvent> {
         self.all_events()
             .into_iter()
-            .filter(|e| !matches!(e, HolderEvent::Refused { .. }))
+            .filter(|e| !matches!(e, HolderEvent::NotGranted { .. }))
             .collect()
     }
 
@@ -784,7 +784,7 @@ fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     let mut run = Run::new(config());
     let r = run.request();
     run.answer(10, &r, refused(4));
-    let by = |h: &str| HolderEvent::Refused {
+    let by = |h: &str| HolderEvent::NotGranted {
         holder: Some(h.to_string()),
         answer: OutcomeClass::Clear,
     };
@@ -794,7 +794,7 @@ fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     run.answer(5020, &r, RequestOutcome::TimedOut);
     assert_eq!(
         run.all_events(),
-        [HolderEvent::Refused {
+        [HolderEvent::NotGranted {
             holder: None,
             answer: OutcomeClass::TimedOut
         }]
@@ -806,7 +806,7 @@ fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     run.answer(later, &r, RequestOutcome::NoResponders);
     assert_eq!(
         run.all_events(),
-        [HolderEvent::Refused {
+        [HolderEvent::NotGranted {
             holder: None,
             answer: OutcomeClass::NoResponders
         }],
@@ -824,7 +824,7 @@ fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     assert!(
         !run.all_events()
             .iter()
-            .any(|e| matches!(e, HolderEvent::Refused { .. }))
+            .any(|e| matches!(e, HolderEvent::NotGranted { .. }))
     );
 }
 

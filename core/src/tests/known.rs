@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::support::*;
-use crate::call::{Call, CallConfig, Effect, Operation, expiry_guard};
+use crate::call::{Call, CallConfig, CallRequest, Operation, expiry_guard};
 use crate::known::{Known, KnownLeases, KnownState, Stamp, fact_of_change};
 use crate::record::{LeaseEvent, LeaseRecord};
 use crate::subjects::{HDR_KV_OPERATION, HDR_MARKER_REASON, HDR_SEQUENCE, HDR_TIME_STAMP};
@@ -228,7 +228,7 @@ fn a_revision_not_known_or_known_as_no_lease_is_read_first() {
     for known in &cases {
         for endpoint in [Endpoint::Renew, Endpoint::Release] {
             let mut d = drive(single(), endpoint, RENEW, known);
-            assert!(matches!(d.effect(), Effect::KvRead(_)), "{endpoint:?}");
+            assert!(matches!(d.effect(), CallRequest::KvRead(_)), "{endpoint:?}");
         }
     }
 }
@@ -242,7 +242,7 @@ fn a_known_lease_at_its_end_by_either_stamp_is_read_and_not_renewed() {
     // own: 1000 ms left, over the 500 ms guard: written at once.
     let known = knowing(40, "me", 2000, by_server());
     let mut d = drive(single(), Endpoint::Renew, RENEW, &known);
-    assert!(matches!(d.effect(), Effect::KvWrite(_)));
+    assert!(matches!(d.effect(), CallRequest::KvWrite(_)));
     // 1 s TTL: at its end by the server's store time.
     let known = knowing(40, "me", 1000, by_server());
     for endpoint in [Endpoint::Renew, Endpoint::Release] {
@@ -261,7 +261,7 @@ fn a_known_lease_at_its_end_by_either_stamp_is_read_and_not_renewed() {
     let known = knowing(40, "me", 2000, own);
     let now = t0 + Duration::from_millis(1600);
     let mut d = drive_at(now, single(), Endpoint::Renew, RENEW, &known);
-    assert!(matches!(d.effect(), Effect::KvRead(_)));
+    assert!(matches!(d.effect(), CallRequest::KvRead(_)));
     // Both stamps known: the nearer end decides (the server's says plenty left).
     let both = Stamp {
         server: Some(wall()),
@@ -269,7 +269,7 @@ fn a_known_lease_at_its_end_by_either_stamp_is_read_and_not_renewed() {
     };
     let known = knowing(40, "me", 2000, both);
     let mut d = drive_at(now, single(), Endpoint::Renew, RENEW, &known);
-    assert!(matches!(d.effect(), Effect::KvRead(_)));
+    assert!(matches!(d.effect(), CallRequest::KvRead(_)));
 }
 
 /// A renewal made from the service's own write is judged on its monotonic clock:
@@ -352,7 +352,7 @@ fn owner_on_a_replicated_bucket_confirms_a_known_revision_without_reading() {
     assert!(matches!(d.reply(), Response::Free(_)));
     // One replica: owner reads, as it always did.
     let mut d = drive(single(), Endpoint::Owner, r#"{"key":"k"}"#, &known);
-    assert!(matches!(d.effect(), Effect::KvRead(_)));
+    assert!(matches!(d.effect(), CallRequest::KvRead(_)));
     // Known only from the service's own write, with no server store time: the
     // reply's times would be the service's guess, so owner reads.
     let own_write = Stamp {
@@ -361,7 +361,7 @@ fn owner_on_a_replicated_bucket_confirms_a_known_revision_without_reading() {
     };
     let known = knowing(40, "x", 15000, own_write);
     let mut d = drive(replicated, Endpoint::Owner, r#"{"key":"k"}"#, &known);
-    assert!(matches!(d.effect(), Effect::KvRead(_)));
+    assert!(matches!(d.effect(), CallRequest::KvRead(_)));
 }
 
 /// A change event states the revision (`Nats-Sequence`), the record and the

@@ -8,12 +8,12 @@ use std::time::Duration;
 use super::support::{Drive, ack, held, no_message, wrong_last_sequence};
 use crate::call::{CallEvent, DEFAULT_KV_TIMEOUT};
 use crate::call::{KvFact, KvOp};
-use crate::io::{EffectId, RequestOutcome};
+use crate::io::{RequestOutcome, TransmitId};
 use crate::sim::api_error;
 use crate::wire::Endpoint;
 
 /// A call waiting on one request: the call and the request's id.
-type Start = fn() -> (Drive, EffectId);
+type Start = fn() -> (Drive, TransmitId);
 
 /// What happens to the request waited on.
 enum Step {
@@ -28,7 +28,7 @@ enum Step {
 }
 
 /// An owner on one replica: its leader read.
-fn read() -> (Drive, EffectId) {
+fn read() -> (Drive, TransmitId) {
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let id = d.read().id;
     d.events();
@@ -36,7 +36,7 @@ fn read() -> (Drive, EffectId) {
 }
 
 /// An acquire: its create.
-fn write() -> (Drive, EffectId) {
+fn write() -> (Drive, TransmitId) {
     let mut d = Drive::new(
         Endpoint::Acquire,
         r#"{"key":"k","holder":"h","ttl_ms":15000}"#,
@@ -47,7 +47,7 @@ fn write() -> (Drive, EffectId) {
 }
 
 /// An owner on three replicas: its read, answered held, which it confirms.
-fn confirm() -> (Drive, EffectId) {
+fn confirm() -> (Drive, TransmitId) {
     let (mut d, read) = replicated_read();
     d.feed(read, held(4, "h", 15_000, 0));
     let id = d.confirm().id;
@@ -56,7 +56,7 @@ fn confirm() -> (Drive, EffectId) {
 }
 
 /// An owner on three replicas: its leader read.
-fn replicated_read() -> (Drive, EffectId) {
+fn replicated_read() -> (Drive, TransmitId) {
     let mut d = Drive::replicated(Endpoint::Owner, r#"{"key":"k"}"#);
     let id = d.read().id;
     d.events();
@@ -64,7 +64,7 @@ fn replicated_read() -> (Drive, EffectId) {
 }
 
 /// A forward with a second to go: its read of the owner.
-fn forward_read() -> (Drive, EffectId) {
+fn forward_read() -> (Drive, TransmitId) {
     let mut d = Drive::new(
         Endpoint::Forward,
         r#"{"key":"k","payload":"AAEC/w==","timeout_ms":1000}"#,

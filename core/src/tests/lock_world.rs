@@ -9,7 +9,7 @@
 //! killed, requests and replies lost or slow, commands that ignore SIGTERM or leave
 //! children behind.
 
-use crate::holder::supervise::Refusal;
+use crate::holder::supervise::NotGranted;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use crate::holder::supervise::{
     WatchdogMessage, WatchdogReport,
 };
 use crate::holder::{Holder, HolderConfig, HolderEvent};
-use crate::io::{EffectId, RequestOutcome};
+use crate::io::{RequestOutcome, TransmitId};
 use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
@@ -95,9 +95,9 @@ struct World {
     server: StandIn,
     tools: Vec<Tool>,
     /// (arrive at, tool, request id, endpoint, body) on their way to the service.
-    requests: Vec<(u64, usize, EffectId, Endpoint, Vec<u8>)>,
+    requests: Vec<(u64, usize, TransmitId, Endpoint, Vec<u8>)>,
     /// (arrive at, tool, request id, reply) on their way back.
-    replies: Vec<(u64, usize, EffectId, RequestOutcome)>,
+    replies: Vec<(u64, usize, TransmitId, RequestOutcome)>,
     next_tool_at: u64,
     stats: Stats,
 }
@@ -360,9 +360,9 @@ impl World {
                 }
                 HolderEvent::Renewed { deadline, .. } => tool.lock.handle_deadline(now, deadline),
                 HolderEvent::SteppedDown { .. } => tool.lock.handle_lost(now),
-                HolderEvent::Refused { holder, answer } => tool
+                HolderEvent::NotGranted { holder, answer } => tool
                     .lock
-                    .handle_refused(now, Refusal::of(holder.is_some(), answer)),
+                    .handle_not_granted(now, NotGranted::of(holder.is_some(), answer)),
                 HolderEvent::Failed { kind, message } => {
                     return Err(format!("{} failed: {kind}: {message}", tool.name));
                 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::io::{EffectId, HANDOFF_BOUND};
+use crate::io::{HANDOFF_BOUND, TransmitId};
 use crate::outbox::{CallId, Due, Handoff, Ids, Requests};
 
 fn at(t0: Instant, ms: u64) -> Instant {
@@ -15,9 +15,9 @@ fn ids_are_allocated_in_order_never_one_twice() {
     let mut ids: Ids<CallId> = Ids::starting_at(1);
     let got: Vec<CallId> = (0..4).map(|_| ids.allocate()).collect();
     assert_eq!(got, vec![CallId(1), CallId(2), CallId(3), CallId(4)]);
-    let mut effects: Ids<EffectId> = Ids::default();
-    assert_eq!(effects.allocate(), EffectId(0));
-    assert_eq!(effects.allocate(), EffectId(1));
+    let mut effects: Ids<TransmitId> = Ids::default();
+    assert_eq!(effects.allocate(), TransmitId(0));
+    assert_eq!(effects.allocate(), TransmitId(1));
 }
 
 #[test]
@@ -94,9 +94,13 @@ fn a_key_removed_or_set_to_none_is_never_due() {
 fn an_answered_request_takes_its_route_and_is_never_timed_out() {
     let t0 = Instant::now();
     let mut out = Requests::new();
-    out.insert(EffectId(1), "startup", Some(at(t0, 10)));
-    assert_eq!(out.take(&EffectId(1)), Some("startup"));
-    assert_eq!(out.take(&EffectId(1)), None, "an outcome twice is ignored");
+    out.insert(TransmitId(1), "startup", Some(at(t0, 10)));
+    assert_eq!(out.take(&TransmitId(1)), Some("startup"));
+    assert_eq!(
+        out.take(&TransmitId(1)),
+        None,
+        "an outcome twice is ignored"
+    );
     assert_eq!(out.pop_timed_out(at(t0, 100)), None);
     assert_eq!(out.next_due(), None);
     assert!(out.is_empty());
@@ -106,15 +110,15 @@ fn an_answered_request_takes_its_route_and_is_never_timed_out() {
 fn the_give_up_hands_back_each_request_past_its_deadline_once() {
     let t0 = Instant::now();
     let mut out = Requests::new();
-    out.insert(EffectId(1), "late", Some(at(t0, 10)));
-    out.insert(EffectId(2), "later", Some(at(t0, 20)));
+    out.insert(TransmitId(1), "late", Some(at(t0, 10)));
+    out.insert(TransmitId(2), "later", Some(at(t0, 20)));
     assert_eq!(out.next_due(), Some(at(t0, 10)));
     assert_eq!(out.pop_timed_out(at(t0, 9)), None);
     assert_eq!(out.timed_out(at(t0, 15)).count(), 1);
-    assert_eq!(out.pop_timed_out(at(t0, 15)), Some((EffectId(1), "late")));
+    assert_eq!(out.pop_timed_out(at(t0, 15)), Some((TransmitId(1), "late")));
     assert_eq!(out.pop_timed_out(at(t0, 15)), None);
     assert!(
-        !out.contains(&EffectId(1)),
+        !out.contains(&TransmitId(1)),
         "given up: its outcome finds no route"
     );
     assert_eq!(out.len(), 1);

@@ -13,7 +13,7 @@ use crate::wire::{Endpoint, ErrorKind};
 fn answer_name(answer: &Answer) -> &'static str {
     match answer {
         Answer::Reply(_) => "reply",
-        Answer::Refused(_) => "refused",
+        Answer::Error(_) => "refused",
         Answer::Unreadable(_) => "unreadable",
         Answer::NoResponders => "no_responders",
         Answer::TimedOut => "timed_out",

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::stand_in::{KEY, Rng, StandIn, TTL_MS};
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, MAX_PRIORITY};
-use crate::io::{EffectId, RequestOutcome};
+use crate::io::{RequestOutcome, TransmitId};
 use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
 
@@ -46,8 +46,8 @@ struct World {
     base: Instant,
     server: StandIn,
     candidates: Vec<Candidate>,
-    requests: Vec<(u64, usize, EffectId, Endpoint, Vec<u8>)>,
-    replies: Vec<(u64, usize, EffectId, RequestOutcome)>,
+    requests: Vec<(u64, usize, TransmitId, Endpoint, Vec<u8>)>,
+    replies: Vec<(u64, usize, TransmitId, RequestOutcome)>,
     /// Change events on their way: (arrive at, candidate).
     changes: Vec<(u64, usize)>,
     held: Option<String>,

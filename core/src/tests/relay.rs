@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::holder::campaign::Campaign;
 use crate::holder::relay::{Heard, Listener, Ownership};
-use crate::holder::supervise::Refusal;
+use crate::holder::supervise::NotGranted;
 use crate::holder::{HolderConfig, HolderEvent, OutcomeClass, StepDownReason};
 use crate::wire::ErrorKind;
 
@@ -46,7 +46,7 @@ fn an_application_hears_only_ownership_changes_and_a_supervisor_renewals_and_ref
             None,
         ),
         (
-            HolderEvent::Refused {
+            HolderEvent::NotGranted {
                 holder: Some("other".into()),
                 answer: OutcomeClass::Clear,
             },
@@ -83,18 +83,18 @@ fn an_application_hears_only_ownership_changes_and_a_supervisor_renewals_and_ref
 #[test]
 fn a_refusal_is_heard_with_why_in_locks_terms_and_the_holder_named() {
     let cases = [
-        (Some("other"), OutcomeClass::Clear, Refusal::Held),
-        (None, OutcomeClass::NoResponders, Refusal::NoService),
-        (None, OutcomeClass::TimedOut, Refusal::NoAnswer),
+        (Some("other"), OutcomeClass::Clear, NotGranted::Held),
+        (None, OutcomeClass::NoResponders, NotGranted::NoService),
+        (None, OutcomeClass::TimedOut, NotGranted::NoAnswer),
     ];
     for (holder, answer, why) in cases {
-        let heard = Heard::of(HolderEvent::Refused {
+        let heard = Heard::of(HolderEvent::NotGranted {
             holder: holder.map(String::from),
             answer,
         });
         assert_eq!(
             heard,
-            Heard::Refused {
+            Heard::NotGranted {
                 why,
                 holder: holder.map(String::from)
             }

@@ -147,7 +147,7 @@ fn the_reply_rule_drops_it_unanswered_and_runs_nothing() {
     assert!(
         w.events
             .iter()
-            .any(|e| matches!(e, ServiceEvent::ReplyRefused { .. })),
+            .any(|e| matches!(e, ServiceEvent::Dropped { .. })),
         "counted"
     );
 }

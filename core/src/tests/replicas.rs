@@ -31,7 +31,7 @@ fn next_event(c: &mut ReplicasCheck) -> Option<ReplicasCheckEvent> {
 }
 
 /// Fires the timer at `at` and takes the check it sends.
-fn check_at(c: &mut ReplicasCheck, at: Instant) -> crate::io::EffectId {
+fn check_at(c: &mut ReplicasCheck, at: Instant) -> crate::io::TransmitId {
     c.handle_timeout(at);
     let t = c.poll_transmit(&mut owner_ids()).expect("a check is due");
     assert_eq!(t.kind, TransmitKind::Api);

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::reply_scope::{RefusalLog, ReplyRefusal, ReplyScope};
+use crate::reply_scope::{DropLog, DropReason, ReplyScope};
 
 #[test]
 fn a_reply_goes_to_the_default_inboxes() {
@@ -40,7 +40,7 @@ fn a_reply_steered_at_the_bucket_the_js_api_or_the_services_own_subjects_is_refu
     ] {
         assert_eq!(
             scope.check(Some(reply)),
-            Err(ReplyRefusal::NotAnInbox),
+            Err(DropReason::NotAnInbox),
             "{reply:?}"
         );
     }
@@ -48,10 +48,7 @@ fn a_reply_steered_at_the_bucket_the_js_api_or_the_services_own_subjects_is_refu
 
 #[test]
 fn a_request_without_a_reply_is_refused_as_missing() {
-    assert_eq!(
-        ReplyScope::default().check(None),
-        Err(ReplyRefusal::Missing)
-    );
+    assert_eq!(ReplyScope::default().check(None), Err(DropReason::Missing));
 }
 
 #[test]
@@ -73,7 +70,7 @@ fn an_inbox_that_is_no_literal_subject_is_refused_as_malformed() {
     ] {
         assert_eq!(
             scope.check(Some(reply)),
-            Err(ReplyRefusal::Malformed),
+            Err(DropReason::Malformed),
             "{reply:?}"
         );
     }
@@ -87,7 +84,7 @@ fn an_operator_prefix_is_accepted_besides_the_defaults() {
     assert_eq!(scope.check(Some("_INBOX.still")), Ok(()));
     assert_eq!(
         scope.check(Some("replies.other.1")),
-        Err(ReplyRefusal::NotAnInbox)
+        Err(DropReason::NotAnInbox)
     );
     assert_eq!(scope.prefixes().len(), 4);
 }
@@ -118,12 +115,12 @@ fn an_operator_prefix_that_could_reach_protected_subjects_or_is_no_token_is_refu
 fn the_refusal_log_writes_one_line_per_interval_covering_the_ones_between() {
     let t0 = Instant::now();
     let every = Duration::from_secs(10);
-    let mut log = RefusalLog::new(every);
-    assert_eq!(log.handle_refused(t0), Some(1));
-    assert_eq!(log.handle_refused(t0 + Duration::from_secs(1)), None);
-    assert_eq!(log.handle_refused(t0 + Duration::from_secs(9)), None);
-    assert_eq!(log.handle_refused(t0 + every), Some(3));
-    assert_eq!(log.handle_refused(t0 + every * 3), Some(1));
+    let mut log = DropLog::new(every);
+    assert_eq!(log.handle_dropped(t0), Some(1));
+    assert_eq!(log.handle_dropped(t0 + Duration::from_secs(1)), None);
+    assert_eq!(log.handle_dropped(t0 + Duration::from_secs(9)), None);
+    assert_eq!(log.handle_dropped(t0 + every), Some(3));
+    assert_eq!(log.handle_dropped(t0 + every * 3), Some(1));
 }
 
 /// A client's own inbox prefix (`--inbox-prefix`): a user's private prefix under

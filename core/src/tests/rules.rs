@@ -5,7 +5,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use super::support::*;
-use crate::call::{CallConfig, Effect, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Operation};
+use crate::call::{CallConfig, CallRequest, MAX_ACQUIRE_WRITES, MAX_FORWARD_ATTEMPTS, Operation};
 use crate::io::Mode;
 use crate::io::RequestOutcome;
 use crate::record::{LeaseEvent, LeaseRecord, format_time};
@@ -144,12 +144,12 @@ fn acquire_retries_the_create_a_bounded_number_of_times() {
     let mut d = Drive::new(Endpoint::Acquire, ACQUIRE);
     let mut writes = 0;
     for _ in 0..20 {
-        match d.call.poll_effect(&mut owner_ids()) {
-            Some(Effect::KvWrite(w)) => {
+        match d.call.poll_request(&mut owner_ids()) {
+            Some(CallRequest::KvWrite(w)) => {
                 writes += 1;
                 d.feed(w.id, wrong_last_sequence());
             }
-            Some(Effect::KvRead(r)) => d.feed(r.id, marker(writes)),
+            Some(CallRequest::KvRead(r)) => d.feed(r.id, marker(writes)),
             None => {
                 assert_eq!(d.reply().error_kind(), Some(ErrorKind::Unavailable));
                 break;
@@ -369,7 +369,7 @@ const CALLS_THAT_READ_FIRST: [(Endpoint, &str); 4] = [
 fn every_read_goes_through_the_stream_leader() {
     for (endpoint, body) in CALLS_THAT_READ_FIRST {
         let mut d = Drive::new(endpoint, body);
-        let (_, req) = Effect::KvRead(d.read()).nats_request();
+        let (_, req) = CallRequest::KvRead(d.read()).nats_request();
         assert_eq!(
             req.subject, "$JS.API.STREAM.MSG.GET.KV_leases",
             "not a direct get"
@@ -467,8 +467,8 @@ fn an_outcome_for_another_effect_is_ignored() {
     let mut d = Drive::new(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
     d.call
-        .handle_outcome(d.now, crate::io::EffectId(r.id.0 + 9), no_message());
-    assert!(d.call.poll_effect(&mut owner_ids()).is_none() && !d.call.is_done());
+        .handle_outcome(d.now, crate::io::TransmitId(r.id.0 + 9), no_message());
+    assert!(d.call.poll_request(&mut owner_ids()).is_none() && !d.call.is_done());
     d.feed(r.id, no_message());
     assert!(matches!(d.reply(), Response::Free(_)));
 }
@@ -582,9 +582,9 @@ fn forward_makes_at_most_three_attempts() {
     let mut d = Drive::new(Endpoint::Forward, FORWARD);
     let mut attempts = 0u64;
     for _ in 0..20 {
-        match d.call.poll_effect(&mut owner_ids()) {
-            Some(Effect::KvRead(r)) => d.feed(r.id, held(40 + attempts, "own", 15000, 0)),
-            Some(Effect::InboxRequest(i)) => {
+        match d.call.poll_request(&mut owner_ids()) {
+            Some(CallRequest::KvRead(r)) => d.feed(r.id, held(40 + attempts, "own", 15000, 0)),
+            Some(CallRequest::InboxRequest(i)) => {
                 attempts += 1;
                 d.feed(i.id, RequestOutcome::NoResponders);
             }
@@ -629,14 +629,14 @@ fn forward_timeout_ms_bounds_the_whole_call() {
     );
     d.advance(Duration::from_millis(499));
     d.call.handle_timeout(d.now);
-    assert!(d.call.poll_effect(&mut owner_ids()).is_none(), "not yet");
+    assert!(d.call.poll_request(&mut owner_ids()).is_none(), "not yet");
     d.advance(Duration::from_millis(1));
     d.call.handle_timeout(d.now);
     assert_eq!(d.error().kind, ErrorKind::OwnerTimeout);
     // A late reply changes nothing.
     d.call
         .handle_outcome(d.now, i.id, RequestOutcome::reply(b"late".to_vec()));
-    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
+    assert!(d.call.poll_request(&mut owner_ids()).is_none());
 }
 
 /// The deadline passes while a forward re-reads the lease after its owner had no
@@ -723,7 +723,7 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     stopping(&mut d);
     d.call.handle_outcome(d.now, w.id, ack(5));
     assert!(
-        d.call.poll_effect(&mut owner_ids()).is_none(),
+        d.call.poll_request(&mut owner_ids()).is_none(),
         "a late ack changes nothing"
     );
     // Waiting on a leader read.
@@ -731,7 +731,7 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     let r = d.read();
     stopping(&mut d);
     d.call.handle_outcome(d.now, r.id, no_message());
-    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
+    assert!(d.call.poll_request(&mut owner_ids()).is_none());
     // Waiting on a read confirmation.
     let mut d = Drive::replicated(Endpoint::Owner, r#"{"key":"k"}"#);
     let r = d.read();
@@ -757,7 +757,7 @@ fn a_call_cut_off_by_the_service_stopping_is_internal() {
     d.call.handle_stop(d.now);
     assert!(matches!(d.reply(), Response::Free(_)));
     d.call.handle_stop(d.now);
-    assert!(d.call.poll_effect(&mut owner_ids()).is_none());
+    assert!(d.call.poll_request(&mut owner_ids()).is_none());
     let mut d = Drive::new(Endpoint::Owner, "not json");
     d.call.handle_stop(d.now);
     assert_eq!(d.error().kind, ErrorKind::Invalid);
@@ -839,7 +839,7 @@ fn renew_and_release_of_a_lease_at_its_end_are_lost_without_a_write() {
         let mut d = Drive::new(endpoint, body);
         let r = d.read();
         d.feed(r.id, held(7, "me", 2000, 0));
-        assert!(matches!(d.effect(), Effect::KvWrite(w) if w.expected_revision == 7));
+        assert!(matches!(d.effect(), CallRequest::KvWrite(w) if w.expected_revision == 7));
         // The same read answered 600 ms later: 400 ms left, under the guard.
         let mut d = Drive::new(endpoint, body);
         let r = d.read();
@@ -931,8 +931,8 @@ fn a_renewal_well_inside_the_lease_is_renewed_without_a_read_back() {
 fn a_renew_reads_back_from_the_second_half_of_the_lease_on_and_the_stored_time_decides() {
     for (ack_after_ms, reads_back) in [(4_000, false), (6_499, false), (6_500, true)] {
         let mut d = renew_acked(single(), wall(), 0, ack_after_ms);
-        match d.call.poll_effect(&mut owner_ids()) {
-            Some(Effect::KvRead(_)) => assert!(reads_back, "read back at {ack_after_ms}"),
+        match d.call.poll_request(&mut owner_ids()) {
+            Some(CallRequest::KvRead(_)) => assert!(reads_back, "read back at {ack_after_ms}"),
             None => match d.reply() {
                 Response::Lease(l) => {
                     assert!(!reads_back, "no read-back at {ack_after_ms}");
@@ -997,7 +997,7 @@ fn an_effect_unanswered_within_its_timeout_times_out_in_the_call() {
     assert_eq!(d.call.poll_timeout(), Some(due));
     d.call.handle_timeout(due - Duration::from_millis(1));
     assert!(
-        d.call.poll_effect(&mut owner_ids()).is_none(),
+        d.call.poll_request(&mut owner_ids()).is_none(),
         "not before its timeout"
     );
     d.call.handle_timeout(due);
@@ -1007,7 +1007,7 @@ fn an_effect_unanswered_within_its_timeout_times_out_in_the_call() {
     assert_eq!(d.call.poll_timeout(), None, "nothing left to wait for");
     d.call.handle_outcome(due, r.id, held(3, "me", 15000, 0));
     assert!(
-        d.call.poll_effect(&mut owner_ids()).is_none(),
+        d.call.poll_request(&mut owner_ids()).is_none(),
         "a late outcome changes nothing"
     );
 }

@@ -200,7 +200,7 @@ fn a_reply_goes_only_to_a_reply_inbox_and_no_call_runs_otherwise() {
         );
     }
     assert_eq!(
-        events(&w, |e| matches!(e, ServiceEvent::ReplyRefused { .. })).len(),
+        events(&w, |e| matches!(e, ServiceEvent::Dropped { .. })).len(),
         1,
         "the refused one is counted"
     );
@@ -217,7 +217,7 @@ fn a_reply_goes_only_to_a_reply_inbox_and_no_call_runs_otherwise() {
     );
     w.settle().unwrap();
     assert_eq!(
-        events(&w, |e| matches!(e, ServiceEvent::ReplyRefused { .. })).len(),
+        events(&w, |e| matches!(e, ServiceEvent::Dropped { .. })).len(),
         2
     );
 }
@@ -531,7 +531,7 @@ fn admission_past_its_bound_answers_unavailable_at_once() {
     assert_eq!(
         events(&w, |e| matches!(
             e,
-            ServiceEvent::Refused {
+            ServiceEvent::Overloaded {
                 endpoint: Endpoint::Acquire
             }
         ))

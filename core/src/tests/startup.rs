@@ -5,25 +5,25 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::io::{EffectId, Mode, NatsRequest, RequestOutcome, TransmitKind};
+use crate::io::{Mode, NatsRequest, RequestOutcome, TransmitId, TransmitKind};
 use crate::service::bucket::{BucketOptions, stream_config, stream_config_for};
 use crate::service::startup::{STARTUP_RETRY, Startup, StartupEvent};
 use crate::sim::api_error;
 
 const T: Duration = Duration::from_secs(5);
 
-fn next_request(s: &mut Startup) -> (EffectId, NatsRequest) {
+fn next_request(s: &mut Startup) -> (TransmitId, NatsRequest) {
     logged_request(s).1
 }
 
 /// The log lines before the next request, and the request.
-fn logged_request(s: &mut Startup) -> (Vec<String>, (EffectId, NatsRequest)) {
+fn logged_request(s: &mut Startup) -> (Vec<String>, (TransmitId, NatsRequest)) {
     let mut logs = Vec::new();
     while let Some(e) = s.poll_event() {
         match e {
             StartupEvent::Log(l) => logs.push(l),
             StartupEvent::Done(m) => panic!("done early: {m:?}"),
-            StartupEvent::Refused(r) => panic!("refused: {r}"),
+            StartupEvent::StartRefused(r) => panic!("refused: {r}"),
         }
     }
     let t = s
@@ -63,7 +63,7 @@ fn done(s: &mut Startup) -> (Mode, Vec<String>) {
                 assert!(s.is_done());
                 return (m, logs);
             }
-            StartupEvent::Refused(r) => panic!("refused: {r}"),
+            StartupEvent::StartRefused(r) => panic!("refused: {r}"),
         }
     }
 }
@@ -71,7 +71,7 @@ fn done(s: &mut Startup) -> (Mode, Vec<String>) {
 /// Answers the stream info asked as `id` with "not found", then the question
 /// startup asks before it creates anything (does the other layout's first stream,
 /// `KV_leases_0`, exist?) with "not found" too: a create comes next.
-fn absent(s: &mut Startup, id: EffectId) {
+fn absent(s: &mut Startup, id: TransmitId) {
     s.handle_outcome(
         Instant::now(),
         id,
@@ -266,7 +266,7 @@ fn replicas_are_read_from_the_servers_config() {
 /// `unavailable`), through JetStream outages and retries, until startup settles.
 #[test]
 fn calls_are_served_unavailable_until_startup_settles() {
-    use crate::call::{Call, CallConfig, Effect};
+    use crate::call::{Call, CallConfig, CallRequest};
     use crate::wire::{Endpoint, ErrorKind};
     let served = |s: &Startup| {
         let config = CallConfig {
@@ -281,11 +281,11 @@ fn calls_are_served_unavailable_until_startup_settles() {
             time::OffsetDateTime::now_utc(),
             Instant::now(),
         );
-        match call.poll_effect(&mut owner_ids()) {
+        match call.poll_request(&mut owner_ids()) {
             None => crate::tests::support::reply_of(&mut call)
                 .expect("a reply")
                 .error_kind(),
-            Some(Effect::KvWrite(_)) => None,
+            Some(CallRequest::KvWrite(_)) => None,
             other => panic!("{other:?}"),
         }
     };
@@ -409,7 +409,7 @@ fn refused(s: &mut Startup) -> String {
         match s.poll_event().expect("startup should have ended") {
             StartupEvent::Log(_) => {}
             StartupEvent::Done(m) => panic!("served in {m:?}, not refused"),
-            StartupEvent::Refused(r) => return r,
+            StartupEvent::StartRefused(r) => return r,
         }
     }
 }
@@ -685,7 +685,7 @@ fn step_stand_in(s: &mut Startup, streams: &mut StandInStreams) -> Option<bool> 
                 assert_eq!(m, Mode::Ready);
                 return Some(true);
             }
-            Some(StartupEvent::Refused(_)) => return Some(false),
+            Some(StartupEvent::StartRefused(_)) => return Some(false),
             None => panic!("neither a request nor an end"),
         }
     }
@@ -838,7 +838,7 @@ fn startup_names_the_cause_and_gives_up_where_waiting_cannot_help() {
             let mut refusal = None;
             while let Some(e) = s.poll_event() {
                 match e {
-                    StartupEvent::Refused(r) => refusal = Some(r),
+                    StartupEvent::StartRefused(r) => refusal = Some(r),
                     StartupEvent::Done(m) => panic!("{answer:?}: served in {m:?}"),
                     StartupEvent::Log(_) => {}
                 }

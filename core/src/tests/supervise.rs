@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::holder::supervise::{
     DEFAULT_GRACE_MAX, EXIT_BAD_GRACE, EXIT_CANNOT_RUN, EXIT_ERROR, EXIT_LEASE_LOST, GraceTooLong,
-    GroupSignal, Lock, LockEvent, LockExit, Refusal, StopCause, Supervisor, SupervisorEvent,
+    GroupSignal, Lock, LockEvent, LockExit, NotGranted, StopCause, Supervisor, SupervisorEvent,
     WatchdogMessage, WatchdogReport, lock_grace, may_start,
 };
 
@@ -345,8 +345,11 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     let t = Instant::now();
     let mut lock = Lock::new(GRACE, Some(Duration::from_millis(500)), t);
     assert_eq!(lock.poll_timeout(), Some(ms(t, 500)));
-    lock.handle_refused(ms(t, 10), Refusal::Held);
-    assert_eq!(drain_lock(&mut lock), [LockEvent::Waiting(Refusal::Held)]);
+    lock.handle_not_granted(ms(t, 10), NotGranted::Held);
+    assert_eq!(
+        drain_lock(&mut lock),
+        [LockEvent::Waiting(NotGranted::Held)]
+    );
     lock.handle_timeout(ms(t, 500));
     let exit = LockEvent::Exit {
         exit: LockExit::NotHeld,
@@ -358,7 +361,7 @@ fn lock_waits_out_wait_only_after_a_refusal() {
     let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
     lock.handle_timeout(t);
     assert_eq!(drain_lock(&mut lock), []);
-    lock.handle_refused(ms(t, 10), Refusal::Held);
+    lock.handle_not_granted(ms(t, 10), NotGranted::Held);
     assert_eq!(drain_lock(&mut lock), [exit]);
     assert!(lock.is_done());
     let mut lock = Lock::new(GRACE, Some(Duration::ZERO), t);
@@ -377,28 +380,34 @@ fn lock_tells_no_service_apart_from_a_held_key() {
     use crate::holder::OutcomeClass;
     // How the holder's report reads.
     for (named, answer, want) in [
-        (true, OutcomeClass::Clear, Refusal::Held),
-        (false, OutcomeClass::Clear, Refusal::Held),
-        (false, OutcomeClass::NoResponders, Refusal::NoService),
-        (false, OutcomeClass::TimedOut, Refusal::NoAnswer),
-        (false, OutcomeClass::RequestFailed, Refusal::NoAnswer),
-        (false, OutcomeClass::Unavailable, Refusal::NoAnswer),
-        (false, OutcomeClass::Internal, Refusal::NoAnswer),
+        (true, OutcomeClass::Clear, NotGranted::Held),
+        (false, OutcomeClass::Clear, NotGranted::Held),
+        (false, OutcomeClass::NoResponders, NotGranted::NoService),
+        (false, OutcomeClass::TimedOut, NotGranted::NoAnswer),
+        (false, OutcomeClass::RequestFailed, NotGranted::NoAnswer),
+        (false, OutcomeClass::Unavailable, NotGranted::NoAnswer),
+        (false, OutcomeClass::Internal, NotGranted::NoAnswer),
     ] {
-        assert_eq!(Refusal::of(named, answer), want, "{named} {answer:?}");
+        assert_eq!(NotGranted::of(named, answer), want, "{named} {answer:?}");
     }
     // How the wait ends: by the last refusal.
     let t = Instant::now();
     for (refusals, want) in [
-        (&[Refusal::NoService][..], LockExit::NoService),
-        (&[Refusal::NoAnswer], LockExit::NoAnswer),
-        (&[Refusal::Held], LockExit::NotHeld),
-        (&[Refusal::Held, Refusal::NoService], LockExit::NoService),
-        (&[Refusal::NoService, Refusal::Held], LockExit::NotHeld),
+        (&[NotGranted::NoService][..], LockExit::NoService),
+        (&[NotGranted::NoAnswer], LockExit::NoAnswer),
+        (&[NotGranted::Held], LockExit::NotHeld),
+        (
+            &[NotGranted::Held, NotGranted::NoService],
+            LockExit::NoService,
+        ),
+        (
+            &[NotGranted::NoService, NotGranted::Held],
+            LockExit::NotHeld,
+        ),
     ] {
         let mut lock = Lock::new(GRACE, Some(Duration::from_millis(500)), t);
         for (i, why) in refusals.iter().enumerate() {
-            lock.handle_refused(ms(t, 10 + i as u64), *why);
+            lock.handle_not_granted(ms(t, 10 + i as u64), *why);
         }
         lock.handle_timeout(ms(t, 500));
         let events = drain_lock(&mut lock);
@@ -411,20 +420,20 @@ fn lock_tells_no_service_apart_from_a_held_key() {
     // Without --wait it campaigns on, telling each change of reason once.
     let mut lock = Lock::new(GRACE, None, t);
     for (at, why) in [
-        (10, Refusal::NoService),
-        (20, Refusal::NoService),
-        (30, Refusal::Held),
-        (40, Refusal::Held),
-        (50, Refusal::NoService),
+        (10, NotGranted::NoService),
+        (20, NotGranted::NoService),
+        (30, NotGranted::Held),
+        (40, NotGranted::Held),
+        (50, NotGranted::NoService),
     ] {
-        lock.handle_refused(ms(t, at), why);
+        lock.handle_not_granted(ms(t, at), why);
     }
     assert_eq!(
         drain_lock(&mut lock),
         [
-            LockEvent::Waiting(Refusal::NoService),
-            LockEvent::Waiting(Refusal::Held),
-            LockEvent::Waiting(Refusal::NoService),
+            LockEvent::Waiting(NotGranted::NoService),
+            LockEvent::Waiting(NotGranted::Held),
+            LockEvent::Waiting(NotGranted::NoService),
         ]
     );
     assert!(!lock.is_done());
@@ -704,8 +713,8 @@ fn lock_names_the_holder_the_service_last_named() {
         lock.handle_heard(
             t,
             "k",
-            &Heard::Refused {
-                why: Refusal::Held,
+            &Heard::NotGranted {
+                why: NotGranted::Held,
                 holder: named.map(String::from),
             },
         );

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use crate::call::{
-    Call, CallConfig, CallEvent, ConfirmRead, Effect, InboxRequest, KvRead, KvWrite,
+    Call, CallConfig, CallEvent, CallRequest, ConfirmRead, InboxRequest, KvRead, KvWrite,
 };
 
-use crate::io::EffectId;
+use crate::io::TransmitId;
 use crate::outbox::Ids;
 
 thread_local! {
@@ -17,7 +17,7 @@ thread_local! {
 
 /// Ids for a part a table test polls alone, as its owner gives them: never one
 /// twice (each is taken for one poll).
-pub(crate) fn owner_ids() -> Ids<EffectId> {
+pub(crate) fn owner_ids() -> Ids<TransmitId> {
     NEXT_ID.with(|next| {
         let first = next.get();
         next.set(first + 1);
@@ -81,40 +81,40 @@ impl Drive {
 
     pub(super) fn confirm(&mut self) -> ConfirmRead {
         match self.effect() {
-            Effect::ConfirmRead(c) => c,
+            CallRequest::ConfirmRead(c) => c,
             other => panic!("expected a read confirmation, got {other:?}"),
         }
     }
 
-    pub(super) fn effect(&mut self) -> Effect {
+    pub(super) fn effect(&mut self) -> CallRequest {
         self.call
-            .poll_effect(&mut owner_ids())
+            .poll_request(&mut owner_ids())
             .expect("the call wants an effect")
     }
 
     pub(super) fn read(&mut self) -> KvRead {
         match self.effect() {
-            Effect::KvRead(r) => r,
+            CallRequest::KvRead(r) => r,
             other => panic!("expected a leader read, got {other:?}"),
         }
     }
 
     pub(super) fn write(&mut self) -> KvWrite {
         match self.effect() {
-            Effect::KvWrite(w) => w,
+            CallRequest::KvWrite(w) => w,
             other => panic!("expected a KV write, got {other:?}"),
         }
     }
 
     pub(super) fn inbox(&mut self) -> InboxRequest {
         match self.effect() {
-            Effect::InboxRequest(i) => i,
+            CallRequest::InboxRequest(i) => i,
             other => panic!("expected an inbox request, got {other:?}"),
         }
     }
 
     pub(super) fn reply(&mut self) -> Response {
-        if let Some(other) = self.call.poll_effect(&mut owner_ids()) {
+        if let Some(other) = self.call.poll_request(&mut owner_ids()) {
             panic!("expected the reply, got {other:?}");
         }
         let replies: Vec<Response> = self
@@ -144,9 +144,9 @@ impl Drive {
         }
     }
 
-    pub(super) fn feed(&mut self, id: EffectId, outcome: RequestOutcome) {
+    pub(super) fn feed(&mut self, id: TransmitId, outcome: RequestOutcome) {
         assert!(
-            self.call.poll_effect(&mut owner_ids()).is_none(),
+            self.call.poll_request(&mut owner_ids()).is_none(),
             "drain before feeding"
         );
         self.call.handle_outcome(self.now, id, outcome);

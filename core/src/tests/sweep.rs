@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::io::{EffectId, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::service::sweep::{
     MAX_IN_FLIGHT, MAX_PENDING, RETRY_AFTER, ScanReason, TombstoneSweep, TombstoneSweepEvent,
 };
@@ -419,7 +419,7 @@ fn an_unknown_outcome_is_ignored() {
     let (mut s, now) = sweep();
     s.handle_released(now, "a".into(), 1);
     let t = s.poll_transmit(&mut owner_ids()).unwrap();
-    s.handle_outcome(now, EffectId(t.id.0 + 100), RequestOutcome::TimedOut);
+    s.handle_outcome(now, TransmitId(t.id.0 + 100), RequestOutcome::TimedOut);
     assert_eq!(s.poll_event(), None);
     assert!(s.poll_timeout().is_none());
 }

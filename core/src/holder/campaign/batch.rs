@@ -33,7 +33,7 @@ pub(super) struct Batching {
     /// Whether the service advertised `renew_many` and has not refused it since.
     on: bool,
     /// Batch requests out: their renewals (the campaign's ids and requests).
-    out: BTreeMap<EffectId, Vec<(EffectId, Transmit)>>,
+    out: BTreeMap<TransmitId, Vec<(TransmitId, Transmit)>>,
     /// The widest early window of the keys campaigned for, and for how many keys it
     /// was worked out: the timers are scanned only that far ahead.
     widest: Option<(usize, Duration)>,
@@ -144,18 +144,18 @@ impl Campaign {
     }
 
     /// Whether `id` is a batch request out.
-    pub(super) fn is_batch(&self, id: EffectId) -> bool {
+    pub(super) fn is_batch(&self, id: TransmitId) -> bool {
         self.batching.out.contains_key(&id)
     }
 
     /// The key of batch `id`'s first renewal, if `id` is a batch request out.
-    pub(super) fn batch_key(&self, id: EffectId) -> Option<String> {
+    pub(super) fn batch_key(&self, id: TransmitId) -> Option<String> {
         let (first, _) = self.batching.out.get(&id)?.first()?;
         self.out.routes.get(first).map(|r| r.key.clone())
     }
 
     /// What came of batch request `id`: each renewal in it hears its own outcome.
-    pub(super) fn deliver_batch(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub(super) fn deliver_batch(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         let Some(members) = self.batching.out.remove(&id) else {
             return;
         };
@@ -214,7 +214,7 @@ impl Campaign {
 
     /// Batches whose renewals are all answered or timed out: cancelled.
     pub(super) fn cancel_spent_batches(&mut self) {
-        let spent: Vec<EffectId> = self
+        let spent: Vec<TransmitId> = self
             .batching
             .out
             .iter()

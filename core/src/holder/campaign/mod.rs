@@ -130,7 +130,7 @@ use crate::holder::guard::{Accepted, InboxGuard, RejectReason};
 use crate::holder::{
     ConfigError, Holder, HolderConfig, HolderEvent, HolderStatus, OutcomeClass, Tenure,
 };
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit, TransmitKind};
+use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::outbox::{Due, Handoff, Ids, Requests};
 use crate::wire::{self, Endpoint, ErrorKind, ErrorReply};
 
@@ -220,7 +220,7 @@ pub enum CampaignEvent {
     /// timer a request has.
     Cancel {
         /// The request.
-        id: EffectId,
+        id: TransmitId,
     },
     /// This holder ID began (`owns`) or stopped owning `key`: `Elected`, or a
     /// step-down (or the end of a holder that owned it).
@@ -398,7 +398,7 @@ impl Campaign {
     }
 
     /// Feeds back what came of request `id`. Outcomes nobody waits for are ignored.
-    pub fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         // A request not yet polled was never sent: no outcome of it can be real, and
         // taking its route would leave it queued without one.
         if self.out.requests.iter().any(|r| r.id == id) {

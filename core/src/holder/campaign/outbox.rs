@@ -7,7 +7,7 @@ use super::*;
 pub(super) struct Route {
     pub(super) key: String,
     pub(super) serial: u64,
-    pub(super) inner: EffectId,
+    pub(super) inner: TransmitId,
     pub(super) group: GroupId,
     pub(super) gated: bool,
     pub(super) endpoint: Endpoint,
@@ -19,20 +19,20 @@ pub(super) struct Route {
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
     /// Each request's route and deadline, sent or ready to send.
-    pub(super) routes: Requests<EffectId, Route>,
+    pub(super) routes: Requests<TransmitId, Route>,
     pub(super) requests: VecDeque<Transmit>,
-    pub(super) ids: Ids<EffectId>,
+    pub(super) ids: Ids<TransmitId>,
 }
 
 impl Outbox {
     /// Takes the route of request `id` (answered, timed out or recalled).
-    pub(super) fn take(&mut self, id: EffectId) -> Option<Route> {
+    pub(super) fn take(&mut self, id: TransmitId) -> Option<Route> {
         self.routes.take(&id)
     }
 
     /// Takes request `id` back if it is still waiting to be polled: then it was
     /// never sent.
-    pub(super) fn unqueue(&mut self, id: EffectId) -> bool {
+    pub(super) fn unqueue(&mut self, id: TransmitId) -> bool {
         let before = self.requests.len();
         self.requests.retain(|r| r.id != id);
         self.requests.len() != before
@@ -75,7 +75,7 @@ impl Outbox {
 impl Campaign {
     /// Request `id`, taken back before it was polled, was never sent: its holder
     /// hears so ([`Holder::handle_cancel`]), not that it timed out.
-    pub(super) fn withdraw(&mut self, now: Instant, id: EffectId) {
+    pub(super) fn withdraw(&mut self, now: Instant, id: TransmitId) {
         if let Some(route) = self.out.take(id) {
             self.withdraw_route(now, route);
         }
@@ -96,7 +96,7 @@ impl Campaign {
         }
     }
 
-    pub(super) fn deliver(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    pub(super) fn deliver(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         if let Some(route) = self.out.take(id) {
             self.deliver_route(now, route, outcome);
         }

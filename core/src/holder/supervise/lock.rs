@@ -13,7 +13,7 @@ use crate::holder::relay::Heard;
 /// Why a campaign's acquire did not win the key, as `lock` tells it: a lease
 /// service that answered "held" is not the same as no lease service at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum NotGranted {
     /// The service answered: another holder has the key.
     Held,
     /// Nobody received the acquire: no lease service is running.
@@ -22,11 +22,11 @@ pub enum Refusal {
     NoAnswer,
 }
 
-impl Refusal {
-    /// The refusal a [`HolderEvent::Refused`] reports: `holder_named` when the
+impl NotGranted {
+    /// The refusal a [`HolderEvent::NotGranted`] reports: `holder_named` when the
     /// service named the current holder, `answer` what came back.
     ///
-    /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
+    /// [`HolderEvent::NotGranted`]: crate::holder::HolderEvent::NotGranted
     pub fn of(holder_named: bool, answer: OutcomeClass) -> Self {
         match answer {
             _ if holder_named => Self::Held,
@@ -65,7 +65,7 @@ pub enum LockExit {
 pub enum LockEvent {
     /// Campaigning: the acquire was refused for another reason than the last one
     /// told (the first refusal included). Say so on stderr; the campaign goes on.
-    Waiting(Refusal),
+    Waiting(NotGranted),
     /// Start the watchdog (and through it the command) under `deadline`.
     StartWatchdog {
         /// The lease's deadline now.
@@ -103,7 +103,7 @@ enum LockPhase {
     Campaigning {
         wait_until: Option<Instant>,
         /// The last refusal since the start, if any.
-        refused: Option<Refusal>,
+        refused: Option<NotGranted>,
         waited_out: bool,
     },
     /// Elected, but with no more than the grace period left: wait for a renewal.
@@ -173,11 +173,11 @@ impl Lock {
                     self.handle_deadline(now, *deadline);
                 }
             }
-            Heard::Refused { why, holder } => {
+            Heard::NotGranted { why, holder } => {
                 if holder.is_some() {
                     self.named.clone_from(holder);
                 }
-                self.handle_refused(now, *why);
+                self.handle_not_granted(now, *why);
             }
             Heard::Failed { .. } => {}
         }
@@ -194,13 +194,13 @@ impl Lock {
         self.named.as_deref()
     }
 
-    /// The holder's acquire did not win the key ([`HolderEvent::Refused`], read
-    /// with [`Refusal::of`]): a refusal unlike the last one is told
+    /// The holder's acquire did not win the key ([`HolderEvent::NotGranted`], read
+    /// with [`NotGranted::of`]): a refusal unlike the last one is told
     /// ([`LockEvent::Waiting`]); `--wait` gives up once it has passed and an
     /// acquire was refused since the start, with an exit that says why.
     ///
-    /// [`HolderEvent::Refused`]: crate::holder::HolderEvent::Refused
-    pub fn handle_refused(&mut self, now: Instant, why: Refusal) {
+    /// [`HolderEvent::NotGranted`]: crate::holder::HolderEvent::NotGranted
+    pub fn handle_not_granted(&mut self, now: Instant, why: NotGranted) {
         if let LockPhase::Campaigning {
             refused,
             waited_out,
@@ -220,11 +220,11 @@ impl Lock {
     }
 
     /// How `lock` ends when `--wait` passed after `why`.
-    fn waited_out(why: Refusal) -> LockExit {
+    fn waited_out(why: NotGranted) -> LockExit {
         match why {
-            Refusal::Held => LockExit::NotHeld,
-            Refusal::NoService => LockExit::NoService,
-            Refusal::NoAnswer => LockExit::NoAnswer,
+            NotGranted::Held => LockExit::NotHeld,
+            NotGranted::NoService => LockExit::NoService,
+            NotGranted::NoAnswer => LockExit::NoAnswer,
         }
     }
 

@@ -45,7 +45,7 @@ mod lock;
 mod supervisor;
 
 pub use lines::{WatchdogMessage, WatchdogReport};
-pub use lock::{Lock, LockEvent, LockExit, Refusal};
+pub use lock::{Lock, LockEvent, LockExit, NotGranted};
 pub use supervisor::{Supervisor, SupervisorEvent};
 
 /// A signal for every process of the command.

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::change::ChangeEvent;
 use crate::holder::campaign::Campaign;
 use crate::io::HANDOFF_BOUND;
-use crate::io::{EffectId, RequestOutcome, Transmit};
+use crate::io::{RequestOutcome, Transmit, TransmitId};
 use crate::service::{Received, Service};
 
 use crate::sim::SimJetStream;
@@ -71,7 +71,7 @@ enum Ev {
     /// generation).
     ServiceChange(u64, Received),
     /// A reply (or a timeout) reaches a holder, for the machine of this generation.
-    Outcome(usize, u64, EffectId, RequestOutcome),
+    Outcome(usize, u64, TransmitId, RequestOutcome),
     /// A holder's machine is dropped and made afresh.
     Recreate(usize),
     /// A member stops its group.
@@ -111,7 +111,7 @@ pub struct HolderWorld {
     service_gen: u64,
     /// The requests let in, by their reply subject: the node, its machine's
     /// generation, the request's id and endpoint.
-    inboxes: BTreeMap<String, (usize, u64, EffectId, crate::wire::Endpoint)>,
+    inboxes: BTreeMap<String, (usize, u64, TransmitId, crate::wire::Endpoint)>,
     next_inbox: u64,
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Ev>>,

@@ -10,7 +10,7 @@ use super::{App, Ev, Grouping, HolderWorld, Nodes, WorldParams};
 use crate::change::ChangeEvent;
 use crate::holder::campaign::{Campaign, CampaignEvent, GroupId, semaphore_slot};
 use crate::holder::{Holder, HolderConfig, HolderEvent, HolderStatus, StepDownReason, Tenure};
-use crate::io::{EffectId, RequestOutcome};
+use crate::io::{RequestOutcome, TransmitId};
 use crate::sim::server::republished;
 use crate::test_support::HolderRequest;
 use crate::wire::Endpoint;
@@ -43,9 +43,9 @@ pub(super) struct HolderSim {
     pub(super) rate: f64,
     pub(super) paused_until: u64,
     /// Outcomes that arrived during a pause, delivered at its end.
-    pub(super) backlog: Vec<(EffectId, RequestOutcome)>,
+    pub(super) backlog: Vec<(TransmitId, RequestOutcome)>,
     /// Requests answered already (a later timeout for them is dropped).
-    pub(super) answered: Vec<EffectId>,
+    pub(super) answered: Vec<TransmitId>,
     /// Instants a wake is scheduled for.
     pub(super) wakes: std::collections::BTreeSet<u64>,
     /// Its application's keys: the tenure it fences with and the last deadline
@@ -211,7 +211,7 @@ impl Machine {
         }
     }
 
-    fn handle_outcome(&mut self, now: Instant, id: EffectId, outcome: RequestOutcome) {
+    fn handle_outcome(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         match self {
             Self::Holder(h) => h.handle_outcome(now, id, outcome),
             Self::Member { campaign, .. } => campaign.handle_outcome(now, id, outcome),
@@ -428,7 +428,7 @@ impl HolderWorld {
                 HolderEvent::Failed { kind, message } => {
                     panic!("holder h{h} failed: {kind}: {message}")
                 }
-                HolderEvent::Refused { .. } => {}
+                HolderEvent::NotGranted { .. } => {}
             }
         }
         if !done.is_empty() {

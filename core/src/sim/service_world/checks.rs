@@ -2,7 +2,7 @@
 //! of the [module docs](super), against what was asked and what the stream holds.
 
 use super::{Asked, InFlight, ServiceWorld};
-use crate::io::{EffectId, HANDOFF_BOUND, NatsRequest};
+use crate::io::{HANDOFF_BOUND, NatsRequest, TransmitId};
 use crate::reply_scope::ReplyScope;
 use crate::service::{ServiceEvent, SubscriptionKind};
 use crate::sim::{MsgKind, SimMsg};
@@ -197,7 +197,7 @@ impl ServiceWorld {
     }
 
     /// The ids of the requests in flight on the network, in order.
-    pub fn in_flight_ids(&self) -> Vec<EffectId> {
+    pub fn in_flight_ids(&self) -> Vec<TransmitId> {
         self.network.iter().map(|f| f.id).collect()
     }
 

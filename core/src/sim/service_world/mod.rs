@@ -50,7 +50,7 @@ use serde_json::json;
 
 use super::SimJetStream;
 use super::server::{StreamAdmin, republished};
-use crate::io::{EffectId, NatsRequest, RequestOutcome, Transmit};
+use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId};
 use crate::service::shutdown::Shutdown;
 use crate::service::{Received, ReplyId, Service, ServiceConfig, ServiceEvent};
 use crate::wire::{Endpoint, Response};
@@ -61,7 +61,7 @@ const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 /// One request in flight on the simulated network.
 #[derive(Debug)]
 struct InFlight {
-    id: EffectId,
+    id: TransmitId,
     transmit: Transmit,
     /// When its own timeout has passed.
     due: Instant,
@@ -99,9 +99,9 @@ pub struct ServiceWorld {
     admin: StreamAdmin,
     network: Vec<InFlight>,
     /// Requests the network lost, by when the service must have cancelled them.
-    lost: BTreeMap<EffectId, Instant>,
+    lost: BTreeMap<TransmitId, Instant>,
     /// Every request the service cancelled.
-    pub cancelled: BTreeSet<EffectId>,
+    pub cancelled: BTreeSet<TransmitId>,
     /// Replies sent and not yet handed to the client, by when each was sent.
     handing: BTreeMap<ReplyId, Instant>,
     asked: BTreeMap<String, Asked>,

@@ -1,12 +1,12 @@
-//! The requests a call asks for and their NATS encoding: a leader read, a KV write,
-//! a read confirmation, a request to an owner's inbox. Each maps to one
-//! [`Transmit`] ([`Effect::into_transmit`]).
+//! The requests a call asks for, typed ([`CallRequest`]), and their NATS
+//! encoding: a leader read, a KV write, a read confirmation, a request to an
+//! owner's inbox. Each maps to one [`Transmit`] ([`CallRequest::into_transmit`]).
 
 use std::time::Duration;
 
 use crate::js::{self};
 
-use crate::io::{EffectId, NatsRequest, Transmit, TransmitKind};
+use crate::io::{NatsRequest, Transmit, TransmitId, TransmitKind};
 use crate::record::{LeaseEvent, ttl_header};
 use crate::shard::ShardMap;
 use crate::subjects::{
@@ -18,7 +18,7 @@ use crate::subjects::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvRead {
     /// Feed the outcome back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// The lease key.
     pub key: String,
     /// Bound on the request.
@@ -38,7 +38,7 @@ pub enum Operation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvWrite {
     /// Feed the outcome back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// The lease key.
     pub key: String,
     /// Put or delete.
@@ -61,7 +61,7 @@ pub struct KvWrite {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfirmRead {
     /// Feed the outcome back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// The lease key that was read.
     pub key: String,
     /// The key's last revision as read (0: never written).
@@ -102,7 +102,7 @@ impl ConfirmRead {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboxRequest {
     /// Feed the outcome back with this id.
-    pub id: EffectId,
+    pub id: TransmitId,
     /// The owner being tried.
     pub holder: String,
     /// The lease key.
@@ -118,7 +118,7 @@ pub struct InboxRequest {
 /// A request a call wants sent, as the call decided it (its [`Transmit`] is what an
 /// adapter sends; this typed form is what the call's table tests read).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect {
+pub enum CallRequest {
     /// Read a key through the stream leader.
     KvRead(KvRead),
     /// Write a key conditionally.
@@ -129,9 +129,9 @@ pub enum Effect {
     InboxRequest(InboxRequest),
 }
 
-impl Effect {
+impl CallRequest {
     /// Names the request `id`, the id its outcome comes back with.
-    pub fn set_id(&mut self, id: EffectId) {
+    pub fn set_id(&mut self, id: TransmitId) {
         match self {
             Self::KvRead(r) => r.id = id,
             Self::KvWrite(w) => w.id = id,
@@ -151,7 +151,7 @@ impl Effect {
     }
 
     /// The NATS request that carries out this effect, with its id.
-    pub fn nats_request(&self) -> (EffectId, NatsRequest) {
+    pub fn nats_request(&self) -> (TransmitId, NatsRequest) {
         let t = self.clone().into_transmit();
         (t.id, t.request)
     }
