@@ -137,8 +137,10 @@ async fn a_renew_of_a_lease_known_from_its_change_event_is_one_write_and_no_read
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let mut options = ServiceOptions::default();
-    options.changes = dagnats_leases_core::service::peers::ChangesSetting::Always;
+    let options = ServiceOptions::from(dagnats_leases_core::service::ServiceConfig {
+        changes: dagnats_leases_core::service::peers::ChangesSetting::Always,
+        ..Default::default()
+    });
     let svc = service::start((server.url(), client(server.url()).await), options)
         .await
         .expect("service starts");
