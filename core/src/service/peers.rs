@@ -15,7 +15,10 @@
 //! seconds per instance, with no request, no window of replies to gather and no
 //! reply subject to check; an instance that hears a newcomer answers with its
 //! own heartbeat at once (at most once an interval), so the newcomer need not
-//! wait an interval to learn it is not alone.
+//! wait an interval to learn it is not alone. An instance hears its own
+//! heartbeat too: one that has not for [`PRESENCE_MISSED`] intervals (its
+//! publish or subscription refused) cannot tell whether it is alone, and takes
+//! the change events until it hears itself again.
 //!
 //! Every way this can be wrong costs reads, never a lease: a write that expects
 //! a revision is conditional, so a fact the known map holds that another
@@ -90,6 +93,10 @@ pub enum PeersEvent {
     Subscribe,
     /// No other instance was heard for [`PRESENCE_MISSED`] intervals: stop.
     Unsubscribe,
+    /// This instance has not heard its own heartbeat for [`PRESENCE_MISSED`]
+    /// intervals (its publish or its subscription refused): it cannot tell
+    /// whether it is alone, so it takes the change events until it hears itself.
+    Deaf,
 }
 
 /// The presence machine: the heartbeats this instance sends and, when it
@@ -103,6 +110,10 @@ pub struct Peers {
     /// Each other instance, and when it was last heard.
     seen: HashMap<String, Instant>,
     subscribed: bool,
+    /// When this instance last heard its own heartbeat (its start, at first).
+    self_heard: Instant,
+    /// Whether it is deaf to its own heartbeat now.
+    deaf: bool,
     next: Instant,
     /// When a heartbeat went out early for a newcomer.
     early: Option<Instant>,
@@ -120,6 +131,8 @@ impl Peers {
             missed: PRESENCE_MISSED,
             seen: HashMap::new(),
             subscribed: false,
+            self_heard: now,
+            deaf: false,
             next: now + PRESENCE_EVERY,
             early: None,
             events: VecDeque::from([PeersEvent::Announce]),
@@ -152,10 +165,16 @@ impl Peers {
         let Some(id) = std::str::from_utf8(body)
             .ok()
             .map(str::trim)
-            .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN && *id != self.me)
+            .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
         else {
             return;
         };
+        if id == self.me {
+            // Its own, echoed: the heartbeats go round.
+            self.self_heard = now;
+            self.deaf = false;
+            return self.decide();
+        }
         let full = self.seen.len() >= MAX_PEERS;
         match self.seen.get_mut(id) {
             Some(at) => *at = now,
@@ -182,6 +201,12 @@ impl Peers {
         self.next = now + self.every;
         let window = self.every * self.missed;
         self.seen.retain(|_, at| now < *at + window);
+        if !self.deaf && now >= self.self_heard + window {
+            self.deaf = true;
+            if self.listens {
+                self.events.push_back(PeersEvent::Deaf);
+            }
+        }
         self.decide();
     }
 
@@ -191,7 +216,7 @@ impl Peers {
         if !self.listens {
             return;
         }
-        let wanted = !self.seen.is_empty();
+        let wanted = !self.seen.is_empty() || self.deaf;
         if wanted != self.subscribed {
             self.subscribed = wanted;
             self.events.push_back(if wanted {
@@ -311,32 +336,44 @@ impl Service {
     /// What the presence machine asks, as the service's events.
     fn pump_peers(&mut self) {
         let me = self.config.instance_id.clone();
+        let changes = || ServiceEvent::Subscribe {
+            subject: changed_subject("*"),
+            queue: None,
+            kind: SubscriptionKind::Changes,
+        };
+        let log = |level, line: String| ServiceEvent::Log { level, line };
         while let Some(event) = self.peers.as_mut().and_then(Peers::poll_event) {
-            let line = match event {
-                PeersEvent::Announce => None,
-                PeersEvent::Subscribe => Some("another instance serves: taking the change events"),
-                PeersEvent::Unsubscribe => {
-                    Some("no other instance heard: not taking the change events")
-                }
-            };
-            if let Some(line) = line {
-                self.events.push_back(ServiceEvent::Log {
-                    level: LogLevel::Info,
-                    line: line.to_string(),
-                });
-            }
-            self.events.push_back(match event {
-                PeersEvent::Announce => ServiceEvent::Announce {
+            let events = match event {
+                PeersEvent::Announce => vec![ServiceEvent::Announce {
                     subject: PRESENCE_SUBJECT.to_string(),
                     body: me.clone().into_bytes(),
-                },
-                PeersEvent::Subscribe => ServiceEvent::Subscribe {
-                    subject: changed_subject("*"),
-                    queue: None,
-                    kind: SubscriptionKind::Changes,
-                },
-                PeersEvent::Unsubscribe => ServiceEvent::UnsubscribeChanges,
-            });
+                }],
+                PeersEvent::Subscribe => vec![
+                    log(
+                        LogLevel::Info,
+                        "another instance serves (or none can be heard): taking the change \
+                         events"
+                            .to_string(),
+                    ),
+                    changes(),
+                ],
+                PeersEvent::Unsubscribe => vec![
+                    log(
+                        LogLevel::Info,
+                        "no other instance heard: not taking the change events".to_string(),
+                    ),
+                    ServiceEvent::UnsubscribeChanges,
+                ],
+                PeersEvent::Deaf => vec![log(
+                    LogLevel::Warn,
+                    format!(
+                        "this instance does not hear its own heartbeat on {PRESENCE_SUBJECT} \
+                         (the backend user may lack publish or subscribe there): it cannot \
+                         tell whether another instance serves, so it takes the change events"
+                    ),
+                )],
+            };
+            self.events.extend(events);
         }
     }
 }
@@ -384,12 +421,22 @@ mod tests {
             .collect()
     }
 
-    /// Moves `s` to `at`, firing its timer where due.
+    /// Moves `s` to `at`, firing its timer where due, each heartbeat it sends
+    /// heard back (as its own subscription hears it).
     fn until(s: &mut Service, at: Instant) -> Vec<String> {
+        until_echoed(s, at, true)
+    }
+
+    fn until_echoed(s: &mut Service, at: Instant, echo: bool) -> Vec<String> {
         let mut seen = Vec::new();
         while let Some(due) = s.poll_timeout().filter(|due| *due <= at) {
             s.handle_timeout(due);
-            seen.extend(asks(s));
+            let asked = asks(s);
+            if echo && asked.contains(&"announce".to_string()) {
+                s.handle_presence(due, b"ME");
+                seen.extend(asks(s));
+            }
+            seen.extend(asked);
         }
         seen
     }
@@ -502,6 +549,37 @@ mod tests {
     }
 
     #[test]
+    fn deaf_to_its_own_heartbeat_it_takes_the_change_events_until_it_hears_itself() {
+        let t0 = Instant::now();
+        let mut s = Service::new(
+            config(ChangesSetting::Auto, 1024),
+            OffsetDateTime::UNIX_EPOCH,
+            t0,
+        );
+        asks(&mut s);
+        // Fewer intervals unheard: still alone, no events.
+        let seen = until_echoed(&mut s, t0 + PRESENCE_EVERY * (PRESENCE_MISSED - 1), false);
+        assert!(seen.iter().all(|a| a == "announce"), "{seen:?}");
+        // Its own heartbeat unheard for PRESENCE_MISSED intervals: it cannot tell.
+        s.handle_timeout(t0 + PRESENCE_EVERY * PRESENCE_MISSED);
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        assert!(
+            events.iter().any(|e| matches!(e, ServiceEvent::Log { level: LogLevel::Warn, line } if line.contains("own heartbeat"))),
+            "{events:?}"
+        );
+        assert!(events.iter().any(|e| matches!(
+            e,
+            ServiceEvent::Subscribe {
+                kind: SubscriptionKind::Changes,
+                ..
+            }
+        )));
+        // Heard again, alone: the events go.
+        s.handle_presence(t0 + PRESENCE_EVERY * PRESENCE_MISSED, b"ME");
+        assert_eq!(asks(&mut s), ["unsub"]);
+    }
+
+    #[test]
     fn tenancy_always_takes_change_events_and_hears_no_presence() {
         for (known, cap) in [(1024, None), (0, Some(10)), (1024, Some(10))] {
             let mut s = Service::new(
@@ -556,6 +634,7 @@ mod tests {
         );
         asks(&mut s);
         let long = vec![b'x'; MAX_ID_LEN + 1];
+        // Its own id is its echo: heard, it changes nothing here.
         for body in [&b"ME"[..], b"", b"  ", b"\xff\xfe", &long] {
             s.handle_presence(t0, body);
             assert_eq!(asks(&mut s), Vec::<String>::new(), "{body:?}");

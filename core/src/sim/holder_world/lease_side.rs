@@ -195,10 +195,11 @@ impl HolderWorld {
             } => self.instances[i].hears_presence = true,
             // Events stored from now on are not sent to it.
             ServiceEvent::UnsubscribeChanges => self.instances[i].hears_changes = false,
-            // To every other instance that listens, each after its own latency.
+            // To every instance that listens (its own echoed back to it), each
+            // after its own latency.
             ServiceEvent::Announce { body, .. } => {
                 for j in 0..self.instances.len() {
-                    if j != i && self.instances[j].hears_presence {
+                    if self.instances[j].hears_presence {
                         let at = self.t + self.latency();
                         let generation = self.instances[j].generation;
                         self.schedule(at, Ev::ServicePresence(generation, body.clone()));
