@@ -122,6 +122,17 @@ pub struct ServeArgs {
     /// is one write and no read; 0 turns that off (every renew and release reads).
     #[arg(long, env = "DAGNATS_LEASES_KNOWN_KEYS", default_value_t = dagnats_leases_core::known::DEFAULT_KNOWN_CAPACITY)]
     pub known_keys: usize,
+    /// When the service takes the change events: `auto` (the default: only while
+    /// another instance serves, heard by its presence heartbeat on
+    /// `dagnats.lease.presence`; always in tenancy) or `always` (from the start).
+    /// Alone, an instance knows its own writes from their acks.
+    #[arg(
+        long,
+        env = "DAGNATS_LEASES_CHANGES",
+        default_value = "auto",
+        value_name = "auto|always"
+    )]
+    pub changes: dagnats_leases_core::service::peers::ChangesSetting,
     /// Log lines as readable text (colours only on a terminal) or as JSON objects,
     /// one a line.
     #[arg(long, env = "DAGNATS_LEASES_LOG_FORMAT", default_value = "text", value_name = "text|json", value_parser = parse_log_format)]
@@ -275,6 +286,7 @@ impl ServeArgs {
             batch_after: self.batch_after,
             min_batch: self.min_batch,
             known_capacity: self.known_keys,
+            changes: self.changes,
             #[cfg(feature = "__test")]
             unconfirmed_reads_for_tests: self.unconfirmed_reads_for_tests,
             reply_scope,

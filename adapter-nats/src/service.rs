@@ -322,6 +322,8 @@ struct Io {
     server: String,
     requests: SelectAll<Subscription>,
     changes: Option<Subscriber>,
+    /// The other instances' presence heartbeats, where the machine listens.
+    presence: Option<Subscriber>,
     /// The requests out, each until its outcome or the machine's cancel.
     outcomes: FuturesUnordered<BoxFuture<'static, Option<(TransmitId, RequestOutcome)>>>,
     /// How to drop each request out, by id ([`ServiceEvent::Cancel`]).
@@ -360,6 +362,7 @@ impl Io {
             server,
             requests: SelectAll::new(),
             changes: None,
+            presence: None,
             outcomes: FuturesUnordered::new(),
             cancels: Cancellable::new(),
             sending: FuturesUnordered::new(),
@@ -386,6 +389,7 @@ impl Io {
             // bound: a server that is gone must not hold the stop.
             self.unsubscribe = false;
             self.changes = None;
+            self.presence = None;
             // The drain phase's bound, not the next deadline of anything (a
             // call's may be a millisecond away and cut the unsubscribes short).
             let deadline = service.stop_phase_ends().unwrap_or_else(now);
@@ -447,6 +451,9 @@ impl Io {
                 let mut changes = vec![received(m)];
                 changes.extend(self.changes_ready());
                 service.handle_arrivals(self.runtime.now(), OffsetDateTime::now_utc(), Arrivals::changes(changes));
+            }
+            Some(m) = async { self.presence.as_mut().expect("guarded").next().await }, if self.presence.is_some() => {
+                service.handle_presence(self.runtime.now(), &m.payload);
             }
             next = self.requests.next(), if self.intake_open => match next {
                 // With the change events already delivered: the machine orders them.
@@ -554,7 +561,9 @@ impl Io {
                 kind,
             } => {
                 let subscribed = match (kind, queue) {
-                    (SubscriptionKind::Changes, _) => self.backend.subscribe(subject.clone()).await,
+                    (SubscriptionKind::Changes | SubscriptionKind::Presence, _) => {
+                        self.backend.subscribe(subject.clone()).await
+                    }
                     (_, queue) => {
                         match self
                             .serving
@@ -578,6 +587,7 @@ impl Io {
                     }
                 };
                 match (subscribed, kind) {
+                    (Ok(s), SubscriptionKind::Presence) => self.presence = Some(s),
                     (Ok(s), _) => self.changes = Some(s),
                     (Err(e), kind) => service.handle_subscribe_failed(
                         self.runtime.now(),
@@ -679,6 +689,12 @@ impl Io {
                 LogLevel::Error => tracing::error!("{line}"),
             },
             ServiceEvent::Unsubscribe => self.unsubscribe = true,
+            // Dropped, the subscription is unsubscribed.
+            ServiceEvent::UnsubscribeChanges => self.changes = None,
+            ServiceEvent::Announce { subject, body } => {
+                // A heartbeat lost is one a peer misses: the next one comes.
+                let _ = self.backend.publish(subject, body.into()).await;
+            }
             // Asked once every reply is handed to the client: the flush carries them.
             ServiceEvent::Flush { phase } => self.flush_wanted = Some(phase),
         }

@@ -49,11 +49,16 @@ fn serving_user() -> Permissions {
         .publish(["_INBOX.>", "_R_.>", "dagnats.lease.inbox.>"])
 }
 
-/// The documented backend user: JetStream and the bucket.
+/// The documented backend user: JetStream and the bucket, the change events and
+/// the instances' presence heartbeats.
 fn backend_user() -> Permissions {
     Permissions::new()
-        .subscribe(["_dagnats_backend.>", "dagnats.lease.changed.>"])
-        .publish(["$JS.API.>", "$KV.leases.>"])
+        .subscribe([
+            "_dagnats_backend.>",
+            "dagnats.lease.changed.>",
+            "dagnats.lease.presence",
+        ])
+        .publish(["$JS.API.>", "$KV.leases.>", "dagnats.lease.presence"])
 }
 
 /// A caller who may publish requests and read its own replies, nothing more.

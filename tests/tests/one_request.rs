@@ -129,18 +129,21 @@ async fn a_renew_or_release_of_a_lease_just_granted_is_one_write_and_no_read() {
 /// `Nats-Time-Stamp` as the real server republishes them. The test waits for the
 /// event on its own subscription before it renews: the server queued the event to
 /// the service's connection before it read the renew, and the service learns
-/// events before it starts the calls read after them.
+/// events before it starts the calls read after them. The service takes change
+/// events from the start (`changes: always`): alone, `auto` would leave them to
+/// its own acks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renew_of_a_lease_known_from_its_change_event_is_one_write_and_no_read() {
     let server = tokio::task::spawn_blocking(NatsServer::start)
         .await
         .unwrap();
-    let svc = service::start(
-        (server.url(), client(server.url()).await),
-        ServiceOptions::default(),
-    )
-    .await
-    .expect("service starts");
+    let options = ServiceOptions::from(dagnats_leases_core::service::ServiceConfig {
+        changes: dagnats_leases_core::service::peers::ChangesSetting::Always,
+        ..Default::default()
+    });
+    let svc = service::start((server.url(), client(server.url()).await), options)
+        .await
+        .expect("service starts");
     let c = client(server.url()).await;
     let mut events = c.subscribe("dagnats.lease.changed.k").await.unwrap();
     let mut tap = Tap::new(server.url()).await;

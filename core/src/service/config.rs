@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::bucket::BucketOptions;
 use super::coalesce::{CoalesceWrites, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW};
+use super::peers::ChangesSetting;
 use super::replicas::REPLICAS_RECHECK;
 use crate::call::DEFAULT_KV_TIMEOUT;
 use crate::known::DEFAULT_KNOWN_CAPACITY;
@@ -61,6 +62,9 @@ pub struct ServiceConfig {
     /// How many keys' last revisions the service remembers (0: none, no change
     /// events subscribed for them).
     pub known_capacity: usize,
+    /// When the change events are taken: `Auto`, only while another instance
+    /// serves (always in tenancy); `Always`, from the start ([`super::peers`]).
+    pub changes: ChangesSetting,
     /// Whether the service serves `renew_many` (many renewals in one request) and
     /// advertises it in `$SRV.INFO`; off, it is a service of the five endpoints alone.
     pub renew_many: bool,
@@ -91,6 +95,7 @@ impl ServiceConfig {
             max_leases_per_tenant: None,
             tenant_accounts: TenantAccounts::default(),
             known_capacity: DEFAULT_KNOWN_CAPACITY,
+            changes: ChangesSetting::Auto,
             renew_many: true,
             #[cfg(any(test, feature = "__test"))]
             unconfirmed_reads_for_tests: false,

@@ -194,6 +194,7 @@ impl Service {
                     )));
                 }
             }
+            SubscriptionKind::Presence => self.presence_failed(subject, error),
             SubscriptionKind::Changes => {
                 let warning = self
                     .changes_unwatched_warning()

@@ -68,6 +68,7 @@ mod intake;
 mod intake_order;
 pub mod micro;
 mod parts;
+pub mod peers;
 mod renew_many;
 pub mod replicas;
 mod replies;
@@ -85,6 +86,7 @@ use time::OffsetDateTime;
 use self::admit::{Admission, AdmissionEvent};
 use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, coalesce_on};
 use self::micro::MicroService;
+use self::peers::Peers;
 use self::replicas::{ReplicasCheck, ReplicasCheckEvent};
 use self::shutdown::{Shutdown, ShutdownEvent, StopPhase};
 use self::startup::{Startup, StartupEvent};
@@ -222,6 +224,8 @@ pub struct Service {
     admission: Admission<Pending>,
     tenants: TenantLeases,
     known: Option<KnownLeases>,
+    /// Who else serves, where that decides the change subscription.
+    peers: Option<Peers>,
     coalescer: Option<Coalescer>,
     check: Option<ReplicasCheck>,
     sweep: TombstoneSweep,
@@ -296,6 +300,7 @@ impl Service {
             admission,
             tenants: TenantLeases::new(config.max_leases_per_tenant),
             known: (config.known_capacity > 0).then(|| KnownLeases::new(config.known_capacity)),
+            peers: Self::peers_of(&config, now),
             coalescer: None,
             check: None,
             sweep: TombstoneSweep::new(config.kv_timeout, now).with_shards(config.bucket.shards),
@@ -378,8 +383,9 @@ impl Service {
             });
         }
         // Change events only where something reads them: the known map, or
-        // tenancy's cap (the tenants' counts decide nothing without one).
-        if self.changes_unwatched_warning().is_some() {
+        // tenancy's cap (the tenants' counts decide nothing without one); with
+        // `changes: auto`, only once another instance is heard ([`peers`]).
+        if self.changes_at_start() {
             let subject = match self.config.bucket.tenancy {
                 Tenancy::Single => changed_subject("*"),
                 Tenancy::Accounts => TENANT_CHANGED_SUBJECTS.to_string(),
@@ -390,6 +396,7 @@ impl Service {
                 kind: SubscriptionKind::Changes,
             });
         }
+        self.subscribe_presence();
     }
 
     /// What this service would lose without its change events
@@ -516,6 +523,7 @@ impl Service {
         if self.stop.is_none() {
             self.sweep.handle_timeout(now);
         }
+        self.peers_handle_timeout(now);
         self.pump(now);
     }
 
@@ -560,6 +568,7 @@ impl Service {
             self.routes.next_due(),
             self.replies.next_due(),
             self.stop.as_ref().and_then(Shutdown::poll_timeout),
+            self.peers_timeout(),
         ]
         .into_iter()
         .flatten()

@@ -48,6 +48,9 @@ pub enum SubscriptionKind {
     Srv,
     /// Change events, for the known map and the tenants' lease counts.
     Changes,
+    /// The other instances' presence heartbeats
+    /// ([`Service::handle_presence`](super::Service::handle_presence)).
+    Presence,
 }
 
 /// Where a dropped request came in, for its metric label.
@@ -218,6 +221,16 @@ pub enum ServiceEvent {
     /// Stopping: unsubscribe every subscription, keep feeding the messages already
     /// delivered, then call [`Service::handle_intake_closed`](super::Service::handle_intake_closed).
     Unsubscribe,
+    /// Publish this instance's presence heartbeat, `body` to `subject`
+    /// ([`super::peers`]).
+    Announce {
+        /// Where.
+        subject: String,
+        /// This instance's id.
+        body: Vec<u8>,
+    },
+    /// Drop the change subscription: no other instance serves ([`super::peers`]).
+    UnsubscribeChanges,
     /// Stopping: push the client's writes to the server, then call
     /// [`Service::handle_flushed`](super::Service::handle_flushed) with `phase`. Asked only once every reply the
     /// service sent was handed to the client ([`Service::handle_reply_sent`](super::Service::handle_reply_sent)), so

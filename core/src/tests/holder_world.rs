@@ -715,3 +715,45 @@ fn the_service_feeds_its_known_map_and_renewals_skip_their_read() {
     assert!(own_calls.0 < 0.5, "the calls' facts spared few reads");
     assert!(two_instances.0 < 0.5, "the change events spared few reads");
 }
+
+/// The services take change events as `changes: auto` decides, from the
+/// heartbeats they hear ([`crate::service::peers`]): an instance alone takes
+/// none and still renews from its own acks; two instances hear each other,
+/// subscribe, and renew each other's leases from the events. What an instance
+/// missed before it subscribed is a stale fact: its conditional write is refused
+/// and the key read, so the invariants hold and only reads are spent. Fails
+/// when the instances never subscribe (the share of reads climbs) or when one
+/// alone does (events delivered).
+#[test]
+fn known_facts_hold_with_two_instances_taking_changes_by_presence() {
+    let run = |n: usize| {
+        let mut total = Stats::default();
+        for seed in 0..12 {
+            let world = HolderWorld::new(params(seed, 1, 2, 0));
+            let mut world = world.with_known().with_presence().with_instances(n);
+            world
+                .run()
+                .unwrap_or_else(|v| panic!("{n} instances, seed {seed}: {v}"));
+            total.service_reads += world.stats.service_reads;
+            total.service_writes += world.stats.service_writes;
+            total.service_changes += world.stats.service_changes;
+            total.renewals += world.stats.renewals;
+        }
+        let share = total.service_reads as f64 / total.service_writes.max(1) as f64;
+        println!(
+            "{n} instance(s): {share:.2} reads per write ({} reads, {} writes, {} renewals, {} change events delivered)",
+            total.service_reads, total.service_writes, total.renewals, total.service_changes
+        );
+        assert!(total.renewals > 500, "{total:?}");
+        (share, total)
+    };
+    let (alone, alone_total) = run(1);
+    assert_eq!(alone_total.service_changes, 0, "alone: no change events");
+    assert!(alone < 0.5, "alone, the acks spared few reads");
+    let (two, two_total) = run(2);
+    assert!(two_total.service_changes > 0, "two: change events taken");
+    assert!(
+        two < 0.5,
+        "two instances: the change events spared few reads"
+    );
+}

@@ -11,16 +11,22 @@ use std::time::Duration;
 
 use super::{Ev, HolderWorld, Instance};
 use crate::io::RequestOutcome;
+use crate::service::peers::ChangesSetting;
 use crate::service::{Received, ServiceConfig, ServiceEvent, SubscriptionKind};
 use crate::sim::server::{republished, started};
 use crate::wire::{ErrorKind, ErrorReply, RenewManyReply, RenewManyResult, Response};
 
 /// The service of a holder world: the simulated server's version and payload
-/// bound, a stop that cuts its calls off at once, and its known map on or off.
-fn service_config(known: bool) -> ServiceConfig {
+/// bound, a stop that cuts its calls off at once, its known map on or off, and
+/// its change events taken always or as the heartbeats it hears decide.
+fn service_config(known: bool, presence: bool) -> ServiceConfig {
     let mut config = ServiceConfig::new("2.14.0", 1 << 20);
     config.shutdown_timeout = Duration::ZERO;
     config.known_capacity = if known { 1024 } else { 0 };
+    config.changes = match presence {
+        true => ChangesSetting::Auto,
+        false => ChangesSetting::Always,
+    };
     config
 }
 
@@ -95,7 +101,15 @@ impl HolderWorld {
             Ev::ServiceChange(generation, message) => {
                 let i = self.instance(generation);
                 if let Some(i) = i {
+                    self.stats.service_changes += 1;
                     self.instances[i].service.handle_request(now, wall, message);
+                }
+                i
+            }
+            Ev::ServicePresence(generation, body) => {
+                let i = self.instance(generation);
+                if let Some(i) = i {
+                    self.instances[i].service.handle_presence(now, &body);
                 }
                 i
             }
@@ -175,6 +189,23 @@ impl HolderWorld {
                 }
                 false => self.instances[i].hears_changes = true,
             },
+            ServiceEvent::Subscribe {
+                kind: SubscriptionKind::Presence,
+                ..
+            } => self.instances[i].hears_presence = true,
+            // Events stored from now on are not sent to it.
+            ServiceEvent::UnsubscribeChanges => self.instances[i].hears_changes = false,
+            // To every instance that listens (its own echoed back to it), each
+            // after its own latency.
+            ServiceEvent::Announce { body, .. } => {
+                for j in 0..self.instances.len() {
+                    if self.instances[j].hears_presence {
+                        let at = self.t + self.latency();
+                        let generation = self.instances[j].generation;
+                        self.schedule(at, Ev::ServicePresence(generation, body.clone()));
+                    }
+                }
+            }
             ServiceEvent::Unsubscribe => service.handle_intake_closed(now),
             ServiceEvent::Flush { phase } => service.handle_flushed(now, phase),
             _ => {}
@@ -240,7 +271,11 @@ impl HolderWorld {
     /// A fresh instance `i` (one more, if `i` is the count) serves from now on;
     /// it hears the change events stored from now on.
     fn start_instance(&mut self, i: usize) {
-        let config = service_config(self.known);
+        let mut config = service_config(self.known, self.presence);
+        if self.presence {
+            // Each its own id, as each process has: an instance ignores its own.
+            config.instance_id = format!("service{}", self.service_gen + 1);
+        }
         let now = self.service_now();
         let (service, events) = started(config, &mut self.js, &self.admin, now);
         self.service_gen += 1;
@@ -250,6 +285,7 @@ impl HolderWorld {
             wakes: Default::default(),
             hears_changes: false,
             changes_read: self.js.log.len(),
+            hears_presence: false,
         };
         if i < self.instances.len() {
             self.instances[i] = instance;

@@ -70,6 +70,9 @@ enum Ev {
     /// A change event the stream republished reaches a service instance (of a
     /// generation).
     ServiceChange(u64, Received),
+    /// Another instance's presence heartbeat reaches a service instance (of a
+    /// generation) that subscribed to them.
+    ServicePresence(u64, Vec<u8>),
     /// A reply (or a timeout) reaches a holder, for the machine of this generation.
     Outcome(usize, u64, TransmitId, RequestOutcome),
     /// A holder's machine is dropped and made afresh.
@@ -134,6 +137,9 @@ pub struct HolderWorld {
     /// With [`HolderWorld::with_change_events_refused`]: the services' change
     /// subscriptions fail.
     changes_refused: bool,
+    /// With [`HolderWorld::with_presence`]: the services take change events as
+    /// `changes: auto` decides, from the heartbeats they hear; without, always.
+    presence: bool,
     /// With [`HolderWorld::with_slow_subscribes`]: the share of subscribes that
     /// hang past the hand-off bound, percent, and the draws of their delays (apart
     /// from the world's, so its other draws replay as without).
@@ -153,6 +159,8 @@ struct Instance {
     /// were sent to it.
     hears_changes: bool,
     changes_read: usize,
+    /// Whether it subscribed to the other instances' heartbeats.
+    hears_presence: bool,
 }
 
 impl HolderWorld {
@@ -233,6 +241,7 @@ impl HolderWorld {
             stats: Stats::default(),
             known: false,
             changes_refused: false,
+            presence: false,
             slow_subscribes: None,
             batching: false,
         };
@@ -270,6 +279,16 @@ impl HolderWorld {
     /// alone.
     pub fn with_change_events_refused(mut self) -> Self {
         self.changes_refused = true;
+        self.start_instances(self.instances.len());
+        self
+    }
+
+    /// The same world with the services deciding on their change subscription
+    /// from the heartbeats they hear (`changes: auto`, [`crate::service::peers`]):
+    /// alone an instance takes no change events; with others it subscribes once
+    /// it hears one, and the facts it missed before cost reads, never a lease.
+    pub fn with_presence(mut self) -> Self {
+        self.presence = true;
         self.start_instances(self.instances.len());
         self
     }
@@ -376,9 +395,11 @@ impl HolderWorld {
 
     fn apply(&mut self, ev: Ev) {
         match ev {
-            Ev::Arrive(..) | Ev::Step(..) | Ev::ServiceWake(..) | Ev::ServiceChange(..) => {
-                self.apply_service(ev)
-            }
+            Ev::Arrive(..)
+            | Ev::Step(..)
+            | Ev::ServiceWake(..)
+            | Ev::ServiceChange(..)
+            | Ev::ServicePresence(..) => self.apply_service(ev),
             ev => self.apply_node(ev),
         }
     }
@@ -434,6 +455,7 @@ fn describe(ev: &Ev) -> String {
         ),
         Ev::ServiceWake(g) => format!("service/{g} timer"),
         Ev::ServiceChange(g, m) => format!("service/{g} change {} {:?}", m.subject, m.headers),
+        Ev::ServicePresence(g, body) => format!("service/{g} presence {}", text(body)),
         Ev::Outcome(h, g, id, RequestOutcome::Reply { payload, .. }) => {
             format!("reply h{h}/{g} #{} {}", id.0, text(payload))
         }

@@ -681,9 +681,11 @@ impl HolderWorld {
                 self.holders[h].machine.handle_outcome(now, id, outcome);
                 self.drain_holder(h);
             }
-            Ev::Arrive(..) | Ev::Step(..) | Ev::ServiceWake(..) | Ev::ServiceChange(..) => {
-                unreachable!("an event of the lease side")
-            }
+            Ev::Arrive(..)
+            | Ev::Step(..)
+            | Ev::ServiceWake(..)
+            | Ev::ServiceChange(..)
+            | Ev::ServicePresence(..) => unreachable!("an event of the lease side"),
         }
     }
 }

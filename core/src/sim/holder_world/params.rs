@@ -185,6 +185,8 @@ pub struct Stats {
     pub service_reads: u64,
     /// Writes of a key the service sent to the stream (a batch's commit counts one).
     pub service_writes: u64,
+    /// Change events delivered to a service instance.
+    pub service_changes: u64,
     /// Subscribes the campaigns gave up ([`HolderWorld::with_slow_subscribes`]).
     pub subscribes_given_up: u64,
     /// `renew_many` requests that reached the service ([`HolderWorld::with_batching`]).
