@@ -8,6 +8,7 @@
 
 use super::*;
 use crate::cancellable::Cancellable;
+use dagnats_leases_core::NatsRequest;
 
 /// A command the client took, for the machine: a subscribe (made, or failed) or a
 /// reject.
@@ -32,6 +33,10 @@ type Handoffs = FuturesUnordered<BoxFuture<'static, Option<Handoff>>>;
 type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
 
 /// The one driver loop of a member: sends what the machine wants, feeds back what
+/// How long a member waits for the service's `$SRV.INFO` before it renews one key
+/// a request.
+const SERVICE_INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// comes of it, change events and inbox messages, and wakes at its next deadline.
 pub(super) async fn drive(shared: Arc<Shared>) {
     let mut pending = Pending::new();
@@ -48,11 +53,21 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     let mut rejecting: Cancellable<RejectId> = Cancellable::new();
     // Whether the service takes renewals in one request: until it says so, and
     // with no answer, one by one.
-    let nats = shared.nats.clone();
+    // Timed on the member's runtime, not async-nats' tokio timer: on smol there is
+    // no tokio reactor to arm it.
+    let (nats, runtime) = (shared.nats.clone(), shared.runtime.clone());
     handoffs.push(Box::pin(async move {
-        let subject = dagnats_leases_core::service::micro::info_subject();
-        let info = nats.request(subject, bytes::Bytes::new()).await;
-        Some(Handoff::ServiceInfo(info.ok().map(|m| m.payload.to_vec())))
+        let info = NatsRequest {
+            subject: dagnats_leases_core::service::micro::info_subject(),
+            headers: Vec::new(),
+            payload: Vec::new(),
+            timeout: SERVICE_INFO_TIMEOUT,
+        };
+        let payload = match crate::nats_request::send(&*runtime, &nats, info).await {
+            RequestOutcome::Reply { payload, .. } => Some(payload),
+            _ => None,
+        };
+        Some(Handoff::ServiceInfo(payload))
     }));
     loop {
         let (requests, events, wake, new_inboxes, member_alive) = {
