@@ -9,6 +9,7 @@
 use super::*;
 use crate::cancellable::Cancellable;
 use dagnats_leases_core::NatsRequest;
+use dagnats_leases_core::holder::campaign::renewals_of_batch;
 
 /// A command the client took, for the machine: a subscribe (made, or failed) or a
 /// reject.
@@ -292,6 +293,7 @@ fn send(
         } = request;
         let (id, request) = (transmit.id, transmit.request);
         let body = observer.as_ref().map(|_| request.payload.clone());
+        let is_batch = request.subject == dagnats_leases_core::wire::renew_many_subject();
         let sent = runtime.now();
         let sending = nats_request::send_untimed(&nats, request);
         let outcome = match futures::future::select(std::pin::pin!(sending), given_up).await {
@@ -300,14 +302,28 @@ fn send(
         };
         let answered = runtime.now();
         if let (Some(o), Some(body)) = (&observer, &body) {
-            o.request(&ObservedRequest {
-                key: &key,
-                endpoint,
-                body,
-                sent,
-                outcome: &outcome,
-                answered,
-            });
+            if is_batch {
+                // Each renewal as its holder heard it, as if it had gone alone.
+                for (key, body, outcome) in renewals_of_batch(body, &outcome) {
+                    o.request(&ObservedRequest {
+                        key: &key,
+                        endpoint,
+                        body: &body,
+                        sent,
+                        outcome: &outcome,
+                        answered,
+                    });
+                }
+            } else {
+                o.request(&ObservedRequest {
+                    key: &key,
+                    endpoint,
+                    body,
+                    sent,
+                    outcome: &outcome,
+                    answered,
+                });
+            }
         }
         Answer { id, outcome }
     }

@@ -227,3 +227,58 @@ impl Campaign {
         }
     }
 }
+
+/// One renewal of a `renew_many` request as each of its holders heard it: the key,
+/// the renew request's body, and the outcome a renew of that key alone would have
+/// had (what [`Campaign`] hands each holder), for an observer that records every
+/// renewal (the holder library's `CampaignObserver`). An empty list for a body
+/// that is no `renew_many` request, or a reply that is not its results (the
+/// renewals then went out again one by one, each observed on its own).
+pub fn renewals_of_batch(
+    body: &[u8],
+    outcome: &RequestOutcome,
+) -> Vec<(String, Vec<u8>, RequestOutcome)> {
+    let Ok(items) = wire::decode_renew_many(body) else {
+        return Vec::new();
+    };
+    let each = |outcome: &dyn Fn(usize) -> RequestOutcome| -> Vec<_> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let body = serde_json::to_vec(item).expect("a renew request serialises");
+                (item.key.clone(), body, outcome(i))
+            })
+            .collect()
+    };
+    let payload = match outcome {
+        RequestOutcome::NoResponders => return Vec::new(),
+        RequestOutcome::Reply { payload, .. } => payload,
+        other => return each(&|_| other.clone()),
+    };
+    match RenewManyReply::decode(payload) {
+        Ok(Err(ErrorReply {
+            kind: ErrorKind::Invalid,
+            ..
+        })) => Vec::new(),
+        Ok(Err(error)) => {
+            let body = wire::Response::Error(error).to_json();
+            each(&|_| RequestOutcome::reply(body.clone()))
+        }
+        Ok(Ok(reply))
+            if reply.results.len() == items.len()
+                && reply
+                    .results
+                    .iter()
+                    .zip(&items)
+                    .all(|(r, i)| r.key() == i.key) =>
+        {
+            each(&|i| RequestOutcome::reply(reply.results[i].renew_body()))
+        }
+        _ => each(&|_| {
+            RequestOutcome::Failed(
+                "the renew_many reply does not read as its request's results".into(),
+            )
+        }),
+    }
+}
