@@ -766,11 +766,13 @@ async fn list_and_watch_without_permission_end_at_once_saying_so() {
             "$SRV.>",
             "_INBOX.>",
             "dagnats.lease.changed.*",
+            "dagnats.lease.presence",
         ])
         .publish([
             "$JS.API.>",
             "$KV.leases.>",
             "dagnats.lease.inbox.>",
+            "dagnats.lease.presence",
             "_INBOX.>",
         ]);
     let monitor = Permissions::new()

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
 const WAIT: Duration = Duration::from_secs(20);
 
-/// The service's permissions, as the README lists them.
+/// The service's permissions, as the operations guide lists them.
 fn service_permissions() -> Permissions {
     Permissions::new()
         .subscribe([
@@ -31,11 +31,13 @@ fn service_permissions() -> Permissions {
             "$SRV.>",
             "_INBOX.>",
             "dagnats.lease.changed.*",
+            "dagnats.lease.presence",
         ])
         .publish([
             "$JS.API.>",
             "$KV.leases.>",
             "dagnats.lease.inbox.>",
+            "dagnats.lease.presence",
             "_INBOX.>",
         ])
 }
