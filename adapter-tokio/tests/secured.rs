@@ -51,6 +51,8 @@ fn holder_permissions(holder: &str, key: &str) -> Permissions {
             "api.leases.renew",
             "api.leases.release",
             "api.leases.owner",
+            "api.leases.renew_many",
+            "$SRV.INFO.dagnats-api",
         ])
         .subscribe([
             format!("_INBOX.{holder}.>"),
