@@ -35,6 +35,7 @@ pub mod proxy;
 pub mod raw;
 pub mod secure;
 pub mod server;
+pub mod tap;
 
 pub use cluster::NatsCluster;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::tap::Tap;
 use dagnats_leases_tokio::service::{self, ServiceOptions};
 use futures::{FutureExt as _, StreamExt as _};
 use serde_json::{Value, json};
@@ -194,58 +195,4 @@ async fn alone_no_change_events_and_with_a_second_instance_both_take_them() {
     }
     b.shutdown().await;
     a.shutdown().await;
-}
-
-/// What the tap saw the services send about key `k`.
-#[derive(Debug, Default)]
-struct Sent {
-    writes: usize,
-    reads: usize,
-}
-
-/// A connection subscribed to every JetStream API subject and every subject of the
-/// bucket, and to a sentinel of its own (see `one_request.rs` for why the sentinel
-/// comes after every message sent before it).
-struct Tap {
-    _client: Client,
-    tapped: futures::stream::SelectAll<async_nats::Subscriber>,
-    sentinel: async_nats::Subscriber,
-}
-
-impl Tap {
-    async fn new(url: String) -> Self {
-        let client = client(url).await;
-        let mut tapped = futures::stream::SelectAll::new();
-        tapped.push(client.subscribe("$JS.API.>").await.unwrap());
-        tapped.push(client.subscribe("$KV.leases.>").await.unwrap());
-        let sentinel = client.subscribe("tap-sentinel").await.unwrap();
-        let mut tap = Self {
-            _client: client.clone(),
-            tapped,
-            sentinel,
-        };
-        tap.drain(&client).await;
-        tap
-    }
-
-    async fn drain(&mut self, sender: &Client) -> Sent {
-        sender.publish("tap-sentinel", "".into()).await.unwrap();
-        sender.flush().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.sentinel.next())
-            .await
-            .expect("the sentinel comes back")
-            .expect("the tap is subscribed");
-        let mut sent = Sent::default();
-        while let Some(Some(m)) = self.tapped.next().now_or_never() {
-            let subject = m.subject.as_str();
-            if subject == "$KV.leases.k" {
-                sent.writes += 1;
-            } else if subject.starts_with("$JS.API.STREAM.MSG.GET.")
-                || subject.starts_with("$JS.API.DIRECT.GET.")
-            {
-                sent.reads += 1;
-            }
-        }
-        sent
-    }
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_nats::Client;
 use common::call_raw;
 use dagnats_leases_tests::NatsServer;
+use dagnats_leases_tests::tap::Tap;
 use dagnats_leases_tokio::service::{self, ServiceOptions};
-use futures::FutureExt as _;
 use serde_json::{Value, json};
 
 async fn client(url: String) -> Client {
@@ -25,19 +25,6 @@ async fn client(url: String) -> Client {
 
 async fn call(client: &Client, endpoint: &str, body: Value) -> Value {
     call_raw(client, endpoint, body.to_string().into_bytes()).await
-}
-
-/// What the tap saw the service send about key `k`.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Sent {
-    /// Publishes to `$KV.leases.k` (lease writes) and `$KV.leases.k.read`
-    /// (read confirmations).
-    writes: usize,
-    /// Leader reads (`MSG.GET`) and direct gets.
-    reads: usize,
-    /// Any other JetStream API request, by subject (the service's replicas
-    /// re-check asks `STREAM.INFO` now and then: listed, not counted).
-    other: Vec<String>,
 }
 
 use futures::StreamExt as _;
@@ -187,63 +174,4 @@ async fn a_renew_of_a_lease_known_from_its_change_event_is_one_write_and_no_read
     let sent = tap.drain(&c).await;
     assert_eq!((sent.writes, sent.reads), (1, 0), "renew: {sent:?}");
     svc.shutdown().await;
-}
-
-/// The tap: a connection subscribed to every JetStream API subject and every
-/// subject of the bucket, and to a sentinel subject of its own.
-struct Tap {
-    /// Kept open while the tap runs.
-    _client: Client,
-    tapped: futures::stream::SelectAll<async_nats::Subscriber>,
-    sentinel: async_nats::Subscriber,
-}
-
-impl Tap {
-    async fn new(url: String) -> Self {
-        let client = client(url).await;
-        let mut tapped = futures::stream::SelectAll::new();
-        tapped.push(client.subscribe("$JS.API.>").await.unwrap());
-        tapped.push(client.subscribe("$KV.leases.>").await.unwrap());
-        let sentinel = client.subscribe("tap-sentinel").await.unwrap();
-        let mut tap = Self {
-            _client: client.clone(),
-            tapped,
-            sentinel,
-        };
-        // Subscribed on the server once a sentinel sent after the subscriptions
-        // comes back.
-        tap.drain(&client).await;
-        tap
-    }
-
-    /// Everything tapped up to now. `sender` publishes a sentinel the tap itself
-    /// receives: the server reads one connection's messages in order and hands each
-    /// to the tap before it reads the next, so the sentinel comes after the tap's
-    /// copy of every message `sender`'s connection sent before it, and after every
-    /// message the service sent before a reply `sender` already has (the service
-    /// replies after its requests, on its one connection). The client hands
-    /// messages to subscriptions in the order they arrive: once the sentinel is in,
-    /// so is everything before it.
-    async fn drain(&mut self, sender: &Client) -> Sent {
-        sender.publish("tap-sentinel", "".into()).await.unwrap();
-        sender.flush().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.sentinel.next())
-            .await
-            .expect("the sentinel comes back")
-            .expect("the tap is subscribed");
-        let mut sent = Sent::default();
-        while let Some(Some(m)) = self.tapped.next().now_or_never() {
-            let subject = m.subject.as_str();
-            if subject == "$KV.leases.k" || subject == "$KV.leases.k.read" {
-                sent.writes += 1;
-            } else if subject.starts_with("$JS.API.STREAM.MSG.GET.")
-                || subject.starts_with("$JS.API.DIRECT.GET.")
-            {
-                sent.reads += 1;
-            } else {
-                sent.other.push(subject.to_string());
-            }
-        }
-        sent
-    }
 }
