@@ -3,11 +3,20 @@
 //!
 //! This module is the engine every endpoint shares (ids, deadlines, reads and their
 //! confirmation, the reply); each endpoint's decision is a module of its own.
+//!
+//! Files: this one holds the call's state, its inputs and the requests and reply
+//! it issues; `answers.rs` what it does with each JetStream answer (read,
+//! confirmation, write, conflict); `learn.rs` what it learns of its key for the
+//! known map; `kv.rs` its metric facts; `fence.rs` the checks renew and release
+//! share; and one file per endpoint: `acquire.rs`, `renew.rs`, `release.rs`,
+//! `owner.rs`, `forward.rs`.
 
 mod acquire;
+mod answers;
 mod fence;
 mod forward;
 mod kv;
+mod learn;
 mod owner;
 mod release;
 mod renew;
@@ -18,7 +27,7 @@ pub use forward::MAX_FORWARD_ATTEMPTS;
 pub use kv::{KvFact, KvOp};
 pub use renew::read_back_window;
 
-use forward::{ForwardJob, is_owner_reply};
+use forward::ForwardJob;
 use renew::Renewal;
 
 use std::time::{Duration, Instant};
@@ -26,8 +35,8 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use crate::io::{Mode, RequestOutcome, Transmit, TransmitId};
-use crate::js::{self, JsFailure, KeyState, PublishResult};
-use crate::known::{Known, KnownLeases, KnownState, Stamp};
+use crate::js::{JsFailure, KeyState};
+use crate::known::{Known, KnownLeases, KnownState};
 use crate::outbox::Ids;
 use crate::record::{LeaseRecord, format_time};
 use crate::tenant::{self, Caller};
@@ -448,107 +457,6 @@ impl Call {
         self.waited_outcome(now, outcome);
     }
 
-    /// What came of the request waited for.
-    fn waited_outcome(&mut self, now: Instant, outcome: RequestOutcome) {
-        let late = self.forward_past_deadline(now)
-            && match &self.waiting {
-                Waiting::Read | Waiting::Confirm(_) => true,
-                Waiting::Inbox => !is_owner_reply(&outcome),
-                Waiting::Nothing | Waiting::Write => false,
-            };
-        if late {
-            // Read for the metrics only: the call acts on the deadline.
-            match self.waiting_op() {
-                Some(KvOp::Read) => {
-                    if let Err(f) = js::parse_read(&outcome) {
-                        self.report(KvFact::failed(KvOp::Read, &outcome, &f));
-                    }
-                }
-                Some(op) => {
-                    let ack = js::parse_pub_ack(&outcome);
-                    self.report_ack(op, &outcome, &ack);
-                }
-                None => {}
-            }
-            return self.fail_deadline();
-        }
-        let waiting = std::mem::replace(&mut self.waiting, Waiting::Nothing);
-        self.out = None;
-        match waiting {
-            Waiting::Read => match js::parse_read(&outcome) {
-                Ok(state) => {
-                    self.seen_max = self.seen_max.max(state.revision());
-                    self.learn_read(&state);
-                    self.on_read(now, state)
-                }
-                Err(f) => {
-                    self.report(KvFact::failed(KvOp::Read, &outcome, &f));
-                    self.fail_js(f)
-                }
-            },
-            Waiting::Confirm(state) => {
-                let ack = js::parse_pub_ack(&outcome);
-                self.report_ack(KvOp::Confirm, &outcome, &ack);
-                if let Ok(PublishResult::Stored(rev)) = ack {
-                    self.stored(rev);
-                }
-                match ack {
-                    Ok(PublishResult::Stored(_)) => self.decide(now, state),
-                    // The key moved on since the read (or a write to it is in flight).
-                    Ok(PublishResult::WrongLastSequence) => self.reread(now),
-                    Err(f) => self.fail_js(f),
-                }
-            }
-            Waiting::Write => {
-                let ack = js::parse_pub_ack(&outcome);
-                self.report_ack(KvOp::Write, &outcome, &ack);
-                match ack {
-                    Ok(PublishResult::Stored(rev)) => {
-                        self.stored(rev);
-                        self.learn_write(rev);
-                        self.on_written(now, rev)
-                    }
-                    Ok(PublishResult::WrongLastSequence) => self.on_conflict(),
-                    Err(f) => self.fail_js(f),
-                }
-            }
-            Waiting::Inbox => self.on_inbox(now, outcome),
-            Waiting::Nothing => {}
-        }
-    }
-
-    /// Which JetStream request the call waits on, if it waits on one.
-    fn waiting_op(&self) -> Option<KvOp> {
-        match self.waiting {
-            Waiting::Read => Some(KvOp::Read),
-            Waiting::Confirm(_) => Some(KvOp::Confirm),
-            Waiting::Write => Some(KvOp::Write),
-            Waiting::Inbox | Waiting::Nothing => None,
-        }
-    }
-
-    /// Reports a fact about one of its JetStream requests.
-    fn report(&mut self, fact: KvFact) {
-        self.events.push_back(CallEvent::Kv(fact));
-    }
-
-    /// Reports what a write's or a confirmation's ack says: a confirmation that
-    /// lost its race is retried; any failure is counted.
-    fn report_ack(
-        &mut self,
-        op: KvOp,
-        outcome: &RequestOutcome,
-        ack: &Result<PublishResult, JsFailure>,
-    ) {
-        match ack {
-            Ok(PublishResult::WrongLastSequence) if op == KvOp::Confirm => {
-                self.report(KvFact::ConfirmRetry)
-            }
-            Ok(_) => {}
-            Err(f) => self.report(KvFact::failed(op, outcome, f)),
-        }
-    }
-
     /// Reads the key again, within a forward's deadline.
     fn reread(&mut self, now: Instant) {
         let key = self.key().to_string();
@@ -673,101 +581,6 @@ impl Call {
         }
     }
 
-    /// A read came back. Where the call would answer from it (rather than go on to
-    /// a conditional write, which confirms itself), a bucket with replicas first
-    /// confirms it.
-    fn on_read(&mut self, now: Instant, state: KeyState) {
-        if self.config.confirm_reads && !self.writes_after(now, &state) {
-            return self.confirm(now, state);
-        }
-        self.decide(now, state);
-    }
-
-    /// Whether the call's next step after this read is a conditional write.
-    fn writes_after(&self, now: Instant, state: &KeyState) -> bool {
-        match &self.job {
-            Job::Acquire(_) => matches!(state, KeyState::Absent | KeyState::Free { .. }),
-            // A renewal's read-back decides from the read: confirm it.
-            Job::Renew(
-                _,
-                Some(Renewal {
-                    written: Some(_), ..
-                }),
-            ) => false,
-            Job::Renew(r, _) => self
-                .check_fence(now, &r.key, &r.holder, r.revision, state)
-                .is_ok(),
-            Job::Release {
-                key,
-                holder,
-                revision,
-            } => self.check_fence(now, key, holder, *revision, state).is_ok(),
-            Job::Owner { .. } | Job::Forward(_) | Job::Done => false,
-        }
-    }
-
-    fn confirm(&mut self, now: Instant, state: KeyState) {
-        let key = self.key().to_string();
-        if self.confirms >= MAX_READ_CONFIRMS {
-            return self.fail_naming_owner(ErrorReply::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "the read of `{key}` could not be confirmed by the stream leader \
-                     ({MAX_READ_CONFIRMS} attempts; the key kept changing): retry"
-                ),
-            ));
-        }
-        self.confirms += 1;
-        self.report(KvFact::ConfirmSent);
-        let id = TransmitId::UNSENT;
-        let confirm = ConfirmRead {
-            id,
-            key,
-            revision: state.revision(),
-            timeout: self.kv_timeout(now),
-        };
-        self.issue(Waiting::Confirm(state), CallRequest::ConfirmRead(confirm));
-    }
-
-    /// Acts on a read that is current: confirmed, or about to be by a write.
-    fn decide(&mut self, now: Instant, state: KeyState) {
-        if let KeyState::Corrupt { revision, reason } = &state {
-            let key = self.key().to_string();
-            return self.fail_naming_owner(ErrorReply::new(
-                ErrorKind::Internal,
-                format!("the lease record of `{key}` at revision {revision} is corrupt: {reason}"),
-            ));
-        }
-        if let Job::Renew(
-            _,
-            Some(Renewal {
-                written: Some(revision),
-                ..
-            }),
-        ) = self.job
-        {
-            return self.on_read_back(revision, state);
-        }
-        match std::mem::replace(&mut self.job, Job::Done) {
-            Job::Acquire(r) => self.decide_acquire(r, state),
-            Job::Renew(r, _) => self.decide_renew(now, r, state),
-            Job::Release {
-                key,
-                holder,
-                revision,
-            } => self.decide_release(now, key, holder, revision, state),
-            Job::Owner { key } => self.decide_owner(key, state),
-            Job::Forward(f) => self.forward_after_read(now, f, state),
-            Job::Done => {}
-        }
-    }
-
-    /// One of its own writes or confirmations was stored at `rev`.
-    fn stored(&mut self, rev: u64) {
-        self.stored_max = self.stored_max.max(rev);
-        self.seen_max = self.seen_max.max(rev);
-    }
-
     fn key(&self) -> &str {
         match &self.job {
             Job::Acquire(r) => &r.key,
@@ -776,121 +589,6 @@ impl Call {
             Job::Forward(f) => &f.request.key,
             Job::Done => "",
         }
-    }
-
-    /// A write was stored at `revision`. A renew acknowledged late in the lease it
-    /// renews reads the key back first ([`Call::renew_written`]).
-    fn on_written(&mut self, now: Instant, revision: u64) {
-        if !self.renew_written(now, revision) {
-            self.on_written_in_time(revision);
-        }
-    }
-
-    /// Replies to a write stored at `revision` (a renewal: before its lease's end).
-    fn on_written_in_time(&mut self, revision: u64) {
-        match std::mem::replace(&mut self.job, Job::Done) {
-            Job::Acquire(r) => self.acquired(r, revision),
-            Job::Renew(r, Some(Renewal { record, .. })) => self.renewed(r, record, revision),
-            Job::Release { key, holder, .. } => self.released(key, holder, revision),
-            other => self.job = other,
-        }
-    }
-
-    /// Keeps `fact` about the call's key for [`Call::poll_learnt`], unless the call
-    /// learnt of a newer revision already.
-    fn learn(&mut self, fact: Known) {
-        if fact.revision == 0
-            || self
-                .learnt
-                .as_ref()
-                .is_some_and(|(_, k)| k.revision > fact.revision)
-        {
-            return;
-        }
-        let stored = tenant::storage_key(self.scope.as_ref(), self.key());
-        self.learnt = Some((stored, fact));
-    }
-
-    /// A leader read states what the key's last revision held then, and when (by
-    /// the server's clock) it was stored.
-    fn learn_read(&mut self, state: &KeyState) {
-        let fact = match state {
-            KeyState::Absent => return,
-            KeyState::Free { revision } => Known {
-                revision: *revision,
-                state: KnownState::Free,
-            },
-            KeyState::Held {
-                revision,
-                record,
-                written_at,
-            } => Known {
-                revision: *revision,
-                state: KnownState::Held {
-                    record: record.clone(),
-                    stamp: Stamp {
-                        server: Some(*written_at),
-                        sent_before: None,
-                    },
-                },
-            },
-            KeyState::Corrupt { revision, .. } => Known {
-                revision: *revision,
-                state: KnownState::Other,
-            },
-        };
-        self.learn(fact);
-    }
-
-    /// The call's own write stored at `revision`: the service knows what it wrote,
-    /// and that it was stored after the write was asked for.
-    fn learn_write(&mut self, revision: u64) {
-        let Some((sent_before, record)) = self.sent.take() else {
-            return;
-        };
-        let state = match record {
-            Some(record) => KnownState::Held {
-                record,
-                stamp: Stamp {
-                    server: None,
-                    sent_before: Some(sent_before),
-                },
-            },
-            None => KnownState::Free,
-        };
-        self.learn(Known { revision, state });
-    }
-
-    /// What the service knew of the key's last revision when the call started, as
-    /// a read would show it, if it knows enough: the record's store time by the
-    /// server's clock, or else estimated on the service's clock from the instant
-    /// before its own write (only an owner reply's advisory `expires_at` is made
-    /// from it).
-    fn known_state(&self, now: Instant) -> Option<KeyState> {
-        let known = self.known.as_ref()?;
-        match &known.state {
-            KnownState::Free => Some(KeyState::Free {
-                revision: known.revision,
-            }),
-            KnownState::Held { record, stamp } => {
-                let written_at = stamp.server.or_else(|| {
-                    let ago = now.saturating_duration_since(stamp.sent_before?);
-                    let wall = self.started_wall + now.saturating_duration_since(self.started_at);
-                    Some(wall - ago)
-                })?;
-                Some(KeyState::Held {
-                    revision: known.revision,
-                    record: record.clone(),
-                    written_at,
-                })
-            }
-            KnownState::Other => None,
-        }
-    }
-
-    fn on_conflict(&mut self) {
-        let key = self.key().to_string();
-        self.read(key);
     }
 }
 
