@@ -1,5 +1,18 @@
 //! Wire types of the five lease subjects: strict request decoding, input bounds,
 //! replies exactly as the contract shapes them, and the error kinds.
+//!
+//! Files: this one holds the subjects, the input bounds, the error kinds and the
+//! requests with their strict decoding; `reply.rs` the replies; `renew_many.rs`
+//! the batched renewal's request and reply.
+
+mod renew_many;
+mod reply;
+
+pub use renew_many::{
+    MAX_RENEW_MANY, RENEW_MANY, RenewManyReply, RenewManyRequest, RenewManyResult,
+    decode_renew_many, renew_many_subject,
+};
+pub use reply::{AcquireReply, ForwardReply, FreeReply, Lease, ReleaseReply, Response};
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -404,133 +417,6 @@ pub fn check_ttl(ttl_ms: u64) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-/// A held lease as replies show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    /// Always `true` for a lease.
-    pub held: bool,
-    /// The lease key.
-    pub key: String,
-    /// Who holds it.
-    pub holder: String,
-    /// The fence: the key's KV revision.
-    pub revision: u64,
-    /// When this tenure began, RFC 3339 UTC.
-    pub acquired_at: String,
-    /// When the lease runs out unless renewed, RFC 3339 UTC; advisory only.
-    pub expires_at: String,
-    /// The lease's time to live.
-    pub ttl_ms: u64,
-}
-
-/// The reply to acquire: the lease, with `granted`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AcquireReply {
-    /// `true` when the caller holds the lease now, `false` when another holder does.
-    pub granted: bool,
-    /// The lease: the caller's when granted, the other holder's otherwise.
-    #[serde(flatten)]
-    pub lease: Lease,
-}
-
-/// The reply to release.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReleaseReply {
-    /// Always `true`.
-    pub released: bool,
-    /// Always `false`.
-    pub held: bool,
-    /// The lease key.
-    pub key: String,
-    /// The holder that released it.
-    pub holder: String,
-    /// The revision of the delete.
-    pub revision: u64,
-}
-
-/// The reply to owner when nobody holds the key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FreeReply {
-    /// Always `false`.
-    pub held: bool,
-    /// The lease key.
-    pub key: String,
-}
-
-/// The reply to forward: the owner's reply body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForwardReply {
-    /// The owner's reply body, base64.
-    pub payload: String,
-    /// The lease key.
-    pub key: String,
-    /// The owner that answered.
-    pub holder: String,
-    /// The revision of the lease the owner answered under.
-    pub revision: u64,
-}
-
-/// Every reply a call can end with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum Response {
-    /// acquire, granted or not.
-    Acquired(AcquireReply),
-    /// renew, or owner of a held key.
-    Lease(Lease),
-    /// release.
-    Released(ReleaseReply),
-    /// owner of a free key.
-    Free(FreeReply),
-    /// forward.
-    Forwarded(ForwardReply),
-    /// Any failed call.
-    Error(ErrorReply),
-}
-
-impl Response {
-    /// The JSON body to send back.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("reply types always serialise")
-    }
-
-    /// The error kind, when this is an error reply.
-    pub fn error_kind(&self) -> Option<ErrorKind> {
-        match self {
-            Self::Error(e) => Some(e.kind),
-            _ => None,
-        }
-    }
-}
-
-impl Response {
-    /// Reads a reply body as a client of `endpoint` receives it: an error reply when it
-    /// carries `kind`, else the success shape of that endpoint. `Err` names what does
-    /// not parse.
-    pub fn decode(endpoint: Endpoint, body: &[u8]) -> Result<Self, String> {
-        let value: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| format!("the {} reply is not JSON: {e}", endpoint.name()))?;
-        let shape =
-            |e: serde_json::Error| format!("the {} reply is malformed: {e}", endpoint.name());
-        if value.get("kind").is_some() {
-            return serde_json::from_value(value)
-                .map(Response::Error)
-                .map_err(shape);
-        }
-        match endpoint {
-            Endpoint::Acquire => serde_json::from_value(value).map(Response::Acquired),
-            Endpoint::Renew => serde_json::from_value(value).map(Response::Lease),
-            Endpoint::Release => serde_json::from_value(value).map(Response::Released),
-            Endpoint::Owner if value.get("held") == Some(&serde_json::Value::Bool(false)) => {
-                serde_json::from_value(value).map(Response::Free)
-            }
-            Endpoint::Owner => serde_json::from_value(value).map(Response::Lease),
-            Endpoint::Forward => serde_json::from_value(value).map(Response::Forwarded),
-        }
-        .map_err(shape)
-    }
-}
-
 impl Request {
     /// The JSON body a client sends for this request (a forward's payload as base64).
     pub fn to_json(&self) -> Vec<u8> {
@@ -547,96 +433,6 @@ impl Request {
         };
         encoded.expect("request types always serialise")
     }
-}
-
-impl From<ErrorReply> for Response {
-    fn from(e: ErrorReply) -> Self {
-        Self::Error(e)
-    }
-}
-
-/// The last subject token of the batched renewal, `api.leases.renew_many` (a
-/// tenant's `api.leases.<account>.renew_many`), and its micro-service endpoint
-/// name. An extension beside the five: a service without it has no subscriber there.
-pub const RENEW_MANY: &str = "renew_many";
-
-/// Most renewals one `renew_many` request carries.
-pub const MAX_RENEW_MANY: usize = 256;
-
-/// The subject of the batched renewal: `api.leases.renew_many`.
-pub fn renew_many_subject() -> String {
-    format!("{}.{RENEW_MANY}", crate::subjects::API_PREFIX)
-}
-
-/// `api.leases.renew_many` as it travels: `{"leases": [<renew request>, ...]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenewManyRequest {
-    /// The renewals, each with exactly the fields a renew request takes.
-    pub leases: Vec<RenewRequest>,
-}
-
-/// The body of a `renew_many` request as [`decode_renew_many`] first reads it: each
-/// item still raw, so that it goes through the renew request's own decoding.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RenewManyWire {
-    leases: Vec<serde_json::Value>,
-}
-
-/// Decodes and validates a `renew_many` body: 1 to [`MAX_RENEW_MANY`] items, each
-/// decoded as a renew request is (the same fields and bounds), no key twice. Any
-/// failure is one `invalid` reply for the whole request, naming the item
-/// (`leases[i]`) and its field: no item of an invalid request is renewed.
-pub fn decode_renew_many(body: &[u8]) -> Result<Vec<RenewRequest>, ErrorReply> {
-    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        return Err(invalid(format!(
-            "invalid {RENEW_MANY} request: the body must be a JSON object with field `leases`"
-        )));
-    }
-    let wire: RenewManyWire = decode_json_named(RENEW_MANY, body)?;
-    if wire.leases.is_empty() {
-        return Err(invalid(format!(
-            "invalid {RENEW_MANY} request: field `leases` is empty: send 1 to \
-             {MAX_RENEW_MANY} renewals"
-        )));
-    }
-    if wire.leases.len() > MAX_RENEW_MANY {
-        return Err(invalid(format!(
-            "invalid {RENEW_MANY} request: field `leases` holds {} renewals, at most \
-             {MAX_RENEW_MANY} are taken in one request",
-            wire.leases.len()
-        )));
-    }
-    let mut seen = std::collections::HashMap::new();
-    let mut out = Vec::with_capacity(wire.leases.len());
-    for (i, item) in wire.leases.iter().enumerate() {
-        let at = |e: ErrorReply| {
-            let why = e
-                .error
-                .strip_prefix("invalid renew request: ")
-                .unwrap_or(&e.error)
-                .to_string();
-            invalid(format!(
-                "invalid {RENEW_MANY} request: `leases[{i}]`: {why}"
-            ))
-        };
-        if !item.is_object() {
-            return Err(at(invalid("the item must be a JSON object".to_string())));
-        }
-        let bytes = serde_json::to_vec(item).expect("a JSON value serialises");
-        let Request::Renew(renew) = Request::decode(Endpoint::Renew, &bytes).map_err(at)? else {
-            unreachable!("a renew body decodes as a renew")
-        };
-        if let Some(first) = seen.insert(renew.key.clone(), i) {
-            return Err(invalid(format!(
-                "invalid {RENEW_MANY} request: `leases[{i}]`: field `key` repeats \
-                 `leases[{first}]`: each key at most once in one request"
-            )));
-        }
-        out.push(renew);
-    }
-    Ok(out)
 }
 
 /// Reads a JSON object body of request `name`; every failure is `invalid`, naming
@@ -672,86 +468,5 @@ fn decode_json_named<T: serde::de::DeserializeOwned>(
             };
             Err(invalid(format!("invalid {name} request: {what}")))
         }
-    }
-}
-
-/// One item of a `renew_many` reply: exactly what a renew of that key alone would
-/// have replied (a lease, or `{"error", "kind"}`), the error with its `key` added.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum RenewManyResult {
-    /// Renewed: the lease, with its new fence in `revision`.
-    Renewed(Lease),
-    /// Not renewed: the item's key and the renew's error.
-    Failed {
-        /// The key of the item.
-        key: String,
-        /// The renew's error, as a renew alone would have replied it.
-        #[serde(flatten)]
-        error: ErrorReply,
-    },
-}
-
-impl RenewManyResult {
-    /// The item's result from what its renew replied.
-    pub fn of(key: &str, response: &Response) -> Self {
-        match response {
-            Response::Lease(lease) => Self::Renewed(lease.clone()),
-            Response::Error(e) => Self::Failed {
-                key: key.to_string(),
-                error: e.clone(),
-            },
-            // A renew replies a lease or an error: anything else is a bug, reported.
-            other => Self::Failed {
-                key: key.to_string(),
-                error: ErrorReply::new(
-                    ErrorKind::Internal,
-                    format!("the renew replied an unexpected shape: {other:?}"),
-                ),
-            },
-        }
-    }
-
-    /// The key the item is about.
-    pub fn key(&self) -> &str {
-        match self {
-            Self::Renewed(lease) => &lease.key,
-            Self::Failed { key, .. } => key,
-        }
-    }
-
-    /// The body a renew of this key alone would have replied.
-    pub fn renew_body(&self) -> Vec<u8> {
-        match self {
-            Self::Renewed(lease) => Response::Lease(lease.clone()).to_json(),
-            Self::Failed { error, .. } => Response::Error(error.clone()).to_json(),
-        }
-    }
-}
-
-/// The reply to `renew_many`: one result per item, in request order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenewManyReply {
-    /// The items' results, in the order the request listed them.
-    pub results: Vec<RenewManyResult>,
-}
-
-impl RenewManyReply {
-    /// The JSON body to send back.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("reply types always serialise")
-    }
-
-    /// Reads a `renew_many` reply body: the results, or the whole request's error
-    /// (`{"error", "kind"}`). `Err` names what does not parse.
-    pub fn decode(body: &[u8]) -> Result<Result<Self, ErrorReply>, String> {
-        let value: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| format!("the {RENEW_MANY} reply is not JSON: {e}"))?;
-        let shape = |e: serde_json::Error| format!("the {RENEW_MANY} reply is malformed: {e}");
-        if value.get("kind").is_some() {
-            return serde_json::from_value(value).map(Err).map_err(shape);
-        }
-        serde_json::from_value(value).map(Ok).map_err(shape)
     }
 }
