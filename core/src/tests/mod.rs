@@ -18,6 +18,7 @@ mod lock_world;
 mod micro;
 mod outbox;
 mod outcome;
+mod peers;
 mod priority_world;
 mod properties;
 mod proto;
