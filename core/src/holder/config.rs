@@ -3,17 +3,14 @@
 
 use std::time::Duration;
 
-#[cfg(doc)]
-use super::Holder;
-use super::MAX_STOP_REQUESTS;
 use crate::wire::{self, ErrorKind, ErrorReply};
 
 /// The default bound on clock drift between a holder and the server: 1%, far more
 /// than any NTP-disciplined clock drifts over one TTL.
 pub const DEFAULT_MAX_CLOCK_DRIFT_PPM: u32 = 10_000;
 
-/// A [`HolderConfig`] outside the contract's bounds: what [`Holder::new`] and
-/// [`HolderConfig::validate`] refuse. A misuse of the API, not a wire reply.
+/// A [`HolderConfig`] outside the contract's bounds: what
+/// [`Holder::new`](super::Holder::new) and [`HolderConfig::validate`] refuse. A misuse of the API, not a wire reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     message: String,
@@ -55,7 +52,7 @@ impl From<ConfigError> for ErrorReply {
     }
 }
 
-/// How a [`Holder`] campaigns and renews.
+/// How a [`Holder`](super::Holder) campaigns and renews.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderConfig {
     /// The lease key.
@@ -67,7 +64,8 @@ pub struct HolderConfig {
     /// How often to renew: ttl/3 by default.
     pub renew_every: Duration,
     /// How long to wait before asking again when another holder has the key (ttl/3 by
-    /// default; a change event for the key asks at once, see [`Holder::handle_change`]).
+    /// default; a change event for the key asks at once, see
+    /// [`Holder::handle_change`](super::Holder::handle_change)).
     pub campaign_every: Duration,
     /// How long to wait after a failed request before trying again.
     pub retry_every: Duration,
@@ -122,7 +120,8 @@ impl HolderConfig {
         self
     }
 
-    /// The longest [`Holder::handle_stop`] (or [`Holder::handle_hand_over`]) takes to be done
+    /// The longest [`Holder::handle_stop`](super::Holder::handle_stop) (or
+    /// [`Holder::handle_hand_over`](super::Holder::handle_hand_over)) takes to be done
     /// when no request is ever answered (NATS killed, frozen, unreachable): the
     /// request in flight at the stop, then at most [`MAX_STOP_REQUESTS`] more, each
     /// given up at `request_timeout`, none waited between. Elector, shards and
@@ -178,3 +177,6 @@ impl HolderConfig {
         ))
     }
 }
+
+/// How many requests a stop may send (release, recovery acquire, release again).
+pub const MAX_STOP_REQUESTS: u32 = 3;

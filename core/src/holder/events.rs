@@ -4,8 +4,6 @@
 use std::fmt;
 use std::time::Instant;
 
-#[cfg(doc)]
-use super::{Holder, campaign};
 use crate::outcome::OutcomeClass;
 use crate::wire::ErrorKind;
 
@@ -35,7 +33,7 @@ pub enum StepDownReason {
         deadline: Instant,
     },
     /// The member's health check failed for longer than its group allows (the
-    /// health gate of [`campaign`]): stop writes now. Like
+    /// health gate of [`campaign`](super::campaign)): stop writes now. Like
     /// [`StepDownReason::Revoked`], the lease is kept, not renewed, until
     /// `deadline` or until the application says it is done with the key, and only
     /// then released.
@@ -103,14 +101,15 @@ pub enum HolderEvent {
     },
 }
 
-/// Where a [`Holder`] is in its life ([`Holder::status`]).
+/// Where a [`Holder`](super::Holder) is in its life ([`Holder::status`](super::Holder::status)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HolderStatus {
     /// Not owner; asking for the key.
     Campaigning,
     /// Granted, proving the lease fresh with a renew before acting as owner.
     Confirming,
-    /// Owner until the local deadline (check [`Holder::tenure`] for the instant).
+    /// Owner until the local deadline (check [`Holder::tenure`](super::Holder::tenure)
+    /// for the instant).
     Owner,
     /// Stepped down for good; releasing (once a revocation's hold is over).
     Stopping,

@@ -99,7 +99,7 @@ pub mod supervise;
 pub use crate::outcome::OutcomeClass;
 pub use config::{
     ConfigError, DEFAULT_MAX_CLOCK_DRIFT_PPM, HolderConfig, MAX_HOLD_BACK, MAX_PRIORITY,
-    PRIORITY_STEP,
+    MAX_STOP_REQUESTS, PRIORITY_STEP,
 };
 pub use events::{HolderEvent, HolderStatus, StepDownReason, Tenure};
 pub use retry::{jitter_seed, owner_retry_delay};
@@ -170,9 +170,6 @@ enum Phase {
     /// Finished: no more requests or events.
     Done,
 }
-
-/// How many requests a stop may send (release, recovery acquire, release again).
-pub const MAX_STOP_REQUESTS: u32 = 3;
 
 /// Renews whose outcome is unknown: the earliest send, and the highest fence one
 /// carried. Such a renew can still write only while the key's revision is that fence,
