@@ -127,7 +127,6 @@ impl Service {
             Some(Route::Part(part)) => self.part_outcome(now, part, id, outcome),
             Some(Route::Write(_)) | None => {}
         }
-        self.pump_startup(now);
         self.pump(now);
     }
 

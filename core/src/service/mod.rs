@@ -30,6 +30,14 @@
 //! subscriptions wanted, metrics and log facts, the end), [`Service::poll_timeout`]
 //! and [`Service::is_done`].
 //!
+//! Every input ends with the one pump (`parts.rs`): each part's outputs move
+//! along in one fixed order until nothing is left, so whatever the adapter polls
+//! first, and every `&self` accessor ([`Service::poll_timeout`],
+//! [`Service::mode`], [`Service::health`]), sees the machine settled. Pumping at
+//! poll time instead would leave the next input reading an unsettled machine (a
+//! request after startup's last outcome answered `unavailable`, a reconnect
+//! finding no replicas check yet): each input would pump first all the same.
+//!
 //! The rules it holds (each with a table test in `tests/service.rs`):
 //!
 //! - a reply goes only to a reply subject [`ReplyScope::check`](crate::reply_scope::ReplyScope::check) lets through; any
@@ -352,7 +360,7 @@ impl Service {
         }
         service.subscribe();
         service.events.push_back(ServiceEvent::Starting);
-        service.pump_startup(now);
+        service.pump(now);
         service
     }
 
@@ -449,8 +457,8 @@ impl Service {
         {
             check.check_soon(now);
             check.handle_timeout(now);
-            self.pump(now);
         }
+        self.pump(now);
     }
 
     /// Whether reads are confirmed now.
@@ -498,13 +506,11 @@ impl Service {
             && startup.poll_timeout().is_some_and(|at| at <= now)
         {
             startup.handle_timeout(now);
-            self.pump_startup(now);
         }
-        // Calls first: a queued write of a call that gives up now is cancelled
-        // before a send timing out at the same instant makes room for it.
+        // The calls, then a stop's cut-off, before the sends time out: the
+        // coalescer picks its next send as one ends, so a write whose call gives
+        // up at this instant must leave its queue first.
         self.expire_calls(now);
-        // A stop's phase at its bound next, for the same reason: the calls it cuts
-        // off give up their queued writes before a send timing out makes room.
         if let Some(stop) = &mut self.stop
             && stop.poll_timeout().is_some_and(|at| at <= now)
         {
@@ -513,7 +519,6 @@ impl Service {
         }
         self.time_out_sends(now);
         self.give_up_replies(now);
-        self.pump_startup(now);
         if self.stop.is_none()
             && let Some(check) = &mut self.check
             && check.poll_timeout().is_some_and(|at| at <= now)

@@ -1,13 +1,20 @@
 //! The parts other than the calls: startup's questions and the start of serving
 //! from what it found, the coalescer's sends and results, the sweep's purges and
-//! the replicas check's looks and switches, moved along until nothing is left.
+//! the replicas check's looks and switches, moved along in one pump, which every
+//! input ends with, until nothing is left.
 
 use super::*;
 
 impl Service {
-    /// Moves the coalescer's, the sweep's and the replicas check's outputs along,
-    /// the calls they answer with them, and the stop's drain, until nothing is left.
+    /// Moves every part's outputs along, in one fixed order, until nothing is
+    /// left: startup's, the presence machine's, the coalescer's and the calls they
+    /// answer, admission's, the sweep's and the replicas check's, then the stop's
+    /// drain. Every input ends here (see the [module docs](super)).
     pub(super) fn pump(&mut self, now: Instant) {
+        // Startup first: the parts serving begins with are moved along below; the
+        // stop last: its drain ends on the calls finished above.
+        self.pump_startup(now);
+        self.pump_peers();
         loop {
             let mut moved = false;
             while let Some(CoalescerEvent::Done { write, outcome }) =
@@ -139,7 +146,7 @@ impl Service {
     }
 
     /// Startup's outputs; at its end, serving begins.
-    pub(super) fn pump_startup(&mut self, now: Instant) {
+    fn pump_startup(&mut self, now: Instant) {
         let Phase::Starting(startup) = &mut self.phase else {
             return;
         };

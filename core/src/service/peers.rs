@@ -272,7 +272,6 @@ impl Service {
                 kind: SubscriptionKind::Presence,
             });
         }
-        self.pump_peers();
     }
 
     /// A heartbeat delivered on [`PRESENCE_SUBJECT`] at `now`.
@@ -283,7 +282,7 @@ impl Service {
         if let Some(peers) = &mut self.peers {
             peers.handle_presence(now, payload);
         }
-        self.pump_peers();
+        self.pump(now);
     }
 
     /// The presence subscription failed: this instance cannot tell whether it
@@ -330,11 +329,10 @@ impl Service {
         {
             peers.handle_timeout(now);
         }
-        self.pump_peers();
     }
 
     /// What the presence machine asks, as the service's events.
-    fn pump_peers(&mut self) {
+    pub(super) fn pump_peers(&mut self) {
         let me = self.config.instance_id.clone();
         let changes = || ServiceEvent::Subscribe {
             subject: changed_subject("*"),
