@@ -1,5 +1,6 @@
 //! Arbitrary sequences of calls, outcomes, lost replies and expiries through the
-//! simulated JetStream; every lease invariant is checked after each step.
+//! lease service and the simulated JetStream; every lease invariant is checked
+//! after each step.
 #![no_main]
 
 use dagnats_leases_core::sim::{World, ops_from_bytes};

@@ -77,6 +77,8 @@ mod intake_order;
 pub mod micro;
 mod parts;
 pub mod peers;
+#[cfg(any(test, feature = "__test"))]
+mod probe;
 mod renew_many;
 pub mod replicas;
 mod replies;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::world::{Active, CallKind, Violation, World};
+use super::world::{Active, CallKind, SeenWrite, Violation, World};
 use super::{OwnerBehaviour, SimMsg};
 use crate::record::LeaseEvent;
 use crate::wire::{ErrorKind, Response};
@@ -26,7 +26,7 @@ impl Active {
 
 impl World {
     /// A write about to reach the stream: would it break a lease rule if accepted?
-    pub(super) fn check_write(&self, i: usize, w: &crate::call::KvWrite) -> Result<(), Violation> {
+    pub(super) fn check_write(&self, i: usize, w: &SeenWrite) -> Result<(), Violation> {
         let a = &self.calls[i];
         let current = self.sim.current(&w.key);
         let accepted = current.map_or(0, |m| m.seq) == w.expected_revision;
@@ -35,7 +35,7 @@ impl World {
         }
         let live = self.sim.live(&w.key);
         match (&a.kind, w.event) {
-            (CallKind::Acquire { .. }, LeaseEvent::Acquired) => {
+            (CallKind::Acquire { .. }, Some(LeaseEvent::Acquired)) => {
                 if let Some((record, seq)) = live {
                     return Err(format!(
                         "acquire would overwrite the live lease of {} at {seq}",
@@ -50,7 +50,7 @@ impl World {
                 | CallKind::Release {
                     holder, revision, ..
                 },
-                LeaseEvent::Renewed | LeaseEvent::Released,
+                Some(LeaseEvent::Renewed | LeaseEvent::Released),
             ) => match live {
                 Some((record, seq)) if &record.holder == holder && seq == *revision => {}
                 other => {

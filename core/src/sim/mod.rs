@@ -11,14 +11,15 @@
 //! state a write it expects to fail, and cannot commit any other (the caller times
 //! out), as a cut-off nats-server stream leader does until it steps down.
 //!
-//!
 //! The simulated stream is in `jetstream`; the steps a world takes are in `ops` (the
 //! operation grammar), the world that carries them out in `world`, and the
-//! invariants it checks after each in `judge`: a world of calls, which judges how
-//! calls act. The holder world (`holder_world`) runs holders and members against
-//! the [`Service`](crate::service::Service) itself over the same stream, as does
-//! the service world (`service_world`) with requests of its own; both answer the
-//! service through `server` (the stream API and the change events it republishes).
+//! invariants it checks after each in `judge`: a world of calls through the
+//! [`Service`](crate::service::Service), each of its transmits carried out one at
+//! a time, which judges every write and reply of each call. The holder world
+//! (`holder_world`) runs holders and members against the service over the same
+//! stream, as does the service world (`service_world`) with requests of its own;
+//! all three answer the service through `server` (the stream API and the change
+//! events it republishes).
 
 pub mod holder_world;
 mod jetstream;
@@ -30,4 +31,4 @@ mod world;
 
 pub use jetstream::*;
 pub use ops::{Op, OwnerBehaviour, ops_from_bytes};
-pub use world::{CallKind, CallMachine, MakeCall, Violation, World};
+pub use world::{CallKind, Mutant, Reads, Violation, World};

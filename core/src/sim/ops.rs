@@ -69,16 +69,17 @@ pub enum Op {
         /// Raw bytes tried as a body as well.
         raw: Vec<u8>,
     },
-    /// Carry out the pending effect of one call.
+    /// Carry out one request the service sent (a call's effect, a batch of
+    /// writes, a part's stream question) and feed its outcome back.
     Step {
-        /// Which call (mod the number in flight).
+        /// Which request (mod the number on the network).
         call: u8,
-        /// For a KV effect: apply it but lose the reply (the caller sees a timeout)
-        /// when this is a multiple of 8.
+        /// For a stream request: apply it but lose the reply (the service sees a
+        /// timeout) when this is a multiple of 8.
         lose_reply: u8,
         /// For an inbox request: how the owner answers.
         owner: OwnerBehaviour,
-        /// During a partition: the call's service reaches the deposed leader.
+        /// During a partition: the request reaches the deposed leader.
         via_cut: bool,
     },
     /// A replicated bucket's stream leader is cut off (its state frozen, still
@@ -95,7 +96,7 @@ pub enum Op {
 }
 
 /// Reads a sequence of steps from raw bytes (for proptest and the fuzzer). Three in
-/// four steps carry out a pending effect, so calls interleave instead of piling up.
+/// four steps carry out a request in flight, so calls interleave instead of piling up.
 pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
     use arbitrary::{Arbitrary, Unstructured};
     let mut u = Unstructured::new(bytes);

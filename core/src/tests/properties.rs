@@ -1,11 +1,12 @@
-//! Property tests: many concurrent calls from many holders through the simulated
-//! JetStream, with random interleavings, expiries, lost replies and stale fences;
-//! the world checks every lease invariant after every step (see `sim::World`).
+//! Property tests: many concurrent calls from many holders through the lease
+//! service and the simulated JetStream, with random interleavings, expiries, lost
+//! replies and stale fences; the world checks every lease invariant after every
+//! step (see `sim::World`).
 
 use proptest::prelude::*;
 
 use crate::sim::{Op, OwnerBehaviour, World};
-use crate::wire::Response;
+use crate::wire::{Endpoint, ErrorKind, ErrorReply, Response};
 
 fn ops(bytes: &[u8]) -> Vec<Op> {
     crate::sim::ops_from_bytes(bytes)
@@ -60,9 +61,10 @@ proptest! {
 
     /// The same worlds with the service acting on what it knows of each key
     /// (renew and release straight to their conditional write, owner on a
-    /// replicated bucket straight to its confirmation), fed by its own calls and by
-    /// change events one step late: every invariant still holds, on one replica
-    /// and with the stream leader cut off and healed at random.
+    /// replicated bucket straight to its confirmation), its map fed by the service
+    /// itself from its calls and from change events that arrive one step late:
+    /// every invariant still holds, on one replica and with the stream leader cut
+    /// off and healed at random.
     #[test]
     fn invariants_hold_when_calls_act_on_known_revisions(
         holders in 2usize..5,
@@ -239,30 +241,18 @@ fn an_owner_read_through_the_deposed_leader() {
     );
 }
 
-/// The mutant: a core that answers every acquire `unavailable` (here: as a service
-/// still starting would), made by a test-only wrapper of [`Call::new`]. Each reply
-/// it gives is a kind the old judge took in any state; judged against the model,
+/// The mutant: a service that answers every acquire `unavailable` (as a service
+/// still starting would), its replies changed on their way out. Each reply it
+/// gives is a kind the old judge took in any state; judged against the model,
 /// the worlds must catch it.
-fn acquire_always_unavailable(
-    config: crate::call::CallConfig,
-    endpoint: crate::wire::Endpoint,
-    body: &[u8],
-    wall: time::OffsetDateTime,
-    now: std::time::Instant,
-) -> Box<dyn crate::sim::CallMachine> {
+fn acquire_always_unavailable(endpoint: Endpoint, reply: Response) -> Response {
     // Only a valid acquire: an invalid one is still answered `invalid`.
-    let acquire = matches!(
-        crate::wire::Request::decode(endpoint, body),
-        Ok(crate::wire::Request::Acquire(_))
-    );
-    let config = match acquire {
-        true => crate::call::CallConfig {
-            mode: crate::io::Mode::Starting,
-            ..config
-        },
-        false => config,
-    };
-    Box::new(crate::call::Call::new(config, endpoint, body, wall, now))
+    match (endpoint, reply.error_kind()) {
+        (Endpoint::Acquire, kind) if kind != Some(ErrorKind::Invalid) => Response::Error(
+            ErrorReply::new(ErrorKind::Unavailable, "the lease service is starting"),
+        ),
+        (_, _) => reply,
+    }
 }
 
 #[test]
@@ -276,7 +266,7 @@ fn the_judge_catches_a_core_that_answers_every_acquire_unavailable() {
             continue;
         }
         with_acquire += 1;
-        let world = World::new(3, 2, 4096).with_calls(acquire_always_unavailable);
+        let world = World::new(3, 2, 4096).with_mutant(acquire_always_unavailable);
         if let Err(v) = run_in(world, ops) {
             caught += 1;
             first.get_or_insert(v);
@@ -285,4 +275,37 @@ fn the_judge_catches_a_core_that_answers_every_acquire_unavailable() {
     println!("the mutant was caught in {caught} of {with_acquire} worlds, first: {first:?}");
     assert!(with_acquire > 50, "too few worlds acquire: {with_acquire}");
     assert_eq!(caught, with_acquire, "a world let the mutant pass");
+}
+
+/// The service feeds its known map itself: with the map on, most renewals and
+/// releases go straight to their write, none without it. A service whose feeding
+/// is cut reads first every time, as without the map, and fails this.
+#[test]
+fn known_worlds_renew_without_reading_first() {
+    let count = |known: bool| {
+        let mut state = 0x6a09_e667_f3bc_c908u64;
+        let mut reads = crate::sim::Reads::default();
+        for _ in 0..60 {
+            let mut world = World::new(3, 2, 4096);
+            if known {
+                world = world.with_known();
+            }
+            let world = run_in(world, ops(&seeded_bytes(&mut state, 3000))).unwrap();
+            reads.fenced += world.reads.fenced;
+            reads.unread += world.reads.unread;
+        }
+        reads
+    };
+    let (with, without) = (count(true), count(false));
+    println!(
+        "renewals and releases without a read first: {with:?} with the map, {without:?} without"
+    );
+    assert_eq!(
+        without.unread, 0,
+        "without the map every renewal reads first"
+    );
+    assert!(
+        with.unread * 2 > with.fenced,
+        "the service's known map spared too few reads: {with:?}"
+    );
 }
