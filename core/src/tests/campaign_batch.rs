@@ -316,3 +316,35 @@ fn each_renewal_times_out_at_its_own_deadline_and_the_spent_batch_is_cancelled()
         Some(10)
     );
 }
+
+#[test]
+fn the_campaign_asks_the_service_once_and_batches_only_where_the_answer_lists_renew_many() {
+    let older = br#"{"name":"dagnats-api","endpoints":[{"name":"renew"}]}"#;
+    let table: [(&str, RequestOutcome, bool); 5] = [
+        (
+            "a reply listing it",
+            RequestOutcome::reply(INFO.to_vec()),
+            true,
+        ),
+        (
+            "an older service's reply",
+            RequestOutcome::reply(older.to_vec()),
+            false,
+        ),
+        ("no responders", RequestOutcome::NoResponders, false),
+        ("timed out", RequestOutcome::TimedOut, false),
+        ("failed", RequestOutcome::Failed("closed".into()), false),
+    ];
+    for (name, outcome, batches) in table {
+        let mut campaign = Campaign::new("h1", Instant::now()).unwrap();
+        let ask = campaign.poll_service_info().expect("asked at the start");
+        assert_eq!(ask.subject, "$SRV.INFO.dagnats-api", "{name}");
+        assert!(campaign.poll_service_info().is_none(), "{name}: asked once");
+        assert!(!campaign.batches_renewals(), "{name}: alone until answered");
+        campaign.handle_service_info_outcome(&outcome);
+        assert_eq!(campaign.batches_renewals(), batches, "{name}");
+        // A second outcome changes nothing.
+        campaign.handle_service_info_outcome(&RequestOutcome::reply(INFO.to_vec()));
+        assert_eq!(campaign.batches_renewals(), batches, "{name}: read once");
+    }
+}

@@ -10,7 +10,10 @@
 //!   (`Holder::renew_early`), never later; one that retries after a failure keeps
 //!   its backoff. Renewed together, their schedules stay together.
 //! - **One by one where the service cannot.** Batching is off until the service's
-//!   `$SRV.INFO` lists `renew_many`; a `renew_many` answered with no responders (an
+//!   `$SRV.INFO` lists `renew_many`: the campaign asks once
+//!   ([`Campaign::poll_service_info`], the adapter only sends it and hands back what
+//!   came, [`Campaign::handle_service_info_outcome`]); no responders, a timeout or a
+//!   failure leave every renewal alone; a `renew_many` answered with no responders (an
 //!   older service, or one with it off) or refused whole as `invalid` (no item ran)
 //!   turns it off and sends its renewals again one by one at once.
 //! - **A whole-request answer is every item's.** `unavailable`, `forbidden` or
@@ -27,11 +30,26 @@ use crate::wire::{MAX_RENEW_MANY, RenewManyReply, renew_many_subject};
 /// A renewal due now pulls in the owners due within a TTL divided by this.
 pub const EARLY_WINDOW_DIVISOR: u32 = 10;
 
+/// How long the campaign waits for the service's `$SRV.INFO`; until it is
+/// answered, and if it is not, each renewal goes alone.
+pub const SERVICE_INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the campaign is in asking the service whether it takes `renew_many`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    #[default]
+    Not,
+    Out,
+    Answered,
+}
+
 /// The renewals sent together, and whether the service takes them so.
 #[derive(Debug, Default)]
 pub(super) struct Batching {
     /// Whether the service advertised `renew_many` and has not refused it since.
     on: bool,
+    /// The one `$SRV.INFO` request: not yet asked, out, or answered.
+    asked: Asked,
     /// Batch requests out: their renewals (the campaign's ids and requests).
     out: BTreeMap<TransmitId, Vec<(TransmitId, Transmit)>>,
     /// The widest early window of the keys campaigned for, and for how many keys it
@@ -45,6 +63,37 @@ impl Campaign {
     /// ([`advertises_renew_many`](crate::service::micro::advertises_renew_many)).
     pub fn handle_service_info(&mut self, info: &[u8]) {
         self.batching.on = crate::service::micro::advertises_renew_many(info);
+    }
+
+    /// The service's `$SRV.INFO` request to send, once, at the campaign's start (the
+    /// adapter sends it and feeds what came of it to
+    /// [`Campaign::handle_service_info_outcome`]); `None` after.
+    pub fn poll_service_info(&mut self) -> Option<NatsRequest> {
+        if self.batching.asked != Asked::Not {
+            return None;
+        }
+        self.batching.asked = Asked::Out;
+        Some(NatsRequest {
+            subject: crate::service::micro::info_subject(),
+            headers: Vec::new(),
+            payload: Vec::new(),
+            timeout: SERVICE_INFO_TIMEOUT,
+        })
+    }
+
+    /// What came of the `$SRV.INFO` request: renewals go out in batches only when a
+    /// reply lists `renew_many` ([`Campaign::handle_service_info`]); no responders,
+    /// a timeout or a failure leave each renewal alone. Read once: a second outcome
+    /// changes nothing.
+    pub fn handle_service_info_outcome(&mut self, outcome: &RequestOutcome) {
+        if self.batching.asked != Asked::Out {
+            return;
+        }
+        self.batching.asked = Asked::Answered;
+        match outcome {
+            RequestOutcome::Reply { payload, .. } => self.handle_service_info(payload),
+            _ => self.batching.on = false,
+        }
     }
 
     /// Whether renewals go out in batches now.
