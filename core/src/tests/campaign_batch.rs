@@ -348,3 +348,28 @@ fn the_campaign_asks_the_service_once_and_batches_only_where_the_answer_lists_re
         assert_eq!(campaign.batches_renewals(), batches, "{name}: read once");
     }
 }
+
+#[test]
+fn owners_are_pulled_in_early_only_while_one_request_has_room_so_a_group_stays_one_request() {
+    use crate::holder::campaign::GROUP_BOUND;
+    let mut run = Run::new(true);
+    // More owners than one group, elected 5 ms apart: all due within the early
+    // window of the first.
+    let keys: Vec<String> = (0..GROUP_BOUND + 20).map(|i| format!("k{i:03}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        run.elect(i as u64 * 5, &[key.as_str()]);
+    }
+    let (_, out) = run.tick();
+    let renewed: Vec<String> = out.iter().flat_map(Run::keys).collect();
+    assert_eq!(out.len(), 1, "one request: {} renewals", renewed.len());
+    assert!(Run::is_batch(&out[0]));
+    assert_eq!(
+        renewed,
+        keys[..GROUP_BOUND],
+        "the first due and the nearest after it, up to the bound"
+    );
+    // The others were not pulled in: they renew on their own schedule, later.
+    for key in &keys[GROUP_BOUND..] {
+        assert_eq!(run.campaign.status(key), Some(HolderStatus::Owner), "{key}");
+    }
+}

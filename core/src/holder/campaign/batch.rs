@@ -9,6 +9,12 @@
 //!   TTL: they renew now, earlier than their schedule
 //!   (`Holder::renew_early`), never later; one that retries after a failure keeps
 //!   its backoff. Renewed together, their schedules stay together.
+//! - **A group stays one request of at most [`GROUP_BOUND`].** A request carries at
+//!   most that many renewals, and owners are pulled in early, nearest first, only
+//!   while the renewals waiting leave room in one: without the bound, groups pulled
+//!   each other in until a process's renewals all fell due at one instant, a burst
+//!   of several full requests that filled the service's room for calls at once,
+//!   where single renewals arrive spread over their schedules.
 //! - **One by one where the service cannot.** Batching is off until the service's
 //!   `$SRV.INFO` lists `renew_many`: the campaign asks once
 //!   ([`Campaign::poll_service_info`], the adapter only sends it and hands back what
@@ -25,10 +31,15 @@
 //!   batch request is cancelled ([`CampaignEvent::Cancel`]).
 
 use super::*;
-use crate::wire::{MAX_RENEW_MANY, RenewManyReply, renew_many_subject};
+use crate::wire::{RenewManyReply, renew_many_subject};
 
 /// A renewal due now pulls in the owners due within a TTL divided by this.
 pub const EARLY_WINDOW_DIVISOR: u32 = 10;
+
+/// The most renewals one `renew_many` request carries, and the most a group grows
+/// to by pulling owners in early: one write batch of the service's coalescer
+/// (its default `max_batch`), well below the endpoint's [`MAX_RENEW_MANY`](crate::wire::MAX_RENEW_MANY).
+pub const GROUP_BOUND: usize = 64;
 
 /// How long the campaign waits for the service's `$SRV.INFO`; until it is
 /// answered, and if it is not, each renewal goes alone.
@@ -104,13 +115,20 @@ impl Campaign {
     /// With batching on and a renewal waiting to be sent, the owners due within
     /// their early window renew now too. Whether any did.
     pub(super) fn renew_due_early(&mut self, now: Instant) -> bool {
-        let waiting = self.out.requests.iter().any(|t| {
-            self.out
-                .routes
-                .get(&t.id)
-                .is_some_and(|r| r.endpoint == Endpoint::Renew)
-        });
-        if !self.batching.on || !waiting {
+        let waiting = self
+            .out
+            .requests
+            .iter()
+            .filter(|t| {
+                self.out
+                    .routes
+                    .get(&t.id)
+                    .is_some_and(|r| r.endpoint == Endpoint::Renew)
+            })
+            .count();
+        // Pulled in only while one request has room for them.
+        let room = GROUP_BOUND.saturating_sub(waiting);
+        if !self.batching.on || waiting == 0 || room == 0 {
             return false;
         }
         let widest = match self.batching.widest {
@@ -126,19 +144,23 @@ impl Campaign {
                 widest
             }
         };
+        // Nearest due first.
         let due: Vec<String> = self.timers.due(now + widest).cloned().collect();
-        let mut any = false;
+        let mut pulled = 0;
         for key in due {
+            if pulled == room {
+                break;
+            }
             let Some(candidacy) = self.candidacies.get_mut(&key) else {
                 continue;
             };
             let window = candidacy.holder.config().ttl / EARLY_WINDOW_DIVISOR;
             if candidacy.holder.renew_early(now, now + window) {
                 self.touched.insert(key);
-                any = true;
+                pulled += 1;
             }
         }
-        any
+        pulled > 0
     }
 
     /// `first`, just taken from the queue, with the other renewals waiting beside
@@ -155,7 +177,7 @@ impl Campaign {
         let mut members = vec![first];
         let mut rest = VecDeque::new();
         while let Some(t) = self.out.requests.pop_front() {
-            if members.len() < MAX_RENEW_MANY && is_renew(&self.out, &t) {
+            if members.len() < GROUP_BOUND && is_renew(&self.out, &t) {
                 members.push(t);
             } else {
                 rest.push_back(t);
