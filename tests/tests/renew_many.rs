@@ -194,3 +194,43 @@ async fn a_member_batches_renewals_where_the_service_has_it_and_renews_one_by_on
         shards.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_the_room_left_is_answered_item_by_item_not_refused_whole() {
+    let server = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .unwrap();
+    // One call runs and two wait: the room for three of the six renewals.
+    let options = ServiceOptions::from(ServiceConfig {
+        max_calls_in_flight: 1,
+        max_calls_waiting: 2,
+        ..ServiceConfig::default()
+    });
+    let fx = Fx::on_with(server, options).await;
+    let mut leases = Vec::new();
+    for i in 0..6 {
+        let key = format!("k{i}");
+        let got = fx.acquire(&key, "h", 30_000).await;
+        assert_eq!(got["granted"], true, "{got}");
+        leases.push(json!({"key": key, "holder": "h", "revision": got["revision"]}));
+    }
+    let reply = fx.call("renew_many", json!({ "leases": leases })).await;
+    let results = reply["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("answered item by item, not refused whole: {reply}"));
+    let held: Vec<bool> = results.iter().map(|r| r["held"] == true).collect();
+    assert_eq!(held, [true, true, true, false, false, false], "{reply}");
+    for r in &results[3..] {
+        assert_eq!(kind(r), "unavailable", "{r}");
+    }
+    // The three renewed hold their new fences; the three refused keep theirs.
+    for (i, r) in results.iter().enumerate() {
+        let owner = fx.owner(&format!("k{i}")).await;
+        let want = if i < 3 {
+            &r["revision"]
+        } else {
+            &leases[i]["revision"]
+        };
+        assert_eq!(&owner["revision"], want, "{owner}");
+    }
+}

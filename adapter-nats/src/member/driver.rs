@@ -8,7 +8,6 @@
 
 use super::*;
 use crate::cancellable::Cancellable;
-use dagnats_leases_core::NatsRequest;
 use dagnats_leases_core::holder::campaign::renewals_of_batch;
 
 /// A command the client took, for the machine: a subscribe (made, or failed) or a
@@ -16,9 +15,8 @@ use dagnats_leases_core::holder::campaign::renewals_of_batch;
 enum Handoff {
     Watched(String, Option<Subscriber>),
     Rejected(RejectId),
-    /// The service's `$SRV.INFO` answer (`None`: none came): whether the campaign
-    /// may batch renewals.
-    ServiceInfo(Option<Vec<u8>>),
+    /// What came of the campaign's `$SRV.INFO` request.
+    ServiceInfo(RequestOutcome),
 }
 
 /// What came of a request, for the machine.
@@ -34,10 +32,6 @@ type Handoffs = FuturesUnordered<BoxFuture<'static, Option<Handoff>>>;
 type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
 
 /// The one driver loop of a member: sends what the machine wants, feeds back what
-/// How long a member waits for the service's `$SRV.INFO` before it renews one key
-/// a request.
-const SERVICE_INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// comes of it, change events and inbox messages, and wakes at its next deadline.
 pub(super) async fn drive(shared: Arc<Shared>) {
     let mut pending = Pending::new();
@@ -52,28 +46,20 @@ pub(super) async fn drive(shared: Arc<Shared>) {
     // How to drop each subscribe and reject under way, as the machine says.
     let mut subscribing: Cancellable<String> = Cancellable::new();
     let mut rejecting: Cancellable<RejectId> = Cancellable::new();
-    // Whether the service takes renewals in one request: until it says so, and
-    // with no answer, one by one.
-    // Timed on the member's runtime, not async-nats' tokio timer: on smol there is
-    // no tokio reactor to arm it.
-    let (nats, runtime) = (shared.nats.clone(), shared.runtime.clone());
-    handoffs.push(Box::pin(async move {
-        let info = NatsRequest {
-            subject: dagnats_leases_core::service::micro::info_subject(),
-            headers: Vec::new(),
-            payload: Vec::new(),
-            timeout: SERVICE_INFO_TIMEOUT,
-        };
-        let payload = match crate::nats_request::send(&*runtime, &nats, info).await {
-            RequestOutcome::Reply { payload, .. } => Some(payload),
-            _ => None,
-        };
-        Some(Handoff::ServiceInfo(payload))
-    }));
     loop {
         let (requests, events, wake, new_inboxes, member_alive) = {
             let mut state = shared.lock();
             let campaign = &mut state.campaign;
+            // Whether the service takes renewals in one request is the campaign's to
+            // ask and read; sent timed on the member's runtime, not async-nats'
+            // tokio timer: on smol there is no tokio reactor to arm it.
+            if let Some(info) = campaign.poll_service_info() {
+                let (nats, runtime) = (shared.nats.clone(), shared.runtime.clone());
+                handoffs.push(Box::pin(async move {
+                    let outcome = crate::nats_request::send(&*runtime, &nats, info).await;
+                    Some(Handoff::ServiceInfo(outcome))
+                }));
+            }
             let requests: Vec<CampaignTransmit> =
                 std::iter::from_fn(|| campaign.poll_transmit()).collect();
             let events: Vec<CampaignEvent> =
@@ -184,10 +170,9 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                         rejecting.finished(&id);
                         shared.lock().campaign.handle_reject_sent(now, id);
                     }
-                    Some(Handoff::ServiceInfo(Some(info))) => {
-                        shared.lock().campaign.handle_service_info(&info);
+                    Some(Handoff::ServiceInfo(outcome)) => {
+                        shared.lock().campaign.handle_service_info_outcome(&outcome);
                     }
-                    Some(Handoff::ServiceInfo(None)) => {}
                 }
             }
             _ = sleep => {

@@ -28,6 +28,14 @@
 //! the tenant with the most (which is answered `unavailable`), so a flood cannot
 //! keep another tenant out of the room either.
 //!
+//! The renewals of one `renew_many` request arrive at once (up to 256) but are
+//! single renew calls each ([`Admission::handle_item_of`]): each is admitted on its
+//! own, so those that find the room full are answered `unavailable` one by one while
+//! the others run, and those that wait, wait in a lane of their own beside the
+//! lane of single calls: the two lanes take turns as calls end, so a request that
+//! arrived after a group of renewals starts after one of them, not after all (with
+//! tenants, each tenant has the two lanes, and the turns go round all of them).
+//!
 //! The machine holds the waiting requests themselves (any `T`: the adapter's
 //! request handle), so the adapter only starts, answers and counts calls ending.
 
@@ -56,6 +64,10 @@ pub struct AdmissionCounts {
     pub overloaded: u64,
 }
 
+/// Where a waiting request waits: its tenant, and whether it is an item of a
+/// `renew_many` request (`true`) or a single call.
+type Lane = (Option<String>, bool);
+
 /// The admission machine. See the [module docs](self).
 #[derive(Debug)]
 pub struct Admission<T> {
@@ -66,10 +78,11 @@ pub struct Admission<T> {
     tenant_share: usize,
     /// Calls running, by tenant.
     running: BTreeMap<Option<String>, usize>,
-    /// One queue per tenant (`None`: the one shared namespace).
-    queues: BTreeMap<Option<String>, VecDeque<(Endpoint, T)>>,
-    /// The tenants with a request waiting, in the order they start one.
-    turns: VecDeque<Option<String>>,
+    /// One queue per lane: a tenant's (`None`: the one shared namespace) single
+    /// calls, or the renewals of its `renew_many` requests.
+    queues: BTreeMap<Lane, VecDeque<(Endpoint, T)>>,
+    /// The lanes with a request waiting, in the order they start one.
+    turns: VecDeque<Lane>,
     waiting: usize,
     out: VecDeque<AdmissionEvent<T>>,
     overloaded: u64,
@@ -118,11 +131,29 @@ impl<T> Admission<T> {
     /// A request for `endpoint` of `tenant` arrived (`None`: no tenancy).
     pub fn handle_request_of(
         &mut self,
-        _now: Instant,
+        now: Instant,
         tenant: Option<String>,
         endpoint: Endpoint,
         request: T,
     ) {
+        self.handle_in_lane(now, (tenant, false), endpoint, request);
+    }
+
+    /// One renewal of a `renew_many` request of `tenant` arrived: admitted as a
+    /// single call would be, but if it waits, it waits in the tenant's lane of
+    /// grouped renewals, which takes turns with its single calls.
+    pub fn handle_item_of(
+        &mut self,
+        now: Instant,
+        tenant: Option<String>,
+        endpoint: Endpoint,
+        request: T,
+    ) {
+        self.handle_in_lane(now, (tenant, true), endpoint, request);
+    }
+
+    fn handle_in_lane(&mut self, _now: Instant, lane: Lane, endpoint: Endpoint, request: T) {
+        let tenant = lane.0.clone();
         if self.in_flight < self.max_in_flight && self.runs(&tenant) < self.tenant_share {
             return self.start(tenant, endpoint, request);
         }
@@ -133,29 +164,44 @@ impl<T> Admission<T> {
             self.max_waiting / 2
         };
         if self.waiting < room {
-            return self.enqueue(tenant, endpoint, request);
+            return self.enqueue(lane, endpoint, request);
         }
-        let own = self.queues.get(&tenant).map_or(0, VecDeque::len);
-        let longest = self
-            .queues
-            .iter()
-            .filter(|(t, q)| **t != tenant && q.len() > own + 1)
-            .max_by_key(|(_, q)| q.len())
+        // The room is full: another tenant with more waiting gives up its last.
+        let mut by_tenant: BTreeMap<&Option<String>, usize> = BTreeMap::new();
+        for ((t, _), q) in &self.queues {
+            *by_tenant.entry(t).or_default() += q.len();
+        }
+        let own = by_tenant.get(&tenant).copied().unwrap_or(0);
+        let longest = by_tenant
+            .into_iter()
+            .filter(|(t, n)| **t != tenant && *n > own + 1)
+            .max_by_key(|(_, n)| *n)
             .map(|(t, _)| t.clone());
         if let Some(victim) = longest {
-            let queue = self.queues.get_mut(&victim).expect("found above");
-            let (their_endpoint, theirs) = queue.pop_back().expect("longer than 1");
+            let victim_lane = self
+                .queues
+                .iter()
+                .filter(|((t, _), _)| *t == victim)
+                .max_by_key(|(_, q)| q.len())
+                .map(|(l, _)| l.clone())
+                .expect("a tenant with requests waiting");
+            let queue = self.queues.get_mut(&victim_lane).expect("found above");
+            let (their_endpoint, theirs) = queue.pop_back().expect("one waits");
+            if queue.is_empty() {
+                self.queues.remove(&victim_lane);
+                self.turns.retain(|l| *l != victim_lane);
+            }
             self.waiting -= 1;
             self.answer_overloaded(their_endpoint, theirs);
-            return self.enqueue(tenant, endpoint, request);
+            return self.enqueue(lane, endpoint, request);
         }
         self.answer_overloaded(endpoint, request);
     }
 
-    fn enqueue(&mut self, tenant: Option<String>, endpoint: Endpoint, request: T) {
-        let queue = self.queues.entry(tenant.clone()).or_default();
+    fn enqueue(&mut self, lane: Lane, endpoint: Endpoint, request: T) {
+        let queue = self.queues.entry(lane.clone()).or_default();
         if queue.is_empty() {
-            self.turns.push_back(tenant);
+            self.turns.push_back(lane);
         }
         queue.push_back((endpoint, request));
         self.waiting += 1;
@@ -222,29 +268,28 @@ impl<T> Admission<T> {
     }
 
     fn start_waiting(&mut self) {
-        // Tenants at their share pass their turn; a round with none able stops.
+        // Lanes of tenants at their share pass their turn; a round with none able
+        // stops.
         let mut passed = 0;
         while self.in_flight < self.max_in_flight && passed < self.turns.len() {
-            let Some(tenant) = self.turns.pop_front() else {
+            let Some(lane) = self.turns.pop_front() else {
                 return;
             };
-            if self.runs(&tenant) >= self.tenant_share {
-                self.turns.push_back(tenant);
+            if self.runs(&lane.0) >= self.tenant_share {
+                self.turns.push_back(lane);
                 passed += 1;
                 continue;
             }
             passed = 0;
-            let queue = self
-                .queues
-                .get_mut(&tenant)
-                .expect("a tenant in turn waits");
+            let queue = self.queues.get_mut(&lane).expect("a lane in turn waits");
             let Some((endpoint, request)) = queue.pop_front() else {
                 continue;
             };
+            let tenant = lane.0.clone();
             if queue.is_empty() {
-                self.queues.remove(&tenant);
+                self.queues.remove(&lane);
             } else {
-                self.turns.push_back(tenant.clone());
+                self.turns.push_back(lane);
             }
             self.waiting -= 1;
             self.start(tenant, endpoint, request);

@@ -9,11 +9,14 @@
 //!
 //! Otherwise each item is one renew [`Call`] of its own (its own conditional
 //! write, its own fence, its own outcome), admitted like a renew of that key
-//! alone: each counts as a call in flight, and the request is refused
-//! `unavailable` at once when its items do not fit the room admission has left
-//! (calls running and waiting). A [`Gather`] collects the items' replies, and the
-//! service sends one reply, `{"results": [...]}` in request order, once the last
-//! is in. Each result is what a renew of that key alone would have replied.
+//! alone ([`Admission::handle_item_of`](super::admit::Admission::handle_item_of)):
+//! each counts as a call in flight, an item that finds no room is answered
+//! `unavailable` in its own result while the others run (the request is never
+//! refused whole for its size), and items that wait take turns with single calls,
+//! so a group does not hold back the acquires and renewals that came after it.
+//! A [`Gather`] collects the items' replies, and the service sends one reply,
+//! `{"results": [...]}` in request order, once the last is in. Each result is
+//! what a renew of that key alone would have replied.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -152,25 +155,6 @@ impl Service {
                 });
             return self.many_answered(now, reply, Err(response), Duration::ZERO, Vec::new());
         }
-        let counts = self.admission.counts();
-        let room = (self.config.max_calls_in_flight + self.config.max_calls_waiting)
-            .saturating_sub(counts.running + counts.waiting);
-        if items.len() > room && self.stop.is_none() {
-            self.events.push_back(ServiceEvent::Overloaded {
-                endpoint: Endpoint::Renew,
-            });
-            let refused = ErrorReply::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "the service is at its bound ({} calls running, {} waiting): the {} \
-                     renewals of this request do not fit; retry with backoff",
-                    counts.running,
-                    counts.waiting,
-                    items.len()
-                ),
-            );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
-        }
         let batch = self.gathers.next;
         self.gathers.next += 1;
         self.gathers.open.insert(
@@ -196,7 +180,7 @@ impl Service {
                 item: Some(Item { batch, index }),
             };
             self.admission
-                .handle_request_of(now, tenant.clone(), Endpoint::Renew, pending);
+                .handle_item_of(now, tenant.clone(), Endpoint::Renew, pending);
         }
         self.pump(now);
     }

@@ -222,6 +222,61 @@ fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
     assert_eq!(started(&drain(&mut a)), [3, 4]);
 }
 
+#[test]
+fn a_groups_renewals_wait_in_a_lane_of_their_own_that_takes_turns_with_single_calls() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 100, now);
+    a.handle_request(now, Endpoint::Renew, 0);
+    assert_eq!(started(&drain(&mut a)), [0]);
+    // A renew_many's four renewals wait; an acquire and a renew arrive after them.
+    for i in 1..=4 {
+        a.handle_item_of(now, None, Endpoint::Renew, i);
+    }
+    a.handle_request(now, Endpoint::Acquire, 100);
+    a.handle_request(now, Endpoint::Renew, 101);
+    assert!(drain(&mut a).is_empty());
+    for _ in 0..6 {
+        a.handle_finished(now);
+    }
+    assert_eq!(
+        started(&drain(&mut a)),
+        [1, 100, 2, 101, 3, 4],
+        "the single calls start between the group's renewals, not after all four"
+    );
+}
+
+#[test]
+fn a_groups_renewal_that_finds_the_room_full_is_refused_alone_and_the_others_wait() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 2, now);
+    for i in 0..5 {
+        a.handle_item_of(now, None, Endpoint::Renew, i);
+    }
+    let events = drain(&mut a);
+    assert_eq!(started(&events), [0]);
+    assert_eq!(overloaded(&events), [3, 4]);
+    assert_eq!(a.counts(), counts(1, 2, 2));
+    // Half the room is still kept for renewals: an acquire is refused.
+    a.handle_request(now, Endpoint::Acquire, 100);
+    assert_eq!(overloaded(&drain(&mut a)), [100]);
+}
+
+#[test]
+fn with_tenants_each_tenants_group_lane_takes_its_turn_too() {
+    let now = Instant::now();
+    let mut a = Admission::new(1, 100, now);
+    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    for i in 1..=3 {
+        a.handle_item_of(now, ta(), Endpoint::Renew, i);
+    }
+    a.handle_request_of(now, ta(), Endpoint::Acquire, 10);
+    a.handle_request_of(now, tb(), Endpoint::Renew, 20);
+    for _ in 0..6 {
+        a.handle_finished_of(now, ta());
+    }
+    assert_eq!(started(&drain(&mut a)), [0, 1, 10, 20, 2, 3]);
+}
+
 /// The counts as a named struct, for the table rows above.
 fn counts(
     running: usize,

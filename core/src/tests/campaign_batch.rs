@@ -316,3 +316,60 @@ fn each_renewal_times_out_at_its_own_deadline_and_the_spent_batch_is_cancelled()
         Some(10)
     );
 }
+
+#[test]
+fn the_campaign_asks_the_service_once_and_batches_only_where_the_answer_lists_renew_many() {
+    let older = br#"{"name":"dagnats-api","endpoints":[{"name":"renew"}]}"#;
+    let table: [(&str, RequestOutcome, bool); 5] = [
+        (
+            "a reply listing it",
+            RequestOutcome::reply(INFO.to_vec()),
+            true,
+        ),
+        (
+            "an older service's reply",
+            RequestOutcome::reply(older.to_vec()),
+            false,
+        ),
+        ("no responders", RequestOutcome::NoResponders, false),
+        ("timed out", RequestOutcome::TimedOut, false),
+        ("failed", RequestOutcome::Failed("closed".into()), false),
+    ];
+    for (name, outcome, batches) in table {
+        let mut campaign = Campaign::new("h1", Instant::now()).unwrap();
+        let ask = campaign.poll_service_info().expect("asked at the start");
+        assert_eq!(ask.subject, "$SRV.INFO.dagnats-api", "{name}");
+        assert!(campaign.poll_service_info().is_none(), "{name}: asked once");
+        assert!(!campaign.batches_renewals(), "{name}: alone until answered");
+        campaign.handle_service_info_outcome(&outcome);
+        assert_eq!(campaign.batches_renewals(), batches, "{name}");
+        // A second outcome changes nothing.
+        campaign.handle_service_info_outcome(&RequestOutcome::reply(INFO.to_vec()));
+        assert_eq!(campaign.batches_renewals(), batches, "{name}: read once");
+    }
+}
+
+#[test]
+fn owners_are_pulled_in_early_only_while_one_request_has_room_so_a_group_stays_one_request() {
+    use crate::holder::campaign::GROUP_BOUND;
+    let mut run = Run::new(true);
+    // More owners than one group, elected 5 ms apart: all due within the early
+    // window of the first.
+    let keys: Vec<String> = (0..GROUP_BOUND + 20).map(|i| format!("k{i:03}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        run.elect(i as u64 * 5, &[key.as_str()]);
+    }
+    let (_, out) = run.tick();
+    let renewed: Vec<String> = out.iter().flat_map(Run::keys).collect();
+    assert_eq!(out.len(), 1, "one request: {} renewals", renewed.len());
+    assert!(Run::is_batch(&out[0]));
+    assert_eq!(
+        renewed,
+        keys[..GROUP_BOUND],
+        "the first due and the nearest after it, up to the bound"
+    );
+    // The others were not pulled in: they renew on their own schedule, later.
+    for key in &keys[GROUP_BOUND..] {
+        assert_eq!(run.campaign.status(key), Some(HolderStatus::Owner), "{key}");
+    }
+}

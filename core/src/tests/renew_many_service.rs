@@ -153,7 +153,7 @@ fn the_reply_rule_drops_it_unanswered_and_runs_nothing() {
 }
 
 #[test]
-fn its_items_count_as_calls_and_a_request_that_does_not_fit_is_refused_whole() {
+fn a_request_larger_than_the_room_left_is_answered_item_by_item_not_refused_whole() {
     let mut c = config();
     c.max_calls_in_flight = 2;
     c.max_calls_waiting = 2;
@@ -161,31 +161,72 @@ fn its_items_count_as_calls_and_a_request_that_does_not_fit_is_refused_whole() {
     let fences: Vec<u64> = (0..5)
         .map(|i| granted(&mut w, "h", &format!("k{i}")))
         .collect();
-    let items = |n: usize| -> Value {
-        json!({"leases": (0..n).map(|i| item(&format!("k{i}"), "h", fences[i])).collect::<Vec<_>>()})
-    };
-    let refused = w.request_many(items(5), true);
+    let items = json!({"leases": (0..5).map(|i| item(&format!("k{i}"), "h", fences[i])).collect::<Vec<_>>()});
+    let reply = w.request_many(items, true);
     w.settle().unwrap();
-    assert!(
-        w.in_flight().is_empty(),
-        "no item of a refused request runs"
+    assert_eq!(
+        w.in_flight().len(),
+        2,
+        "two run, two wait, the fifth finds no room"
     );
-    let e = answer(&w, &refused).expect_err("refused whole");
-    assert_eq!(e.kind, ErrorKind::Unavailable);
-    assert!(e.error.contains("5 renewals"), "{}", e.error);
-    let fits = w.request_many(items(4), true);
-    w.settle().unwrap();
-    assert_eq!(w.in_flight().len(), 2, "two run, two wait");
     assert_eq!(w.service.admission_counts().waiting, 2);
     run(&mut w);
-    let results = answer(&w, &fits).expect("results").results;
+    let results = answer(&w, &reply).expect("results, not one error").results;
+    let kinds: Vec<Option<ErrorKind>> = results
+        .iter()
+        .map(|r| match r {
+            RenewManyResult::Renewed(_) => None,
+            RenewManyResult::Failed { error, .. } => Some(error.kind),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [None, None, None, None, Some(ErrorKind::Unavailable)],
+        "each item its own outcome: four renewed, the one past the room unavailable"
+    );
+    assert_eq!(w.service.admission_counts().running, 0);
+}
+
+#[test]
+fn a_groups_waiting_renewals_take_turns_with_a_single_call_that_came_after_them() {
+    let mut c = config();
+    c.max_calls_in_flight = 1;
+    c.max_calls_waiting = 10;
+    let mut w = serving(c, 1);
+    let fences: Vec<u64> = (0..4)
+        .map(|i| granted(&mut w, "h", &format!("k{i}")))
+        .collect();
+    let items = json!({"leases": (0..4).map(|i| item(&format!("k{i}"), "h", fences[i])).collect::<Vec<_>>()});
+    let many = w.request_many(items, true);
+    w.settle().unwrap();
+    let single = acquire(&mut w, "other", "fresh");
+    w.settle().unwrap();
+    assert_eq!(
+        w.service.admission_counts().waiting,
+        4,
+        "three renewals and the acquire"
+    );
+    // Answer one call at a time until the acquire is answered: it started after
+    // the group's second renewal, not after all four.
+    let mut answered_first = 0;
+    while w.reply_to(&single).is_none() {
+        w.deliver(0);
+        w.settle().unwrap();
+        answered_first += 1;
+        assert!(answered_first < 100, "the acquire was never answered");
+    }
+    assert!(
+        w.many_replies.iter().all(|(to, _)| *to != many),
+        "the acquire is answered before the group's reply"
+    );
+    run(&mut w);
+    let results = answer(&w, &many).expect("results").results;
     assert!(
         results
             .iter()
             .all(|r| matches!(r, RenewManyResult::Renewed(_))),
         "{results:?}"
     );
-    assert_eq!(w.service.admission_counts().running, 0);
 }
 
 #[test]

@@ -9,8 +9,17 @@
 //!   TTL: they renew now, earlier than their schedule
 //!   (`Holder::renew_early`), never later; one that retries after a failure keeps
 //!   its backoff. Renewed together, their schedules stay together.
+//! - **A group stays one request of at most [`GROUP_BOUND`].** A request carries at
+//!   most that many renewals, and owners are pulled in early, nearest first, only
+//!   while the renewals waiting leave room in one: without the bound, groups pulled
+//!   each other in until a process's renewals all fell due at one instant, a burst
+//!   of several full requests that filled the service's room for calls at once,
+//!   where single renewals arrive spread over their schedules.
 //! - **One by one where the service cannot.** Batching is off until the service's
-//!   `$SRV.INFO` lists `renew_many`; a `renew_many` answered with no responders (an
+//!   `$SRV.INFO` lists `renew_many`: the campaign asks once
+//!   ([`Campaign::poll_service_info`], the adapter only sends it and hands back what
+//!   came, [`Campaign::handle_service_info_outcome`]); no responders, a timeout or a
+//!   failure leave every renewal alone; a `renew_many` answered with no responders (an
 //!   older service, or one with it off) or refused whole as `invalid` (no item ran)
 //!   turns it off and sends its renewals again one by one at once.
 //! - **A whole-request answer is every item's.** `unavailable`, `forbidden` or
@@ -22,16 +31,36 @@
 //!   batch request is cancelled ([`CampaignEvent::Cancel`]).
 
 use super::*;
-use crate::wire::{MAX_RENEW_MANY, RenewManyReply, renew_many_subject};
+use crate::wire::{RenewManyReply, renew_many_subject};
 
 /// A renewal due now pulls in the owners due within a TTL divided by this.
 pub const EARLY_WINDOW_DIVISOR: u32 = 10;
+
+/// The most renewals one `renew_many` request carries, and the most a group grows
+/// to by pulling owners in early: one write batch of the service's coalescer
+/// (its default `max_batch`), well below the endpoint's [`MAX_RENEW_MANY`](crate::wire::MAX_RENEW_MANY).
+pub const GROUP_BOUND: usize = 64;
+
+/// How long the campaign waits for the service's `$SRV.INFO`; until it is
+/// answered, and if it is not, each renewal goes alone.
+pub const SERVICE_INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the campaign is in asking the service whether it takes `renew_many`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    #[default]
+    Not,
+    Out,
+    Answered,
+}
 
 /// The renewals sent together, and whether the service takes them so.
 #[derive(Debug, Default)]
 pub(super) struct Batching {
     /// Whether the service advertised `renew_many` and has not refused it since.
     on: bool,
+    /// The one `$SRV.INFO` request: not yet asked, out, or answered.
+    asked: Asked,
     /// Batch requests out: their renewals (the campaign's ids and requests).
     out: BTreeMap<TransmitId, Vec<(TransmitId, Transmit)>>,
     /// The widest early window of the keys campaigned for, and for how many keys it
@@ -47,6 +76,37 @@ impl Campaign {
         self.batching.on = crate::service::micro::advertises_renew_many(info);
     }
 
+    /// The service's `$SRV.INFO` request to send, once, at the campaign's start (the
+    /// adapter sends it and feeds what came of it to
+    /// [`Campaign::handle_service_info_outcome`]); `None` after.
+    pub fn poll_service_info(&mut self) -> Option<NatsRequest> {
+        if self.batching.asked != Asked::Not {
+            return None;
+        }
+        self.batching.asked = Asked::Out;
+        Some(NatsRequest {
+            subject: crate::service::micro::info_subject(),
+            headers: Vec::new(),
+            payload: Vec::new(),
+            timeout: SERVICE_INFO_TIMEOUT,
+        })
+    }
+
+    /// What came of the `$SRV.INFO` request: renewals go out in batches only when a
+    /// reply lists `renew_many` ([`Campaign::handle_service_info`]); no responders,
+    /// a timeout or a failure leave each renewal alone. Read once: a second outcome
+    /// changes nothing.
+    pub fn handle_service_info_outcome(&mut self, outcome: &RequestOutcome) {
+        if self.batching.asked != Asked::Out {
+            return;
+        }
+        self.batching.asked = Asked::Answered;
+        match outcome {
+            RequestOutcome::Reply { payload, .. } => self.handle_service_info(payload),
+            _ => self.batching.on = false,
+        }
+    }
+
     /// Whether renewals go out in batches now.
     pub fn batches_renewals(&self) -> bool {
         self.batching.on
@@ -55,13 +115,20 @@ impl Campaign {
     /// With batching on and a renewal waiting to be sent, the owners due within
     /// their early window renew now too. Whether any did.
     pub(super) fn renew_due_early(&mut self, now: Instant) -> bool {
-        let waiting = self.out.requests.iter().any(|t| {
-            self.out
-                .routes
-                .get(&t.id)
-                .is_some_and(|r| r.endpoint == Endpoint::Renew)
-        });
-        if !self.batching.on || !waiting {
+        let waiting = self
+            .out
+            .requests
+            .iter()
+            .filter(|t| {
+                self.out
+                    .routes
+                    .get(&t.id)
+                    .is_some_and(|r| r.endpoint == Endpoint::Renew)
+            })
+            .count();
+        // Pulled in only while one request has room for them.
+        let room = GROUP_BOUND.saturating_sub(waiting);
+        if !self.batching.on || waiting == 0 || room == 0 {
             return false;
         }
         let widest = match self.batching.widest {
@@ -77,19 +144,23 @@ impl Campaign {
                 widest
             }
         };
+        // Nearest due first.
         let due: Vec<String> = self.timers.due(now + widest).cloned().collect();
-        let mut any = false;
+        let mut pulled = 0;
         for key in due {
+            if pulled == room {
+                break;
+            }
             let Some(candidacy) = self.candidacies.get_mut(&key) else {
                 continue;
             };
             let window = candidacy.holder.config().ttl / EARLY_WINDOW_DIVISOR;
             if candidacy.holder.renew_early(now, now + window) {
                 self.touched.insert(key);
-                any = true;
+                pulled += 1;
             }
         }
-        any
+        pulled > 0
     }
 
     /// `first`, just taken from the queue, with the other renewals waiting beside
@@ -106,7 +177,7 @@ impl Campaign {
         let mut members = vec![first];
         let mut rest = VecDeque::new();
         while let Some(t) = self.out.requests.pop_front() {
-            if members.len() < MAX_RENEW_MANY && is_renew(&self.out, &t) {
+            if members.len() < GROUP_BOUND && is_renew(&self.out, &t) {
                 members.push(t);
             } else {
                 rest.push_back(t);

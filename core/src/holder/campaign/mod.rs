@@ -144,7 +144,7 @@ mod rebalance;
 mod semaphore;
 mod timers;
 
-pub use batch::{EARLY_WINDOW_DIVISOR, renewals_of_batch};
+pub use batch::{EARLY_WINDOW_DIVISOR, GROUP_BOUND, SERVICE_INFO_TIMEOUT, renewals_of_batch};
 use handoff::Handoffs;
 pub use handoff::RejectId;
 use health::Health;
