@@ -6,6 +6,53 @@
 
 use super::*;
 
+/// Writes a handle's methods that only hand over to its [`Group`] (its field
+/// `group`), each with the doc the handle gives it: the docs differ by handle,
+/// the bodies do not. `health` writes `set_healthy` after it.
+macro_rules! group_methods {
+    () => {};
+    ($(#[$doc:meta])* next; $($rest:tt)*) => {
+        $(#[$doc])*
+        pub async fn next(&mut self) -> Option<Change> {
+            self.group.next_change().await
+        }
+        group_methods!($($rest)*);
+    };
+    ($(#[$doc:meta])* next_heard; $($rest:tt)*) => {
+        $(#[$doc])*
+        pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
+            self.group.changes.recv().await
+        }
+        group_methods!($($rest)*);
+    };
+    ($(#[$doc:meta])* health; $($rest:tt)*) => {
+        $(#[$doc])*
+        pub fn health(&self) -> Health {
+            self.group.health()
+        }
+
+        /// Reports the health check: [`Health::set_healthy`].
+        pub fn set_healthy(&self, healthy: bool) {
+            self.group.health().set_healthy(healthy);
+        }
+        group_methods!($($rest)*);
+    };
+    ($(#[$doc:meta])* done($key:ident); $($rest:tt)*) => {
+        $(#[$doc])*
+        pub fn done(&self, $key: &str) {
+            self.group.done($key);
+        }
+        group_methods!($($rest)*);
+    };
+    ($(#[$doc:meta])* stop; $($rest:tt)*) => {
+        $(#[$doc])*
+        pub async fn stop(mut self) {
+            self.group.stop().await;
+        }
+        group_methods!($($rest)*);
+    };
+}
+
 /// A running group of the member's campaign, as an [`Elector`] or [`Shards`] sees it.
 pub(super) struct Group {
     pub(super) shared: Arc<Shared>,
@@ -170,15 +217,12 @@ pub struct Elector {
 }
 
 impl Elector {
-    /// The next ownership change; `None` once the elector has stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
-    }
-
-    /// The next event a supervisor hears ([`Member::supervised`]: renewals and
-    /// refusals too), with its key; `None` once stopped.
-    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
-        self.group.changes.recv().await
+    group_methods! {
+        /// The next ownership change; `None` once the elector has stopped.
+        next;
+        /// The next event a supervisor hears ([`Member::supervised`]: renewals and
+        /// refusals too), with its key; `None` once stopped.
+        next_heard;
     }
 
     /// The current tenure, if this process owns the key right now (its local deadline
@@ -206,14 +250,9 @@ impl Elector {
         &self.key
     }
 
-    /// Where to report the health check ([`Health`]).
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
+    group_methods! {
+        /// Where to report the health check ([`Health`]).
+        health;
     }
 
     /// The application is done with the key after a step-down that keeps the lease
@@ -234,12 +273,12 @@ impl Elector {
         self.group.hand_over();
     }
 
-    /// Steps down (if leading), releases the lease, and waits for the release: at
-    /// most [`HolderConfig::stop_bound`] (4 × the request timeout: the TTL by
-    /// default, at most 20 s) whatever NATS is doing, as each request is given up at
-    /// its timeout. Dropping the elector does the same in the background.
-    pub async fn stop(mut self) {
-        self.group.stop().await;
+    group_methods! {
+        /// Steps down (if leading), releases the lease, and waits for the release: at
+        /// most [`HolderConfig::stop_bound`] (4 × the request timeout: the TTL by
+        /// default, at most 20 s) whatever NATS is doing, as each request is given up at
+        /// its timeout. Dropping the elector does the same in the background.
+        stop;
     }
 }
 
@@ -314,15 +353,12 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
-    /// The next ownership change of a slot; `None` once stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
-    }
-
-    /// The next event a supervisor hears of a slot ([`Member::supervised`]:
-    /// renewals and refusals too), with the slot; `None` once stopped.
-    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
-        self.group.changes.recv().await
+    group_methods! {
+        /// The next ownership change of a slot; `None` once stopped.
+        next;
+        /// The next event a supervisor hears of a slot ([`Member::supervised`]:
+        /// renewals and refusals too), with the slot; `None` once stopped.
+        next_heard;
     }
 
     /// The slot this process holds right now, with its tenure.
@@ -336,27 +372,16 @@ impl Semaphore {
         &self.name
     }
 
-    /// Where to report the health check ([`Health`]).
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
-    }
-
-    /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`],
-    /// [`StepDownReason::Unhealthy`]): it is released now rather than at its
-    /// deadline. Otherwise nothing happens.
-    pub fn done(&self, slot: &str) {
-        self.group.done(slot);
-    }
-
-    /// Steps down from its slot (if holding one), releases it, and waits for that:
-    /// at most [`HolderConfig::stop_bound`], as [`Elector::stop`].
-    pub async fn stop(mut self) {
-        self.group.stop().await;
+    group_methods! {
+        /// Where to report the health check ([`Health`]).
+        health;
+        /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`],
+        /// [`StepDownReason::Unhealthy`]): it is released now rather than at its
+        /// deadline. Otherwise nothing happens.
+        done(slot);
+        /// Steps down from its slot (if holding one), releases it, and waits for that:
+        /// at most [`HolderConfig::stop_bound`], as [`Elector::stop`].
+        stop;
     }
 }
 
@@ -399,9 +424,9 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// The next ownership change of any shard; `None` once stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
+    group_methods! {
+        /// The next ownership change of any shard; `None` once stopped.
+        next;
     }
 
     /// The shards this process owns right now, with their tenures.
@@ -423,30 +448,19 @@ impl Shards {
         }
     }
 
-    /// The application is done with shard `key`, revoked to rebalance
-    /// ([`StepDownReason::Revoked`]) or for health ([`StepDownReason::Unhealthy`]):
-    /// it is released now rather than at its deadline, so the next owner gets it
-    /// sooner. Otherwise nothing happens.
-    pub fn done(&self, key: &str) {
-        self.group.done(key);
-    }
-
-    /// Where to report the health check ([`Health`]). A balanced set's presence
-    /// follows it: unhealthy for `unhealthy_for`, the member leaves the set, and
-    /// the others' shares grow to cover its shards.
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
-    }
-
-    /// Steps down from every shard, releases them, and waits for the releases: at
-    /// most [`HolderConfig::stop_bound`], as [`Elector::stop`] (the releases go out
-    /// together, none queued).
-    pub async fn stop(mut self) {
-        self.group.stop().await;
+    group_methods! {
+        /// The application is done with shard `key`, revoked to rebalance
+        /// ([`StepDownReason::Revoked`]) or for health ([`StepDownReason::Unhealthy`]):
+        /// it is released now rather than at its deadline, so the next owner gets it
+        /// sooner. Otherwise nothing happens.
+        done(key);
+        /// Where to report the health check ([`Health`]). A balanced set's presence
+        /// follows it: unhealthy for `unhealthy_for`, the member leaves the set, and
+        /// the others' shares grow to cover its shards.
+        health;
+        /// Steps down from every shard, releases them, and waits for the releases: at
+        /// most [`HolderConfig::stop_bound`], as [`Elector::stop`] (the releases go out
+        /// together, none queued).
+        stop;
     }
 }
