@@ -374,18 +374,24 @@ async fn window(
     }
 }
 
-/// The step's record from what it measured.
+/// Adds the step's record, from what it measured, to `steps` (`renewals`: those
+/// counted over the window, `None` when it had none; `why`: why it failed);
+/// whether the ramp goes on: it stops at the first step that failed.
 #[allow(clippy::too_many_arguments)]
-fn step_of(
+fn record_step(
+    steps: &mut Vec<Step>,
     leases: usize,
     ramp_s: f64,
     held_at_end: i64,
     lost: u64,
     w: &Window,
-    renewals_per_s: f64,
+    renewals: Option<f64>,
     renew_ms: (f64, f64),
     why: Option<String>,
-) -> Step {
+) -> bool {
+    let renewals_per_s = renewals
+        .filter(|_| w.secs > 0.0)
+        .map_or(f64::NAN, |n| n / w.secs);
     let k = leases as f64 / 1000.0;
     let step = Step {
         leases,
@@ -422,7 +428,9 @@ fn step_of(
         step.cpu_server,
         step.cpu_members
     );
-    step
+    let held = step.held;
+    steps.push(step);
+    held
 }
 
 /// The ramp's summary from its steps.

@@ -100,22 +100,17 @@ pub(super) async fn etcd(out: &Path, name: &str, members: usize, options: &Optio
         } else {
             None
         };
-        let failed = why.is_some();
-        steps.push(step_of(
+        if !record_step(
+            &mut steps,
             target,
             ramp_s,
             live,
             lost_now,
             &w,
-            if windowed && w.secs > 0.0 {
-                (counts.replies.load(Ordering::Relaxed) - r0) as f64 / w.secs
-            } else {
-                f64::NAN
-            },
+            windowed.then(|| (counts.replies.load(Ordering::Relaxed) - r0) as f64),
             (pick(0.5), pick(0.99)),
             why,
-        ));
-        if failed {
+        ) {
             break;
         }
     }

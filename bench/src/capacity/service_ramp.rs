@@ -180,22 +180,17 @@ pub(super) async fn service(
         } else {
             None
         };
-        let failed = why.is_some();
-        steps.push(step_of(
+        if !record_step(
+            &mut steps,
             target,
             ramp_s,
             held_now,
             lost_now,
             &w,
-            if ramped && w.secs > 0.0 {
-                (renews() - r0) / w.secs
-            } else {
-                f64::NAN
-            },
+            ramped.then(|| renews() - r0),
             (q("0.5"), q("0.99")),
             why,
-        ));
-        if failed {
+        ) {
             break;
         }
     }
