@@ -295,16 +295,7 @@ impl Member {
     /// The same member, its campaigns reporting to `observer`. Call it before the
     /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
     pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Self {
-        let shared = &self.shared;
-        Self::build(
-            shared.nats.clone(),
-            shared.holder.clone(),
-            shared.runtime.clone(),
-            Some(observer),
-            shared.priority,
-            shared.listener,
-        )
-        .expect("the holder ID was checked already")
+        self.remade(Some(observer), self.shared.priority, self.shared.listener)
     }
 
     /// The same member, its campaigns told to a supervisor of a process under
@@ -312,16 +303,11 @@ impl Member {
     /// then hear renewals and refusals as well as ownership changes. Call it
     /// before the first campaign: a member made afresh is returned.
     pub fn supervised(self) -> Self {
-        let shared = &self.shared;
-        Self::build(
-            shared.nats.clone(),
-            shared.holder.clone(),
-            shared.runtime.clone(),
-            shared.observer.clone(),
-            shared.priority,
+        self.remade(
+            self.shared.observer.clone(),
+            self.shared.priority,
             Listener::Supervisor,
         )
-        .expect("the holder ID was checked already")
     }
 
     /// The same member as a candidate of `priority` (0 to
@@ -342,14 +328,25 @@ impl Member {
     /// # Ok(()) }
     /// ```
     pub fn with_priority(self, priority: u8) -> Self {
+        self.remade(
+            self.shared.observer.clone(),
+            Some(priority),
+            self.shared.listener,
+        )
+    }
+
+    /// A member made afresh on this one's connection, holder ID and runtime, with
+    /// these settings (what [`Member::with_observer`], [`Member::supervised`] and
+    /// [`Member::with_priority`] change).
+    fn remade(&self, observer: Observer, priority: Option<u8>, listener: Listener) -> Self {
         let shared = &self.shared;
         Self::build(
             shared.nats.clone(),
             shared.holder.clone(),
             shared.runtime.clone(),
-            shared.observer.clone(),
-            Some(priority),
-            shared.listener,
+            observer,
+            priority,
+            listener,
         )
         .expect("the holder ID was checked already")
     }
