@@ -33,11 +33,11 @@ type Pending = FuturesUnordered<BoxFuture<'static, Answer>>;
 type Handoffs = FuturesUnordered<BoxFuture<'static, Option<Handoff>>>;
 type Feed<T> = SelectAll<Pin<Box<dyn futures::Stream<Item = T> + Send>>>;
 
-/// The one driver loop of a member: sends what the machine wants, feeds back what
 /// How long a member waits for the service's `$SRV.INFO` before it renews one key
 /// a request.
 const SERVICE_INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The one driver loop of a member: sends what the machine wants, feeds back what
 /// comes of it, change events and inbox messages, and wakes at its next deadline.
 pub(super) async fn drive(shared: Arc<Shared>) {
     let mut pending = Pending::new();
