@@ -14,6 +14,13 @@ use crate::connect::ConnectOptions;
 use crate::service::{Clients, ServiceOptions};
 use crate::telemetry;
 
+/// The `serve` command, as both binaries take it.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ServeCommand {
+    /// Serve api.leases.* until SIGINT or SIGTERM.
+    Serve(ServeArgs),
+}
+
 /// The options of `serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {

@@ -27,6 +27,9 @@
 //!
 //! CPU is measured over each window, in cores: the service and the server(s) (or
 //! etcd's members) and, beside them, this process (the holders or the etcd client).
+//!
+//! This file holds the plan, the steps' records and the window; each
+//! implementation's ramp is its own file (`service_ramp`, `etcd_ramp`).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -38,6 +41,12 @@ use serde::Serialize;
 use crate::procs::{self, Impl};
 use crate::scale::{Holders, TTL, cpu_s, sample};
 use crate::servers;
+
+mod etcd_ramp;
+mod service_ramp;
+
+use etcd_ramp::etcd;
+use service_ramp::service;
 
 /// How long a step may take to get every lease held.
 pub const RAMP_BOUND: Duration = Duration::from_secs(120);
@@ -365,18 +374,24 @@ async fn window(
     }
 }
 
-/// The step's record from what it measured.
+/// Adds the step's record, from what it measured, to `steps` (`renewals`: those
+/// counted over the window, `None` when it had none; `why`: why it failed);
+/// whether the ramp goes on: it stops at the first step that failed.
 #[allow(clippy::too_many_arguments)]
-fn step_of(
+fn record_step(
+    steps: &mut Vec<Step>,
     leases: usize,
     ramp_s: f64,
     held_at_end: i64,
     lost: u64,
     w: &Window,
-    renewals_per_s: f64,
+    renewals: Option<f64>,
     renew_ms: (f64, f64),
     why: Option<String>,
-) -> Step {
+) -> bool {
+    let renewals_per_s = renewals
+        .filter(|_| w.secs > 0.0)
+        .map_or(f64::NAN, |n| n / w.secs);
     let k = leases as f64 / 1000.0;
     let step = Step {
         leases,
@@ -413,7 +428,9 @@ fn step_of(
         step.cpu_server,
         step.cpu_members
     );
-    step
+    let held = step.held;
+    steps.push(step);
+    held
 }
 
 /// The ramp's summary from its steps.
@@ -432,330 +449,6 @@ fn capacity_of(steps: Vec<Step>, setup: String, hold_s: u64, load: f64) -> Capac
         steps,
         recorded: None,
     }
-}
-
-/// The service's ramp: a fresh server (or cluster) and service, holders added a
-/// member of [`PER_MEMBER`] keys at a time.
-async fn service(
-    out: &Path,
-    name: &str,
-    setting: Setting,
-    options: &Options,
-    handle: &metrics_exporter_prometheus::PrometheusHandle,
-) -> Capacity {
-    let Setting {
-        cluster,
-        shards,
-        coalesce,
-        renew_many,
-    } = setting;
-    let load = load_average();
-    let server = if cluster {
-        servers::Server::Cluster(servers::Cluster::start().await)
-    } else if options.profile.is_some() {
-        servers::Server::Single(servers::Nats::start_profiled(servers::Sync::Always))
-    } else {
-        servers::Server::Single(servers::Nats::start_sync(servers::Sync::Always))
-    };
-    let imp = match coalesce {
-        CoalesceWrites::Auto => Impl::Tokio,
-        CoalesceWrites::On => Impl::TokioBatched,
-        CoalesceWrites::Off => Impl::TokioSingle,
-    };
-    let account = Impl::Tokio.name();
-    let admin = server.connect(account).await;
-    let mut extra_args = Vec::new();
-    if coalesce == CoalesceWrites::Auto {
-        // The capacity runs of record ran `auto` (then the default; off since).
-        extra_args.extend(["--coalesce-writes".to_string(), "auto".to_string()]);
-    }
-    if let Some(n) = shards {
-        extra_args.extend(["--shards".to_string(), n.to_string()]);
-    }
-    if !renew_many {
-        extra_args.extend(["--renew-many".to_string(), "false".to_string()]);
-    }
-    let start_options = procs::Options {
-        replicas: cluster.then_some(servers::CLUSTER_NODES),
-        extra_args,
-        ..procs::Options::default()
-    };
-    let running = procs::start_with(
-        imp,
-        account,
-        &format!("capacity-{name}"),
-        &server.url(),
-        out,
-        &admin,
-        &start_options,
-    )
-    .await;
-    if cluster && shards.is_none() {
-        servers::Cluster::pin_leader(&admin, dagnats_leases_core::subjects::STREAM).await;
-    }
-    let setup = format!(
-        "nats-server {}, sync_interval: always, {}{}{}{}; the tokio service; holders: the holder library, members of {PER_MEMBER} keys, one connection each",
-        server.version(),
-        if cluster {
-            "three nodes on loopback, R3 bucket, leader on the node everything connects to"
-        } else {
-            "one server (R1)"
-        },
-        shards.map_or(String::new(), |n| format!(", --shards {n}")),
-        match coalesce {
-            CoalesceWrites::Auto => ", --coalesce-writes auto (as it ships)",
-            CoalesceWrites::On => ", --coalesce-writes true",
-            CoalesceWrites::Off => ", --coalesce-writes false",
-        },
-        if renew_many {
-            ", renew_many served (renewals grouped)"
-        } else {
-            ", --renew-many false (one renewal a request)"
-        },
-    );
-    println!("capacity {name}: {setup}");
-    let server_pids: Vec<u32> = server.nodes().iter().map(|n| n.pid()).collect();
-    let mut holders = Holders::new(&server.url(), account, &format!("cap-{name}"));
-    let (held, lost) = (holders.held.clone(), holders.lost.clone());
-    let renews = || {
-        sample(
-            &handle.render(),
-            &format!("{}_count", dagnats_leases_tokio::telemetry::RENEW_DURATION),
-        )
-        .unwrap_or(0.0)
-    };
-    let mut have = 0;
-    let mut steps = Vec::new();
-    let mut recorded = None;
-    for &target in &options.steps {
-        // A profile is of the last step, and only if that step had a window.
-        recorded = None;
-        let lost0 = lost.load(Ordering::Relaxed);
-        let t0 = Instant::now();
-        // Members join one after another, the next once the leases so far are
-        // held (as `--scale-gradual`), so a step is not one burst of acquires.
-        while have < target && t0.elapsed() < RAMP_BOUND && lost.load(Ordering::Relaxed) == lost0 {
-            let upto = (have + PER_MEMBER).min(target);
-            holders.add_member(have..upto).await;
-            have = upto;
-            let joined = Instant::now();
-            while (held.load(Ordering::Relaxed) as usize) < have
-                && joined.elapsed() < MEMBER_BOUND
-                && t0.elapsed() < RAMP_BOUND
-                && lost.load(Ordering::Relaxed) == lost0
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        // Every member has joined: the last sets get until the ramp's bound.
-        while (held.load(Ordering::Relaxed) as usize) < target
-            && t0.elapsed() < RAMP_BOUND
-            && lost.load(Ordering::Relaxed) == lost0
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let ramp_s = t0.elapsed().as_secs_f64();
-        let ramped = held.load(Ordering::Relaxed) as usize >= target;
-        let r0 = renews();
-        let w = if ramped && lost.load(Ordering::Relaxed) == lost0 {
-            // The profilers run for the window (the server, the service, and this
-            // process, where the holders run).
-            let recording = options.profile.as_ref().filter(|_| !cluster).map(|dir| {
-                crate::cpu_profile::Recording::start(
-                    &dir.join(format!("{name}-{target}")),
-                    options.hold_s,
-                    &[
-                        (crate::cpu_profile::Role::Server, server_pids[0]),
-                        (crate::cpu_profile::Role::Service, running.pid()),
-                        (crate::cpu_profile::Role::Holders, std::process::id()),
-                    ],
-                    &server.nodes()[0],
-                )
-            });
-            let w = window(
-                options.hold_s,
-                Some(running.pid()),
-                &server_pids,
-                || lost.load(Ordering::Relaxed),
-                lost0,
-            )
-            .await;
-            if let Some(r) = recording {
-                let node = &server.nodes()[0];
-                recorded = Some(tokio::task::block_in_place(|| r.finish(node)));
-            }
-            w
-        } else {
-            window(0, Some(running.pid()), &server_pids, || 0, 0).await
-        };
-        let text = handle.render();
-        let q = |quantile: &str| {
-            sample(
-                &text,
-                &format!(
-                    "{}{{quantile=\"{quantile}\"}}",
-                    dagnats_leases_tokio::telemetry::RENEW_DURATION
-                ),
-            )
-            .map_or(f64::NAN, |s| s * 1e3)
-        };
-        let lost_now = lost.load(Ordering::Relaxed) - lost0;
-        let held_now = held.load(Ordering::Relaxed);
-        let why = if !ramped {
-            Some(format!(
-                "{held_now} of {target} held after {ramp_s:.0} s of ramp"
-            ))
-        } else if lost_now > 0 {
-            Some(format!("{lost_now} lost"))
-        } else {
-            None
-        };
-        let failed = why.is_some();
-        steps.push(step_of(
-            target,
-            ramp_s,
-            held_now,
-            lost_now,
-            &w,
-            if ramped && w.secs > 0.0 {
-                (renews() - r0) / w.secs
-            } else {
-                f64::NAN
-            },
-            (q("0.5"), q("0.99")),
-            why,
-        ));
-        if failed {
-            break;
-        }
-    }
-    println!("capacity {name}: {} members; stopping", holders.members());
-    holders.stop();
-    running.stop();
-    drop(server);
-    let mut capacity = capacity_of(steps, setup, options.hold_s, load);
-    capacity.recorded = recorded;
-    capacity
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn etcd(_out: &Path, name: &str, _members: usize, options: &Options) -> Capacity {
-    println!("capacity {name}: left out: this build lacks the `etcd` feature");
-    capacity_of(
-        Vec::new(),
-        "not run".to_string(),
-        options.hold_s,
-        load_average(),
-    )
-}
-
-/// etcd's ramp: a fresh etcd (one member or three), leases granted
-/// [`ETCD_GRANTS_IN_FLIGHT`] at a time, each with a key, kept alive over
-/// [`ETCD_STREAMS`] streams to the leader.
-#[cfg(feature = "etcd")]
-async fn etcd(out: &Path, name: &str, members: usize, options: &Options) -> Capacity {
-    use futures::StreamExt;
-
-    let load = load_average();
-    let etcd = if members == 1 {
-        crate::etcd::Etcd::start(out)
-    } else {
-        crate::etcd::Etcd::start_cluster(out)
-    };
-    let client = etcd.client().await;
-    let url = etcd.leader_url().await;
-    let setup = format!(
-        "etcd {}, {members} member(s) on loopback (fsync as shipped), every call to the leader; leases kept alive over {ETCD_STREAMS} keepalive streams, each on its own connection, carrying many leases",
-        etcd.version()
-    );
-    println!("capacity {name}: {setup}");
-    let pids = etcd.pids();
-    let mut keepers = crate::etcd::KeepAlives::open(&url, ETCD_STREAMS, TTL / 3).await;
-    let counts = keepers.counts.clone();
-    let prefix = format!("cap-{name}-");
-    let mut have = 0;
-    let mut steps = Vec::new();
-    for &target in &options.steps {
-        let lost0 = counts.expired.load(Ordering::Relaxed);
-        let t0 = Instant::now();
-        let mut grants = futures::stream::iter(have..target)
-            .map(|i| crate::etcd::hold_for(&client, format!("{prefix}{i}"), TTL.as_secs() as i64))
-            .buffer_unordered(ETCD_GRANTS_IN_FLIGHT);
-        while let Some(lease) = grants.next().await {
-            keepers.add(lease);
-        }
-        drop(grants);
-        have = target;
-        let ramp_s = t0.elapsed().as_secs_f64();
-        let r0 = counts.replies.load(Ordering::Relaxed);
-        counts.take_latencies();
-        let windowed = counts.expired.load(Ordering::Relaxed) == lost0;
-        let w = if windowed {
-            window(
-                options.hold_s,
-                None,
-                &pids,
-                || counts.expired.load(Ordering::Relaxed),
-                lost0,
-            )
-            .await
-        } else {
-            window(0, None, &pids, || 0, 0).await
-        };
-        let mut lat = counts.take_latencies();
-        lat.sort_unstable();
-        let pick = |p: f64| {
-            if lat.is_empty() {
-                f64::NAN
-            } else {
-                lat[((lat.len() as f64 - 1.0) * p).round() as usize] as f64 / 1e3
-            }
-        };
-        let live = client
-            .clone()
-            .get(
-                prefix.as_str(),
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_count_only(),
-                ),
-            )
-            .await
-            .map_or(-1, |r| r.count());
-        let lost_now = counts.expired.load(Ordering::Relaxed) - lost0;
-        let broken = counts.broken.load(Ordering::Relaxed);
-        let why = if lost_now > 0 {
-            Some(format!("{lost_now} lost"))
-        } else if live != target as i64 {
-            Some(format!("{live} of {target} keys left at the window's end"))
-        } else if broken > 0 {
-            Some(format!("{broken} keepalive streams broke"))
-        } else {
-            None
-        };
-        let failed = why.is_some();
-        steps.push(step_of(
-            target,
-            ramp_s,
-            live,
-            lost_now,
-            &w,
-            if windowed && w.secs > 0.0 {
-                (counts.replies.load(Ordering::Relaxed) - r0) as f64 / w.secs
-            } else {
-                f64::NAN
-            },
-            (pick(0.5), pick(0.99)),
-            why,
-        ));
-        if failed {
-            break;
-        }
-    }
-    keepers.stop();
-    drop(etcd);
-    capacity_of(steps, setup, options.hold_s, load)
 }
 
 #[cfg(test)]

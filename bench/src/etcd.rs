@@ -217,9 +217,7 @@ async fn hold_many(client: &Client, keys: Vec<String>) -> Vec<i64> {
 /// One operation against etcd, ready to run (see [`load::Target`]).
 pub struct EtcdTarget {
     client: Client,
-    op: Op,
-    tag: String,
-    concurrency: usize,
+    plan: load::Plan,
     /// Release: one lease per call.
     leases: Vec<i64>,
     /// Owner: one key per worker.
@@ -229,29 +227,17 @@ pub struct EtcdTarget {
 }
 
 impl EtcdTarget {
-    /// Sets up `calls` calls of `op` at `concurrency`.
-    pub async fn prepare(
-        client: &Client,
-        op: Op,
-        tag: &str,
-        concurrency: usize,
-        calls: usize,
-    ) -> Arc<EtcdTarget> {
-        let name = op.name();
+    /// Sets up the calls of `plan`.
+    pub async fn prepare(client: &Client, plan: &load::Plan) -> Arc<EtcdTarget> {
+        let (concurrency, calls) = (plan.concurrency, plan.calls);
         let (mut leases, mut keys, mut keepers) = (Vec::new(), Vec::new(), Vec::new());
-        match op {
+        match plan.op {
             Op::Acquire => {}
             Op::Release => {
-                let keys = (0..calls)
-                    .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
-                    .collect();
-                leases = hold_many(client, keys).await;
+                leases = hold_many(client, plan.keys(calls)).await;
             }
             Op::Renew => {
-                let keys = (0..concurrency)
-                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                    .collect();
-                for lease in hold_many(client, keys).await {
+                for lease in hold_many(client, plan.keys(concurrency)).await {
                     let pair = client
                         .clone()
                         .lease_keep_alive(lease)
@@ -261,17 +247,13 @@ impl EtcdTarget {
                 }
             }
             Op::Owner | Op::Forward => {
-                keys = (0..concurrency)
-                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                    .collect();
+                keys = plan.keys(concurrency);
                 hold_many(client, keys.clone()).await;
             }
         }
         Arc::new(EtcdTarget {
             client: client.clone(),
-            op,
-            tag: tag.to_string(),
-            concurrency,
+            plan: plan.clone(),
             leases,
             keys,
             keepers,
@@ -284,11 +266,10 @@ impl load::Target for EtcdTarget {
         Box::pin(async move {
             let mut c = self.client.clone();
             let mut lat = Vec::with_capacity(range.len());
-            let name = self.op.name();
-            match self.op {
+            match self.plan.op {
                 Op::Acquire => {
                     for i in range {
-                        let key = format!("{name}-{}-{}-{i}", self.tag, self.concurrency);
+                        let key = self.plan.key(i);
                         let start = Instant::now();
                         let lease = c.lease_grant(TTL_S, None).await.expect("grant").id();
                         let txn = Txn::new()

@@ -180,6 +180,42 @@ pub async fn alone(target: Arc<dyn Target>, concurrency: usize, calls: usize) ->
     Stats::from(l, e)
 }
 
+/// What a target is set up for: `calls` calls of `op` at `concurrency`, its keys
+/// kept apart from other runs' by `tag`.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The operation.
+    pub op: Op,
+    /// Keeps the keys apart (the round, the run).
+    pub tag: String,
+    /// Workers at once.
+    pub concurrency: usize,
+    /// Calls in all.
+    pub calls: usize,
+}
+
+impl Plan {
+    /// `calls` calls of `op` at `concurrency`, keys tagged `tag`.
+    pub fn new(op: Op, tag: &str, concurrency: usize, calls: usize) -> Self {
+        Self {
+            op,
+            tag: tag.to_string(),
+            concurrency,
+            calls,
+        }
+    }
+
+    /// The key of call (or worker) `i`: `<op>-<tag>-<concurrency>-<i>`.
+    pub fn key(&self, i: usize) -> String {
+        format!("{}-{}-{}-{i}", self.op.name(), self.tag, self.concurrency)
+    }
+
+    /// The keys of the first `n` calls (or workers).
+    pub fn keys(&self, n: usize) -> Vec<String> {
+        (0..n).map(|i| self.key(i)).collect()
+    }
+}
+
 /// Sets up and measures one operation against one implementation alone.
 pub async fn measure(
     client: &Client,
@@ -188,7 +224,7 @@ pub async fn measure(
     concurrency: usize,
     calls: usize,
 ) -> Stats {
-    let target = NatsTarget::prepare(client, op, tag, concurrency, calls).await;
+    let target = NatsTarget::prepare(client, &Plan::new(op, tag, concurrency, calls)).await;
     alone(target, concurrency, calls).await
 }
 
@@ -335,32 +371,23 @@ pub struct NatsTarget {
 }
 
 impl NatsTarget {
-    /// Sets up `calls` calls of `op` at `concurrency`; `tag` keeps its keys apart.
-    pub async fn prepare(
-        client: &Client,
-        op: Op,
-        tag: &str,
-        concurrency: usize,
-        calls: usize,
-    ) -> Arc<NatsTarget> {
+    /// Sets up the calls of `plan`.
+    pub async fn prepare(client: &Client, plan: &Plan) -> Arc<NatsTarget> {
         let js = jetstream::new(client.clone());
-        let name = op.name();
+        let (op, concurrency, calls) = (plan.op, plan.concurrency, plan.calls);
         let (mut per_call, mut keys, mut revisions) = (Vec::new(), Vec::new(), Vec::new());
         match op {
             Op::Acquire => {
-                per_call = (0..calls)
-                    .map(|i| {
-                        format!(
-                            r#"{{"key":"{name}-{tag}-{concurrency}-{i}","holder":"{HOLDER}","ttl_ms":{TTL_MS}}}"#
-                        )
-                        .into()
+                per_call = plan
+                    .keys(calls)
+                    .iter()
+                    .map(|key| {
+                        format!(r#"{{"key":"{key}","holder":"{HOLDER}","ttl_ms":{TTL_MS}}}"#).into()
                     })
                     .collect();
             }
             Op::Release => {
-                let keys: Vec<String> = (0..calls)
-                    .map(|i| format!("{name}-{tag}-{concurrency}-{i}"))
-                    .collect();
+                let keys = plan.keys(calls);
                 let revs = acquire_leases(client, &keys).await;
                 per_call = keys
                     .iter()
@@ -376,9 +403,7 @@ impl NatsTarget {
                 } else {
                     HOLDER
                 };
-                keys = (0..concurrency)
-                    .map(|w| format!("{name}-{tag}-{concurrency}-{w}"))
-                    .collect();
+                keys = plan.keys(concurrency);
                 revisions = put_leases(&js, &keys, holder)
                     .await
                     .into_iter()

@@ -546,7 +546,10 @@ async fn run(args: RunArgs) {
                         continue;
                     };
                     names.push(label.clone());
-                    targets.push((load::NatsTarget::prepare(client, op, &tag, c, n).await, n));
+                    targets.push((
+                        load::NatsTarget::prepare(client, &load::Plan::new(op, &tag, c, n)).await,
+                        n,
+                    ));
                 }
                 #[cfg(feature = "etcd")]
                 if let Some(client) = &etcd_client
@@ -554,7 +557,10 @@ async fn run(args: RunArgs) {
                     && c != R3_WIDE
                 {
                     names.push("etcd".to_string());
-                    targets.push((etcd::EtcdTarget::prepare(client, op, &tag, c, n).await, n));
+                    targets.push((
+                        etcd::EtcdTarget::prepare(client, &load::Plan::new(op, &tag, c, n)).await,
+                        n,
+                    ));
                 }
                 // The three-member etcd gets what the three-node cluster gets.
                 #[cfg(feature = "etcd")]
@@ -563,7 +569,10 @@ async fn run(args: RunArgs) {
                     && let Some(n) = Place::R3.calls(sync, op, c, n)
                 {
                     names.push("etcd-r3".to_string());
-                    targets.push((etcd::EtcdTarget::prepare(client, op, &tag, c, n).await, n));
+                    targets.push((
+                        etcd::EtcdTarget::prepare(client, &load::Plan::new(op, &tag, c, n)).await,
+                        n,
+                    ));
                 }
                 let stats = load::interleaved(&targets, c, slices).await;
                 for (name, stats) in names.into_iter().zip(stats) {

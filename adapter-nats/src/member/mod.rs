@@ -19,12 +19,13 @@
 //!
 //! Every rule (when to renew, when to step down, the cap on shards, which forwarded
 //! request to accept, what the metrics count) is the core's. This file holds the
-//! public handles; `driver.rs` is the one task per member that sends the machine's
-//! requests, subscribes and rejects as it says (in the background, dropped when
-//! the machine gives them up), feeds back their outcomes, change events and inbox
-//! messages, records what its events say, and sleeps until the machine's next
-//! deadline, the one timer it arms; `inbox.rs` is
-//! the application's side of the owner's inbox. The driver runs on any
+//! [`Member`] and what its parts share; `handles.rs` the handles a campaign
+//! returns ([`Elector`], [`Semaphore`], [`Shards`], [`Health`]); `driver.rs` is
+//! the one task per member that sends the machine's requests, subscribes and
+//! rejects as it says (in the background, dropped when the machine gives them
+//! up), feeds back their outcomes, change events and inbox messages, records what
+//! its events say, and sleeps until the machine's next deadline, the one timer it
+//! arms; `inbox.rs` is the application's side of the owner's inbox. The driver runs on any
 //! [`Runtime`]: spawned through it, its timer is the runtime's, and
 //! `tokio::select!` (a macro over plain futures: no tokio runtime needed to poll
 //! it) waits on the rest.
@@ -77,8 +78,11 @@ use crate::runtime::TokioRuntime;
 use crate::telemetry;
 
 mod driver;
+mod handles;
 mod inbox;
 
+use handles::Group;
+pub use handles::{Elector, Health, HeldView, Semaphore, Shards, TenureView};
 pub use inbox::{ForwardedRequest, Inbox};
 
 /// Sees what a member's campaigns do, as their driver does it: every request with
@@ -291,16 +295,7 @@ impl Member {
     /// The same member, its campaigns reporting to `observer`. Call it before the
     /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
     pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Self {
-        let shared = &self.shared;
-        Self::build(
-            shared.nats.clone(),
-            shared.holder.clone(),
-            shared.runtime.clone(),
-            Some(observer),
-            shared.priority,
-            shared.listener,
-        )
-        .expect("the holder ID was checked already")
+        self.remade(Some(observer), self.shared.priority, self.shared.listener)
     }
 
     /// The same member, its campaigns told to a supervisor of a process under
@@ -308,16 +303,11 @@ impl Member {
     /// then hear renewals and refusals as well as ownership changes. Call it
     /// before the first campaign: a member made afresh is returned.
     pub fn supervised(self) -> Self {
-        let shared = &self.shared;
-        Self::build(
-            shared.nats.clone(),
-            shared.holder.clone(),
-            shared.runtime.clone(),
-            shared.observer.clone(),
-            shared.priority,
+        self.remade(
+            self.shared.observer.clone(),
+            self.shared.priority,
             Listener::Supervisor,
         )
-        .expect("the holder ID was checked already")
     }
 
     /// The same member as a candidate of `priority` (0 to
@@ -338,14 +328,25 @@ impl Member {
     /// # Ok(()) }
     /// ```
     pub fn with_priority(self, priority: u8) -> Self {
+        self.remade(
+            self.shared.observer.clone(),
+            Some(priority),
+            self.shared.listener,
+        )
+    }
+
+    /// A member made afresh on this one's connection, holder ID and runtime, with
+    /// these settings (what [`Member::with_observer`], [`Member::supervised`] and
+    /// [`Member::with_priority`] change).
+    fn remade(&self, observer: Observer, priority: Option<u8>, listener: Listener) -> Self {
         let shared = &self.shared;
         Self::build(
             shared.nats.clone(),
             shared.holder.clone(),
             shared.runtime.clone(),
-            shared.observer.clone(),
-            Some(priority),
-            shared.listener,
+            observer,
+            priority,
+            listener,
         )
         .expect("the holder ID was checked already")
     }
@@ -513,450 +514,5 @@ impl Member {
         drop(state);
         self.shared.wake.notify_one();
         Ok(Inbox { requests, rejected })
-    }
-}
-
-/// A running group of the member's campaign, as an [`Elector`] or [`Shards`] sees it.
-struct Group {
-    shared: Arc<Shared>,
-    id: GroupId,
-    changes: mpsc::UnboundedReceiver<(String, Heard)>,
-    stopped: bool,
-}
-
-impl std::fmt::Debug for Group {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group").field("id", &self.id).finish()
-    }
-}
-
-impl Group {
-    /// The next ownership change: what the application hears of its events.
-    async fn next_change(&mut self) -> Option<Change> {
-        loop {
-            let (key, heard) = self.changes.recv().await?;
-            if let Some(ownership) = heard.into_ownership() {
-                return Some(Change { key, ownership });
-            }
-        }
-    }
-
-    fn hand_over(&self) {
-        let now = self.shared.runtime.now();
-        self.shared.lock().campaign.handle_hand_over(now, self.id);
-        self.shared.wake.notify_one();
-    }
-
-    fn tenure(&self, key: &str) -> Option<Tenure> {
-        let state = self.shared.lock();
-        state.campaign.tenure(key, self.shared.runtime.now())
-    }
-
-    fn held(&self) -> BTreeMap<String, Tenure> {
-        let state = self.shared.lock();
-        state.campaign.held(self.id, self.shared.runtime.now())
-    }
-
-    fn done(&self, key: &str) {
-        self.shared
-            .lock()
-            .campaign
-            .handle_done(self.shared.runtime.now(), key);
-        self.shared.wake.notify_one();
-    }
-
-    fn health(&self) -> Health {
-        Health {
-            shared: self.shared.clone(),
-            group: self.id,
-        }
-    }
-
-    async fn stop(&mut self) {
-        self.stopped = true;
-        let (finished, done) = oneshot::channel();
-        self.shared.stop_group(self.id, Some(finished));
-        // Err: the group had finished already (or the driver is gone).
-        let _ = done.await;
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // Dropped without stop(): the driver steps down and releases in the background.
-        if !self.stopped {
-            self.shared.stop_group(self.id, None);
-        }
-    }
-}
-
-/// Where the application reports a group's health check: an [`Elector`]'s, a
-/// [`Shards`]' or a [`Semaphore`]'s ([`Elector::health`]). Cheap to clone, so a
-/// task of its own (a probe loop, a connection-state callback) can report while
-/// another awaits `next()`.
-///
-/// The library runs no check and keeps no timer for it: the application reports
-/// whenever it learns something (a probe every second, a database connection
-/// lost and back), and the core's campaign machine holds every rule:
-///
-/// - a group is healthy until reported otherwise;
-/// - while unhealthy, it sends no campaign acquire (one not yet sent is taken back);
-///   the keys it holds stay held and renewed;
-/// - unhealthy since T, at T + `unhealthy_for` ([`Health::set_unhealthy_for`], the
-///   TTL by default) every key it holds steps down with
-///   [`StepDownReason::Unhealthy`] and is released the way a revoked key is: when
-///   the application calls `done` for it, or at the deadline the reason names;
-/// - healthy again, it campaigns at once.
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use dagnats_leases_nats::member::{Ownership, StepDownReason};
-/// # async fn database_answers() -> bool { true }
-/// let mut elector = member.elect("notify-leader", Duration::from_secs(15))?;
-/// let health = elector.health();
-/// tokio::spawn(async move {
-///     loop {
-///         health.set_healthy(database_answers().await);
-///         tokio::time::sleep(Duration::from_secs(1)).await;
-///     }
-/// });
-/// while let Some(change) = elector.next().await {
-///     if let Ownership::SteppedDown { reason: StepDownReason::Unhealthy { .. } } = change.ownership {
-///         // Stop writing; then let the next leader in at once.
-///         elector.done();
-///     }
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct Health {
-    shared: Arc<Shared>,
-    group: GroupId,
-}
-
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health")
-            .field("group", &self.group)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Health {
-    /// The health check passed (`true`) or failed (`false`) just now.
-    pub fn set_healthy(&self, healthy: bool) {
-        let now = self.shared.runtime.now();
-        self.shared
-            .lock()
-            .campaign
-            .handle_health(now, self.group, healthy);
-        self.shared.wake.notify_one();
-    }
-
-    /// How long the check may fail before the group's keys step down (the TTL unless
-    /// set).
-    pub fn set_unhealthy_for(&self, unhealthy_for: Duration) {
-        let now = self.shared.runtime.now();
-        self.shared
-            .lock()
-            .campaign
-            .set_unhealthy_for(now, self.group, unhealthy_for);
-        self.shared.wake.notify_one();
-    }
-
-    /// Whether the group is healthy, as last reported.
-    pub fn is_healthy(&self) -> bool {
-        self.shared.lock().campaign.is_healthy(self.group)
-    }
-}
-
-/// Campaigns for one key. Stop it with [`Elector::stop`] (steps down and releases);
-/// dropping it does the same in the background.
-#[derive(Debug)]
-pub struct Elector {
-    key: String,
-    group: Group,
-}
-
-impl Elector {
-    /// The next ownership change; `None` once the elector has stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
-    }
-
-    /// The next event a supervisor hears ([`Member::supervised`]: renewals and
-    /// refusals too), with its key; `None` once stopped.
-    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
-        self.group.changes.recv().await
-    }
-
-    /// The current tenure, if this process owns the key right now (its local deadline
-    /// has not passed).
-    pub fn tenure(&self) -> Option<Tenure> {
-        self.group.tenure(&self.key)
-    }
-
-    /// Whether this process owns the key right now.
-    pub fn is_leader(&self) -> bool {
-        self.tenure().is_some()
-    }
-
-    /// A cloneable view of this key's tenure, for a task other than the one awaiting
-    /// [`Elector::next`] (an HTTP handler answering whether this process leads).
-    pub fn tenure_view(&self) -> TenureView {
-        TenureView {
-            shared: self.group.shared.clone(),
-            key: self.key.clone(),
-        }
-    }
-
-    /// The key campaigned for.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Where to report the health check ([`Health`]).
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
-    }
-
-    /// The application is done with the key after a step-down that keeps the lease
-    /// to its deadline ([`StepDownReason::Unhealthy`]): it is released now, so the
-    /// next leader is elected at once. Otherwise nothing happens.
-    pub fn done(&self) {
-        self.group.done(&self.key);
-    }
-
-    /// Hands the key over: steps down now ([`StepDownReason::HandedOver`]),
-    /// releases the lease, and asks for the key again only a campaign interval
-    /// (ttl/3) later, so a member waiting for it is elected within milliseconds
-    /// (woken by the release). Unlike [`Elector::stop`], the elector goes on as a
-    /// candidate. Nothing happens when this process does not lead. Returns at once;
-    /// the release is given up, as a stop's is, within
-    /// [`HolderConfig::stop_bound`] when NATS does not answer.
-    pub fn hand_over(&self) {
-        self.group.hand_over();
-    }
-
-    /// Steps down (if leading), releases the lease, and waits for the release: at
-    /// most [`HolderConfig::stop_bound`] (4 × the request timeout: the TTL by
-    /// default, at most 20 s) whatever NATS is doing, as each request is given up at
-    /// its timeout. Dropping the elector does the same in the background.
-    pub async fn stop(mut self) {
-        self.group.stop().await;
-    }
-}
-
-/// An [`Elector`]'s tenure as another task reads it ([`Elector::tenure_view`]):
-/// what the library believes at the instant asked, local deadline included. Once
-/// the elector has stopped it reads `None`.
-#[derive(Clone)]
-pub struct TenureView {
-    shared: Arc<Shared>,
-    key: String,
-}
-
-impl std::fmt::Debug for TenureView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenureView")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TenureView {
-    /// Now on the library's clock, and the tenure at that instant (if leading).
-    pub fn read(&self) -> (Instant, Option<Tenure>) {
-        let now = self.shared.runtime.now();
-        let tenure = self.shared.lock().campaign.tenure(&self.key, now);
-        (now, tenure)
-    }
-}
-
-/// A [`Shards`]' held keys as another task reads them ([`Shards::held_view`]):
-/// what the library believes at the instant asked, local deadlines included.
-#[derive(Clone)]
-pub struct HeldView {
-    shared: Arc<Shared>,
-    group: GroupId,
-}
-
-impl std::fmt::Debug for HeldView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldView")
-            .field("group", &self.group)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HeldView {
-    /// Now on the library's clock, and the keys owned at that instant.
-    pub fn read(&self) -> (Instant, BTreeMap<String, Tenure>) {
-        let now = self.shared.runtime.now();
-        let held = self.shared.lock().campaign.held(self.group, now);
-        (now, held)
-    }
-}
-
-/// Holds one slot of a semaphore. Stop it with [`Semaphore::stop`] (steps down and
-/// releases); dropping it does the same in the background.
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// // At most three exporters run at once, whatever the number of replicas.
-/// let mut permit = member.semaphore("exporter", 3, Duration::from_secs(15))?;
-/// while let Some(change) = permit.next().await {
-///     println!("{}: {:?}", change.key, change.ownership);
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Semaphore {
-    name: String,
-    group: Group,
-}
-
-impl Semaphore {
-    /// The next ownership change of a slot; `None` once stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
-    }
-
-    /// The next event a supervisor hears of a slot ([`Member::supervised`]:
-    /// renewals and refusals too), with the slot; `None` once stopped.
-    pub async fn next_heard(&mut self) -> Option<(String, Heard)> {
-        self.group.changes.recv().await
-    }
-
-    /// The slot this process holds right now, with its tenure.
-    pub fn held(&self) -> Option<HeldKey> {
-        let (key, tenure) = self.group.held().into_iter().next()?;
-        Some(HeldKey { key, tenure })
-    }
-
-    /// The semaphore's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Where to report the health check ([`Health`]).
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
-    }
-
-    /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`],
-    /// [`StepDownReason::Unhealthy`]): it is released now rather than at its
-    /// deadline. Otherwise nothing happens.
-    pub fn done(&self, slot: &str) {
-        self.group.done(slot);
-    }
-
-    /// Steps down from its slot (if holding one), releases it, and waits for that:
-    /// at most [`HolderConfig::stop_bound`], as [`Elector::stop`].
-    pub async fn stop(mut self) {
-        self.group.stop().await;
-    }
-}
-
-/// Holds up to N of a set of shard keys. Stop it with [`Shards::stop`].
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// // Three replicas, six shards: each holds at most two.
-/// let keys = ["shard-0", "shard-1", "shard-2", "shard-3", "shard-4", "shard-5"];
-/// let mut shards = member.shards(&keys, 2, Duration::from_secs(15))?;
-/// while let Some(change) = shards.next().await {
-///     println!("{}: {:?}; now holding {:?}", change.key, change.ownership, shards.held().keys());
-/// }
-/// # Ok(()) }
-/// ```
-///
-/// A balanced set moves a shard by revoking it: the shard steps down at once, and
-/// its lease goes to another member only once the application is done with it (or
-/// at the deadline it was last given).
-///
-/// ```no_run
-/// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use dagnats_leases_nats::member::{Ownership, StepDownReason};
-/// let keys = ["shard-0", "shard-1", "shard-2", "shard-3"];
-/// let mut shards = member.balanced_shards("orders", &keys, Duration::from_secs(15))?;
-/// while let Some(change) = shards.next().await {
-///     if let Ownership::SteppedDown { reason: StepDownReason::Revoked { deadline } } = change.ownership {
-///         // Take no new work for the shard; let writes under way finish (each
-///         // before `deadline`), then hand it over.
-///         shards.done(&change.key);
-///     }
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Shards {
-    group: Group,
-}
-
-impl Shards {
-    /// The next ownership change of any shard; `None` once stopped.
-    pub async fn next(&mut self) -> Option<Change> {
-        self.group.next_change().await
-    }
-
-    /// The shards this process owns right now, with their tenures.
-    pub fn held(&self) -> BTreeMap<String, Tenure> {
-        self.group.held()
-    }
-
-    /// The tenure of one shard, if owned right now.
-    pub fn tenure(&self, key: &str) -> Option<Tenure> {
-        self.group.tenure(key)
-    }
-
-    /// A cloneable view of the shards held, for a task other than the one awaiting
-    /// [`Shards::next`] (an HTTP handler answering which shards this process owns).
-    pub fn held_view(&self) -> HeldView {
-        HeldView {
-            shared: self.group.shared.clone(),
-            group: self.group.id,
-        }
-    }
-
-    /// The application is done with shard `key`, revoked to rebalance
-    /// ([`StepDownReason::Revoked`]) or for health ([`StepDownReason::Unhealthy`]):
-    /// it is released now rather than at its deadline, so the next owner gets it
-    /// sooner. Otherwise nothing happens.
-    pub fn done(&self, key: &str) {
-        self.group.done(key);
-    }
-
-    /// Where to report the health check ([`Health`]). A balanced set's presence
-    /// follows it: unhealthy for `unhealthy_for`, the member leaves the set, and
-    /// the others' shares grow to cover its shards.
-    pub fn health(&self) -> Health {
-        self.group.health()
-    }
-
-    /// Reports the health check: [`Health::set_healthy`].
-    pub fn set_healthy(&self, healthy: bool) {
-        self.group.health().set_healthy(healthy);
-    }
-
-    /// Steps down from every shard, releases them, and waits for the releases: at
-    /// most [`HolderConfig::stop_bound`], as [`Elector::stop`] (the releases go out
-    /// together, none queued).
-    pub async fn stop(mut self) {
-        self.group.stop().await;
     }
 }

@@ -9,9 +9,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use dagnats_leases_core::service::shutdown::Shutdown;
-use dagnats_leases_nats::cli::{self, ServeArgs};
+use dagnats_leases_nats::cli::{self, ServeArgs, ServeCommand};
 use dagnats_leases_nats::service::prepare;
 use dagnats_leases_smol::SmolRuntime;
 
@@ -23,17 +23,11 @@ use dagnats_leases_smol::SmolRuntime;
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve api.leases.* until SIGINT or SIGTERM.
-    Serve(ServeArgs),
+    command: ServeCommand,
 }
 
 fn main() -> ExitCode {
-    let Command::Serve(args) = Cli::parse().command;
+    let ServeCommand::Serve(args) = Cli::parse().command;
     cli::init_logging_as(args.log_format);
     let io = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

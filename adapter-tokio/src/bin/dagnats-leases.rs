@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, Parser};
 use dagnats_leases_core::service::shutdown::Shutdown;
-use dagnats_leases_tokio::cli::{self, ServeArgs};
+use dagnats_leases_tokio::cli::{self, ServeCommand};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
 
@@ -14,15 +14,9 @@ use dagnats_leases_tokio::{lock, service};
     version,
     about = "Leases over NATS JetStream KV"
 )]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve api.leases.* until SIGINT or SIGTERM.
-    Serve(ServeArgs),
+enum Cli {
+    #[command(flatten)]
+    Serve(ServeCommand),
     #[command(flatten)]
     Op(Op),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
@@ -46,16 +40,16 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return bad_arguments(e),
     };
-    let args = match cli.command {
-        Command::Serve(args) => args,
-        Command::Op(op) => return ExitCode::from(operate(op).await),
-        Command::Completions { shell } => {
+    let args = match cli {
+        Cli::Serve(ServeCommand::Serve(args)) => args,
+        Cli::Op(op) => return ExitCode::from(operate(op).await),
+        Cli::Completions { shell } => {
             let mut cli = Cli::command();
             clap_complete::generate(shell, &mut cli, "dagnats-leases", &mut std::io::stdout());
             return ExitCode::SUCCESS;
         }
-        Command::Man { dir } => return write_man_pages(&dir),
-        Command::LockWatchdog(args) => {
+        Cli::Man { dir } => return write_man_pages(&dir),
+        Cli::LockWatchdog(args) => {
             // Exit at once: tokio's stdin read cannot be cancelled, and the runtime's
             // shutdown would wait for it (for the tool's next line) otherwise.
             let code = lock::watchdog(args).await;
