@@ -269,7 +269,7 @@ impl LeaseClient {
             .await
     }
 
-    /// [`Self::acquire_waiting`], calling `refused` with each `granted: false` it
+    /// [`Self::acquire_waiting`], calling `not_granted` with each `granted: false` it
     /// waits on (its reply names the current holder): what `acquire --wait`
     /// prints while it waits.
     pub async fn acquire_waiting_noting(
@@ -278,7 +278,7 @@ impl LeaseClient {
         holder: &str,
         ttl: Duration,
         wait: Duration,
-        refused: &mut (dyn FnMut(&AcquireReply) + Send),
+        not_granted: &mut (dyn FnMut(&AcquireReply) + Send),
     ) -> Result<AcquireReply, LeaseError> {
         let request = AcquireRequest {
             key: key.into(),
@@ -312,7 +312,7 @@ impl LeaseClient {
                     WaitingAcquireEvent::CancelSubscribe | WaitingAcquireEvent::CancelFlush => {
                         setup = None;
                     }
-                    WaitingAcquireEvent::NotGranted(reply) => refused(&reply),
+                    WaitingAcquireEvent::NotGranted(reply) => not_granted(&reply),
                     WaitingAcquireEvent::Done(reply) => return Ok(reply),
                     WaitingAcquireEvent::Failed(outcome) => {
                         return Err(match reply_of(Endpoint::Acquire, outcome) {

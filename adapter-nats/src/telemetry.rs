@@ -52,12 +52,12 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 pub const CALLS: &str = "dagnats_leases_calls_total";
 /// Counter, label `endpoint`: requests answered `unavailable` at once because the
 /// service was at its bound of calls running and waiting ([`dagnats_leases_core::service::admit`]).
-pub const REFUSED: &str = "dagnats_leases_calls_refused_total";
+pub const OVERLOADED: &str = "dagnats_leases_calls_refused_total";
 /// Counter, labels `subject` (`api`: one of the five endpoints, `srv`: the micro
 /// service's `$SRV` verbs) and `reason` (`missing`, `not_an_inbox`, `malformed`):
 /// requests dropped unanswered because their reply subject is not a reply inbox
 /// ([`dagnats_leases_core::reply_scope`]). No call runs for them.
-pub const REPLIES_REFUSED: &str = "dagnats_leases_replies_refused_total";
+pub const REPLIES_DROPPED: &str = "dagnats_leases_replies_refused_total";
 /// Counter, label `reason` (`failed`, `dropped`): released keys whose tombstone
 /// the service could not purge ([`dagnats_leases_core::service::sweep`]); each stays in the
 /// stream, a few bytes, never a wrong answer.
@@ -125,11 +125,11 @@ pub const HISTOGRAMS: [&str; 3] = [CALL_DURATION, RENEW_DURATION, CAMPAIGN_TO_EL
 pub fn describe() {
     describe_counter!(CALLS, "Calls answered, by endpoint and reply kind.");
     describe_counter!(
-        REFUSED,
+        OVERLOADED,
         "Requests answered unavailable at once: the service was at its bound."
     );
     describe_counter!(
-        REPLIES_REFUSED,
+        REPLIES_DROPPED,
         "Requests dropped unanswered: their reply subject is not a reply inbox."
     );
     describe_counter!(
@@ -204,12 +204,12 @@ pub(crate) fn call_answered(endpoint: Endpoint, response: &Response, took: Durat
 
 /// A request for `endpoint` was refused at the service's bound.
 pub(crate) fn overloaded(endpoint: Endpoint) {
-    counter!(REFUSED, "endpoint" => endpoint.name()).increment(1);
+    counter!(OVERLOADED, "endpoint" => endpoint.name()).increment(1);
 }
 
 /// A request on `subject` (`api` or `srv`) was dropped: its reply was refused.
 pub(crate) fn dropped(subject: &'static str, reason: DropReason) {
-    counter!(REPLIES_REFUSED, "subject" => subject, "reason" => reason.as_str()).increment(1);
+    counter!(REPLIES_DROPPED, "subject" => subject, "reason" => reason.as_str()).increment(1);
 }
 
 /// A released key's tombstone stays in the stream (`failed` or `dropped`).

@@ -381,7 +381,7 @@ fn report(e: &LeaseError, json: bool, out: &mut (dyn Write + Send)) -> u8 {
 
 /// The server's error for a subscribe or publish it refused (a permissions
 /// violation), as a sentence, or `None` for any other error.
-fn refusal(e: &ServerError, what: &str) -> Option<String> {
+fn denial(e: &ServerError, what: &str) -> Option<String> {
     let text = e.to_string();
     text.to_ascii_lowercase()
         .contains(&format!("permissions violation for {what}"))
@@ -390,9 +390,9 @@ fn refusal(e: &ServerError, what: &str) -> Option<String> {
 
 /// The next permissions violation of `what` (`subscription`, `publish`) the server
 /// reports on the connection; pending for ever without one.
-async fn next_refusal(errors: &mut UnboundedReceiver<ServerError>, what: &str) -> String {
+async fn next_denial(errors: &mut UnboundedReceiver<ServerError>, what: &str) -> String {
     while let Some(e) = errors.recv().await {
-        if let Some(text) = refusal(&e, what) {
+        if let Some(text) = denial(&e, what) {
             return text;
         }
     }
@@ -429,9 +429,9 @@ async fn watch(
         let message = tokio::select! {
             message = sub.next() => message,
             // The server refused the subscription: no event would ever come.
-            refused = next_refusal(&mut errors, "subscription") => {
+            denied = next_denial(&mut errors, "subscription") => {
                 let message = format!(
-                    "the server refused the subscription to {subject} ({refused}): \
+                    "the server refused the subscription to {subject} ({denied}): \
                      the user needs subscribe permission on it (docs/security.md)"
                 );
                 return fail(out, json, "permission", &message, EXIT_ERROR);
@@ -503,11 +503,11 @@ async fn list(
 }
 
 /// What `list` says when the server refuses its stream info request.
-fn list_refused(refused: String) -> ListFailure {
+fn list_denied(denied: String) -> ListFailure {
     ListFailure::Other(
         "permission",
         format!(
-            "the server refused a JetStream request ({refused}): list reads the \
+            "the server refused a JetStream request ({denied}): list reads the \
              bucket's stream info ($JS.API.STREAM.INFO.{STREAM}, and \
              {STREAM}_<N> when sharded); give the user publish on those \
              subjects (docs/security.md), or ask for one key with `owner KEY`"
@@ -523,13 +523,13 @@ async fn held_leases(
     let js = async_nats::jetstream::new(nats.clone());
     let (shards, streams) = tokio::select! {
         found = bucket_keys(&js) => found?,
-        refused = next_refusal(errors, "publish") => return Err(list_refused(refused)),
+        denied = next_denial(errors, "publish") => return Err(list_denied(denied)),
     };
     // Every key's last record in one pass per stream; a user who may not make a
     // consumer (or any other failure of it) falls back to the owner calls.
     let read = tokio::select! {
         read = read_leases(&shards, &streams) => read.ok(),
-        _ = next_refusal(errors, "publish") => None,
+        _ = next_denial(errors, "publish") => None,
     };
     if let Some(held) = read {
         return Ok(held);
@@ -537,7 +537,7 @@ async fn held_leases(
     let keys: Vec<String> = streams.into_iter().flat_map(|(_, keys)| keys).collect();
     tokio::select! {
         held = owners(leases, keys) => held,
-        refused = next_refusal(errors, "publish") => Err(list_refused(refused)),
+        denied = next_denial(errors, "publish") => Err(list_denied(denied)),
     }
 }
 

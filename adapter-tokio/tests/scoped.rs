@@ -25,7 +25,7 @@ use scrape::{Served, count, scrape};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dagnats-leases");
 const WAIT: Duration = Duration::from_secs(10);
-const REFUSED: &str = "dagnats_leases_replies_refused_total";
+const REPLIES_DROPPED: &str = "dagnats_leases_replies_refused_total";
 
 /// The one-user service list of earlier releases: the bucket and JetStream
 /// allowed, so only the service's own check stands between a steered reply and
@@ -145,7 +145,7 @@ async fn refusals_reach(served: &Served, n: f64) -> String {
             ("srv", "not_an_inbox"),
         ]
         .iter()
-        .map(|(s, r)| count(&text, REFUSED, &[("subject", s), ("reason", r)]))
+        .map(|(s, r)| count(&text, REPLIES_DROPPED, &[("subject", s), ("reason", r)]))
         .sum();
         if total >= n {
             return text;
@@ -256,7 +256,7 @@ async fn steered_replies_change_nothing(binary: Binary, split: bool) {
     assert_eq!(
         count(
             &text,
-            REFUSED,
+            REPLIES_DROPPED,
             &[("subject", "api"), ("reason", "not_an_inbox")]
         ),
         sent_api,
@@ -265,13 +265,17 @@ async fn steered_replies_change_nothing(binary: Binary, split: bool) {
     assert_eq!(
         count(
             &text,
-            REFUSED,
+            REPLIES_DROPPED,
             &[("subject", "srv"), ("reason", "not_an_inbox")]
         ),
         sent_srv
     );
     assert_eq!(
-        count(&text, REFUSED, &[("subject", "api"), ("reason", "missing")]),
+        count(
+            &text,
+            REPLIES_DROPPED,
+            &[("subject", "api"), ("reason", "missing")]
+        ),
         1.0
     );
     // No steered call ran: the calls counter saw only the two acquires and the

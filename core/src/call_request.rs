@@ -73,12 +73,12 @@ pub struct ConfirmRead {
 impl ConfirmRead {
     /// The JetStream publish that confirms the read: empty, with a 1 s TTL.
     pub fn nats_request(&self) -> NatsRequest {
-        self.nats_request_at(&ShardMap::SINGLE)
+        self.nats_request_to_shard(&ShardMap::SINGLE)
     }
 
     /// The same, in the key's shard of `shards` (a confirmation checks a subject
     /// of its own stream: it goes to the stream that holds the key).
-    pub fn nats_request_at(&self, shards: &ShardMap) -> NatsRequest {
+    pub fn nats_request_to_shard(&self, shards: &ShardMap) -> NatsRequest {
         NatsRequest {
             subject: shards.confirm_subject(&self.key),
             headers: vec![
@@ -162,9 +162,9 @@ impl CallRequest {
     /// (the service account's import of the tenant's inboxes); a read, write or
     /// confirmation goes to the stream of the key's shard, chosen from the storage
     /// key (the account's prefix included).
-    pub fn into_transmit_sharded(self, account: Option<&str>, shards: &ShardMap) -> Transmit {
+    pub fn into_transmit_for_account(self, account: Option<&str>, shards: &ShardMap) -> Transmit {
         let Some(account) = account else {
-            return self.into_transmit_at(shards);
+            return self.into_transmit_to_shard(shards);
         };
         let scoped = |key: String| format!("{account}.{key}");
         match self {
@@ -172,17 +172,17 @@ impl CallRequest {
                 key: scoped(r.key),
                 ..r
             })
-            .into_transmit_at(shards),
+            .into_transmit_to_shard(shards),
             Self::KvWrite(w) => Self::KvWrite(KvWrite {
                 key: scoped(w.key),
                 ..w
             })
-            .into_transmit_at(shards),
+            .into_transmit_to_shard(shards),
             Self::ConfirmRead(c) => Self::ConfirmRead(ConfirmRead {
                 key: scoped(c.key),
                 ..c
             })
-            .into_transmit_at(shards),
+            .into_transmit_to_shard(shards),
             Self::InboxRequest(i) => {
                 let mut t = Self::InboxRequest(i).into_transmit();
                 t.request.subject = format!(
@@ -196,22 +196,24 @@ impl CallRequest {
 
     /// The effect as an adapter sends it; the payload moves, not copied.
     pub fn into_transmit(self) -> Transmit {
-        self.into_transmit_at(&ShardMap::SINGLE)
+        self.into_transmit_to_shard(&ShardMap::SINGLE)
     }
 
     /// The effect as an adapter sends it to the stream of the key's shard.
-    pub fn into_transmit_at(self, shards: &ShardMap) -> Transmit {
+    pub fn into_transmit_to_shard(self, shards: &ShardMap) -> Transmit {
         match self {
             Self::KvRead(r) => Transmit::new(
                 r.id,
                 TransmitKind::Read,
-                js::read_request_at(&r.key, r.timeout, shards),
+                js::read_request(&r.key, r.timeout, shards),
             ),
-            Self::KvWrite(w) => {
-                Transmit::new(w.id, TransmitKind::Write, w.into_nats_request_at(shards))
-            }
+            Self::KvWrite(w) => Transmit::new(
+                w.id,
+                TransmitKind::Write,
+                w.into_nats_request_to_shard(shards),
+            ),
             Self::ConfirmRead(c) => {
-                Transmit::new(c.id, TransmitKind::Confirm, c.nats_request_at(shards))
+                Transmit::new(c.id, TransmitKind::Confirm, c.nats_request_to_shard(shards))
             }
             Self::InboxRequest(i) => {
                 Transmit::new(i.id, TransmitKind::Inbox, i.into_nats_request())
@@ -228,11 +230,11 @@ impl KvWrite {
 
     /// The JetStream publish that makes this write, taking the write.
     pub fn into_nats_request(self) -> NatsRequest {
-        self.into_nats_request_at(&ShardMap::SINGLE)
+        self.into_nats_request_to_shard(&ShardMap::SINGLE)
     }
 
     /// The same, to the key's shard of `shards`.
-    pub fn into_nats_request_at(self, shards: &ShardMap) -> NatsRequest {
+    pub fn into_nats_request_to_shard(self, shards: &ShardMap) -> NatsRequest {
         let mut headers = vec![
             (
                 HDR_EXPECTED_LAST_SUBJECT_SEQUENCE,

@@ -193,7 +193,7 @@ impl KeyState {
 
 /// The leader read of a storage key in its shard's stream
 /// (`$JS.API.STREAM.MSG.GET.<stream>` with `last_by_subj`).
-pub fn read_request_at(key: &str, timeout: Duration, shards: &ShardMap) -> NatsRequest {
+pub fn read_request(key: &str, timeout: Duration, shards: &ShardMap) -> NatsRequest {
     // Serialised straight from a struct: a `json!` value built a map first (a
     // profile showed it as a tenth of the service's own cost on an owner call).
     #[derive(serde::Serialize)]
@@ -213,7 +213,7 @@ pub fn read_request_at(key: &str, timeout: Duration, shards: &ShardMap) -> NatsR
     }
 }
 
-/// Reads the reply to [`read_request_at`].
+/// Reads the reply to [`read_request`].
 pub fn parse_read(outcome: &RequestOutcome) -> Result<KeyState, JsFailure> {
     // Borrowed where the text has no escapes (base64 never has): no copy per field.
     #[derive(Deserialize)]

@@ -83,7 +83,7 @@
 //! let wall = time::OffsetDateTime::now_utc();
 //! let mut call = Call::new(CallConfig::ready(1024 * 1024), Endpoint::Acquire, body, wall, now);
 //! // The call's owner names its requests (the service does, from one id space).
-//! let mut ids = Ids::<TransmitId>::starting_at(1);
+//! let mut ids = Ids::<TransmitId>::starting_from(1);
 //! let reply = 'call: loop {
 //!     while let Some(transmit) = call.poll_transmit(&mut ids) {
 //!         let outcome = send(&transmit.request); // an adapter races this against the timer

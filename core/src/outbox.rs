@@ -48,7 +48,7 @@ pub struct Ids<K> {
 
 impl<K: Id> Ids<K> {
     /// Ids from `first` on.
-    pub fn starting_at(first: u64) -> Self {
+    pub fn starting_from(first: u64) -> Self {
         Self {
             next: first,
             kind: PhantomData,
@@ -65,7 +65,7 @@ impl<K: Id> Ids<K> {
 
 impl<K: Id> Default for Ids<K> {
     fn default() -> Self {
-        Self::starting_at(0)
+        Self::starting_from(0)
     }
 }
 
@@ -274,7 +274,7 @@ impl<K: Ord + Clone> Handoff<K> {
 
     /// `key` is reported done (or no longer wanted): never given up. Whether it
     /// was still handed over.
-    pub fn done(&mut self, key: &K) -> bool {
+    pub fn forget(&mut self, key: &K) -> bool {
         self.due.remove(key).is_some()
     }
 

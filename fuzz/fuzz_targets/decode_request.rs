@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => assert_eq!(e.kind, ErrorKind::Invalid),
     }
     let mut call = Call::new(CallConfig::ready(1 << 20), endpoint, body, time::OffsetDateTime::UNIX_EPOCH, Instant::now());
-    let first = call.poll_transmit(&mut dagnats_leases_core::outbox::Ids::starting_at(1));
+    let first = call.poll_transmit(&mut dagnats_leases_core::outbox::Ids::starting_from(1));
     if decoded.is_err() {
         assert!(first.is_none(), "an invalid body reached {first:?}");
         let Some(CallEvent::Replied(reply)) = call.poll_event() else {

@@ -99,7 +99,7 @@ fn params(b: &[u8; SHAPE]) -> WorldParams {
         app: match (is_members, b[17] % 4) {
             (false, _) | (true, 0) => App::None,
             (true, 1 | 2) => App::IgnoresRevocation,
-            (true, _) => App::CallsDone,
+            (true, _) => App::HeedsRevocation,
         },
         health_flip_every_ms: if is_members { some(18, 500, 7_500) } else { 0 },
         unhealthy_for_ms: within(19, 0, 4_000),

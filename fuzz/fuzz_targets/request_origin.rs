@@ -56,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
             time::OffsetDateTime::UNIX_EPOCH,
             Instant::now(),
         );
-        if let Some(t) = call.poll_transmit(&mut dagnats_leases_core::outbox::Ids::starting_at(1)) {
+        if let Some(t) = call.poll_transmit(&mut dagnats_leases_core::outbox::Ids::starting_from(1)) {
             let subject = &t.request.subject;
             let payload = String::from_utf8_lossy(&t.request.payload);
             let own = format!("$KV.leases.{}.", caller.account);

@@ -183,7 +183,7 @@ impl Call {
     /// bucket a read confirmation of the known revision (acknowledged: it is still
     /// the last, `lost`; refused: the call reads, confirms and decides as it always
     /// did), on one replica the read.
-    pub(super) fn refuse_known(&mut self, now: Instant) {
+    pub(super) fn decide_superseded(&mut self, now: Instant) {
         let state = self.known_state(now).filter(|_| self.config.confirm_reads);
         match state {
             Some(state) => self.confirm(now, state),

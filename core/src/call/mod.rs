@@ -321,7 +321,7 @@ impl Call {
     pub fn poll_transmit(&mut self, ids: &mut Ids<TransmitId>) -> Option<Transmit> {
         let effect = self.poll_request(ids)?;
         let account = self.scope.as_ref().map(|c| c.account.as_str());
-        Some(effect.into_transmit_sharded(account, &self.config.shards))
+        Some(effect.into_transmit_for_account(account, &self.config.shards))
     }
 
     /// The next thing the call reports: its reply last.

@@ -24,7 +24,7 @@ impl Call {
         let key = key.clone();
         match self.known_fence(now, holder, *revision) {
             KnownFence::Unknown => self.read(key),
-            KnownFence::OtherHolder => self.refuse_known(now),
+            KnownFence::OtherHolder => self.decide_superseded(now),
             KnownFence::Mine(..) => {
                 let expected = *revision;
                 self.fenced_write(tombstone(key, expected, self.config.kv_timeout));

@@ -56,7 +56,7 @@ impl Call {
         let key = r.key.clone();
         match self.known_fence(now, &r.holder, r.revision) {
             KnownFence::Unknown => self.read(key),
-            KnownFence::OtherHolder => self.refuse_known(now),
+            KnownFence::OtherHolder => self.decide_superseded(now),
             KnownFence::Mine(record, stamp) => {
                 let Job::Renew(r, None) = std::mem::replace(&mut self.job, Job::Done) else {
                     unreachable!("matched above");

@@ -125,11 +125,11 @@ impl<T> Admission<T> {
 
     /// A request for `endpoint` arrived.
     pub fn handle_request(&mut self, now: Instant, endpoint: Endpoint, request: T) {
-        self.handle_request_of(now, None, endpoint, request);
+        self.handle_tenant_request(now, None, endpoint, request);
     }
 
     /// A request for `endpoint` of `tenant` arrived (`None`: no tenancy).
-    pub fn handle_request_of(
+    pub fn handle_tenant_request(
         &mut self,
         now: Instant,
         tenant: Option<String>,
@@ -225,11 +225,11 @@ impl<T> Admission<T> {
 
     /// A started call ended: the first waiting request starts.
     pub fn handle_finished(&mut self, now: Instant) {
-        self.handle_finished_of(now, None);
+        self.handle_tenant_finished(now, None);
     }
 
     /// A started call of `tenant` ended.
-    pub fn handle_finished_of(&mut self, _now: Instant, tenant: Option<String>) {
+    pub fn handle_tenant_finished(&mut self, _now: Instant, tenant: Option<String>) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(n) = self.running.get_mut(&tenant) {
             *n = n.saturating_sub(1);
@@ -254,7 +254,7 @@ impl<T> Admission<T> {
     }
 
     /// No call running, none waiting, nothing to poll.
-    pub fn is_done(&self) -> bool {
+    pub fn is_idle(&self) -> bool {
         self.in_flight == 0 && self.waiting == 0 && self.out.is_empty()
     }
 

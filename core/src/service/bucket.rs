@@ -67,7 +67,7 @@ pub fn shard_stream_config(shards: &ShardMap, i: u32, replicas: usize) -> Value 
         "mirror_direct": false,
         "allow_msg_ttl": true,
         "subject_delete_marker_ttl": MARKER_TTL_NS,
-        "republish": republish_at(shards, i, Tenancy::Single),
+        "republish": shard_republish(shards, i, Tenancy::Single),
     });
     if !shards.is_single() {
         config["metadata"] = json!({
@@ -80,7 +80,7 @@ pub fn shard_stream_config(shards: &ShardMap, i: u32, replicas: usize) -> Value 
 
 /// [`stream_config`], with `allow_atomic: true` when the server takes atomic
 /// batches (2.12+): the write coalescer sends its batches only then.
-pub fn stream_config_for(replicas: usize, atomic: bool) -> Value {
+pub fn stream_config_with_atomic(replicas: usize, atomic: bool) -> Value {
     let mut config = stream_config(replicas);
     if atomic {
         config["allow_atomic"] = json!(true);
@@ -91,12 +91,12 @@ pub fn stream_config_for(replicas: usize, atomic: bool) -> Value {
 /// RePublish of the lease keys only: read confirmations and their markers are
 /// stream messages too, and must never become change events.
 fn republish() -> Value {
-    republish_at(&ShardMap::SINGLE, 0, Tenancy::Single)
+    shard_republish(&ShardMap::SINGLE, 0, Tenancy::Single)
 }
 
 /// The republish of shard `i`'s lease keys: every shard goes out on the same
 /// client subjects (nats-server takes one RePublish destination on many streams).
-pub fn republish_at(shards: &ShardMap, i: u32, tenancy: Tenancy) -> Value {
+pub fn shard_republish(shards: &ShardMap, i: u32, tenancy: Tenancy) -> Value {
     match tenancy {
         Tenancy::Single => json!({ "src": shards.lease_subjects(i), "dest": REPUBLISH_DEST }),
         Tenancy::Accounts => json!({
@@ -109,8 +109,8 @@ pub fn republish_at(shards: &ShardMap, i: u32, tenancy: Tenancy) -> Value {
 /// The republish of a layout: a tenant's key `$KV.leases.<account>.<key>` goes
 /// out on `dagnats.lease.changed.<account>.<key>`, which the tenant imports as
 /// `dagnats.lease.changed.<key>` (`account_token_position` keeps it to its own).
-pub fn republish_for(tenancy: Tenancy) -> Value {
-    republish_at(&ShardMap::SINGLE, 0, tenancy)
+pub fn one_stream_republish(tenancy: Tenancy) -> Value {
+    shard_republish(&ShardMap::SINGLE, 0, tenancy)
 }
 
 /// The fields startup makes right on an existing stream, and their wanted values.
@@ -128,20 +128,20 @@ pub(super) fn managed_fields() -> Vec<(&'static str, Value)> {
 
 /// `$JS.API.STREAM.INFO.<stream>`: asked at startup, and again while serving for
 /// the replicas.
-pub fn stream_info_request_of(stream: &str, timeout: Duration) -> NatsRequest {
+pub fn stream_info_request(stream: &str, timeout: Duration) -> NatsRequest {
     js::api_request(format!("$JS.API.STREAM.INFO.{stream}"), &json!({}), timeout)
 }
 
-/// The stream's replicas from a reply to [`stream_info_request_of`]; `None` when the
+/// The stream's replicas from a reply to [`stream_info_request`]; `None` when the
 /// reply does not tell (an error, or JetStream unavailable): keep what was known.
 pub fn replicas_from_reply(outcome: &RequestOutcome) -> Option<usize> {
     match js::parse_api_reply(outcome) {
-        Ok(Ok(info)) => replicas_in(&info),
+        Ok(Ok(info)) => configured_replicas(&info),
         _ => None,
     }
 }
 
-pub(super) fn replicas_in(info: &Value) -> Option<usize> {
+pub(super) fn configured_replicas(info: &Value) -> Option<usize> {
     let n = info.get("config")?.get("num_replicas")?.as_u64()?;
     usize::try_from(n).ok().map(|n| n.max(1))
 }

@@ -112,7 +112,7 @@ impl Service {
             took,
         );
         let tenant = running.scope.map(|c| c.account);
-        self.admission.handle_finished_of(now, tenant);
+        self.admission.handle_tenant_finished(now, tenant);
     }
 
     /// Feeds back the outcome of the transmit sent with `id`. An outcome nobody
@@ -171,7 +171,7 @@ impl Service {
 
     /// Sends a part's request (named by the service's id the part polled it
     /// with), timed out at its own timeout from `now`.
-    pub(super) fn send_for(&mut self, now: Instant, part: Part, transmit: Transmit) {
+    pub(super) fn send_routed(&mut self, now: Instant, part: Part, transmit: Transmit) {
         let due = now + transmit.request.timeout;
         self.routes
             .insert(transmit.id, Route::Part(part), Some(due));

@@ -210,7 +210,7 @@ pub struct BatchCounts {
 pub enum CoalescerEvent {
     /// This write is finished: feed `outcome` to the call that asked for it, as
     /// the outcome of its own request.
-    Done {
+    Outcome {
         /// The write: the id its owner gave the call's request.
         write: TransmitId,
         /// What a single write would have been answered.
@@ -307,7 +307,7 @@ impl Coalescer {
 
     /// A write to send: a JetStream publish as the call built it.
     /// `id` is the id its owner gave the call's request: the write's result
-    /// comes back with it ([`CoalescerEvent::Done`]).
+    /// comes back with it ([`CoalescerEvent::Outcome`]).
     pub fn handle_write(&mut self, _now: Instant, id: TransmitId, request: NatsRequest) {
         self.queue.push_back(Write { id, request });
         self.dispatch();
@@ -340,9 +340,9 @@ impl Coalescer {
         match flight {
             Flight::Single(w) => {
                 self.singles -= 1;
-                self.done(w.id, outcome);
+                self.hand_back(w.id, outcome);
             }
-            Flight::Retry(w) => self.done(w.id, outcome),
+            Flight::Retry(w) => self.hand_back(w.id, outcome),
             Flight::Batch(writes) => {
                 self.batches -= 1;
                 self.batch_outcome(writes, outcome);
@@ -367,7 +367,7 @@ impl Coalescer {
     }
 
     /// Nothing queued, nothing in flight, nothing to poll.
-    pub fn is_done(&self) -> bool {
+    pub fn is_idle(&self) -> bool {
         self.queue.is_empty()
             && self.in_flight.is_empty()
             && self.unsent.is_empty()
@@ -391,10 +391,10 @@ impl Coalescer {
         }
     }
 
-    fn done(&mut self, write: TransmitId, outcome: RequestOutcome) {
+    fn hand_back(&mut self, write: TransmitId, outcome: RequestOutcome) {
         self.cancelled.remove(&write);
         self.events
-            .push_back(CoalescerEvent::Done { write, outcome });
+            .push_back(CoalescerEvent::Outcome { write, outcome });
     }
 
     fn dispatch(&mut self) {
@@ -527,7 +527,7 @@ impl Coalescer {
         let RequestOutcome::Reply { payload, .. } = &outcome else {
             // Stored or not, nobody knows: as a single write would have been told.
             for w in writes {
-                self.done(w.id, outcome.clone());
+                self.hand_back(w.id, outcome.clone());
             }
             return;
         };
@@ -556,7 +556,7 @@ impl Coalescer {
                 for w in writes {
                     if self.cancelled.remove(&w.id) {
                         // Its call gave up: finished unsent, never out again.
-                        self.done(w.id, RequestOutcome::TimedOut);
+                        self.hand_back(w.id, RequestOutcome::TimedOut);
                     } else {
                         self.send_single(w, true);
                     }
@@ -572,14 +572,14 @@ impl Coalescer {
                 for (i, w) in writes.into_iter().enumerate() {
                     let seq = last - n + 1 + i as u64;
                     let body = serde_json::json!({"stream": stream, "seq": seq}).to_string();
-                    self.done(w.id, RequestOutcome::reply(body));
+                    self.hand_back(w.id, RequestOutcome::reply(body));
                 }
             }
             _ => {
                 // An ack this machine cannot read: the batch may be stored, so no
                 // retry, and no write may take the ack's sequence as its own.
                 for w in writes {
-                    self.done(
+                    self.hand_back(
                         w.id,
                         RequestOutcome::Failed("unreadable atomic batch ack".to_string()),
                     );

@@ -87,12 +87,12 @@ impl Service {
                 .admit_request(caller, endpoint, &pending.payload)
             {
                 Ok(key) => pending.acquiring = key,
-                Err(refused) => pending.scope = Err(refused),
+                Err(err) => pending.scope = Err(err),
             }
         }
         let tenant = pending.tenant();
         self.admission
-            .handle_request_of(now, tenant, endpoint, pending);
+            .handle_tenant_request(now, tenant, endpoint, pending);
         self.pump(now);
     }
 
@@ -236,16 +236,16 @@ impl Service {
     fn start(&mut self, now: Instant, endpoint: Endpoint, pending: Pending) {
         let wall = pending.wall + now.saturating_duration_since(pending.at);
         let scope = match pending.scope {
-            Err(refused) => {
+            Err(err) => {
                 self.answered_or_gathered(
                     now,
                     pending.item,
                     endpoint,
                     pending.reply,
-                    Response::Error(refused),
+                    Response::Error(err),
                     Duration::ZERO,
                 );
-                self.admission.handle_finished_of(now, None);
+                self.admission.handle_tenant_finished(now, None);
                 return;
             }
             Ok(scope) => scope,

@@ -318,14 +318,14 @@ impl Service {
             intake_open: true,
             late: 0,
             replies: Handoff::new(),
-            reply_ids: Ids::starting_at(0),
+            reply_ids: Ids::starting_from(0),
             flush_asked: None,
             failed: false,
             calls: HashMap::new(),
-            call_ids: Ids::starting_at(1),
+            call_ids: Ids::starting_from(1),
             deadlines: Due::new(),
             routes: Requests::new(),
-            transmit_ids: Ids::starting_at(1),
+            transmit_ids: Ids::starting_from(1),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             connected: true,
@@ -587,7 +587,7 @@ impl Service {
     /// client without the server's INFO) and said so.
     pub fn is_done(&self) -> bool {
         let stopped =
-            self.stop.as_ref().is_some_and(Shutdown::is_done) && self.transmits.is_empty();
+            self.stop.as_ref().is_some_and(Shutdown::is_stopped) && self.transmits.is_empty();
         (stopped || self.failed) && self.events.is_empty()
     }
 }

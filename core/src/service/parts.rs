@@ -17,7 +17,7 @@ impl Service {
         self.pump_peers();
         loop {
             let mut moved = false;
-            while let Some(CoalescerEvent::Done { write, outcome }) =
+            while let Some(CoalescerEvent::Outcome { write, outcome }) =
                 self.coalescer.as_mut().and_then(Coalescer::poll_event)
             {
                 moved = true;
@@ -33,7 +33,7 @@ impl Service {
                 .and_then(|c| c.poll_transmit(&mut self.transmit_ids))
             {
                 moved = true;
-                self.send_for(now, Part::Coalescer, t);
+                self.send_routed(now, Part::Coalescer, t);
             }
             // A call admitted now may hand the coalescer a write: go round again.
             moved |= self.admit(now);
@@ -50,7 +50,7 @@ impl Service {
     /// The sweep's and the replicas check's outputs, while serving.
     fn pump_serving(&mut self, now: Instant) {
         while let Some(t) = self.sweep.poll_transmit(&mut self.transmit_ids) {
-            self.send_for(now, Part::Sweep, t);
+            self.send_routed(now, Part::Sweep, t);
         }
         while let Some(event) = self.sweep.poll_event() {
             self.sweep_event(event);
@@ -60,7 +60,7 @@ impl Service {
             .as_mut()
             .and_then(|c| c.poll_transmit(&mut self.transmit_ids))
         {
-            self.send_for(now, Part::Replicas, t);
+            self.send_routed(now, Part::Replicas, t);
         }
         while let Some(event) = self.check.as_mut().and_then(ReplicasCheck::poll_event) {
             match event {
@@ -153,7 +153,7 @@ impl Service {
         let ids = &mut self.transmit_ids;
         let sends: Vec<Transmit> = std::iter::from_fn(|| startup.poll_transmit(ids)).collect();
         for t in sends {
-            self.send_for(now, Part::Startup, t);
+            self.send_routed(now, Part::Startup, t);
         }
         let Phase::Starting(startup) = &mut self.phase else {
             return;
@@ -165,7 +165,7 @@ impl Service {
                     level: LogLevel::Warn,
                     line,
                 }),
-                StartupEvent::Done(mode) => {
+                StartupEvent::Serve(mode) => {
                     done = Some((
                         mode,
                         startup.replicas(),

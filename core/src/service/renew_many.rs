@@ -102,16 +102,16 @@ impl Service {
         } = message;
         let reply = reply.unwrap_or_default();
         if let Some(why) = header_error {
-            let refused = ErrorReply::new(
+            let err = ErrorReply::new(
                 ErrorKind::Invalid,
                 format!("the request is malformed: {why}"),
             );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            return self.many_answered(now, reply, Err(err), Duration::ZERO, Vec::new());
         }
         let scope = match scope {
             Ok(scope) => scope,
-            Err(refused) => {
-                return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            Err(err) => {
+                return self.many_answered(now, reply, Err(err), Duration::ZERO, Vec::new());
             }
         };
         let items = match decode_renew_many(&payload).and_then(|items| {
@@ -119,16 +119,16 @@ impl Service {
             Ok(items)
         }) {
             Ok(items) => items,
-            Err(refused) => {
-                return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            Err(err) => {
+                return self.many_answered(now, reply, Err(err), Duration::ZERO, Vec::new());
             }
         };
         if let (Some(why), None) = (&self.bucket_refused, &self.stop) {
-            let refused = ErrorReply::new(
+            let err = ErrorReply::new(
                 ErrorKind::Unavailable,
                 format!("the lease service refuses its bucket: {why}"),
             );
-            return self.many_answered(now, reply, Err(refused), Duration::ZERO, Vec::new());
+            return self.many_answered(now, reply, Err(err), Duration::ZERO, Vec::new());
         }
         let at_once = match (&self.phase, self.stop.as_ref().map(|s| s.phase())) {
             (super::Phase::Starting(_), None) => true,

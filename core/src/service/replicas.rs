@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::io::{RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js;
 use crate::outbox::Ids;
-use crate::service::bucket::{replicas_from_reply, stream_info_request_of};
+use crate::service::bucket::{replicas_from_reply, stream_info_request};
 use crate::shard::ShardMap;
 
 /// How often a running service asks the stream's replicas again, to turn read
@@ -184,7 +184,7 @@ impl ReplicasCheck {
         self.floor = self.high[self.cursor];
         let id = TransmitId::UNSENT;
         self.waiting = Some(id);
-        let request = stream_info_request_of(&self.streams[self.cursor].0, self.timeout);
+        let request = stream_info_request(&self.streams[self.cursor].0, self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }

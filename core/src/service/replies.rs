@@ -52,7 +52,7 @@ impl Service {
     /// Reply `id` ([`ServiceEvent::Reply`]) was handed to the client, or its
     /// publish failed: a stop's flush waits for every one.
     pub fn handle_reply_sent(&mut self, now: Instant, id: ReplyId) {
-        self.replies.done(&id);
+        self.replies.forget(&id);
         self.pump(now);
     }
 

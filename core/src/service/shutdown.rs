@@ -28,14 +28,14 @@
 //! let start = Instant::now();
 //! let mut stop = Shutdown::new(Duration::from_secs(10), start);
 //! // Every call answered within the drain: straight to the flush.
-//! stop.handle_phase_done(start + Duration::from_millis(3));
+//! stop.handle_phase_over(start + Duration::from_millis(3));
 //! assert_eq!(stop.phase(), StopPhase::Flush);
 //! // The server is gone: the flush gives up at its bound.
 //! let at = stop.poll_timeout().unwrap();
 //! assert_eq!(at, start + Duration::from_millis(3) + FLUSH_BOUND);
 //! stop.handle_timeout(at);
 //! assert_eq!(stop.poll_event(), Some(ShutdownEvent::GaveUp(StopPhase::Flush)));
-//! assert!(stop.is_done());
+//! assert!(stop.is_stopped());
 //! ```
 
 use std::collections::VecDeque;
@@ -59,7 +59,7 @@ pub enum StopPhase {
     /// The client pushes what it holds to the server.
     Flush,
     /// Stopped: nothing is waited for any more.
-    Done,
+    Stopped,
 }
 
 /// What the stopping service does.
@@ -103,8 +103,8 @@ impl Shutdown {
     }
 
     /// Whether the stop is over.
-    pub fn is_done(&self) -> bool {
-        self.phase == StopPhase::Done
+    pub fn is_stopped(&self) -> bool {
+        self.phase == StopPhase::Stopped
     }
 
     /// When the phase's bound is reached; `None` once done.
@@ -120,11 +120,11 @@ impl Shutdown {
     /// What the phase waited on is over (every call answered, the replies handed
     /// to the client, the flush answered): the next phase begins. The drain, done,
     /// skips the replies: nothing is cut off.
-    pub fn handle_phase_done(&mut self, now: Instant) {
+    pub fn handle_phase_over(&mut self, now: Instant) {
         match self.phase {
             StopPhase::Drain | StopPhase::Replies => self.enter(now, StopPhase::Flush),
-            StopPhase::Flush => self.enter(now, StopPhase::Done),
-            StopPhase::Done => {}
+            StopPhase::Flush => self.enter(now, StopPhase::Stopped),
+            StopPhase::Stopped => {}
         }
     }
 
@@ -144,8 +144,8 @@ impl Shutdown {
                 self.enter(now, StopPhase::Replies);
             }
             StopPhase::Replies => self.enter(now, StopPhase::Flush),
-            StopPhase::Flush => self.enter(now, StopPhase::Done),
-            StopPhase::Done => {}
+            StopPhase::Flush => self.enter(now, StopPhase::Stopped),
+            StopPhase::Stopped => {}
         }
     }
 
@@ -155,7 +155,7 @@ impl Shutdown {
             StopPhase::Drain => unreachable!("the drain is only the first phase"),
             StopPhase::Replies => Some(now + REPLY_BOUND),
             StopPhase::Flush => Some(now + FLUSH_BOUND),
-            StopPhase::Done => None,
+            StopPhase::Stopped => None,
         };
     }
 }
@@ -191,7 +191,7 @@ mod tests {
                 match *step {
                     Step::Ended(d) => {
                         now += d;
-                        stop.handle_phase_done(now);
+                        stop.handle_phase_over(now);
                     }
                     Step::Timer(d) => {
                         now += d;
@@ -220,7 +220,7 @@ mod tests {
                 vec![Ended(ms(40)), Ended(ms(2))],
                 vec![
                     (Flush, vec![], Some(ms(40) + FLUSH_BOUND)),
-                    (Done, vec![], None),
+                    (Stopped, vec![], None),
                 ],
             ),
             (
@@ -237,7 +237,7 @@ mod tests {
                         vec![GaveUp(Replies)],
                         Some(DRAIN + REPLY_BOUND + FLUSH_BOUND),
                     ),
-                    (Done, vec![GaveUp(Flush)], None),
+                    (Stopped, vec![GaveUp(Flush)], None),
                 ],
             ),
             (
@@ -250,7 +250,7 @@ mod tests {
                         Some(DRAIN + REPLY_BOUND),
                     ),
                     (Flush, vec![], Some(DRAIN + ms(5) + FLUSH_BOUND)),
-                    (Done, vec![], None),
+                    (Stopped, vec![], None),
                 ],
             ),
             (
@@ -276,9 +276,9 @@ mod tests {
                 vec![Ended(ms(1)), Ended(ms(1)), Timer(ms(5_000)), Ended(ms(1))],
                 vec![
                     (Flush, vec![], Some(ms(1) + FLUSH_BOUND)),
-                    (Done, vec![], None),
-                    (Done, vec![], None),
-                    (Done, vec![], None),
+                    (Stopped, vec![], None),
+                    (Stopped, vec![], None),
+                    (Stopped, vec![], None),
                 ],
             ),
         ];
@@ -297,7 +297,7 @@ mod tests {
                 now = at;
                 stop.handle_timeout(now);
             }
-            assert!(stop.is_done());
+            assert!(stop.is_stopped());
             assert_eq!(now - t0, Shutdown::bound(drain), "drain {drain:?}");
             assert_eq!(Shutdown::bound(drain), drain + REPLY_BOUND + FLUSH_BOUND);
         }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::bucket::{
-    ATOMIC_SERVER_VERSION, BucketOptions, MIN_SERVER_VERSION, managed_fields, parse_version,
-    replicas_in, republish_at, shard_stream_config, stream_info_request_of,
+    ATOMIC_SERVER_VERSION, BucketOptions, MIN_SERVER_VERSION, configured_replicas, managed_fields,
+    parse_version, shard_republish, shard_stream_config, stream_info_request,
 };
 use crate::io::{Mode, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js::{
@@ -51,7 +51,7 @@ pub enum StartupEvent {
     /// Worth a log line: a difference found in an existing stream's config, or a retry.
     Log(String),
     /// Startup is over: serve in this mode.
-    Done(Mode),
+    Serve(Mode),
     /// The bucket exists with another layout (another `--shards`): serving would
     /// move keys to other streams and restart their fences, so the service must not
     /// start. The sentence says which count the bucket has.
@@ -327,7 +327,7 @@ impl Startup {
         let id = TransmitId::UNSENT;
         self.step = Step::Info;
         self.waiting = Some(id);
-        let request = stream_info_request_of(&self.stream(), self.timeout);
+        let request = stream_info_request(&self.stream(), self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
@@ -346,7 +346,7 @@ impl Startup {
         let id = TransmitId::UNSENT;
         self.step = Step::Layout;
         self.waiting = Some(id);
-        let request = stream_info_request_of(&self.other_layout_stream(), self.timeout);
+        let request = stream_info_request(&self.other_layout_stream(), self.timeout);
         self.transmits
             .push_back(Transmit::new(id, TransmitKind::Api, request));
     }
@@ -411,7 +411,8 @@ impl Startup {
         if self.atomic_wanted {
             config["allow_atomic"] = json!(true);
         }
-        config["republish"] = republish_at(&self.options.shards, self.shard, self.options.tenancy);
+        config["republish"] =
+            shard_republish(&self.options.shards, self.shard, self.options.tenancy);
         let stream = self.stream();
         self.send(
             Step::Create,
@@ -449,7 +450,7 @@ impl Startup {
         let mut fields = managed_fields();
         for (field, value) in &mut fields {
             if *field == "republish" {
-                *value = republish_at(&shards, self.shard, self.options.tenancy);
+                *value = shard_republish(&shards, self.shard, self.options.tenancy);
             }
         }
         if self.atomic_wanted {
@@ -537,7 +538,7 @@ impl Startup {
             self.seen.resize(shard + 1, (None, 0));
         }
         self.seen[shard] = (created, last_seq);
-        let replicas = replicas_in(&info).unwrap_or(1);
+        let replicas = configured_replicas(&info).unwrap_or(1);
         let atomic = self.atomic_wanted
             && info
                 .get("config")
@@ -680,6 +681,6 @@ impl Startup {
     fn finish(&mut self, mode: Mode) {
         self.step = Step::Done;
         self.mode = mode;
-        self.events.push_back(StartupEvent::Done(mode));
+        self.events.push_back(StartupEvent::Serve(mode));
     }
 }

@@ -45,7 +45,7 @@ impl Service {
             && matches!(stop.phase(), StopPhase::Replies | StopPhase::Flush)
             && stop.phase() == phase
         {
-            stop.handle_phase_done(now);
+            stop.handle_phase_over(now);
             self.stop_events(now);
         }
         self.pump(now);
@@ -74,7 +74,7 @@ impl Service {
             return;
         };
         if stop.phase() == StopPhase::Drain && !self.intake_open && self.calls.is_empty() {
-            stop.handle_phase_done(now);
+            stop.handle_phase_over(now);
             self.stop_events(now);
         }
     }
@@ -126,7 +126,7 @@ impl Service {
         match phase {
             StopPhase::Drain => {}
             StopPhase::Replies | StopPhase::Flush => self.ask_flush(),
-            StopPhase::Done => {}
+            StopPhase::Stopped => {}
         }
     }
 

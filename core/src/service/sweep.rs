@@ -391,7 +391,7 @@ impl TombstoneSweep {
     }
 
     /// Nothing waits, nothing is out, and no scan is due or under way.
-    pub fn is_done(&self) -> bool {
+    pub fn is_idle(&self) -> bool {
         self.pending.is_empty()
             && self.out.is_empty()
             && self.events.is_empty()
@@ -405,11 +405,11 @@ impl TombstoneSweep {
 /// Purges `key`'s messages below `revision + 1`: the tombstone at `revision`,
 /// never a later record.
 pub fn purge_request(key: &str, revision: u64, timeout: Duration) -> NatsRequest {
-    purge_request_at(key, revision, timeout, &ShardMap::SINGLE)
+    purge_request_to_shard(key, revision, timeout, &ShardMap::SINGLE)
 }
 
 /// [`purge_request`] to the stream of the storage key's shard.
-pub fn purge_request_at(
+pub fn purge_request_to_shard(
     key: &str,
     revision: u64,
     timeout: Duration,

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{SimJetStream, SimMsg};
 use crate::io::{RequestOutcome, Transmit};
-use crate::service::bucket::stream_config_for;
+use crate::service::bucket::stream_config_with_atomic;
 use crate::service::{Received, Service, ServiceEvent};
 use crate::subjects::{HDR_SEQUENCE, HDR_TIME_STAMP, STREAM, changed_subject};
 
@@ -47,12 +47,12 @@ impl StreamAdmin {
             .any(|verb| subject == format!("$JS.API.STREAM.{verb}.{STREAM}"))
         {
             let mut info = json!({
-                "config": stream_config_for(self.replicas, true),
+                "config": stream_config_with_atomic(self.replicas, true),
                 "state": {"last_seq": sim.last_seq()},
                 "created": format!("2026-01-01T00:00:{:02}Z", self.created % 60),
             });
             info["config"]["republish"] =
-                crate::service::bucket::republish_for(crate::tenant::Tenancy::Single);
+                crate::service::bucket::one_stream_republish(crate::tenant::Tenancy::Single);
             if let Some(first) = self.first_seq {
                 info["config"]["first_seq"] = json!(first);
             }

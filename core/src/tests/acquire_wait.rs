@@ -253,13 +253,13 @@ fn a_subscribe_not_over_within_the_handoff_bound_is_given_up_and_the_acquire_goe
     assert_eq!(w.poll_event(), None, "no flush");
     // Without events, the TTL fallback still wakes it; the wait runs from the
     // give-up.
-    let refused_at = t0 + HANDOFF_BOUND + Duration::from_millis(10);
-    w.handle_outcome(refused_at, r.id, answer(&reply(false)));
+    let not_granted_at = t0 + HANDOFF_BOUND + Duration::from_millis(10);
+    w.handle_outcome(not_granted_at, r.id, answer(&reply(false)));
     assert_eq!(
         w.poll_event(),
         Some(WaitingAcquireEvent::NotGranted(reply(false)))
     );
-    let fallback = refused_at + Duration::from_millis(TTL_MS);
+    let fallback = not_granted_at + Duration::from_millis(TTL_MS);
     assert_eq!(
         w.poll_timeout(),
         Some(fallback.min(t0 + HANDOFF_BOUND + wait))

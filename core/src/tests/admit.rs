@@ -64,7 +64,7 @@ fn past_the_bound_requests_wait_and_start_in_order_as_calls_end() {
     assert_eq!(started(&drain(&mut a)), [2]);
     a.handle_finished(now);
     assert!(drain(&mut a).is_empty());
-    assert!(a.is_done());
+    assert!(a.is_idle());
 }
 
 #[test]
@@ -145,13 +145,13 @@ fn tb() -> Option<String> {
 fn tenants_start_their_waiting_calls_in_turn_so_a_flood_does_not_hold_back_another_tenant() {
     let now = Instant::now();
     let mut a = Admission::new(1, 100, now);
-    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    a.handle_tenant_request(now, ta(), Endpoint::Renew, 0);
     assert_eq!(started(&drain(&mut a)), [0]);
     // TA floods with 10 renewals; TB's one renewal arrives after them.
     for i in 1..=10 {
-        a.handle_request_of(now, ta(), Endpoint::Renew, i);
+        a.handle_tenant_request(now, ta(), Endpoint::Renew, i);
     }
-    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    a.handle_tenant_request(now, tb(), Endpoint::Renew, 100);
     assert!(drain(&mut a).is_empty());
     a.handle_finished(now);
     a.handle_finished(now);
@@ -164,25 +164,25 @@ fn tenants_start_their_waiting_calls_in_turn_so_a_flood_does_not_hold_back_anoth
 fn a_full_room_makes_space_for_a_tenant_with_fewer_waiting_at_the_floods_expense() {
     let now = Instant::now();
     let mut a = Admission::new(1, 4, now);
-    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    a.handle_tenant_request(now, ta(), Endpoint::Renew, 0);
     for i in 1..=4 {
-        a.handle_request_of(now, ta(), Endpoint::Renew, i);
+        a.handle_tenant_request(now, ta(), Endpoint::Renew, i);
     }
     assert_eq!(started(&drain(&mut a)), [0]);
     // The room is full of TA's; TB's renewal takes the place of TA's last.
-    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    a.handle_tenant_request(now, tb(), Endpoint::Renew, 100);
     assert_eq!(overloaded(&drain(&mut a)), [4]);
     // TA's next finds the room full and no longer queue to take from.
-    a.handle_request_of(now, ta(), Endpoint::Renew, 5);
+    a.handle_tenant_request(now, ta(), Endpoint::Renew, 5);
     assert_eq!(overloaded(&drain(&mut a)), [5]);
     assert_eq!(a.counts(), counts(1, 4, 2));
     for _ in 0..4 {
         a.handle_finished(now);
     }
     assert_eq!(started(&drain(&mut a)), [1, 100, 2, 3]);
-    assert!(!a.is_done(), "3 still runs");
+    assert!(!a.is_idle(), "3 still runs");
     a.handle_finished(now);
-    assert!(a.is_done());
+    assert!(a.is_idle());
 }
 
 #[test]
@@ -204,17 +204,17 @@ fn a_tenant_runs_at_most_its_share_so_its_slow_calls_leave_slots_for_others() {
     let mut a = Admission::new(4, 100, now).with_tenant_share(2);
     // TA's slow calls: two run, the rest wait though slots are free.
     for i in 0..5 {
-        a.handle_request_of(now, ta(), Endpoint::Forward, i);
+        a.handle_tenant_request(now, ta(), Endpoint::Forward, i);
     }
     assert_eq!(started(&drain(&mut a)), [0, 1]);
     // TB's renewal starts at once.
-    a.handle_request_of(now, tb(), Endpoint::Renew, 100);
+    a.handle_tenant_request(now, tb(), Endpoint::Renew, 100);
     assert_eq!(started(&drain(&mut a)), [100]);
     // TB's ending starts none of TA's (TA is at its share)...
-    a.handle_finished_of(now, tb());
+    a.handle_tenant_finished(now, tb());
     assert!(drain(&mut a).is_empty());
     // ...TA's own ending starts its next.
-    a.handle_finished_of(now, ta());
+    a.handle_tenant_finished(now, ta());
     assert_eq!(started(&drain(&mut a)), [2]);
     assert_eq!(a.counts(), counts(2, 2, 0));
     // Stopping lifts the share.
@@ -265,14 +265,14 @@ fn a_groups_renewal_that_finds_the_room_full_is_refused_alone_and_the_others_wai
 fn with_tenants_each_tenants_group_lane_takes_its_turn_too() {
     let now = Instant::now();
     let mut a = Admission::new(1, 100, now);
-    a.handle_request_of(now, ta(), Endpoint::Renew, 0);
+    a.handle_tenant_request(now, ta(), Endpoint::Renew, 0);
     for i in 1..=3 {
         a.handle_item_of(now, ta(), Endpoint::Renew, i);
     }
-    a.handle_request_of(now, ta(), Endpoint::Acquire, 10);
-    a.handle_request_of(now, tb(), Endpoint::Renew, 20);
+    a.handle_tenant_request(now, ta(), Endpoint::Acquire, 10);
+    a.handle_tenant_request(now, tb(), Endpoint::Renew, 20);
     for _ in 0..6 {
-        a.handle_finished_of(now, ta());
+        a.handle_tenant_finished(now, ta());
     }
     assert_eq!(started(&drain(&mut a)), [0, 1, 10, 20, 2, 3]);
 }

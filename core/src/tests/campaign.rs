@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::holder::{body, granted, refused, renewed};
+use super::holder::{body, granted, not_granted, renewed};
 use crate::change::{ChangeEvent, ChangeKind};
 use crate::holder::OutcomeClass;
 use crate::holder::campaign::{
@@ -208,7 +208,7 @@ fn one_holder_id_campaigns_for_a_key_once_until_its_group_finishes() {
             .add_group(now, configs(&["leader"]), 1)
             .is_err()
     );
-    run.answer(2, &acquire, refused(4));
+    run.answer(2, &acquire, not_granted(4));
     assert_eq!(run.events(), [CampaignEvent::Finished { group: first }]);
     run.group(&["leader"], 1);
 }
@@ -228,7 +228,7 @@ fn a_group_watches_its_keys_until_it_finishes() {
         [],
         "still waiting for the acquire's answer"
     );
-    run.answer(2, &acquire, refused(4));
+    run.answer(2, &acquire, not_granted(4));
     assert_eq!(
         run.all_events(),
         [
@@ -283,7 +283,7 @@ fn a_group_sends_no_more_campaign_acquires_than_it_may_hold() {
     let first = run.request();
     assert_eq!(first.key, "s0");
     // Held by another: the next key gets its turn.
-    run.answer(10, &first, refused(4));
+    run.answer(10, &first, not_granted(4));
     let second = run.request();
     assert_eq!(second.key, "s1");
     run.elect(20, &second, 9);
@@ -307,7 +307,7 @@ fn a_group_of_many_keys_has_at_most_max_campaigns_in_flight_acquires_out() {
             .all(|r| r.request.endpoint == Endpoint::Acquire)
     );
     // Each answer lets one more out.
-    run.answer(10, &first[0], refused(4));
+    run.answer(10, &first[0], not_granted(4));
     let next = run.request();
     assert_eq!(next.request.endpoint, Endpoint::Acquire);
     assert!(
@@ -354,7 +354,7 @@ fn a_held_key_lost_makes_room_for_a_waiting_one() {
         (again.key.as_str(), again.request.endpoint),
         ("s0", Endpoint::Acquire)
     );
-    run.answer(6_020, &again, refused(5));
+    run.answer(6_020, &again, not_granted(5));
     run.campaign.handle_timeout(run.at(8_750));
     let sent = run.requests();
     assert!(
@@ -393,7 +393,7 @@ fn a_change_that_may_free_the_key_wakes_its_campaign_a_renewal_does_not() {
     let mut run = Run::new();
     run.group(&["leader"], 1);
     let first = run.request();
-    run.answer(10, &first, refused(4));
+    run.answer(10, &first, not_granted(4));
     let renewal = ChangeEvent {
         kind: ChangeKind::Renewed,
         revision: 5,
@@ -414,7 +414,7 @@ fn a_change_that_may_free_the_key_wakes_its_campaign_a_renewal_does_not() {
         run.campaign.handle_change(run.at(200), "leader", &event);
         let ask = run.request();
         assert_eq!(ask.request.endpoint, Endpoint::Acquire, "{kind:?}");
-        run.answer(210, &ask, refused(7));
+        run.answer(210, &ask, not_granted(7));
     }
 }
 
@@ -674,7 +674,7 @@ fn a_semaphore_holds_one_of_its_slots_trying_them_in_turn() {
         ("jobs-0", Endpoint::Acquire)
     );
     // Slot 0 is taken: slot 1 gets its turn, and is granted.
-    run.answer(10, &first, refused(4));
+    run.answer(10, &first, not_granted(4));
     let second = run.request();
     assert_eq!(second.key, "jobs-1");
     run.elect(20, &second, 9);
@@ -1254,7 +1254,7 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 let r = out.remove(usize::from(x) % out.len());
                 let outcome = match y % 3 {
                     0 => granted(u64::from(x) + 1),
-                    1 => refused(u64::from(x) + 1),
+                    1 => not_granted(u64::from(x) + 1),
                     _ => RequestOutcome::NoResponders,
                 };
                 run.campaign.handle_outcome(now, r.request.id, outcome);
@@ -1402,7 +1402,7 @@ fn answers(events: &[CampaignEvent]) -> Vec<AnsweredRequest> {
 
 /// A refusal naming holder `error`: the word quoted in a reply that is no error.
 fn held_by_a_holder_named_error() -> RequestOutcome {
-    let RequestOutcome::Reply { payload, .. } = refused(4) else {
+    let RequestOutcome::Reply { payload, .. } = not_granted(4) else {
         unreachable!("a reply");
     };
     let body = String::from_utf8(payload).expect("UTF-8");
@@ -1424,7 +1424,7 @@ fn every_answer_is_reported_with_its_class_read_whole_and_the_time_it_took() {
         (error("internal"), OutcomeClass::Internal),
         // A reply no endpoint's shape reads: the holder cannot read it as yes or no.
         (RequestOutcome::reply("not json"), OutcomeClass::Internal),
-        (refused(4), OutcomeClass::Clear),
+        (not_granted(4), OutcomeClass::Clear),
         // A reply whose value says "error" but is a refusal: read whole, not searched.
         (held_by_a_holder_named_error(), OutcomeClass::Clear),
     ];

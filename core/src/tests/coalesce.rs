@@ -38,7 +38,7 @@ fn drain(c: &mut Coalescer) -> (Vec<Transmit>, Vec<(TransmitId, RequestOutcome)>
         assert_eq!(t.kind, TransmitKind::Write);
         sends.push(t);
     }
-    while let Some(CoalescerEvent::Done { write, outcome }) = c.poll_event() {
+    while let Some(CoalescerEvent::Outcome { write, outcome }) = c.poll_event() {
         done.push((write, outcome));
     }
     (sends, done)
@@ -127,7 +127,7 @@ fn a_write_alone_goes_out_at_once_as_a_plain_publish() {
         vec![(TransmitId(1), ack(7))],
         "the reply passes through untouched"
     );
-    assert!(c.is_done());
+    assert!(c.is_idle());
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn past_the_single_window_writes_gather_and_go_as_one_batch_at_min_batch() {
             (TransmitId(4), Some(12))
         ]
     );
-    assert!(c.is_done());
+    assert!(c.is_idle());
     assert_eq!(c.batch_counts(), BatchCounts { sent: 1, failed: 0 });
 }
 
@@ -310,7 +310,7 @@ fn a_batch_failing_as_a_whole_is_retried_as_singles_with_their_own_outcomes() {
         );
         c.handle_outcome(now, first.id, ack(1));
         drain(&mut c);
-        assert!(c.is_done());
+        assert!(c.is_idle());
         assert_eq!(c.batch_counts(), BatchCounts { sent: 1, failed: 1 });
         assert!(c.atomic());
     }
@@ -390,7 +390,7 @@ fn without_atomic_support_everything_goes_single_at_once() {
     }
     let (_, done) = drain(&mut c);
     assert_eq!(done.len(), 5);
-    assert!(c.is_done());
+    assert!(c.is_idle());
     // An outcome for an id it never sent is ignored.
     c.handle_outcome(now, TransmitId(999), ack(1));
     assert!(c.poll_transmit(&mut owner_ids()).is_none() && c.poll_event().is_none());
@@ -631,7 +631,7 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     c.handle_outcome(now, sends[0].id, batch_ack(4, 3));
     let (_, done) = drain(&mut c);
     assert_eq!(done.len(), 4);
-    assert!(c.is_done());
+    assert!(c.is_idle());
 }
 
 /// `auto` turns the coalescer on where it was measured to win: a single-replica

@@ -153,7 +153,7 @@ fn coalesced(
                 moved = true;
                 sends.push(t);
             }
-            while let Some(CoalescerEvent::Done { write, outcome }) = co.poll_event() {
+            while let Some(CoalescerEvent::Outcome { write, outcome }) = co.poll_event() {
                 moved = true;
                 let (i, _, id) = writes.remove(&write).expect("a write it was given");
                 let now = d.now();

@@ -46,7 +46,7 @@ pub(super) fn granted(revision: u64) -> RequestOutcome {
     RequestOutcome::reply(v.to_string())
 }
 
-pub(super) fn refused(revision: u64) -> RequestOutcome {
+pub(super) fn not_granted(revision: u64) -> RequestOutcome {
     let mut v = lease(revision, "h2");
     v["granted"] = json!(false);
     RequestOutcome::reply(v.to_string())
@@ -383,7 +383,7 @@ fn a_campaign_backs_off_while_the_service_keeps_failing() {
     assert_eq!(waits, [1000, 2000, 4000, 8000, 15_000, 15_000]);
     // A real answer resets it: the next failure waits retry_every again.
     let r = run.request();
-    run.answer(at, &r, refused(4));
+    run.answer(at, &r, not_granted(4));
     let next = run.holder.poll_timeout().expect("a campaign tick");
     run.holder.handle_timeout(next);
     let r = run.request();
@@ -532,7 +532,7 @@ fn fence_mismatch_whose_recovery_finds_another_holder_steps_down() {
     let r = run.request();
     run.answer(5001, &r, error("fence_mismatch"));
     let recover = run.request();
-    run.answer(5002, &recover, refused(12));
+    run.answer(5002, &recover, not_granted(12));
     assert_eq!(
         run.events(),
         [HolderEvent::SteppedDown {
@@ -674,7 +674,7 @@ fn an_idempotent_acquire_does_not_extend_the_deadline() {
 fn a_grant_older_than_a_revision_already_seen_is_a_stale_read() {
     let mut run = Run::new(config());
     let r = run.request();
-    run.answer(1, &r, refused(40));
+    run.answer(1, &r, not_granted(40));
     // A deposed stream leader answers from old state: "yours, at 17".
     run.holder.handle_timeout(run.at(5001));
     let r = run.request();
@@ -769,7 +769,7 @@ fn an_idempotent_grant_past_the_old_deadline_is_not_an_election() {
 fn another_holder_means_campaigning_again_later_or_on_a_change_event() {
     let mut run = Run::new(config());
     let r = run.request();
-    run.answer(10, &r, refused(4));
+    run.answer(10, &r, not_granted(4));
     assert_eq!(run.events(), []);
     assert_eq!(run.holder.poll_timeout(), Some(run.at(5010)));
     run.no_request();
@@ -783,7 +783,7 @@ fn another_holder_means_campaigning_again_later_or_on_a_change_event() {
 fn an_acquire_that_does_not_win_the_key_is_reported_refused() {
     let mut run = Run::new(config());
     let r = run.request();
-    run.answer(10, &r, refused(4));
+    run.answer(10, &r, not_granted(4));
     let by = |h: &str| HolderEvent::NotGranted {
         holder: Some(h.to_string()),
         answer: OutcomeClass::Clear,
@@ -840,7 +840,7 @@ fn a_change_event_that_cannot_free_the_key_does_not_wake_the_holder() {
     ] {
         let mut run = Run::new(config());
         let r = run.request();
-        run.answer(10, &r, refused(4));
+        run.answer(10, &r, not_granted(4));
         let event = ChangeEvent {
             kind,
             revision: 5,
@@ -968,7 +968,7 @@ fn a_stop_that_hears_nothing_is_done_within_the_stop_bound() {
         ("campaigning, waiting for the next tick", |run| {
             *run = Run::new(config());
             let acquire = run.request();
-            run.answer(1, &acquire, refused(3));
+            run.answer(1, &acquire, not_granted(3));
             2
         }),
     ];
@@ -1311,7 +1311,7 @@ fn a_lower_candidate_holds_back_after_a_change_and_a_preferred_one_does_not() {
     let mut preferred = Run::new(config().with_priority(MAX_PRIORITY_FOR_TEST));
     let r = preferred.request();
     assert_eq!(r.endpoint, Endpoint::Acquire, "no hold-back, no probe");
-    preferred.answer(10, &r, refused(3));
+    preferred.answer(10, &r, not_granted(3));
     preferred
         .holder
         .handle_change(preferred.at(4_950), &freed());

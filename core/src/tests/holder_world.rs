@@ -382,7 +382,7 @@ fn balanced_params(seed: u64, members: usize, shards: usize) -> WorldParams {
 /// How long each join took to balance again is printed (`--show-output`).
 #[test]
 fn balanced_members_converge_to_an_even_share_with_bounded_moves() {
-    for app in [App::IgnoresRevocation, App::CallsDone] {
+    for app in [App::IgnoresRevocation, App::HeedsRevocation] {
         for (seed, members, shards) in [(1, 2, 5), (2, 3, 7), (3, 3, 12), (4, 4, 6), (5, 4, 17)] {
             let mut p = balanced_params(seed, members, shards);
             p.app = app;
@@ -554,13 +554,13 @@ proptest! {
         grouping in 0usize..3,
         flip_every_ms in 500u64..8_000,
         unhealthy_for_ms in 0u64..4_000,
-        calls_done in any::<bool>(),
+        heeds_revocation in any::<bool>(),
     ) {
         let mut p = health_params(seed, members, shards, GROUPINGS[grouping]);
         p.health_flip_every_ms = flip_every_ms;
         p.unhealthy_for_ms = unhealthy_for_ms;
-        if calls_done {
-            p.app = App::CallsDone;
+        if heeds_revocation {
+            p.app = App::HeedsRevocation;
         }
         let mut world = HolderWorld::new(p);
         if let Err(v) = world.run() {
@@ -696,7 +696,7 @@ fn the_service_feeds_its_known_map_and_renewals_skip_their_read() {
         (share, total)
     };
     let without = run(|w| w);
-    let own_calls = run(|w| w.with_known().with_change_events_refused());
+    let own_calls = run(|w| w.with_known().with_change_events_denied());
     let two_instances = run(|w| w.with_known().with_instances(2));
     let two_without = run(|w| w.with_instances(2));
     for (name, (share, total)) in [

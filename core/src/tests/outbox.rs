@@ -12,7 +12,7 @@ fn at(t0: Instant, ms: u64) -> Instant {
 
 #[test]
 fn ids_are_allocated_in_order_never_one_twice() {
-    let mut ids: Ids<CallId> = Ids::starting_at(1);
+    let mut ids: Ids<CallId> = Ids::starting_from(1);
     let got: Vec<CallId> = (0..4).map(|_| ids.allocate()).collect();
     assert_eq!(got, vec![CallId(1), CallId(2), CallId(3), CallId(4)]);
     let mut effects: Ids<TransmitId> = Ids::default();
@@ -147,7 +147,7 @@ fn a_command_not_reported_done_is_given_up_at_the_handoff_bound() {
     assert_eq!(out.pop_given_up(t0 + HANDOFF_BOUND), Some("reply"));
     assert!(out.is_empty());
     assert!(
-        !out.done(&"reply"),
+        !out.forget(&"reply"),
         "a report after the give-up finds nothing"
     );
 }
@@ -157,7 +157,7 @@ fn a_command_reported_done_is_never_given_up() {
     let t0 = Instant::now();
     let mut out = Handoff::new();
     out.hand(t0, 1u64);
-    assert!(out.done(&1));
+    assert!(out.forget(&1));
     assert_eq!(out.pop_given_up(t0 + HANDOFF_BOUND * 2), None);
     assert_eq!(out.next_due(), None);
 }

@@ -3,7 +3,7 @@
 //! the one reading in `outcome.rs`. A row fails when any reader sorts an outcome
 //! differently from the others.
 
-use super::holder::{error, refused, renewed};
+use super::holder::{error, not_granted, renewed};
 use crate::io::RequestOutcome;
 use crate::js::JsFailure;
 use crate::outcome::{Answer, OutcomeClass};
@@ -25,7 +25,12 @@ fn answer_name(answer: &Answer) -> &'static str {
 fn an_outcome_is_read_once_the_same_by_a_call_and_a_holder() {
     let cases = [
         (Endpoint::Renew, renewed(5), "reply", OutcomeClass::Clear),
-        (Endpoint::Acquire, refused(4), "reply", OutcomeClass::Clear),
+        (
+            Endpoint::Acquire,
+            not_granted(4),
+            "reply",
+            OutcomeClass::Clear,
+        ),
         (
             Endpoint::Renew,
             error("lost"),

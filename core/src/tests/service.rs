@@ -573,7 +573,7 @@ fn a_stop_unsubscribes_answers_what_was_delivered_then_flushes_and_ends() {
     assert!(w.service.is_done());
     assert_eq!(
         w.service.stop_phase(),
-        Some(StopPhase::Done),
+        Some(StopPhase::Stopped),
         "the stop is over"
     );
     let logs: Vec<_> = events(
@@ -727,8 +727,8 @@ proptest! {
 pub(super) fn ready(config: ServiceConfig, t0: Instant) -> (Service, Vec<ServiceEvent>) {
     let tenancy = config.bucket.tenancy;
     let mut s = Service::new(config, time::OffsetDateTime::UNIX_EPOCH, t0);
-    let mut stream = crate::service::bucket::stream_config_for(1, true);
-    stream["republish"] = crate::service::bucket::republish_for(tenancy);
+    let mut stream = crate::service::bucket::stream_config_with_atomic(1, true);
+    stream["republish"] = crate::service::bucket::one_stream_republish(tenancy);
     // The bucket's stream exists; the other layout's is not found.
     let mut events: Vec<ServiceEvent> = std::iter::from_fn(|| s.poll_event()).collect();
     events.extend(start_on(
@@ -1492,5 +1492,5 @@ fn a_flush_that_finishes_after_its_phase_ends_nothing_and_the_next_phase_waits_f
     );
     // The last phase's own flush ends it.
     s.handle_flushed(bound, StopPhase::Flush);
-    assert_eq!(s.stop_phase(), Some(StopPhase::Done));
+    assert_eq!(s.stop_phase(), Some(StopPhase::Stopped));
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::io::{Mode, NatsRequest, RequestOutcome, TransmitId, TransmitKind};
-use crate::service::bucket::{BucketOptions, stream_config, stream_config_for};
+use crate::service::bucket::{BucketOptions, stream_config, stream_config_with_atomic};
 use crate::service::startup::{STARTUP_RETRY, Startup, StartupEvent};
 use crate::sim::api_error;
 
@@ -22,7 +22,7 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (TransmitId, NatsRequest)) {
     while let Some(e) = s.poll_event() {
         match e {
             StartupEvent::Log(l) => logs.push(l),
-            StartupEvent::Done(m) => panic!("done early: {m:?}"),
+            StartupEvent::Serve(m) => panic!("done early: {m:?}"),
             StartupEvent::StartRefused(r) => panic!("refused: {r}"),
         }
     }
@@ -35,7 +35,7 @@ fn logged_request(s: &mut Startup) -> (Vec<String>, (TransmitId, NatsRequest)) {
 
 /// Startup's end. A bucket found (not created) is followed by the question whether
 /// the other layout's first stream exists too; it is answered "not found" here.
-fn done(s: &mut Startup) -> (Mode, Vec<String>) {
+fn served_mode(s: &mut Startup) -> (Mode, Vec<String>) {
     if let Some(t) = s.poll_transmit(&mut owner_ids()) {
         let layout = [
             "$JS.API.STREAM.INFO.KV_leases_0",
@@ -59,7 +59,7 @@ fn done(s: &mut Startup) -> (Mode, Vec<String>) {
     loop {
         match s.poll_event().expect("startup should be done") {
             StartupEvent::Log(l) => logs.push(l),
-            StartupEvent::Done(m) => {
+            StartupEvent::Serve(m) => {
                 assert!(s.is_done());
                 return (m, logs);
             }
@@ -104,7 +104,7 @@ fn info(config: Value) -> RequestOutcome {
 fn a_server_older_than_2_11_is_unsupported_and_nothing_is_created() {
     for v in ["2.9.10", "2.10.24", "v2.10.0", "garbage"] {
         let mut s = Startup::new(BucketOptions::default(), v, T, Instant::now());
-        assert_eq!(done(&mut s).0, Mode::Unsupported, "{v}");
+        assert_eq!(served_mode(&mut s).0, Mode::Unsupported, "{v}");
     }
 }
 
@@ -128,7 +128,7 @@ fn a_missing_bucket_is_created_with_the_contract_config() {
         json!({"src": "$KV.leases.*", "dest": "dagnats.lease.changed.{{wildcard(1)}}"})
     );
     s.handle_outcome(Instant::now(), id, info(config));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }
 
 #[test]
@@ -145,7 +145,7 @@ fn a_create_the_server_accepts_but_whose_config_lacks_allow_msg_ttl_is_unsupport
         .unwrap()
         .remove("subject_delete_marker_ttl");
     s.handle_outcome(Instant::now(), id, info(config));
-    assert_eq!(done(&mut s).0, Mode::Unsupported);
+    assert_eq!(served_mode(&mut s).0, Mode::Unsupported);
 }
 
 #[test]
@@ -164,15 +164,15 @@ fn an_existing_bucket_without_per_message_ttl_is_updated_and_the_difference_logg
     assert_eq!(sent["num_replicas"], 3, "replicas left to the operator");
     assert_eq!(sent["custom"], "kept");
     s.handle_outcome(Instant::now(), id, info(sent));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }
 
 #[test]
 fn an_existing_bucket_that_matches_is_used_as_it_is() {
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s), (Mode::Ready, vec![]));
+    s.handle_outcome(Instant::now(), id, info(stream_config_with_atomic(1, true)));
+    assert_eq!(served_mode(&mut s), (Mode::Ready, vec![]));
 }
 
 #[test]
@@ -189,8 +189,8 @@ fn no_stream_leader_during_startup_is_retried_never_unsupported() {
     s.handle_timeout(t0 + STARTUP_RETRY);
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    s.handle_outcome(t0, id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    s.handle_outcome(t0, id, info(stream_config_with_atomic(1, true)));
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }
 
 #[test]
@@ -214,8 +214,8 @@ fn a_create_racing_another_instance_reads_the_config_again() {
     );
     let (id, r) = next_request(&mut s);
     assert_eq!(r.subject, "$JS.API.STREAM.INFO.KV_leases");
-    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    s.handle_outcome(Instant::now(), id, info(stream_config_with_atomic(1, true)));
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }
 
 #[test]
@@ -239,7 +239,7 @@ fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
         "dagnats.lease.changed.{{wildcard(1)}}"
     );
     s.handle_outcome(Instant::now(), id, info(sent));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 3, "replicas as the server returned them");
 }
 
@@ -247,12 +247,12 @@ fn a_bucket_from_before_read_confirmation_migrates_its_republish_source() {
 fn replicas_are_read_from_the_servers_config() {
     let mut s = Startup::new(BucketOptions::default(), "2.14.0", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    s.handle_outcome(Instant::now(), id, info(stream_config_with_atomic(1, true)));
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 1);
     use crate::service::bucket::replicas_from_reply;
     assert_eq!(
-        replicas_from_reply(&info(stream_config_for(3, true))),
+        replicas_from_reply(&info(stream_config_with_atomic(3, true))),
         Some(3)
     );
     assert_eq!(replicas_from_reply(&RequestOutcome::TimedOut), None);
@@ -302,8 +302,8 @@ fn calls_are_served_unavailable_until_startup_settles() {
     absent(&mut s, id);
     let (id, _) = next_request(&mut s);
     assert_eq!(s.mode(), Mode::Starting, "creating the bucket");
-    s.handle_outcome(t0, id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    s.handle_outcome(t0, id, info(stream_config_with_atomic(1, true)));
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
     assert_eq!(s.mode(), Mode::Ready);
     assert_eq!(served(&s), None, "a ready service writes the lease");
     let old = Startup::new(BucketOptions::default(), "2.9.10", T, Instant::now());
@@ -329,7 +329,7 @@ fn a_request_its_owner_timed_out_is_asked_again() {
     assert!(log.contains("not ready"), "{log}");
     assert_eq!(s.poll_timeout(), Some(t0 + T + STARTUP_RETRY));
     // A late answer to the timed-out request is ignored.
-    s.handle_outcome(t0 + T, id, info(stream_config_for(1, true)));
+    s.handle_outcome(t0 + T, id, info(stream_config_with_atomic(1, true)));
     assert!(s.poll_transmit(&mut owner_ids()).is_none() && s.poll_event().is_none());
     s.handle_timeout(t0 + T + STARTUP_RETRY);
     let (_, again) = next_request(&mut s);
@@ -346,7 +346,7 @@ fn allow_atomic_is_set_from_2_12_and_read_back_from_the_servers_config() {
         let config: Value = serde_json::from_slice(&r.payload).unwrap();
         assert_eq!(config.get("allow_atomic").is_some(), wanted, "{v}");
         s.handle_outcome(Instant::now(), id, info(config));
-        assert_eq!(done(&mut s).0, Mode::Ready);
+        assert_eq!(served_mode(&mut s).0, Mode::Ready);
         assert_eq!(s.atomic(), wanted, "{v}");
     }
     // An existing 2.14 stream without it is updated; a server that drops it
@@ -359,7 +359,7 @@ fn allow_atomic_is_set_from_2_12_and_read_back_from_the_servers_config() {
     let config: Value = serde_json::from_slice(&r.payload).unwrap();
     assert_eq!(config["allow_atomic"], true);
     s.handle_outcome(Instant::now(), id, info(stream_config(1)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
     assert!(!s.atomic());
 }
 
@@ -384,7 +384,7 @@ fn tenancy_creates_the_per_account_republish_and_moves_an_existing_bucket_to_it(
     // A bucket of the one-namespace layout: updated to it, and the change logged.
     let mut s = Startup::new(tenants, "2.15.1", T, Instant::now());
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(Instant::now(), id, info(stream_config_for(1, true)));
+    s.handle_outcome(Instant::now(), id, info(stream_config_with_atomic(1, true)));
     let (logs, (_, update)) = logged_request(&mut s);
     assert!(
         update.subject.ends_with("STREAM.UPDATE.KV_leases"),
@@ -408,7 +408,7 @@ fn refused(s: &mut Startup) -> String {
     loop {
         match s.poll_event().expect("startup should have ended") {
             StartupEvent::Log(_) => {}
-            StartupEvent::Done(m) => panic!("served in {m:?}, not refused"),
+            StartupEvent::Serve(m) => panic!("served in {m:?}, not refused"),
             StartupEvent::StartRefused(r) => return r,
         }
     }
@@ -463,7 +463,7 @@ fn three_shards_create_three_streams_recording_the_count() {
             );
         }
     }
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }
 
 /// The one-stream bucket exists: a service started with three shards refuses,
@@ -545,7 +545,7 @@ fn replicas_are_the_most_of_any_shard() {
             other_layout_absent(&mut s, "KV_leases");
         }
     }
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
     assert_eq!(s.replicas(), 3);
 }
 
@@ -593,7 +593,7 @@ fn tenancy_on_shards_republishes_each_shard_to_the_tenant_subject() {
     let three = crate::shard::ShardMap::new(3).unwrap();
     for i in three.indexes() {
         assert_eq!(
-            crate::service::bucket::republish_at(&three, i, crate::tenant::Tenancy::Accounts),
+            crate::service::bucket::shard_republish(&three, i, crate::tenant::Tenancy::Accounts),
             json!({
                 "src": format!("$KV.leases_{i}.*.*"),
                 "dest": "dagnats.lease.changed.{{wildcard(1)}}.{{wildcard(2)}}",
@@ -681,7 +681,7 @@ fn step_stand_in(s: &mut Startup, streams: &mut StandInStreams) -> Option<bool> 
     loop {
         match s.poll_event() {
             Some(StartupEvent::Log(_)) => {}
-            Some(StartupEvent::Done(m)) => {
+            Some(StartupEvent::Serve(m)) => {
                 assert_eq!(m, Mode::Ready);
                 return Some(true);
             }
@@ -839,7 +839,7 @@ fn startup_names_the_cause_and_gives_up_where_waiting_cannot_help() {
             while let Some(e) = s.poll_event() {
                 match e {
                     StartupEvent::StartRefused(r) => refusal = Some(r),
-                    StartupEvent::Done(m) => panic!("{answer:?}: served in {m:?}"),
+                    StartupEvent::Serve(m) => panic!("{answer:?}: served in {m:?}"),
                     StartupEvent::Log(_) => {}
                 }
             }
@@ -888,6 +888,10 @@ fn no_responders_that_end_before_the_bound_are_forgotten() {
     );
     s.handle_timeout(t0 + STARTUP_RETRY);
     let (id, _) = next_request(&mut s);
-    s.handle_outcome(t0 + STARTUP_RETRY, id, info(stream_config_for(1, true)));
-    assert_eq!(done(&mut s).0, Mode::Ready);
+    s.handle_outcome(
+        t0 + STARTUP_RETRY,
+        id,
+        info(stream_config_with_atomic(1, true)),
+    );
+    assert_eq!(served_mode(&mut s).0, Mode::Ready);
 }

@@ -21,7 +21,7 @@ pub(crate) fn owner_ids() -> Ids<TransmitId> {
     NEXT_ID.with(|next| {
         let first = next.get();
         next.set(first + 1);
-        Ids::starting_at(first)
+        Ids::starting_from(first)
     })
 }
 use crate::io::RequestOutcome;

@@ -67,7 +67,7 @@ const DEL: (&str, &str) = ("KV-Operation", "DEL");
 #[test]
 fn purge_a_released_tombstone_below_its_own_revision_plus_one_and_nothing_later() {
     let (mut s, now) = sweep();
-    assert!(s.is_done());
+    assert!(s.is_idle());
     s.handle_released(now, "job".into(), 41);
     let t = s.poll_transmit(&mut owner_ids()).expect("a purge");
     assert_eq!(t.kind, TransmitKind::Api);
@@ -80,7 +80,7 @@ fn purge_a_released_tombstone_below_its_own_revision_plus_one_and_nothing_later(
     );
     // Purged: nothing to say (a failed purge says `Failed`), nothing left to do.
     assert_eq!(s.poll_event(), None);
-    assert!(s.is_done());
+    assert!(s.is_idle());
 }
 
 /// Rule purge: up to MAX_IN_FLIGHT out at once, oldest first; each outcome makes
@@ -138,7 +138,7 @@ fn overflow_defers_to_a_scan() {
             reason: ScanReason::Overflow
         }]
     );
-    assert!(!s.is_done());
+    assert!(!s.is_idle());
 }
 
 /// Rule a failed purge defers to a scan: every kind of failure is reported, and
@@ -189,9 +189,9 @@ fn scan_at_start_reads_every_stream_from_sequence_one() {
         let shards = ShardMap::new(count).unwrap();
         let now = Instant::now();
         let mut s = TombstoneSweep::new(Duration::from_secs(1), now).with_shards(shards);
-        assert!(s.is_done());
+        assert!(s.is_idle());
         s.handle_serving(now);
-        assert!(!s.is_done());
+        assert!(!s.is_idle());
         let out = transmits(&mut s);
         assert_eq!(out.len(), count as usize, "{count} streams");
         for (i, t) in out.iter().enumerate() {
@@ -357,7 +357,7 @@ fn a_loss_ahead_of_a_scan_is_its_own() {
         if let Some(t) = next {
             assert_eq!(body(&t)["seq"], 1, "{name}: a second scan from the start");
         } else {
-            assert!(s.is_done(), "{name}");
+            assert!(s.is_idle(), "{name}");
         }
     }
 }

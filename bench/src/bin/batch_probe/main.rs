@@ -7,7 +7,7 @@
 //! It starts its servers as the benchmark does (`servers` of the bench library:
 //! `.nats/bin/nats-server`, as `scripts/install-nats-server` puts it there;
 //! `DAGNATS_NATS_SERVER` overrides), creates the service's stream `KV_leases` on
-//! each with the config the service creates it with (`bucket::stream_config_for`
+//! each with the config the service creates it with (`bucket::stream_config_with_atomic`
 //! of the core, with `allow_atomic`: one message per subject, per-message TTL,
 //! delete markers with a 1 s TTL, RePublish of `$KV.leases.*` to
 //! `dagnats.lease.changed.{{wildcard(1)}}`), then:
@@ -37,7 +37,7 @@ use base64::Engine;
 use bytes::Bytes;
 use clap::Parser;
 use dagnats_leases_bench::servers::{ACCOUNTS, Cluster, Nats, Server, Sync};
-use dagnats_leases_core::service::bucket::stream_config_for;
+use dagnats_leases_core::service::bucket::stream_config_with_atomic;
 use dagnats_leases_core::subjects::{STREAM, kv_subject};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -119,7 +119,7 @@ impl Place {
         let created = api(
             &client,
             &format!("$JS.API.STREAM.CREATE.{STREAM}"),
-            stream_config_for(replicas, true),
+            stream_config_with_atomic(replicas, true),
         )
         .await;
         assert!(created.get("error").is_none(), "create {name}: {created}");

@@ -42,7 +42,7 @@ impl Handoffs {
 
     /// The subscribe of `key` is over (done, failed, or no longer wanted).
     pub(super) fn watched(&mut self, key: &str) {
-        self.watches.done(&key.to_string());
+        self.watches.forget(&key.to_string());
     }
 
     /// Rejects a forwarded request by a reply to `to`, given up at `now` +
@@ -93,7 +93,7 @@ impl Campaign {
     /// or its publish failed. Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives
     /// it up ([`CampaignEvent::CancelReject`]).
     pub fn handle_reject_sent(&mut self, _now: Instant, id: RejectId) {
-        self.handoffs.rejects.done(&id);
+        self.handoffs.rejects.forget(&id);
     }
 
     /// A request forwarded to this holder's inbox arrived on `subject`, with reply

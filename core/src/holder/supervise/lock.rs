@@ -103,7 +103,7 @@ enum LockPhase {
     Campaigning {
         wait_until: Option<Instant>,
         /// The last refusal since the start, if any.
-        refused: Option<NotGranted>,
+        not_granted: Option<NotGranted>,
         waited_out: bool,
     },
     /// Elected, but with no more than the grace period left: wait for a renewal.
@@ -146,7 +146,7 @@ impl Lock {
             grace,
             phase: LockPhase::Campaigning {
                 wait_until: wait.map(|w| now + w),
-                refused: None,
+                not_granted: None,
                 waited_out: false,
             },
             deadline: None,
@@ -202,12 +202,12 @@ impl Lock {
     /// [`HolderEvent::NotGranted`]: crate::holder::HolderEvent::NotGranted
     pub fn handle_not_granted(&mut self, now: Instant, why: NotGranted) {
         if let LockPhase::Campaigning {
-            refused,
+            not_granted,
             waited_out,
             ..
         } = &mut self.phase
         {
-            let told = refused.replace(why) == Some(why);
+            let told = not_granted.replace(why) == Some(why);
             if *waited_out {
                 self.exit(Self::waited_out(why), true);
                 return;
@@ -353,11 +353,11 @@ impl Lock {
         match &mut self.phase {
             LockPhase::Campaigning {
                 wait_until: Some(at),
-                refused,
+                not_granted,
                 waited_out,
             } if now >= *at && !*waited_out => {
                 *waited_out = true;
-                if let Some(why) = *refused {
+                if let Some(why) = *not_granted {
                     self.exit(Self::waited_out(why), true);
                 }
             }

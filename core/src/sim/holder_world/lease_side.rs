@@ -183,7 +183,7 @@ impl HolderWorld {
                 kind: kind @ SubscriptionKind::Changes,
                 subject,
                 ..
-            } => match self.changes_refused {
+            } => match self.changes_denied {
                 true => {
                     service.handle_subscribe_failed(now, kind, &subject, "permissions violation")
                 }

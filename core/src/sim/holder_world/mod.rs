@@ -134,9 +134,9 @@ pub struct HolderWorld {
     /// With [`HolderWorld::with_known`]: the service keeps its known map (fed by
     /// itself: its calls, and the change events it subscribed to).
     known: bool,
-    /// With [`HolderWorld::with_change_events_refused`]: the services' change
+    /// With [`HolderWorld::with_change_events_denied`]: the services' change
     /// subscriptions fail.
-    changes_refused: bool,
+    changes_denied: bool,
     /// With [`HolderWorld::with_presence`]: the services take change events as
     /// `changes: auto` decides, from the heartbeats they hear; without, always.
     presence: bool,
@@ -240,7 +240,7 @@ impl HolderWorld {
             violation: None,
             stats: Stats::default(),
             known: false,
-            changes_refused: false,
+            changes_denied: false,
             presence: false,
             slow_subscribes: None,
             batching: false,
@@ -277,8 +277,8 @@ impl HolderWorld {
     /// The same world with every instance's subscription to change events
     /// failing (a user not allowed them): its known map learns from its own calls
     /// alone.
-    pub fn with_change_events_refused(mut self) -> Self {
-        self.changes_refused = true;
+    pub fn with_change_events_denied(mut self) -> Self {
+        self.changes_denied = true;
         self.start_instances(self.instances.len());
         self
     }

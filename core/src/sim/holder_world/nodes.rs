@@ -476,7 +476,7 @@ impl HolderWorld {
             }
             HolderEvent::SteppedDown {
                 reason: StepDownReason::Revoked { .. } | StepDownReason::Unhealthy { .. },
-            } if self.p.app == App::CallsDone => {
+            } if self.p.app == App::HeedsRevocation => {
                 app.remove(key);
                 done.push(key.to_string());
             }

@@ -99,7 +99,7 @@ pub enum App {
     /// Writes every key until its last deadline handed out, ignoring revocation.
     IgnoresRevocation,
     /// Stops writing a revoked key at once and calls [`Campaign::handle_done`].
-    CallsDone,
+    HeedsRevocation,
 }
 
 /// How often each application writes the keys it believes it may, ms.

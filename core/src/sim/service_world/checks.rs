@@ -14,10 +14,10 @@ impl ServiceWorld {
     /// stored since, then each write: the replies first, so that a write handed
     /// out with its call's answer counts as sent after it.
     pub(super) fn drain(&mut self) -> Result<(), String> {
-        if self.done_at.is_none()
-            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Done)
+        if self.stop_ended_ms.is_none()
+            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Stopped)
         {
-            self.done_at = Some(self.now_ms);
+            self.stop_ended_ms = Some(self.now_ms);
         }
         self.drain_events()?;
         self.check_tombstones()?;

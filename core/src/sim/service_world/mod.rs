@@ -117,9 +117,9 @@ pub struct ServiceWorld {
     /// Every event the service reported, in order.
     pub events: Vec<ServiceEvent>,
     /// When the stop came, in virtual ms.
-    stopped_at: Option<u64>,
+    stop_began_ms: Option<u64>,
     /// When the stop ended, in virtual ms.
-    done_at: Option<u64>,
+    stop_ended_ms: Option<u64>,
     subscribed: BTreeSet<String>,
     steps_since_stop: usize,
     /// How much of the stream's log the tombstone check has read.
@@ -166,8 +166,8 @@ impl ServiceWorld {
             many: BTreeMap::new(),
             many_replies: Vec::new(),
             events: Vec::new(),
-            stopped_at: None,
-            done_at: None,
+            stop_began_ms: None,
+            stop_ended_ms: None,
             subscribed: BTreeSet::new(),
             steps_since_stop: 0,
             log_checked: 0,
@@ -426,10 +426,10 @@ impl ServiceWorld {
         self.now_ms += ms;
         self.sim.advance(ms);
         self.service.handle_timeout(at.max(self.now()));
-        if self.done_at.is_none()
-            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Done)
+        if self.stop_ended_ms.is_none()
+            && self.service.stop_phase() == Some(crate::service::shutdown::StopPhase::Stopped)
         {
-            self.done_at = Some(self.now_ms);
+            self.stop_ended_ms = Some(self.now_ms);
         }
     }
 
@@ -442,8 +442,8 @@ impl ServiceWorld {
 
     /// Stops the service.
     pub fn stop(&mut self) {
-        if self.stopped_at.is_none() {
-            self.stopped_at = Some(self.now_ms);
+        if self.stop_began_ms.is_none() {
+            self.stop_began_ms = Some(self.now_ms);
         }
         self.service.handle_stop(self.now());
     }
@@ -585,7 +585,7 @@ impl ServiceWorld {
     /// What every step ends with: the outputs drained and checked, a stop obeyed.
     fn after_step(&mut self) -> Result<(), String> {
         self.drain()?;
-        if self.stopped_at.is_some() {
+        if self.stop_began_ms.is_some() {
             self.obey();
             self.drain()?;
         }
@@ -635,8 +635,8 @@ impl ServiceWorld {
                 self.drain()?;
             }
         }
-        let stopped_at = self.stopped_at.unwrap_or(0);
-        let took = Duration::from_millis(self.done_at.unwrap_or(self.now_ms) - stopped_at);
+        let stop_began_ms = self.stop_began_ms.unwrap_or(0);
+        let took = Duration::from_millis(self.stop_ended_ms.unwrap_or(self.now_ms) - stop_began_ms);
         let bound = Shutdown::bound(self.service_shutdown_timeout());
         if took > bound {
             return Err(format!("the stop took {took:?}, past its bound {bound:?}"));
