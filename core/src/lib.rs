@@ -59,7 +59,10 @@
 //!   it. A machine keeps its own request deadlines: a request unanswered within
 //!   its timeout becomes [`io::RequestOutcome::TimedOut`] there, so an adapter
 //!   needs no timer per request;
-//! - `is_done()` means finished, with nothing left to poll.
+//! - `is_done()` means finished for good, with nothing left to poll. The service's
+//!   long-lived parts (`Coalescer`, `Admission`, `TombstoneSweep`) say `is_idle()`
+//!   instead: nothing queued or in flight now; `Shutdown` says `is_stopped()`: the
+//!   stop is over.
 //!
 //! # Driving a call
 //!

@@ -272,8 +272,8 @@ impl<K: Ord + Clone> Handoff<K> {
         self.due.insert(key, now + HANDOFF_BOUND);
     }
 
-    /// `key` is reported done (or no longer wanted): never given up. Whether it
-    /// was still handed over.
+    /// Forgets `key`: the client reported it done, or it is no longer wanted, so it
+    /// is never given up. Whether it was still handed over.
     pub fn forget(&mut self, key: &K) -> bool {
         self.due.remove(key).is_some()
     }
