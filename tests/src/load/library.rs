@@ -181,6 +181,24 @@ impl CampaignObserver for LibraryRecorder {
     }
 }
 
+/// A member of `cfg.holder` whose campaigns report to a recorder writing `history`.
+fn recorded_member(
+    client: Client,
+    cfg: &HolderConfig,
+    history: History,
+) -> (Arc<LibraryRecorder>, Member) {
+    let recorder = Arc::new(LibraryRecorder {
+        holder: cfg.holder.clone(),
+        ttl_ms: cfg.ttl_ms,
+        history,
+        keys: Mutex::default(),
+    });
+    let member = Member::new(client, cfg.holder.clone())
+        .expect("a valid holder id")
+        .with_observer(recorder.clone());
+    (recorder, member)
+}
+
 /// Runs the holder library for one key until `stop`: a `Member` with an `Elector`;
 /// while it leads (its `tenure()`), it writes to the store with the current fence
 /// every `write_every`, checking the tenure before each write; now and then it
@@ -194,15 +212,7 @@ pub async fn run_library_holder(
     stop: Arc<AtomicBool>,
     observer: Arc<dyn Observer>,
 ) {
-    let recorder = Arc::new(LibraryRecorder {
-        holder: cfg.holder.clone(),
-        ttl_ms: cfg.ttl_ms,
-        history,
-        keys: Mutex::default(),
-    });
-    let member = Member::new(client, cfg.holder.clone())
-        .expect("a valid holder id")
-        .with_observer(recorder.clone());
+    let (recorder, member) = recorded_member(client, &cfg, history);
     let ttl = Duration::from_millis(cfg.ttl_ms);
     let elect = || member.elect(&cfg.key, ttl).expect("one campaign per key");
     let mut elector = elect();
@@ -239,15 +249,7 @@ pub async fn run_library_shards(
     stop: Arc<AtomicBool>,
     observer: Arc<dyn Observer>,
 ) {
-    let recorder = Arc::new(LibraryRecorder {
-        holder: cfg.holder.clone(),
-        ttl_ms: cfg.ttl_ms,
-        history,
-        keys: Mutex::default(),
-    });
-    let member = Member::new(client, cfg.holder.clone())
-        .expect("a valid holder id")
-        .with_observer(recorder.clone());
+    let (recorder, member) = recorded_member(client, &cfg, history);
     let ttl = Duration::from_millis(cfg.ttl_ms);
     let keys: Vec<&str> = cfg.key.split(',').collect();
     let max_held = keys.len().div_ceil(2);
