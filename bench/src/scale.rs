@@ -5,9 +5,10 @@
 //! renew p99 as the holders see it, CPU and memory of the service, the server and
 //! this process (where the members run).
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dagnats_leases_tokio::member::{Member, Ownership};
@@ -120,6 +121,9 @@ pub(crate) struct Holders {
     pub held: Arc<AtomicI64>,
     /// Step-downs so far.
     pub lost: Arc<AtomicU64>,
+    /// Step-downs so far by reason (`deadline_missed`, `lost`, ...), so a step
+    /// that loses leases says why.
+    pub lost_by_reason: Arc<Mutex<BTreeMap<String, u64>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -133,6 +137,7 @@ impl Holders {
             members: 0,
             held: Arc::new(AtomicI64::new(0)),
             lost: Arc::new(AtomicU64::new(0)),
+            lost_by_reason: Arc::default(),
             tasks: Vec::new(),
         }
     }
@@ -152,6 +157,7 @@ impl Holders {
         let mine: Vec<&str> = mine.iter().map(String::as_str).collect();
         let mut shards = member.shards(&mine, mine.len(), TTL).expect("shards");
         let (held, lost) = (self.held.clone(), self.lost.clone());
+        let by_reason = self.lost_by_reason.clone();
         self.tasks.push(tokio::spawn(async move {
             let _member = member;
             while let Some(change) = shards.next().await {
@@ -159,15 +165,24 @@ impl Holders {
                     Ownership::Elected { .. } => {
                         held.fetch_add(1, Ordering::Relaxed);
                     }
-                    Ownership::SteppedDown { .. } => {
+                    Ownership::SteppedDown { reason } => {
                         held.fetch_sub(1, Ordering::Relaxed);
                         lost.fetch_add(1, Ordering::Relaxed);
+                        let mut by_reason = by_reason.lock().expect("reasons");
+                        *by_reason.entry(reason.to_string()).or_default() += 1;
                     }
                     #[allow(unreachable_patterns)]
                     _ => {}
                 }
             }
         }));
+    }
+
+    /// Step-downs so far, by reason: `deadline_missed 2, lost 1`.
+    pub fn lost_reasons(&self) -> String {
+        let by_reason = self.lost_by_reason.lock().expect("reasons");
+        let parts: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        parts.join(", ")
     }
 
     /// Members started so far.

@@ -171,15 +171,23 @@ pub(super) async fn service(
         };
         let lost_now = lost.load(Ordering::Relaxed) - lost0;
         let held_now = held.load(Ordering::Relaxed);
+        let lost_why =
+            (lost_now > 0).then(|| format!("{lost_now} lost ({})", holders.lost_reasons()));
         let why = if !ramped {
-            Some(format!(
-                "{held_now} of {target} held after {ramp_s:.0} s of ramp"
-            ))
-        } else if lost_now > 0 {
-            Some(format!("{lost_now} lost"))
+            let held_why = format!("{held_now} of {target} held after {ramp_s:.0} s of ramp");
+            Some(match lost_why {
+                Some(lost_why) => format!("{held_why}, {lost_why}"),
+                None => held_why,
+            })
         } else {
-            None
+            lost_why
         };
+        // The holders' counters so far (renewals by outcome, retries, step-downs
+        // by reason), kept for reading a step afterwards.
+        let _ = std::fs::write(
+            out.join(format!("capacity-{name}-{target}-metrics.txt")),
+            &text,
+        );
         if !record_step(
             &mut steps,
             target,
