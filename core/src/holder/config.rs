@@ -63,6 +63,12 @@ pub struct HolderConfig {
     pub ttl: Duration,
     /// How often to renew: ttl/3 by default.
     pub renew_every: Duration,
+    /// How much sooner than `renew_every` a tenure's first renewal comes (zero by
+    /// default; below `renew_every`). Keys won in one burst get different offsets,
+    /// so their renewals stay spread for good while each renews every
+    /// `renew_every` after its first: the spread costs one early renewal a tenure,
+    /// not a shorter interval for ever.
+    pub first_renewal_sooner: Duration,
     /// How long to wait before asking again when another holder has the key (ttl/3 by
     /// default; a change event for the key asks at once, see
     /// [`Holder::handle_change`](super::Holder::handle_change)).
@@ -100,6 +106,7 @@ impl HolderConfig {
             holder: holder.into(),
             ttl,
             renew_every: ttl / 3,
+            first_renewal_sooner: Duration::ZERO,
             campaign_every: ttl / 3,
             retry_every: (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             request_timeout: (ttl / 4).min(Duration::from_secs(5)),
@@ -148,6 +155,9 @@ impl HolderConfig {
             return invalid(
                 "renew_every must be above zero and below the ttl less the drift margin",
             );
+        }
+        if self.first_renewal_sooner >= self.renew_every {
+            return invalid("first_renewal_sooner must be below renew_every");
         }
         if self.request_timeout.is_zero() || self.request_timeout + self.renew_every >= span {
             return invalid(

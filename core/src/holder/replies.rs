@@ -213,13 +213,15 @@ impl Holder {
                 // The tenure starts at this renew's revision, not the grant's: a
                 // grant may return an earlier tenure's last write under this holder
                 // ID, whose fence that tenure already handed out.
+                // The tenure's first renewal: sooner by the key's offset in its
+                // group, so keys won together do not renew together for ever.
                 self.phase = Phase::Owner {
                     ownership: Tenure {
                         tenure: revision,
                         fence: revision,
                         deadline,
                     },
-                    next_at,
+                    next_at: next_at - self.config.first_renewal_sooner,
                     recovering: false,
                 };
                 self.events.push_back(HolderEvent::Elected {

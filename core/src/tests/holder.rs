@@ -1064,6 +1064,10 @@ fn the_config_is_checked_against_the_contract_bounds() {
             campaign_every: Duration::MAX,
             ..config()
         },
+        HolderConfig {
+            first_renewal_sooner: config().renew_every,
+            ..config()
+        },
     ];
     for config in bad {
         let err = Holder::new(config.clone(), Instant::now()).unwrap_err();

@@ -7,13 +7,15 @@ use super::*;
 /// Keys of one group are often won in one burst (every shard at startup), and each
 /// renews `renew_every` after its last write's send, so they would renew in one
 /// burst too, for ever: every request of the group queued at the service at once.
-/// Key `i` of `n` renews `renew_every / 4 × i / n` sooner instead, spreading the
-/// group's renewals over a quarter of the interval. Renewing sooner is always safe;
-/// a group of one key is unchanged.
+/// Key `i` of `n` renews the first time in a tenure `renew_every / 4 × i / n`
+/// sooner instead ([`HolderConfig::first_renewal_sooner`]), spreading the group's
+/// renewals over a quarter of the interval; after that each renews every
+/// `renew_every`, so the spread stays without renewing more often. Renewing sooner
+/// is always safe; a group of one key is unchanged.
 pub(super) fn spread_renewals(keys: &mut [HolderConfig]) {
     let n = keys.len() as u32;
     for (i, config) in keys.iter_mut().enumerate() {
-        config.renew_every -= config.renew_every / 4 * i as u32 / n;
+        config.first_renewal_sooner = config.renew_every / 4 * i as u32 / n;
     }
 }
 
