@@ -241,6 +241,60 @@ fn a_group_watches_its_keys_until_it_finishes() {
     assert_eq!(run.all_events(), [watch("b")]);
 }
 
+/// A key this holder owns is not watched: its change events would only be its own
+/// renewals, one a renewal. It is watched again when it steps down and its group
+/// campaigns on; once its group stops it is not watched again, and never
+/// unwatched twice.
+#[test]
+fn an_owned_key_is_unwatched_and_watched_again_when_it_steps_down() {
+    let watches = |run: &mut Run| -> Vec<CampaignEvent> {
+        run.all_events()
+            .into_iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    CampaignEvent::Watch { .. } | CampaignEvent::Unwatch { .. }
+                )
+            })
+            .collect()
+    };
+    let mut run = Run::new();
+    let group = run.group(&["a"], 1);
+    assert_eq!(watches(&mut run), [watch("a")]);
+    let acquire = run.request();
+    run.elect(0, &acquire, 3);
+    assert_eq!(watches(&mut run), [unwatch("a")], "elected");
+    // Its renew is answered `lost`: it steps down and campaigns again, watched.
+    run.campaign.handle_timeout(run.at(5_000));
+    let renew = run.request();
+    assert_eq!(renew.request.endpoint, Endpoint::Renew);
+    let lost = RequestOutcome::reply(r#"{"error":"gone","kind":"lost"}"#);
+    run.answer(5_010, &renew, lost);
+    assert_eq!(watches(&mut run), [watch("a")], "stepped down");
+    run.campaign.handle_watched(run.at(5_010), "a");
+    // Elected again; then the group stops: the release goes out, and the key is
+    // neither watched again nor unwatched a second time when the group finishes.
+    run.campaign.handle_timeout(run.at(6_010));
+    let again = run.request();
+    assert_eq!(again.request.endpoint, Endpoint::Acquire);
+    run.elect(6_020, &again, 7);
+    assert_eq!(watches(&mut run), [unwatch("a")], "elected again");
+    run.campaign.handle_stop_group(run.at(6_100), group);
+    let release = run.request();
+    assert_eq!(release.request.endpoint, Endpoint::Release);
+    run.answer(
+        6_110,
+        &release,
+        RequestOutcome::reply(r#"{"released":true}"#),
+    );
+    let finished: Vec<CampaignEvent> = run
+        .all_events()
+        .into_iter()
+        .filter(|e| !matches!(e, CampaignEvent::Holder { .. }))
+        .collect();
+    assert_eq!(finished, [CampaignEvent::Finished { group }]);
+}
+
 /// A balanced set watches its presence keys too; a semaphore, its slots.
 #[test]
 fn balanced_sets_and_semaphores_watch_every_key_they_count_by() {
@@ -1225,14 +1279,19 @@ fn a_handed_over_key_is_released_now_and_asked_for_again_a_campaign_interval_lat
 }
 
 /// Random groups started, stopped and answered, subscribes reported made or left
-/// hanging: the keys watched are always those of the groups not yet finished, each
-/// watched once, every request is for a watched key, and nothing is watched once
-/// every group has finished; a subscribe is given up only while under way and not
-/// before [`HANDOFF_BOUND`], and none is under way past it after a timeout.
+/// hanging: the keys watched are those of the groups not yet finished that this
+/// holder does not own (a key of a running group, not stopped, not owned, is
+/// watched; an owned key is not), each watched once at a time; every request is
+/// for a key of a group not yet finished, and nothing is watched once every group
+/// has finished; a subscribe is given up only while under way and not before
+/// [`HANDOFF_BOUND`], and none is under way past it after a timeout.
 fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
     const POOL: [&str; 4] = ["a", "b", "c", "d"];
     let mut run = Run::new();
     let mut watched = std::collections::BTreeSet::new();
+    let mut owned = std::collections::BTreeSet::new();
+    // The groups not yet finished: their keys, and whether they were stopped.
+    let mut running: std::collections::BTreeMap<GroupId, (Vec<String>, bool)> = Default::default();
     // Subscribes under way, since when.
     let mut subscribing: std::collections::BTreeMap<String, Instant> = Default::default();
     let mut groups: Vec<GroupId> = Vec::new();
@@ -1257,11 +1316,16 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 };
                 if let Ok(g) = run.campaign.add_group(now, configs(&keys), 1) {
                     groups.push(g);
+                    let keys = keys.iter().map(|k| k.to_string()).collect();
+                    running.insert(g, (keys, false));
                 }
             }
             1 if !groups.is_empty() => {
                 let g = groups.remove(usize::from(x) % groups.len());
                 run.campaign.handle_stop_group(now, g);
+                if let Some((_, stopped)) = running.get_mut(&g) {
+                    *stopped = true;
+                }
             }
             2 if !out.is_empty() => {
                 let r = out.remove(usize::from(x) % out.len());
@@ -1300,6 +1364,15 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 CampaignEvent::Unwatch { key } => {
                     subscribing.remove(&key);
                 }
+                CampaignEvent::Leading { key, owns: true } => {
+                    owned.insert(key);
+                }
+                CampaignEvent::Leading { key, owns: false } => {
+                    owned.remove(&key);
+                }
+                CampaignEvent::Finished { group } => {
+                    running.remove(&group);
+                }
                 CampaignEvent::CancelWatch { key } => match subscribing.remove(&key) {
                     None => return Err(format!("{ms} ms: {key} given up, not under way")),
                     Some(since) if now < since + HANDOFF_BOUND => {
@@ -1320,9 +1393,19 @@ fn watch_world(ops: &[(u8, u8, u8)]) -> Result<(), String> {
                 *since - run.t0
             ));
         }
+        for (keys, stopped) in running.values() {
+            for key in keys {
+                if owned.contains(key) && watched.contains(key) {
+                    return Err(format!("{ms} ms: {key} owned and watched"));
+                }
+                if !stopped && !owned.contains(key) && !watched.contains(key) {
+                    return Err(format!("{ms} ms: {key} campaigned for, not watched"));
+                }
+            }
+        }
         for r in run.requests() {
-            if !watched.contains(&r.key) {
-                return Err(format!("{ms} ms: a request for unwatched {}", r.key));
+            if !running.values().any(|(keys, _)| keys.contains(&r.key)) {
+                return Err(format!("{ms} ms: a request for {} of no group", r.key));
             }
             out.push(r);
         }

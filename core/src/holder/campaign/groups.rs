@@ -317,10 +317,7 @@ impl Campaign {
                     for config in group.keys {
                         self.claimed.remove(&config.key);
                         self.renew_unclear.remove(&config.key);
-                        let key = config.key;
-                        // A subscribe under way is dropped with the watch.
-                        self.handoffs.watched(&key);
-                        self.events.push_back(CampaignEvent::Unwatch { key });
+                        self.handoffs.unwatch(&config.key, &mut self.events);
                     }
                 }
                 self.events.push_back(CampaignEvent::Finished { group: id });

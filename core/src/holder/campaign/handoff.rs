@@ -23,25 +23,41 @@ impl crate::outbox::Id for RejectId {
 /// with the instant it is given up.
 #[derive(Debug, Default)]
 pub(super) struct Handoffs {
+    /// The keys watched now (subscribed, or the subscribe under way or given up).
+    watched: BTreeSet<String>,
     watches: Handoff<String>,
     rejects: Handoff<RejectId>,
     reject_ids: Ids<RejectId>,
 }
 
 impl Handoffs {
-    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND).
+    /// Subscribes to `key`'s change events, given up at `now` + [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND);
+    /// nothing if it is watched already.
     pub(super) fn watch(
         &mut self,
         now: Instant,
         key: String,
         events: &mut VecDeque<CampaignEvent>,
     ) {
-        self.watches.hand(now, key.clone());
-        events.push_back(CampaignEvent::Watch { key });
+        if self.watched.insert(key.clone()) {
+            self.watches.hand(now, key.clone());
+            events.push_back(CampaignEvent::Watch { key });
+        }
+    }
+
+    /// Unsubscribes from `key`'s change events (a subscribe under way is dropped with
+    /// it); nothing if it is not watched.
+    pub(super) fn unwatch(&mut self, key: &str, events: &mut VecDeque<CampaignEvent>) {
+        if self.watched.remove(key) {
+            self.subscribed(key);
+            events.push_back(CampaignEvent::Unwatch {
+                key: key.to_string(),
+            });
+        }
     }
 
     /// The subscribe of `key` is over (done, failed, or no longer wanted).
-    pub(super) fn watched(&mut self, key: &str) {
+    pub(super) fn subscribed(&mut self, key: &str) {
         self.watches.forget(&key.to_string());
     }
 
@@ -86,7 +102,7 @@ impl Campaign {
     /// ticks still ask). Not reported by [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND), the campaign gives it
     /// up ([`CampaignEvent::CancelWatch`]); a report after that is ignored.
     pub fn handle_watched(&mut self, _now: Instant, key: &str) {
-        self.handoffs.watched(key);
+        self.handoffs.subscribed(key);
     }
 
     /// The reject reply `id` ([`CampaignEvent::Reject`]) was handed to the client,

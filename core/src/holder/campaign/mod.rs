@@ -171,7 +171,9 @@ pub enum CampaignEvent {
         event: HolderEvent,
     },
     /// Subscribe to `key`'s change events: a group campaigns for it (or counts the
-    /// members of a balanced set by it). They wake a campaign when the key may be free.
+    /// members of a balanced set by it) and this holder does not own it. They wake a
+    /// campaign when the key may be free. An owned key is not watched: its events
+    /// would be this holder's own renewals.
     /// Say when the subscribe is over with [`Campaign::handle_watched`]; the campaign
     /// gives it up at [`HANDOFF_BOUND`](crate::io::HANDOFF_BOUND) ([`CampaignEvent::CancelWatch`]).
     Watch {
@@ -204,7 +206,8 @@ pub enum CampaignEvent {
         id: RejectId,
     },
     /// Unsubscribe from `key`'s change events (or drop the subscribe still under
-    /// way): no group campaigns for it any more.
+    /// way): no group campaigns for it any more, or this holder owns it now (it is
+    /// watched again when it steps down).
     Unwatch {
         /// The key.
         key: String,
@@ -602,6 +605,15 @@ impl Campaign {
                 });
                 if let Some(owns) = owns {
                     lead(&mut self.owned, &mut self.events, key, owns);
+                    let stopping = group.as_deref().is_none_or(|g| g.stopping);
+                    watch_unless_owned(
+                        &mut self.handoffs,
+                        &mut self.seen,
+                        &mut self.events,
+                        (now, key),
+                        owns,
+                        stopping,
+                    );
                 }
                 if let Some(after) = campaigned {
                     self.events.push_back(CampaignEvent::ElectedAfter {
@@ -627,6 +639,27 @@ fn lead(owned: &mut BTreeSet<String>, events: &mut VecDeque<CampaignEvent>, key:
     if changed {
         let key = key.to_string();
         events.push_back(CampaignEvent::Leading { key, owns });
+    }
+}
+
+/// A key's change events only wake a campaign for it and show who holds it to a
+/// balanced set; while this holder owns the key they are its own renewals, one a
+/// renewal, read for nothing. So the key is unwatched when elected (what was seen
+/// of it goes: this holder holds it) and watched again when it steps down, unless
+/// its group is stopping (it is unwatched for good when the group finishes).
+fn watch_unless_owned(
+    handoffs: &mut Handoffs,
+    seen: &mut BTreeMap<String, Seen>,
+    events: &mut VecDeque<CampaignEvent>,
+    (now, key): (Instant, &str),
+    owns: bool,
+    stopping: bool,
+) {
+    if owns {
+        seen.remove(key);
+        handoffs.unwatch(key, events);
+    } else if !stopping {
+        handoffs.watch(now, key.to_string(), events);
     }
 }
 
