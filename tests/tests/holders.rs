@@ -290,26 +290,43 @@ async fn balanced_shards_share_evenly_as_members_join_and_leave() {
 }
 
 /// A shard the library sheds for a newcomer is revoked: it steps down at once and
-/// keeps its lease until the application is done with it. `done` releases it then,
-/// so the newcomer is granted it before the revoked deadline (without `done` the
-/// release would wait for that deadline: the move could not come sooner).
+/// keeps its lease until the application has stopped writing under it.
+/// `stopped_writing` releases it then, so the newcomer is granted it before the
+/// revoked deadline (without it the release would wait for that deadline: the move
+/// could not come sooner).
 #[tokio::test]
-async fn a_revoked_shard_moves_as_soon_as_the_application_is_done_with_it() {
+async fn a_revoked_shard_moves_as_soon_as_the_application_stopped_writing() {
+    revoked_shard_moves("rev", |shards, key| shards.stopped_writing(key)).await;
+}
+
+/// `Shards::done`, the deprecated name of `stopped_writing`, still releases a
+/// revoked shard before its deadline.
+#[tokio::test]
+async fn the_deprecated_done_still_releases_a_revoked_shard() {
+    #[allow(deprecated)]
+    revoked_shard_moves("dep", |shards, key| shards.done(key)).await;
+}
+
+/// Runs a balanced set of two shards that a second member joins, and checks the
+/// shard revoked from the first moves once `release` was called for it, before its
+/// deadline.
+async fn revoked_shard_moves(set: &str, release: fn(&Shards, &str)) {
     let fx = Fx::start().await;
     let ttl = Duration::from_secs(15);
-    let keys = ["rv0", "rv1"];
-    let mut first = member(&fx, "rev-a")
+    let keys = [format!("{set}0"), format!("{set}1")];
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut first = member(&fx, &format!("{set}-a"))
         .await
-        .balanced_shards("rev", &keys, ttl)
+        .balanced_shards(set, &keys, ttl)
         .unwrap();
     until_holding(&mut first, 2).await;
     let joined = Instant::now();
-    let mut second = member(&fx, "rev-b")
+    let mut second = member(&fx, &format!("{set}-b"))
         .await
-        .balanced_shards("rev", &keys, ttl)
+        .balanced_shards(set, &keys, ttl)
         .unwrap();
-    // rev-a's share drops to one: at its next tick (a renew interval at most) it
-    // revokes one shard.
+    // The first member's share drops to one: at its next tick (a renew interval at
+    // most) it revokes one shard.
     let (key, deadline) = loop {
         let change = next_shard(&mut first).await;
         if let Ownership::SteppedDown {
@@ -322,7 +339,7 @@ async fn a_revoked_shard_moves_as_soon_as_the_application_is_done_with_it() {
     assert!(first.tenure(&key).is_none(), "{key} not owned once revoked");
     assert_eq!(first.held().len(), 1);
     let done = Instant::now();
-    first.done(&key);
+    release(&first, &key);
     let granted = tokio::time::timeout_at(deadline.into(), async {
         loop {
             let change = next_shard(&mut second).await;
@@ -334,8 +351,8 @@ async fn a_revoked_shard_moves_as_soon_as_the_application_is_done_with_it() {
     .await
     .expect("the revoked shard moved before its deadline");
     println!(
-        "{key}: revoked {:?} after the join, granted to rev-b {:?} after done, {:?} before \
-         the revoked deadline",
+        "{key}: revoked {:?} after the join, granted to {set}-b {:?} after the release, \
+         {:?} before the revoked deadline",
         done - joined,
         granted - done,
         deadline - granted
@@ -601,7 +618,7 @@ async fn an_unhealthy_leader_steps_down_releases_and_campaigns_again_once_health
         "checked before the revoked deadline"
     );
     assert_eq!(kept.as_deref(), Some("health-a"));
-    leader.done();
+    leader.stopped_writing();
     let done = Instant::now();
     until_change(&mut changes, ChangeKind::Released, first).await;
     let fence_b = fence_of(&next(&mut other).await);
@@ -652,7 +669,7 @@ async fn an_unhealthy_leader_steps_down_releases_and_campaigns_again_once_health
         ),
         "{change:?}"
     );
-    leader.done();
+    leader.stopped_writing();
     until_change(&mut changes, ChangeKind::Released, again).await;
     assert_eq!(holder(leases.owner("leader").await.unwrap()), None);
     println!(
@@ -668,8 +685,8 @@ async fn an_unhealthy_leader_steps_down_releases_and_campaigns_again_once_health
 }
 
 /// A shard set whose health check fails for `unhealthy_for` steps down from every
-/// shard with the `Unhealthy` reason; once the application is done with each, the
-/// other member of the set is granted them all. The times are printed.
+/// shard with the `Unhealthy` reason; once the application has stopped writing under
+/// each, the other member of the set is granted them all. The times are printed.
 #[tokio::test]
 async fn an_unhealthy_shard_set_hands_its_shards_to_a_healthy_member() {
     let fx = Fx::start().await;
@@ -687,7 +704,7 @@ async fn an_unhealthy_shard_set_hands_its_shards_to_a_healthy_member() {
             Ownership::SteppedDown {
                 reason: StepDownReason::Unhealthy { .. },
             } => {
-                sick.done(&change.key);
+                sick.stopped_writing(&change.key);
                 stepped.insert(change.key);
             }
             // An election read late: held() counted it already.

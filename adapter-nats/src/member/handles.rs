@@ -37,10 +37,16 @@ macro_rules! group_methods {
         }
         group_methods!($($rest)*);
     };
-    ($(#[$doc:meta])* done($key:ident); $($rest:tt)*) => {
+    ($(#[$doc:meta])* stopped_writing($key:ident); $($rest:tt)*) => {
         $(#[$doc])*
+        pub fn stopped_writing(&self, $key: &str) {
+            self.group.stopped_writing($key);
+        }
+
+        /// The old name of `stopped_writing`.
+        #[deprecated(since = "0.2.0", note = "renamed `stopped_writing`")]
         pub fn done(&self, $key: &str) {
-            self.group.done($key);
+            self.stopped_writing($key);
         }
         group_methods!($($rest)*);
     };
@@ -94,11 +100,11 @@ impl Group {
         state.campaign.held(self.id, self.shared.runtime.now())
     }
 
-    fn done(&self, key: &str) {
+    fn stopped_writing(&self, key: &str) {
         self.shared
             .lock()
             .campaign
-            .handle_done(self.shared.runtime.now(), key);
+            .handle_stopped_writing(self.shared.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -142,7 +148,8 @@ impl Drop for Group {
 /// - unhealthy since T, at T + `unhealthy_for` ([`Health::set_unhealthy_for`], the
 ///   TTL by default) every key it holds steps down with
 ///   [`StepDownReason::Unhealthy`] and is released the way a revoked key is: when
-///   the application calls `done` for it, or at the deadline the reason names;
+///   the application calls `stopped_writing` for it, or at the deadline the reason
+///   names;
 /// - healthy again, it campaigns at once.
 ///
 /// ```no_run
@@ -161,7 +168,7 @@ impl Drop for Group {
 /// while let Some(change) = elector.next().await {
 ///     if let Ownership::SteppedDown { reason: StepDownReason::Unhealthy { .. } } = change.ownership {
 ///         // Stop writing; then let the next leader in at once.
-///         elector.done();
+///         elector.stopped_writing();
 ///     }
 /// }
 /// # Ok(()) }
@@ -255,11 +262,18 @@ impl Elector {
         health;
     }
 
-    /// The application is done with the key after a step-down that keeps the lease
-    /// to its deadline ([`StepDownReason::Unhealthy`]): it is released now, so the
-    /// next leader is elected at once. Otherwise nothing happens.
+    /// The application has stopped writing under the key after a step-down that
+    /// keeps the lease to its deadline ([`StepDownReason::Unhealthy`]): it is
+    /// released now, so the next leader is elected at once. Otherwise nothing
+    /// happens.
+    pub fn stopped_writing(&self) {
+        self.group.stopped_writing(&self.key);
+    }
+
+    /// The old name of [`Elector::stopped_writing`].
+    #[deprecated(since = "0.2.0", note = "renamed `stopped_writing`")]
     pub fn done(&self) {
-        self.group.done(&self.key);
+        self.stopped_writing();
     }
 
     /// Hands the key over: steps down now ([`StepDownReason::HandedOver`]),
@@ -375,10 +389,10 @@ impl Semaphore {
     group_methods! {
         /// Where to report the health check ([`Health`]).
         health;
-        /// The application is done with `slot`, revoked ([`StepDownReason::Revoked`],
-        /// [`StepDownReason::Unhealthy`]): it is released now rather than at its
-        /// deadline. Otherwise nothing happens.
-        done(slot);
+        /// The application has stopped writing under `slot`, revoked
+        /// ([`StepDownReason::Revoked`], [`StepDownReason::Unhealthy`]): it is
+        /// released now rather than at its deadline. Otherwise nothing happens.
+        stopped_writing(slot);
         /// Steps down from its slot (if holding one), releases it, and waits for that:
         /// at most [`HolderConfig::stop_bound`], as [`Elector::stop`].
         stop;
@@ -400,8 +414,8 @@ impl Semaphore {
 /// ```
 ///
 /// A balanced set moves a shard by revoking it: the shard steps down at once, and
-/// its lease goes to another member only once the application is done with it (or
-/// at the deadline it was last given).
+/// its lease goes to another member only once the application has stopped writing
+/// under it ([`Shards::stopped_writing`]) or at the deadline it was last given.
 ///
 /// ```no_run
 /// # async fn run(member: dagnats_leases_nats::member::Member) -> Result<(), Box<dyn std::error::Error>> {
@@ -413,7 +427,7 @@ impl Semaphore {
 ///     if let Ownership::SteppedDown { reason: StepDownReason::Revoked { deadline } } = change.ownership {
 ///         // Take no new work for the shard; let writes under way finish (each
 ///         // before `deadline`), then hand it over.
-///         shards.done(&change.key);
+///         shards.stopped_writing(&change.key);
 ///     }
 /// }
 /// # Ok(()) }
@@ -449,11 +463,11 @@ impl Shards {
     }
 
     group_methods! {
-        /// The application is done with shard `key`, revoked to rebalance
-        /// ([`StepDownReason::Revoked`]) or for health ([`StepDownReason::Unhealthy`]):
-        /// it is released now rather than at its deadline, so the next owner gets it
-        /// sooner. Otherwise nothing happens.
-        done(key);
+        /// The application has stopped writing under shard `key`, revoked to
+        /// rebalance ([`StepDownReason::Revoked`]) or for health
+        /// ([`StepDownReason::Unhealthy`]): it is released now rather than at its
+        /// deadline, so the next owner gets it sooner. Otherwise nothing happens.
+        stopped_writing(key);
         /// Where to report the health check ([`Health`]). A balanced set's presence
         /// follows it: unhealthy for `unhealthy_for`, the member leaves the set, and
         /// the others' shares grow to cover its shards.

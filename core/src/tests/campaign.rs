@@ -843,11 +843,11 @@ fn a_shed_shard_steps_down_at_once_and_is_released_when_the_application_is_done(
     // The machine wakes at the deadline at the latest.
     assert!(run.campaign.poll_timeout().unwrap() <= deadline);
     // `done` for a key not being revoked changes nothing.
-    run.campaign.handle_done(run.at(300), "s0");
+    run.campaign.handle_stopped_writing(run.at(300), "s0");
     assert_eq!(run.requests(), []);
     assert!(run.campaign.tenure("s0", run.at(300)).is_some());
     // The application is done with s3: released at once, with its fence.
-    run.campaign.handle_done(run.at(400), "s3");
+    run.campaign.handle_stopped_writing(run.at(400), "s3");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "s3")]);
     assert_eq!(body(&sent[0].request)["revision"], 13);
@@ -966,7 +966,7 @@ fn a_shed_shard_is_not_asked_for_again_until_a_campaign_interval_after_its_relea
             run.answer(ms + 50, &renew, renewed(next_revision));
             next_revision += 1;
         }
-        run.campaign.handle_done(run.at(ms + 100), key);
+        run.campaign.handle_stopped_writing(run.at(ms + 100), key);
         let sent = run.requests();
         let release = sent
             .iter()
@@ -1055,7 +1055,7 @@ fn a_leader_unhealthy_for_unhealthy_for_steps_down_and_is_released_when_done() {
     assert!(run.campaign.tenure("leader", run.at(4_000)).is_none());
     assert_eq!(run.requests(), []);
     // The application is done with it: released now, with its fence.
-    run.campaign.handle_done(run.at(4_100), "leader");
+    run.campaign.handle_stopped_writing(run.at(4_100), "leader");
     let sent = run.requests();
     assert_eq!(endpoints(&sent), [(Endpoint::Release, "leader")]);
     assert_eq!(body(&sent[0].request)["revision"], 3);
@@ -1196,7 +1196,7 @@ fn a_revoked_shard_stays_revoked_whatever_the_health_and_an_unhealthy_set_leaves
     run.campaign
         .handle_timeout(s3_deadline - Duration::from_millis(1));
     assert_eq!(releases(&run.requests()), Vec::<&str>::new());
-    run.campaign.handle_done(run.at(1_500), "s3");
+    run.campaign.handle_stopped_writing(run.at(1_500), "s3");
     assert_eq!(releases(&run.requests()), ["s3"]);
 }
 

@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Endpoint, ErrorKind, ErrorReply, Lease, RenewRequest, Request, Response, decode_json_named,
-    invalid,
-};
+use super::endpoint::Endpoint;
+use super::error::{ErrorKind, ErrorReply, invalid};
+use super::reply::{Lease, Response};
+use super::request::{RenewRequest, Request, decode_json_named};
 
 /// The last subject token of the batched renewal, `api.leases.renew_many` (a
 /// tenant's `api.leases.<account>.renew_many`), and its micro-service endpoint

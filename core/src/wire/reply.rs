@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Endpoint, ErrorKind, ErrorReply};
+use super::endpoint::Endpoint;
+use super::error::{ErrorKind, ErrorReply};
 
 /// A held lease as replies show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

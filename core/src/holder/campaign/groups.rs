@@ -193,10 +193,11 @@ impl Campaign {
         }
     }
 
-    /// The application is done with revoked `key` (see [`StepDownReason::Revoked`]):
-    /// it writes no more under that tenure, so the lease is released now rather than
-    /// at its deadline. A key not being revoked is left alone.
-    pub fn handle_done(&mut self, now: Instant, key: &str) {
+    /// The application has stopped writing under revoked `key` (see
+    /// [`StepDownReason::Revoked`], [`StepDownReason::Unhealthy`]): it writes no more
+    /// under that tenure, so the lease is released now rather than at its deadline.
+    /// A key not being revoked is left alone.
+    pub fn handle_stopped_writing(&mut self, now: Instant, key: &str) {
         if let Some(candidacy) = self.candidacies.get_mut(key)
             && candidacy.holder.revoked_until().is_some()
         {

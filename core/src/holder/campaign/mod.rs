@@ -26,10 +26,10 @@
 //!   shard shed, a semaphore slot above the cap) goes through [`Holder::handle_revoke`]:
 //!   the key steps down at once (`ownership` is `None`, the event is
 //!   [`StepDownReason::Revoked`] with the last deadline handed out), and the lease
-//!   is kept, not renewed, until the application calls [`Campaign::handle_done`] for the
-//!   key or that deadline passes; only then is it released. An application that
-//!   read a tenure a moment before keeps writing at most until that tenure's
-//!   deadline, and the server's lease outlives every deadline handed out, so the
+//!   is kept, not renewed, until the application calls
+//!   [`Campaign::handle_stopped_writing`] for the key or that deadline passes; only
+//!   then is it released. An application that read a tenure a moment before keeps
+//!   writing at most until that tenure's deadline, and the server's lease outlives every deadline handed out, so the
 //!   next owner is granted the key only after the last such write, whether or not
 //!   the application heard of the revocation. Releases the application asks for
 //!   ([`Campaign::handle_stop_group`]) stay immediate: it has stopped writing.
@@ -45,12 +45,13 @@
 //!   - Unhealthy since T, at T + `unhealthy_for` (the group's TTL by default,
 //!     [`Campaign::set_unhealthy_for`]) every key it holds steps down with
 //!     [`StepDownReason::Unhealthy`] and is released the way a revocation is (on
-//!     [`Campaign::handle_done`] or at the last deadline handed out); a key granted later
-//!     while still unhealthy (an acquire sent before) is never elected: it is
-//!     released once its confirming renew is answered (no deadline was handed out).
+//!     [`Campaign::handle_stopped_writing`] or at the last deadline handed out); a
+//!     key granted later while still unhealthy (an acquire sent before) is never
+//!     elected: it is released once its confirming renew is answered (no deadline
+//!     was handed out).
 //!   - A key already revoked (for balance, or for health) stays revoked whatever
-//!     the health says: released on `done` or at its deadline, never sooner
-//!     (the application may still write under it), never kept longer.
+//!     the health says: released on `handle_stopped_writing` or at its deadline,
+//!     never sooner (the application may still write under it), never kept longer.
 //!   - Healthy again: every campaign of the group asks at once (not at its next
 //!     tick), the queued acquires go out, and a key released meanwhile is asked
 //!     for again.

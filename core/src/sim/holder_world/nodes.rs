@@ -435,7 +435,7 @@ impl HolderWorld {
             let now = self.holder_now(h, self.t);
             if let Machine::Member { campaign, .. } = &mut self.holders[h].machine {
                 for key in &done {
-                    campaign.handle_done(now, key);
+                    campaign.handle_stopped_writing(now, key);
                 }
             }
             return self.drain_holder(h);

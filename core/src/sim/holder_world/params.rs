@@ -98,7 +98,7 @@ pub enum App {
     None,
     /// Writes every key until its last deadline handed out, ignoring revocation.
     IgnoresRevocation,
-    /// Stops writing a revoked key at once and calls [`Campaign::handle_done`].
+    /// Stops writing a revoked key at once and calls [`Campaign::handle_stopped_writing`].
     HeedsRevocation,
 }
 
