@@ -374,6 +374,33 @@ async fn window(
     }
 }
 
+/// Why a step failed, if it did, as its record says: a ramp that did not get
+/// every lease held says how many it held (and any lost beside); else the leases
+/// lost, with their reasons where the ramp knows them (`lost_reasons`); else
+/// `other`, a failure only that ramp can see.
+fn why_failed(
+    leases: usize,
+    ramp_s: f64,
+    ramped: bool,
+    held_at_end: i64,
+    lost: u64,
+    lost_reasons: Option<String>,
+    other: Option<String>,
+) -> Option<String> {
+    let lost = (lost > 0).then(|| match lost_reasons {
+        Some(reasons) => format!("{lost} lost ({reasons})"),
+        None => format!("{lost} lost"),
+    });
+    if ramped {
+        return lost.or(other);
+    }
+    let held = format!("{held_at_end} of {leases} held after {ramp_s:.0} s of ramp");
+    Some(match lost {
+        Some(lost) => format!("{held}, {lost}"),
+        None => held,
+    })
+}
+
 /// Adds the step's record, from what it measured, to `steps` (`renewals`: those
 /// counted over the window, `None` when it had none; `why`: why it failed);
 /// whether the ramp goes on: it stops at the first step that failed.
@@ -463,6 +490,55 @@ mod tests {
         assert!(!super::is_quiet(7.5));
         // An unreadable load average proves nothing quiet.
         assert!(!super::is_quiet(f64::NAN));
+    }
+
+    #[test]
+    fn a_failed_step_says_what_was_short_then_what_was_lost_then_the_ramps_own_reason() {
+        let why = |ramped, lost, reasons: Option<&str>, other: Option<&str>| {
+            super::why_failed(
+                3_000,
+                12.4,
+                ramped,
+                2_998,
+                lost,
+                reasons.map(str::to_string),
+                other.map(str::to_string),
+            )
+        };
+        let keys = Some("2998 of 3000 keys left at the window's end");
+        let table = [
+            (true, 0, None, None, None),
+            (true, 0, Some("deadline_missed 0"), keys, keys),
+            (true, 2, None, keys, Some("2 lost")),
+            (
+                true,
+                2,
+                Some("deadline_missed 2"),
+                None,
+                Some("2 lost (deadline_missed 2)"),
+            ),
+            (
+                false,
+                0,
+                None,
+                keys,
+                Some("2998 of 3000 held after 12 s of ramp"),
+            ),
+            (
+                false,
+                1,
+                Some("lost 1"),
+                None,
+                Some("2998 of 3000 held after 12 s of ramp, 1 lost (lost 1)"),
+            ),
+        ];
+        for (ramped, lost, reasons, other, want) in table {
+            assert_eq!(
+                why(ramped, lost, reasons, other).as_deref(),
+                want,
+                "ramped {ramped}, lost {lost}, {reasons:?}, {other:?}"
+            );
+        }
     }
 
     #[test]

@@ -54,7 +54,10 @@ pub(super) async fn drive(shared: Arc<Shared>) {
             // ask and read; sent timed on the member's runtime, not async-nats'
             // tokio timer: on smol there is no tokio reactor to arm it.
             if let Some(info) = campaign.poll_service_info() {
-                let (nats, runtime) = (shared.nats.clone(), shared.runtime.clone());
+                let (nats, runtime) = (
+                    shared.settings.nats.clone(),
+                    shared.settings.runtime.clone(),
+                );
                 handoffs.push(Box::pin(async move {
                     let outcome = crate::nats_request::send(&*runtime, &nats, info).await;
                     Some(Handoff::ServiceInfo(outcome))
@@ -82,7 +85,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
             match event {
                 CampaignEvent::Watch { key } => {
                     // Untimed: the machine gives it up (CancelWatch).
-                    let nats = shared.nats.clone();
+                    let nats = shared.settings.nats.clone();
                     let subject = changed_subject(&key);
                     let watched = key.clone();
                     handoffs.push(subscribing.start(key, async move {
@@ -95,7 +98,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                     subscribed.remove(&key);
                 }
                 CampaignEvent::Reject { id, to } => {
-                    let nats = shared.nats.clone();
+                    let nats = shared.settings.nats.clone();
                     let (name, value) = RejectReason::reply_header();
                     let mut headers = HeaderMap::new();
                     headers.insert(name, value);
@@ -131,25 +134,25 @@ pub(super) async fn drive(shared: Arc<Shared>) {
         }
         let sleep = async {
             match wake {
-                Some(at) => shared.runtime.sleep_until(at).await,
+                Some(at) => shared.settings.runtime.sleep_until(at).await,
                 None => futures::future::pending().await,
             }
         };
         tokio::select! {
             Some(answer) = pending.next(), if !pending.is_empty() => {
                 in_flight.remove(&answer.id);
-                shared.lock().campaign.handle_outcome(shared.runtime.now(), answer.id, answer.outcome);
+                shared.lock().campaign.handle_outcome(shared.settings.runtime.now(), answer.id, answer.outcome);
             }
             Some((key, message)) = changes.next(), if !changes.is_empty() => {
                 let event = change_event(&message);
-                shared.lock().campaign.handle_change(shared.runtime.now(), &key, &event);
+                shared.lock().campaign.handle_change(shared.settings.runtime.now(), &key, &event);
             }
             Some((n, message)) = inbox_msgs.next(), if !inbox_msgs.is_empty() => {
                 let (accepted, rejected) = &inboxes[n];
                 receive(&shared, accepted, rejected, message);
             }
             Some(done) = handoffs.next(), if !handoffs.is_empty() => {
-                let now = shared.runtime.now();
+                let now = shared.settings.runtime.now();
                 match done {
                     // Dropped: the machine gave it up, or no longer wants it.
                     None => {}
@@ -176,7 +179,7 @@ pub(super) async fn drive(shared: Arc<Shared>) {
                 }
             }
             _ = sleep => {
-                shared.lock().campaign.handle_timeout(shared.runtime.now());
+                shared.lock().campaign.handle_timeout(shared.settings.runtime.now());
             }
             _ = shared.wake.notified() => {}
         }
@@ -189,8 +192,8 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
     if events.is_empty() {
         return;
     }
-    let now = shared.runtime.now();
-    if let Some(o) = &shared.observer {
+    let now = shared.settings.runtime.now();
+    if let Some(o) = &shared.settings.observer {
         for event in &events {
             if let CampaignEvent::Holder { key, event, .. } = event {
                 o.event(key, event, now);
@@ -213,7 +216,7 @@ fn dispatch(shared: &Shared, events: Vec<CampaignEvent>) {
                     _ => {}
                 }
                 if let Some(outlet) = state.outlets.get(&group)
-                    && let Some(heard) = heard.for_listener(shared.listener)
+                    && let Some(heard) = heard.for_listener(shared.settings.listener)
                 {
                     told.push(Told::Change(outlet.changes.clone(), key, heard));
                 }
@@ -267,9 +270,9 @@ fn send(
     request: CampaignTransmit,
     given_up: oneshot::Receiver<()>,
 ) -> BoxFuture<'static, Answer> {
-    let nats = shared.nats.clone();
-    let observer = shared.observer.clone();
-    let runtime = shared.runtime.clone();
+    let nats = shared.settings.nats.clone();
+    let observer = shared.settings.observer.clone();
+    let runtime = shared.settings.runtime.clone();
     async move {
         let CampaignTransmit {
             key,
@@ -330,7 +333,7 @@ fn receive(
         .and_then(|h| h.get(HDR_FENCE))
         .map(|v| v.as_str().to_string());
     let verdict = shared.lock().campaign.handle_inbox(
-        shared.runtime.now(),
+        shared.settings.runtime.now(),
         message.subject.as_str(),
         message.reply.as_ref().map(|r| r.as_str()),
         fence.as_deref(),
@@ -343,7 +346,7 @@ fn receive(
                 fence: ok.fence,
                 payload: message.payload.to_vec(),
                 reply: message.reply,
-                nats: shared.nats.clone(),
+                nats: shared.settings.nats.clone(),
             });
         }
         InboxVerdict::Ignore => {}

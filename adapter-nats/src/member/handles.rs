@@ -85,26 +85,30 @@ impl Group {
     }
 
     fn hand_over(&self) {
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         self.shared.lock().campaign.handle_hand_over(now, self.id);
         self.shared.wake.notify_one();
     }
 
     fn tenure(&self, key: &str) -> Option<Tenure> {
         let state = self.shared.lock();
-        state.campaign.tenure(key, self.shared.runtime.now())
+        state
+            .campaign
+            .tenure(key, self.shared.settings.runtime.now())
     }
 
     fn held(&self) -> BTreeMap<String, Tenure> {
         let state = self.shared.lock();
-        state.campaign.held(self.id, self.shared.runtime.now())
+        state
+            .campaign
+            .held(self.id, self.shared.settings.runtime.now())
     }
 
     fn stopped_writing(&self, key: &str) {
         self.shared
             .lock()
             .campaign
-            .handle_stopped_writing(self.shared.runtime.now(), key);
+            .handle_stopped_writing(self.shared.settings.runtime.now(), key);
         self.shared.wake.notify_one();
     }
 
@@ -190,7 +194,7 @@ impl std::fmt::Debug for Health {
 impl Health {
     /// The health check passed (`true`) or failed (`false`) just now.
     pub fn set_healthy(&self, healthy: bool) {
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         self.shared
             .lock()
             .campaign
@@ -201,7 +205,7 @@ impl Health {
     /// How long the check may fail before the group's keys step down (the TTL unless
     /// set).
     pub fn set_unhealthy_for(&self, unhealthy_for: Duration) {
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         self.shared
             .lock()
             .campaign
@@ -316,7 +320,7 @@ impl std::fmt::Debug for TenureView {
 impl TenureView {
     /// Now on the library's clock, and the tenure at that instant (if leading).
     pub fn read(&self) -> (Instant, Option<Tenure>) {
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         let tenure = self.shared.lock().campaign.tenure(&self.key, now);
         (now, tenure)
     }
@@ -341,7 +345,7 @@ impl std::fmt::Debug for HeldView {
 impl HeldView {
     /// Now on the library's clock, and the keys owned at that instant.
     pub fn read(&self) -> (Instant, BTreeMap<String, Tenure>) {
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         let held = self.shared.lock().campaign.held(self.group, now);
         (now, held)
     }

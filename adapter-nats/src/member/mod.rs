@@ -172,7 +172,10 @@ struct State {
     member_alive: bool,
 }
 
-struct Shared {
+/// What a member is made from: [`Member::build`] takes it and [`Shared`] keeps
+/// it, so a member remade with one setting changed starts from the rest.
+#[derive(Clone)]
+struct MemberSettings {
     nats: Client,
     holder: String,
     runtime: Arc<dyn Runtime>,
@@ -181,6 +184,10 @@ struct Shared {
     priority: Option<u8>,
     /// Who hears the campaigns' events ([`Member::supervised`]).
     listener: Listener,
+}
+
+struct Shared {
+    settings: MemberSettings,
     state: Mutex<State>,
     wake: Notify,
 }
@@ -197,7 +204,9 @@ impl Shared {
             Some(outlet) => outlet.finished.extend(finished),
             None => return,
         }
-        state.campaign.handle_stop_group(self.runtime.now(), group);
+        state
+            .campaign
+            .handle_stop_group(self.settings.runtime.now(), group);
         drop(state);
         self.wake.notify_one();
     }
@@ -223,7 +232,7 @@ pub struct Member {
 impl std::fmt::Debug for Member {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Member")
-            .field("holder", &self.shared.holder)
+            .field("holder", &self.shared.settings.holder)
             .finish_non_exhaustive()
     }
 }
@@ -243,25 +252,19 @@ impl Member {
         holder: impl Into<String>,
         runtime: Arc<dyn Runtime>,
     ) -> Result<Self, LeaseError> {
-        Self::build(
+        Self::build(MemberSettings {
             nats,
-            holder.into(),
+            holder: holder.into(),
             runtime,
-            None,
-            None,
-            Listener::Application,
-        )
+            observer: None,
+            priority: None,
+            listener: Listener::Application,
+        })
     }
 
-    fn build(
-        nats: Client,
-        holder: String,
-        runtime: Arc<dyn Runtime>,
-        observer: Observer,
-        priority: Option<u8>,
-        listener: Listener,
-    ) -> Result<Self, LeaseError> {
-        let mut campaign = Campaign::new(&holder, runtime.now()).map_err(ErrorReply::from)?;
+    fn build(settings: MemberSettings) -> Result<Self, LeaseError> {
+        let mut campaign =
+            Campaign::new(&settings.holder, settings.runtime.now()).map_err(ErrorReply::from)?;
         // The holders' retry jitter: randomness drawn here, never in the core
         // (std's per-process random hash keys are enough for spreading retries).
         campaign.seed_jitter({
@@ -271,12 +274,7 @@ impl Member {
                 .finish()
         });
         let shared = Arc::new(Shared {
-            nats,
-            holder,
-            runtime,
-            observer,
-            priority,
-            listener,
+            settings,
             state: Mutex::new(State {
                 campaign,
                 outlets: BTreeMap::new(),
@@ -295,7 +293,10 @@ impl Member {
     /// The same member, its campaigns reporting to `observer`. Call it before the
     /// first campaign: a member made afresh (no campaigns, no inbox) is returned.
     pub fn with_observer(self, observer: Arc<dyn CampaignObserver>) -> Self {
-        self.remade(Some(observer), self.shared.priority, self.shared.listener)
+        Self::remade(MemberSettings {
+            observer: Some(observer),
+            ..self.shared.settings.clone()
+        })
     }
 
     /// The same member, its campaigns told to a supervisor of a process under
@@ -303,11 +304,10 @@ impl Member {
     /// then hear renewals and refusals as well as ownership changes. Call it
     /// before the first campaign: a member made afresh is returned.
     pub fn supervised(self) -> Self {
-        self.remade(
-            self.shared.observer.clone(),
-            self.shared.priority,
-            Listener::Supervisor,
-        )
+        Self::remade(MemberSettings {
+            listener: Listener::Supervisor,
+            ..self.shared.settings.clone()
+        })
     }
 
     /// The same member as a candidate of `priority` (0 to
@@ -328,33 +328,23 @@ impl Member {
     /// # Ok(()) }
     /// ```
     pub fn with_priority(self, priority: u8) -> Self {
-        self.remade(
-            self.shared.observer.clone(),
-            Some(priority),
-            self.shared.listener,
-        )
+        Self::remade(MemberSettings {
+            priority: Some(priority),
+            ..self.shared.settings.clone()
+        })
     }
 
-    /// A member made afresh on this one's connection, holder ID and runtime, with
-    /// these settings (what [`Member::with_observer`], [`Member::supervised`] and
-    /// [`Member::with_priority`] change).
-    fn remade(&self, observer: Observer, priority: Option<u8>, listener: Listener) -> Self {
-        let shared = &self.shared;
-        Self::build(
-            shared.nats.clone(),
-            shared.holder.clone(),
-            shared.runtime.clone(),
-            observer,
-            priority,
-            listener,
-        )
-        .expect("the holder ID was checked already")
+    /// A member made afresh from `settings`: this one's connection, holder ID and
+    /// runtime with what [`Member::with_observer`], [`Member::supervised`] or
+    /// [`Member::with_priority`] changed.
+    fn remade(settings: MemberSettings) -> Self {
+        Self::build(settings).expect("the holder ID was checked already")
     }
 
     /// A holder config of this member for `key`, with its priority.
     fn config(&self, key: &str, ttl: Duration) -> HolderConfig {
-        let config = HolderConfig::new(key, self.shared.holder.clone(), ttl);
-        match self.shared.priority {
+        let config = HolderConfig::new(key, self.shared.settings.holder.clone(), ttl);
+        match self.shared.settings.priority {
             Some(p) => config.with_priority(p),
             None => config,
         }
@@ -376,7 +366,7 @@ impl Member {
 
     /// This member's holder ID.
     pub fn holder(&self) -> &str {
-        &self.shared.holder
+        &self.shared.settings.holder
     }
 
     /// Campaigns for `key` until stopped; ownership changes arrive on the [`Elector`].
@@ -387,7 +377,7 @@ impl Member {
     /// [`Member::elect`] with every holder setting spelled out (its `holder` is
     /// replaced by this member's).
     pub fn elect_with(&self, mut config: HolderConfig) -> Result<Elector, LeaseError> {
-        config.holder = self.shared.holder.clone();
+        config.holder = self.shared.settings.holder.clone();
         let key = config.key.clone();
         Ok(Elector {
             key,
@@ -458,7 +448,7 @@ impl Member {
     ) -> Result<Group, LeaseError> {
         let (changes_tx, changes) = mpsc::unbounded_channel();
         let mut state = self.shared.lock();
-        let now = self.shared.runtime.now();
+        let now = self.shared.settings.runtime.now();
         let id = add(&mut state.campaign, now)
             .map_err(|e| LeaseError::new(LeaseErrorKind::ErrorReply(e.kind), e.error))?;
         // The gauges show at once, before the driver runs.
@@ -485,7 +475,10 @@ impl Member {
         if !state.driver_started {
             state.driver_started = true;
             let shared = self.shared.clone();
-            self.shared.runtime.spawn(driver::drive(shared).boxed());
+            self.shared
+                .settings
+                .runtime
+                .spawn(driver::drive(shared).boxed());
         }
     }
 
@@ -494,9 +487,9 @@ impl Member {
     /// with a missing, malformed or stale fence, are rejected with
     /// `Dagnats-Lease-Reject: stale` before they reach [`Inbox::next`].
     pub async fn inbox(&self) -> Result<Inbox, crate::Error> {
-        let nats = &self.shared.nats;
+        let nats = &self.shared.settings.nats;
         let subscriber = nats
-            .subscribe(inbox_wildcard(&self.shared.holder))
+            .subscribe(inbox_wildcard(&self.shared.settings.holder))
             .await
             .map_err(|e| crate::Error::new(crate::ErrorKind::Nats, e))?;
         nats.flush()

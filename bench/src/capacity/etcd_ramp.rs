@@ -91,15 +91,15 @@ pub(super) async fn etcd(out: &Path, name: &str, members: usize, options: &Optio
             .map_or(-1, |r| r.count());
         let lost_now = counts.expired.load(Ordering::Relaxed) - lost0;
         let broken = counts.broken.load(Ordering::Relaxed);
-        let why = if lost_now > 0 {
-            Some(format!("{lost_now} lost"))
-        } else if live != target as i64 {
+        // Every grant has come back by now: the ramp held what it asked for.
+        let other = if live != target as i64 {
             Some(format!("{live} of {target} keys left at the window's end"))
         } else if broken > 0 {
             Some(format!("{broken} keepalive streams broke"))
         } else {
             None
         };
+        let why = why_failed(target, ramp_s, true, live, lost_now, None, other);
         if !record_step(
             &mut steps,
             target,

@@ -171,17 +171,15 @@ pub(super) async fn service(
         };
         let lost_now = lost.load(Ordering::Relaxed) - lost0;
         let held_now = held.load(Ordering::Relaxed);
-        let lost_why =
-            (lost_now > 0).then(|| format!("{lost_now} lost ({})", holders.lost_reasons()));
-        let why = if !ramped {
-            let held_why = format!("{held_now} of {target} held after {ramp_s:.0} s of ramp");
-            Some(match lost_why {
-                Some(lost_why) => format!("{held_why}, {lost_why}"),
-                None => held_why,
-            })
-        } else {
-            lost_why
-        };
+        let why = why_failed(
+            target,
+            ramp_s,
+            ramped,
+            held_now,
+            lost_now,
+            Some(holders.lost_reasons()),
+            None,
+        );
         // The holders' counters so far (renewals by outcome, retries, step-downs
         // by reason), kept for reading a step afterwards.
         let _ = std::fs::write(
