@@ -145,6 +145,10 @@ pub struct RunArgs {
     /// Where the report goes (default: target/bench in the checkout).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The operations measured, e.g. `--ops release` (default: all five): one
+    /// operation's figures measured alone, in a shorter run.
+    #[arg(long, value_delimiter = ',', value_parser = parse_op)]
+    pub ops: Vec<Op>,
     /// Instead of the benchmark: N acquires of distinct keys sent at once to the
     /// tokio service on a fresh (lazy) nats-server, with the default bound on calls
     /// in flight and with it effectively off (`--max-calls-in-flight 1000000`, the
@@ -204,6 +208,17 @@ pub struct RunArgs {
     pub cpu_profile_label: Option<String>,
 }
 
+/// An operation named on the command line (`--ops`).
+fn parse_op(name: &str) -> Result<Op, String> {
+    Op::ALL
+        .into_iter()
+        .find(|op| op.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Op::ALL.iter().map(|op| op.name()).collect();
+            format!("`{name}` is not an operation: one of {}", names.join(", "))
+        })
+}
+
 /// Which nats-servers a run starts (see `--sync`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SyncMode {
@@ -247,6 +262,25 @@ impl Place {
             Place::Lazy => "default",
             Place::Fsync => "always",
             Place::R3 => "always, 3-node cluster, R3",
+        }
+    }
+
+    /// The services' environment here. On the lazy server the write coalescer is
+    /// off (`DAGNATS_LEASES_COALESCE_WRITES=false`), as the operations guide has a
+    /// server without `sync_interval: always` run it: `auto` would turn it on for
+    /// the R1 bucket, and every write at 64 in flight would measure the batches'
+    /// staging and commit (release at 64 did fewer calls a second than at 16,
+    /// about a tenth of its rate with the coalescer off on a loaded machine), so
+    /// tokio against tokio-prev there compared the timing of their batches, not
+    /// their write paths. The fsync server and the cluster run the services as
+    /// they ship.
+    fn service_env(self) -> Vec<(String, String)> {
+        match self {
+            Place::Lazy => vec![(
+                "DAGNATS_LEASES_COALESCE_WRITES".to_string(),
+                "false".to_string(),
+            )],
+            Place::Fsync | Place::R3 => Vec::new(),
         }
     }
 
@@ -503,7 +537,14 @@ async fn run(args: RunArgs) {
                 .expect("its server")
                 .1
                 .url();
-            running.push(procs::start(*imp, label, &url, place.replicas(), &out, client).await);
+            let options = procs::Options {
+                replicas: place.replicas(),
+                env: place.service_env(),
+                ..procs::Options::default()
+            };
+            running.push(
+                procs::start_with(*imp, imp.name(), label, &url, &out, client, &options).await,
+            );
             if *place == Place::R3 {
                 let was =
                     servers::Cluster::pin_leader(client, dagnats_leases_core::subjects::STREAM)
@@ -529,7 +570,10 @@ async fn run(args: RunArgs) {
             load::measure(client, Op::Acquire, &tag, 4, 200).await;
             load::measure(client, Op::Owner, &tag, 4, 200).await;
         }
-        for op in Op::ALL {
+        for op in Op::ALL
+            .into_iter()
+            .filter(|op| args.ops.is_empty() || args.ops.contains(op))
+        {
             for c in concurrencies.iter().copied() {
                 // At 256 in flight (the cluster only) as many calls as 16 and 64
                 // get on the single servers, at least two per worker per slice.

@@ -82,6 +82,10 @@ pub struct Options {
     pub extra_args: Vec<String>,
     /// `RUST_LOG` of the process (default `warn`).
     pub rust_log: Option<String>,
+    /// Further environment of the process: a setting read from the environment
+    /// is ignored by a binary without it (an earlier commit's), where an unknown
+    /// flag would stop it.
+    pub env: Vec<(String, String)>,
 }
 
 /// A running implementation; killed when dropped.
@@ -202,6 +206,7 @@ pub async fn start_with(
     let child = cmd
         .args(args)
         .env("RUST_LOG", options.rust_log.as_deref().unwrap_or("warn"))
+        .envs(options.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
