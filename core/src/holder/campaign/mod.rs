@@ -611,7 +611,8 @@ impl Campaign {
                         &mut self.handoffs,
                         &mut self.seen,
                         &mut self.events,
-                        (now, key),
+                        now,
+                        key,
                         owns,
                         stopping,
                     );
@@ -652,7 +653,8 @@ fn watch_unless_owned(
     handoffs: &mut Handoffs,
     seen: &mut BTreeMap<String, Seen>,
     events: &mut VecDeque<CampaignEvent>,
-    (now, key): (Instant, &str),
+    now: Instant,
+    key: &str,
     owns: bool,
     stopping: bool,
 ) {
