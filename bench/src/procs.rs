@@ -218,8 +218,9 @@ pub async fn start_with(
     running
 }
 
-/// Waits until something answers `api.leases.owner`; panics if `running` exits
-/// first (its log says why) or nothing answers `within`.
+/// Waits until the service serves: it answers `api.leases.owner` with anything but
+/// `unavailable` (a service still starting answers so); panics if `running` exits
+/// first (its log says why) or it does not serve `within`.
 async fn wait_ready(
     client: &Client,
     running: &mut Running,
@@ -232,19 +233,19 @@ async fn wait_ready(
         let request = async_nats::Request::new()
             .payload(r#"{"key":"ready-probe"}"#.into())
             .timeout(Some(Duration::from_secs(1)));
-        if client
-            .send_request("api.leases.owner", request)
-            .await
-            .is_ok()
-        {
-            return;
+        if let Ok(reply) = client.send_request("api.leases.owner", request).await {
+            let starting = serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                .is_ok_and(|v| v.get("kind").and_then(|k| k.as_str()) == Some("unavailable"));
+            if !starting {
+                return;
+            }
         }
         if let Ok(Some(status)) = running.child.try_wait() {
             panic!("{label} exited ({status}): see {}", log.display());
         }
         assert!(
             Instant::now() < deadline,
-            "{label} did not start answering: see {}",
+            "{label} did not start serving: see {}",
             log.display()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
