@@ -15,6 +15,10 @@ use dagnats_leases_nats::cli::{self, ServeArgs, ServeCommand};
 use dagnats_leases_nats::service::prepare;
 use dagnats_leases_smol::SmolRuntime;
 
+/// mimalloc instead of the system allocator, as in `dagnats-leases`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "dagnats-leases-smol",

@@ -8,6 +8,11 @@ use dagnats_leases_tokio::cli::{self, ServeCommand};
 use dagnats_leases_tokio::commands::{self, Op};
 use dagnats_leases_tokio::{lock, service};
 
+/// mimalloc instead of the system allocator: the service's many small per-call
+/// buffers cost glibc's malloc a third of the service's CPU at capacity.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "dagnats-leases",
