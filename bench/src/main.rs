@@ -18,6 +18,7 @@ mod load;
 mod memory;
 mod procs;
 mod profile;
+mod renew_many_cost;
 mod report;
 mod scale;
 
@@ -67,6 +68,20 @@ enum Command {
         /// Shard group sizes, the first the baseline of the ratios.
         #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
         keys: Vec<usize>,
+        /// Where the report goes (default: target/bench in the checkout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// What a grouped renewal (`renew_many`) costs in JSON on each side: the
+    /// holder library's Campaign machine per renewal and the service's JSON per
+    /// renewal (stand-in service, virtual time; no NATS).
+    RenewManyCost {
+        /// Keys one member holds.
+        #[arg(long, value_delimiter = ',', default_value = "1000")]
+        keys: Vec<usize>,
+        /// Rounds per size; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         /// Where the report goes (default: target/bench in the checkout).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -333,6 +348,15 @@ fn main() {
             let out = out.unwrap_or_else(|| servers::checkout().join("target/bench"));
             std::fs::create_dir_all(&out).expect("report dir");
             let path = out.join("campaign-cost.json");
+            let json = serde_json::to_string_pretty(&costs).expect("costs serialise");
+            std::fs::write(&path, json).expect("write the report");
+            println!("report: {}", path.display());
+        }
+        Some(Command::RenewManyCost { keys, rounds, out }) => {
+            let costs = renew_many_cost::run(&keys, rounds);
+            let out = out.unwrap_or_else(|| servers::checkout().join("target/bench"));
+            std::fs::create_dir_all(&out).expect("report dir");
+            let path = out.join("renew-many-cost.json");
             let json = serde_json::to_string_pretty(&costs).expect("costs serialise");
             std::fs::write(&path, json).expect("write the report");
             println!("report: {}", path.display());

@@ -517,18 +517,25 @@ impl Holder {
         };
         let campaign =
             flight.purpose == Purpose::Acquire && matches!(self.phase, Phase::Campaigning { .. });
-        let answer = OutcomeClass::of(Endpoint::Acquire, &outcome);
-        let holder = match &outcome {
-            RequestOutcome::Reply { payload, .. } if campaign => {
-                match Response::decode(Endpoint::Acquire, payload) {
-                    Ok(Response::Acquired(r)) if !r.granted => Some(r.lease.holder),
-                    _ => None,
+        // Read for the report of a campaign's acquire only: a renewal's reply is
+        // not read here.
+        let not_granted = campaign.then(|| {
+            let answer = OutcomeClass::of(Endpoint::Acquire, &outcome);
+            let holder = match &outcome {
+                RequestOutcome::Reply { payload, .. } => {
+                    match Response::decode(Endpoint::Acquire, payload) {
+                        Ok(Response::Acquired(r)) if !r.granted => Some(r.lease.holder),
+                        _ => None,
+                    }
                 }
-            }
-            _ => None,
-        };
+                _ => None,
+            };
+            (holder, answer)
+        });
         self.on_outcome(now, flight, outcome);
-        if campaign && matches!(self.phase, Phase::Campaigning { .. }) {
+        if let Some((holder, answer)) = not_granted
+            && matches!(self.phase, Phase::Campaigning { .. })
+        {
             self.events
                 .push_back(HolderEvent::NotGranted { holder, answer });
         }

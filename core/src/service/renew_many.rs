@@ -1,7 +1,8 @@
 //! `renew_many`: many renewals in one request, each its own renew call.
 //!
-//! The request is decoded whole first ([`decode_renew_many`]): an invalid item, a
-//! key twice or more items than [`MAX_RENEW_MANY`] refuse the whole request
+//! The request is decoded whole first
+//! ([`decode_renew_many`](crate::wire::decode_renew_many)): an invalid item, a key
+//! twice or more items than [`MAX_RENEW_MANY`] refuse the whole request
 //! `invalid`, and no item runs. So do the rules every request meets, once for the
 //! request: the reply rule drops it unanswered, a malformed header block or a
 //! tenancy refusal (checked before the body is read) is its one error, and while starting, stopping past the
@@ -27,8 +28,8 @@ use super::{Answered, Pending, Received, RequestSource, Service, ServiceEvent, S
 use crate::call::{Call, CallEvent};
 use crate::subjects::QUEUE_GROUP;
 use crate::wire::{
-    Endpoint, ErrorKind, ErrorReply, MAX_RENEW_MANY, RenewManyReply, RenewManyResult, Response,
-    decode_renew_many, renew_many_subject,
+    Endpoint, ErrorKind, ErrorReply, MAX_RENEW_MANY, RenewManyReply, RenewManyResult, RenewRequest,
+    Response, decode_renew_many_items, decode_renew_many_of_record, renew_many_subject,
 };
 
 /// The most a reply's item takes, in bytes (a lease with a 128-byte key and holder
@@ -114,7 +115,7 @@ impl Service {
                 return self.many_answered(now, reply, Err(err), Duration::ZERO, Vec::new());
             }
         };
-        let items = match decode_renew_many(&payload).and_then(|items| {
+        let items = match decode_items(&payload).and_then(|items| {
             self.check_reply_fits(items.len())?;
             Ok(items)
         }) {
@@ -142,8 +143,7 @@ impl Service {
         if at_once {
             // No effects: the reply a renew of the first item gets now is the
             // request's (`unavailable` while starting, `internal` past the cut-off).
-            let body = serde_json::to_vec(&items[0]).expect("a renew request serialises");
-            let mut call = Call::new(self.call_config, Endpoint::Renew, &body, wall, now);
+            let mut call = Call::new(self.call_config, Endpoint::Renew, &items[0].1, wall, now);
             call.handle_stop(now);
             let response = std::iter::from_fn(|| call.poll_event())
                 .find_map(|e| match e {
@@ -162,17 +162,17 @@ impl Service {
             Gather {
                 reply,
                 started: now,
-                keys: items.iter().map(|r| r.key.clone()).collect(),
+                keys: items.iter().map(|(r, _)| r.key.clone()).collect(),
                 results: vec![None; items.len()],
                 left: items.len(),
                 calls: Vec::with_capacity(items.len()),
             },
         );
         let tenant = scope.as_ref().map(|c| c.account.clone());
-        for (index, item) in items.iter().enumerate() {
+        for (index, (_, payload)) in items.into_iter().enumerate() {
             let pending = Pending {
                 reply: String::new(),
-                payload: serde_json::to_vec(item).expect("a renew request serialises"),
+                payload,
                 scope: Ok(scope.clone()),
                 acquiring: None,
                 at: now,
@@ -270,4 +270,24 @@ impl Service {
         };
         self.reply_with(now, reply, body, calls);
     }
+}
+
+/// A `renew_many` body's items
+/// ([`decode_renew_many`](crate::wire::decode_renew_many)), each with the body its
+/// renew call starts from: the item's own bytes where the one pass read them (they
+/// decode as that very request), else the request written out.
+fn decode_items(body: &[u8]) -> Result<Vec<(RenewRequest, Vec<u8>)>, ErrorReply> {
+    if let Some(items) = decode_renew_many_items(body) {
+        return Ok(items
+            .into_iter()
+            .map(|(renew, bytes)| (renew, bytes.to_vec()))
+            .collect());
+    }
+    Ok(decode_renew_many_of_record(body)?
+        .into_iter()
+        .map(|renew| {
+            let body = serde_json::to_vec(&renew).expect("a renew request serialises");
+            (renew, body)
+        })
+        .collect())
 }

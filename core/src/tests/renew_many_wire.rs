@@ -188,3 +188,165 @@ fn a_whole_request_error_reads_as_one() {
     assert!(RenewManyReply::decode(b"{").is_err());
     assert!(RenewManyReply::decode(br#"{"results":[{"key":"a"}]}"#).is_err());
 }
+
+/// A body read the one pass gives what the way of record gives; a body the one
+/// pass does not take is the way of record's, sentence and all.
+#[test]
+fn the_one_pass_reads_as_the_way_of_record() {
+    use crate::wire::{Endpoint, Request, decode_renew_many_items, decode_renew_many_of_record};
+    let two = body(&[item("a"), item("b")]);
+    // (body, whether the one pass takes it)
+    let cases: &[(&str, bool)] = &[
+        (&two, true),
+        (
+            r#" { "leases" : [ { "ttl_ms" : 15000 , "revision" : 7, "holder":"h", "key":"a" } ] } "#,
+            true,
+        ),
+        (
+            r#"{"leases":[{"key":"\u0061","holder":"h","revision":7,"ttl_ms":null}]}"#,
+            true,
+        ),
+        (
+            r#"{"leases":[{"key":"a","holder":"h","revision":7,"key":"b"}]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[{"key":"a","holder":"h","revision":7}],"leases":[]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[{"key":"a","holder":"h","revision":"7"}]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[{"key":"a", "holder":"h","revision":7,"ttl":1}]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[{"revision":"x","holder":5,"key":"a"}]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[[{"key":"a","holder":"h","revision":7}]]}"#,
+            false,
+        ),
+        (r#"[[{"key":"a","holder":"h","revision":7}]]"#, false),
+        (
+            r#"{"leases":[{"key":"a","holder":"h","revision":7},{"key":"a","holder":"h","revision":8}]}"#,
+            false,
+        ),
+        (r#"{"leases":[]}"#, false),
+        (
+            r#"{"leases":[{"key":"a","holder":"h","revision":-0}]}"#,
+            false,
+        ),
+        (
+            r#"{"leases":[{"key":"\ud800","holder":"h","revision":7}]}"#,
+            false,
+        ),
+        ("{", false),
+    ];
+    for (body, one_pass) in cases {
+        let bytes = body.as_bytes();
+        let fast = decode_renew_many_items(bytes);
+        assert_eq!(fast.is_some(), *one_pass, "{body}");
+        let record = decode_renew_many_of_record(bytes);
+        assert_eq!(decode_renew_many(bytes), record, "{body}");
+        if let Some(items) = fast {
+            let renews: Vec<_> = items.iter().map(|(r, _)| r.clone()).collect();
+            assert_eq!(Ok(renews), record, "{body}");
+            for (renew, raw) in items {
+                assert_eq!(
+                    Request::decode(Endpoint::Renew, raw),
+                    Ok(Request::Renew(renew)),
+                    "{body}: an item's own bytes are its request"
+                );
+            }
+        }
+    }
+}
+
+/// Each item as its holder hears it: a renewed item's own bytes, byte for byte a
+/// renew's reply when the service wrote them; read as
+/// [`RenewManyReply::decode`] reads the body, whatever its shape.
+#[test]
+fn each_item_reads_as_its_renew_reply() {
+    let lost = ErrorReply::new(ErrorKind::Lost, "the lease is not held");
+    let ours = RenewManyReply {
+        results: vec![
+            RenewManyResult::of("a", &Response::Lease(lease("a", 8))),
+            RenewManyResult::of("b", &Response::Error(lost.clone())),
+        ],
+    }
+    .to_json();
+    let items = RenewManyReply::decode_bodies(&ours)
+        .expect("parses")
+        .expect("results");
+    assert_eq!(items[0].body, Response::Lease(lease("a", 8)).to_json());
+    assert_eq!(items[1].body, Response::Error(lost).to_json());
+    assert_eq!((items[0].key.as_str(), items[0].error), ("a", None));
+    assert_eq!(
+        (items[1].key.as_str(), items[1].error),
+        ("b", Some(ErrorKind::Lost))
+    );
+
+    let a = r#"{"held":true,"key":"a","holder":"h","revision":8,"acquired_at":"2026-10-18T12:00:00Z","expires_at":"2026-10-18T12:00:15Z","ttl_ms":15000}"#;
+    let spaced = r#"{ "ttl_ms": 15000, "key": "a", "held": true, "holder": "h", "revision": 8, "acquired_at": "2026-10-18T12:00:00Z", "expires_at": "2026-10-18T12:00:15Z" }"#;
+    let bodies = [
+        String::from_utf8(ours).expect("UTF-8"),
+        format!(r#"{{"results":[{spaced}]}}"#),
+        format!(
+            r#"{{"results":[{}]}}"#,
+            a.replace(r#""ttl_ms""#, r#""extra":1,"ttl_ms""#)
+        ),
+        format!(
+            r#"{{"results":[{}]}}"#,
+            a.replace(r#""ttl_ms""#, r#""kind":"lost","ttl_ms""#)
+        ),
+        format!(
+            r#"{{"results":[{}]}}"#,
+            a.replace(r#""holder":"h""#, r#""holder":"x","holder":"h""#)
+        ),
+        format!(r#"{{"results":[{a}],"results":[]}}"#),
+        format!(r#"[[{a}]]"#),
+        r#"{"results":[{"key":"b","error":"gone","kind":"lost","holder":null}]}"#.to_string(),
+        r#"{"results":[{"key":"b","error":"gone","kind":"lost","why":1}]}"#.to_string(),
+        r#"{"results":[{"key":"b","error":"gone","kind":"nope"}]}"#.to_string(),
+        r#"{"results":[{"key":"a"}]}"#.to_string(),
+        r#"{"results":[]}"#.to_string(),
+        r#"{"error":"the service is at its bound","kind":"unavailable"}"#.to_string(),
+        r#"{"results":[],"kind":"lost"}"#.to_string(),
+        "{".to_string(),
+        "".to_string(),
+    ];
+    for body in &bodies {
+        let bytes = body.as_bytes();
+        let got = RenewManyReply::decode_bodies(bytes);
+        match RenewManyReply::decode(bytes) {
+            Err(_) => assert!(got.is_err(), "{body}: {got:?}"),
+            Ok(Err(e)) => assert_eq!(got, Ok(Err(e)), "{body}"),
+            Ok(Ok(reply)) => {
+                let items = got.expect("parses").expect("results");
+                assert_eq!(items.len(), reply.results.len(), "{body}");
+                for (item, result) in items.iter().zip(&reply.results) {
+                    assert_eq!(item.key, result.key(), "{body}");
+                    assert_eq!(
+                        Response::decode(crate::wire::Endpoint::Renew, &item.body),
+                        Response::decode(crate::wire::Endpoint::Renew, &result.renew_body()),
+                        "{body}: the holder reads the item as its renew reply"
+                    );
+                    let kind = match result {
+                        RenewManyResult::Renewed(_) => None,
+                        RenewManyResult::Failed { error, .. } => Some(error.kind),
+                    };
+                    assert_eq!(item.error, kind, "{body}");
+                }
+            }
+        }
+    }
+    // A renewed item is handed on as it came, spaces and all.
+    let items = RenewManyReply::decode_bodies(bodies[1].as_bytes())
+        .expect("parses")
+        .expect("results");
+    assert_eq!(items[0].body, spaced.as_bytes());
+}

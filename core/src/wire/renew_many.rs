@@ -2,7 +2,10 @@
 //! whole, each item as a renew request alone) and its reply, one result per item in
 //! request order.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::endpoint::Endpoint;
 use super::error::{ErrorKind, ErrorReply, invalid};
@@ -30,8 +33,19 @@ pub struct RenewManyRequest {
     pub leases: Vec<RenewRequest>,
 }
 
-/// The body of a `renew_many` request as [`decode_renew_many`] first reads it: each
-/// item still raw, so that it goes through the renew request's own decoding.
+/// The body of a `renew_many` request as [`decode_renew_many`] reads it first: each
+/// item its own bytes, untouched, to be decoded once as a renew request alone.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewManyRaw<'a> {
+    #[serde(borrow)]
+    leases: Vec<&'a RawValue>,
+}
+
+/// The body of a `renew_many` request as the decoding of record reads it: each item
+/// a JSON value, written out again and decoded as a renew request alone. Only a body
+/// the one-pass reading refuses comes here, so that every invalid input keeps its
+/// error sentence to the letter.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RenewManyWire {
@@ -42,7 +56,51 @@ struct RenewManyWire {
 /// decoded as a renew request is (the same fields and bounds), no key twice. Any
 /// failure is one `invalid` reply for the whole request, naming the item
 /// (`leases[i]`) and its field: no item of an invalid request is renewed.
+///
+/// A valid body is read in one pass, each item's own bytes decoded once
+/// ([`decode_renew_many_items`]). A body that pass refuses is read again the way of
+/// record (each item parsed to a JSON value, written out, decoded), which decides:
+/// its sentence, or, for the few bodies only it takes (a field twice in one item,
+/// the last kept), its requests.
 pub fn decode_renew_many(body: &[u8]) -> Result<Vec<RenewRequest>, ErrorReply> {
+    match decode_renew_many_items(body) {
+        Some(items) => Ok(items.into_iter().map(|(renew, _)| renew).collect()),
+        None => decode_renew_many_of_record(body),
+    }
+}
+
+/// The one pass of [`decode_renew_many`]: each item with its own bytes, which
+/// [`Request::decode`] reads as exactly that renew request. `None` for any body it
+/// does not take whole (invalid, or valid only the way of record).
+pub(crate) fn decode_renew_many_items(body: &[u8]) -> Option<Vec<(RenewRequest, &[u8])>> {
+    // An object, as the way of record requires (serde takes a struct from an array).
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let wire: RenewManyRaw<'_> = serde_json::from_slice(body).ok()?;
+    if wire.leases.is_empty() || wire.leases.len() > MAX_RENEW_MANY {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(wire.leases.len());
+    let mut out = Vec::with_capacity(wire.leases.len());
+    for item in wire.leases {
+        let bytes = item.get().as_bytes();
+        if bytes.first() != Some(&b'{') {
+            return None;
+        }
+        let Ok(Request::Renew(renew)) = Request::decode(Endpoint::Renew, bytes) else {
+            return None;
+        };
+        if !seen.insert(renew.key.clone()) {
+            return None;
+        }
+        out.push((renew, bytes));
+    }
+    Some(out)
+}
+
+/// [`decode_renew_many`] the way of record: every sentence it gives is this one's.
+pub(crate) fn decode_renew_many_of_record(body: &[u8]) -> Result<Vec<RenewRequest>, ErrorReply> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
         return Err(invalid(format!(
             "invalid {RENEW_MANY} request: the body must be a JSON object with field `leases`"
@@ -172,4 +230,119 @@ impl RenewManyReply {
         }
         serde_json::from_value(value).map(Ok).map_err(shape)
     }
+
+    /// Reads a `renew_many` reply body as the holders it answers hear it: for each
+    /// item its key, its error kind when not renewed, and the body a renew of that
+    /// key alone would have replied (what [`RenewManyResult::renew_body`] gives), or
+    /// the whole request's error. Accepts and refuses exactly what
+    /// [`RenewManyReply::decode`] does.
+    ///
+    /// Read in one pass where every item has exactly a renew reply's fields (a
+    /// lease, or an error with its `key`): a renewed item's body is then its own
+    /// bytes, which read as the same lease (a service's own reply writes them byte
+    /// for byte as a renew alone would). Any other body is read by
+    /// [`RenewManyReply::decode`] and each item written out again.
+    pub fn decode_bodies(body: &[u8]) -> Result<Result<Vec<RenewBody>, ErrorReply>, String> {
+        if let Some(items) = renew_bodies(body) {
+            return Ok(Ok(items));
+        }
+        Ok(Self::decode(body)?.map(|reply| {
+            reply
+                .results
+                .iter()
+                .map(|result| RenewBody {
+                    key: result.key().to_string(),
+                    error: match result {
+                        RenewManyResult::Renewed(_) => None,
+                        RenewManyResult::Failed { error, .. } => Some(error.kind),
+                    },
+                    body: result.renew_body(),
+                })
+                .collect()
+        }))
+    }
+}
+
+/// One item of a `renew_many` reply as its holder hears it
+/// ([`RenewManyReply::decode_bodies`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewBody {
+    /// The key the item is about.
+    pub key: String,
+    /// The error's kind when the item was not renewed; `None` when it was.
+    pub error: Option<ErrorKind>,
+    /// The body a renew of this key alone would have replied.
+    pub body: Vec<u8>,
+}
+
+/// A `renew_many` reply as the one pass of [`RenewManyReply::decode_bodies`] reads
+/// it: each result its own bytes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultsRaw<'a> {
+    #[serde(borrow)]
+    results: Vec<&'a RawValue>,
+}
+
+/// A renewed item with exactly a [`Lease`]'s fields, each of its type: what reads
+/// as the same lease however it is parsed. Its values are only checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct LeaseExact<'a> {
+    held: bool,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    holder: Cow<'a, str>,
+    revision: u64,
+    #[serde(borrow)]
+    acquired_at: Cow<'a, str>,
+    #[serde(borrow)]
+    expires_at: Cow<'a, str>,
+    ttl_ms: u64,
+}
+
+/// A failed item with exactly [`RenewManyResult::Failed`]'s fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailedExact {
+    key: String,
+    error: String,
+    kind: ErrorKind,
+    #[serde(default)]
+    holder: Option<String>,
+    #[serde(default)]
+    revision: Option<u64>,
+}
+
+/// The one pass of [`RenewManyReply::decode_bodies`]: `None` unless the body is
+/// `{"results": [...]}` and every item reads exactly as a lease or a failed item.
+fn renew_bodies(body: &[u8]) -> Option<Vec<RenewBody>> {
+    let raw: ResultsRaw<'_> = serde_json::from_slice(body).ok()?;
+    raw.results
+        .into_iter()
+        .map(|item| {
+            let text = item.get();
+            if let Ok(lease) = serde_json::from_str::<LeaseExact<'_>>(text) {
+                return Some(RenewBody {
+                    key: lease.key.into_owned(),
+                    error: None,
+                    body: text.as_bytes().to_vec(),
+                });
+            }
+            let failed: FailedExact = serde_json::from_str(text).ok()?;
+            let error = ErrorReply {
+                error: failed.error,
+                kind: failed.kind,
+                holder: failed.holder,
+                revision: failed.revision,
+            };
+            Some(RenewBody {
+                key: failed.key,
+                error: Some(error.kind),
+                body: Response::Error(error).to_json(),
+            })
+        })
+        .collect()
 }

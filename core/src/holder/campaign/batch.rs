@@ -240,7 +240,8 @@ impl Campaign {
                 return;
             }
         };
-        let answer = body.map(|b| RenewManyReply::decode(b));
+        // Read once: a renewed item's own bytes are its holder's reply.
+        let answer = body.map(|b| RenewManyReply::decode_bodies(b));
         match answer {
             // No responders, or refused whole before any item ran: one by one.
             None
@@ -256,22 +257,27 @@ impl Campaign {
                 }
             }
             Some(Ok(Err(error))) => {
+                let class = OutcomeClass::of_error(error.kind);
                 let body = wire::Response::Error(error).to_json();
                 for (member, _) in members {
-                    self.deliver(now, member, RequestOutcome::reply(body.clone()));
+                    self.deliver_as(now, member, RequestOutcome::reply(body.clone()), class);
                 }
             }
-            Some(Ok(Ok(reply)))
-                if reply.results.len() == members.len()
-                    && reply.results.iter().zip(&members).all(|(r, (m, _))| {
+            Some(Ok(Ok(items)))
+                if items.len() == members.len()
+                    && items.iter().zip(&members).all(|(item, (m, _))| {
                         self.out
                             .routes
                             .get(m)
-                            .is_none_or(|route| route.key == r.key())
+                            .is_none_or(|route| route.key == item.key)
                     }) =>
             {
-                for (result, (member, _)) in reply.results.iter().zip(members) {
-                    self.deliver(now, member, RequestOutcome::reply(result.renew_body()));
+                for (item, (member, _)) in items.into_iter().zip(members) {
+                    // What a renew reply of this shape reads as, known already.
+                    let class = item
+                        .error
+                        .map_or(OutcomeClass::Clear, OutcomeClass::of_error);
+                    self.deliver_as(now, member, RequestOutcome::reply(item.body), class);
                 }
             }
             Some(Ok(Ok(_))) | Some(Err(_)) => {
@@ -327,7 +333,7 @@ pub fn renewals_of_batch(
         RequestOutcome::Reply { payload, .. } => payload,
         other => return each(&|_| other.clone()),
     };
-    match RenewManyReply::decode(payload) {
+    match RenewManyReply::decode_bodies(payload) {
         Ok(Err(ErrorReply {
             kind: ErrorKind::Invalid,
             ..
@@ -336,15 +342,11 @@ pub fn renewals_of_batch(
             let body = wire::Response::Error(error).to_json();
             each(&|_| RequestOutcome::reply(body.clone()))
         }
-        Ok(Ok(reply))
-            if reply.results.len() == items.len()
-                && reply
-                    .results
-                    .iter()
-                    .zip(&items)
-                    .all(|(r, i)| r.key() == i.key) =>
+        Ok(Ok(replies))
+            if replies.len() == items.len()
+                && replies.iter().zip(&items).all(|(r, i)| r.key == i.key) =>
         {
-            each(&|i| RequestOutcome::reply(reply.results[i].renew_body()))
+            each(&|i| RequestOutcome::reply(replies[i].body.clone()))
         }
         _ => each(&|_| {
             RequestOutcome::Failed(

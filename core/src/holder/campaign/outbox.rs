@@ -98,7 +98,22 @@ impl Campaign {
 
     pub(super) fn deliver(&mut self, now: Instant, id: TransmitId, outcome: RequestOutcome) {
         if let Some(route) = self.out.take(id) {
-            self.deliver_route(now, route, outcome);
+            let class = OutcomeClass::of(route.endpoint, &outcome);
+            self.deliver_route_as(now, route, outcome, class);
+        }
+    }
+
+    /// [`Campaign::deliver`] of an outcome whose class the caller read already
+    /// (a `renew_many` item's, read with its reply): not read a second time.
+    pub(super) fn deliver_as(
+        &mut self,
+        now: Instant,
+        id: TransmitId,
+        outcome: RequestOutcome,
+        class: OutcomeClass,
+    ) {
+        if let Some(route) = self.out.take(id) {
+            self.deliver_route_as(now, route, outcome, class);
         }
     }
 
@@ -106,6 +121,22 @@ impl Campaign {
     /// counted.
     pub(super) fn deliver_route(&mut self, now: Instant, route: Route, outcome: RequestOutcome) {
         let class = OutcomeClass::of(route.endpoint, &outcome);
+        self.deliver_route_as(now, route, outcome, class);
+    }
+
+    /// [`Campaign::deliver_route`] with the outcome's class known.
+    fn deliver_route_as(
+        &mut self,
+        now: Instant,
+        route: Route,
+        outcome: RequestOutcome,
+        class: OutcomeClass,
+    ) {
+        debug_assert_eq!(
+            class,
+            OutcomeClass::of(route.endpoint, &outcome),
+            "the class given is the outcome's"
+        );
         if route.endpoint == Endpoint::Renew {
             if class.is_clear() {
                 self.renew_unclear.remove(&route.key);
