@@ -59,14 +59,42 @@ struct RenewManyWire {
 ///
 /// A valid body is read in one pass, each item's own bytes decoded once
 /// ([`decode_renew_many_items`]). A body that pass refuses is read again the way of
-/// record (each item parsed to a JSON value, written out, decoded), which decides:
-/// its sentence, or, for the few bodies only it takes (a field twice in one item,
-/// the last kept), its requests.
+/// record (each item parsed to a JSON value, written out, decoded), which gives its
+/// sentence. An item is valid only as its own bytes: one the way of record alone
+/// takes (a field given twice, of which a JSON value keeps the last) is refused, as
+/// a renew of that body alone is.
 pub fn decode_renew_many(body: &[u8]) -> Result<Vec<RenewRequest>, ErrorReply> {
     match decode_renew_many_items(body) {
         Some(items) => Ok(items.into_iter().map(|(renew, _)| renew).collect()),
-        None => decode_renew_many_of_record(body),
+        None => {
+            let items = decode_renew_many_of_record(body)?;
+            match first_item_refused_alone(body) {
+                Some(refused) => Err(refused),
+                None => Ok(items),
+            }
+        }
     }
+}
+
+/// The first item whose own bytes a renew alone refuses, as the request's error.
+fn first_item_refused_alone(body: &[u8]) -> Option<ErrorReply> {
+    let wire: RenewManyRaw<'_> = serde_json::from_slice(body).ok()?;
+    wire.leases.iter().enumerate().find_map(|(i, item)| {
+        Request::decode(Endpoint::Renew, item.get().as_bytes())
+            .err()
+            .map(|e| item_error(i, e))
+    })
+}
+
+/// A renew request's error as item `i`'s of a `renew_many` request.
+fn item_error(i: usize, e: ErrorReply) -> ErrorReply {
+    let why = e
+        .error
+        .strip_prefix("invalid renew request: ")
+        .unwrap_or(&e.error);
+    invalid(format!(
+        "invalid {RENEW_MANY} request: `leases[{i}]`: {why}"
+    ))
 }
 
 /// The one pass of [`decode_renew_many`]: each item with its own bytes, which
@@ -123,16 +151,7 @@ pub(crate) fn decode_renew_many_of_record(body: &[u8]) -> Result<Vec<RenewReques
     let mut seen = std::collections::HashMap::new();
     let mut out = Vec::with_capacity(wire.leases.len());
     for (i, item) in wire.leases.iter().enumerate() {
-        let at = |e: ErrorReply| {
-            let why = e
-                .error
-                .strip_prefix("invalid renew request: ")
-                .unwrap_or(&e.error)
-                .to_string();
-            invalid(format!(
-                "invalid {RENEW_MANY} request: `leases[{i}]`: {why}"
-            ))
-        };
+        let at = |e: ErrorReply| item_error(i, e);
         if !item.is_object() {
             return Err(at(invalid("the item must be a JSON object".to_string())));
         }
