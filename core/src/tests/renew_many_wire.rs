@@ -366,3 +366,50 @@ fn each_item_reads_as_its_renew_reply() {
         .expect("results");
     assert_eq!(items[0].body, spaced.as_bytes());
 }
+
+/// A renew reply read straight into its lease reads as the JSON value's reading
+/// would: the same lease, the same error, the same refusal, whatever the body.
+#[test]
+fn a_renew_reply_reads_the_same_straight_or_through_a_value() {
+    use crate::wire::Endpoint;
+    let lease = r#"{"held":true,"key":"a","holder":"h","revision":7,"acquired_at":"2026-01-01T00:00:00Z","expires_at":"2026-01-01T00:00:15Z","ttl_ms":15000}"#;
+    let through_value = |body: &[u8]| -> Result<Response, String> {
+        let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        if value.get("kind").is_some() {
+            return serde_json::from_value(value)
+                .map(Response::Error)
+                .map_err(|e| e.to_string());
+        }
+        serde_json::from_value(value)
+            .map(Response::Lease)
+            .map_err(|e| e.to_string())
+    };
+    let with = |extra: &str| lease.replacen('{', &format!("{{{extra},"), 1);
+    let bodies = [
+        lease.to_string(),
+        with(r#""kind":"lost","error":"gone""#),
+        with(r#""\u006bind":"lost","error":"gone""#),
+        with(r#""note":"kind""#),
+        with(r#""key":"b""#),
+        with(r#""extra":[1,{"x":null}]"#),
+        r#"{"error":"the lease is not held","kind":"lost"}"#.to_string(),
+        r#"{"key":"a"}"#.to_string(),
+        lease.replace("15000", "-1"),
+        lease.replace("15000", "1.5"),
+        format!("{lease} x"),
+        "[]".to_string(),
+        "".to_string(),
+    ];
+    for body in bodies {
+        let read = Response::decode(Endpoint::Renew, body.as_bytes());
+        let record = through_value(body.as_bytes());
+        assert_eq!(
+            read.is_ok(),
+            record.is_ok(),
+            "{body}: {read:?} / {record:?}"
+        );
+        if let (Ok(read), Ok(record)) = (read, record) {
+            assert_eq!(read, record, "{body}");
+        }
+    }
+}
