@@ -235,6 +235,13 @@ pub(super) fn decode_json_named<T: serde::de::DeserializeOwned>(
     name: &str,
     body: &[u8],
 ) -> Result<T, ErrorReply> {
+    // A valid object reads as it does below, without tracking each field's path:
+    // the path only names what failed, so any failure is read again below.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+        && let Ok(value) = serde_json::from_slice(body)
+    {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     match parsed {
