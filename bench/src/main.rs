@@ -22,6 +22,7 @@ mod renew_many_cost;
 mod report;
 mod run;
 mod scale;
+mod stand_in;
 
 use dagnats_leases_bench::servers;
 
