@@ -58,7 +58,7 @@ struct RenewManyWire {
 /// (`leases[i]`) and its field: no item of an invalid request is renewed.
 ///
 /// A valid body is read in one pass, each item's own bytes decoded once
-/// ([`decode_renew_many_items`]). A body that pass refuses is read again the way of
+/// (`decode_renew_many_items`). A body that pass refuses is read again the way of
 /// record (each item parsed to a JSON value, written out, decoded), which gives its
 /// sentence. An item is valid only as its own bytes: one the way of record alone
 /// takes (a field given twice, of which a JSON value keeps the last) is refused, as
