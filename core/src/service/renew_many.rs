@@ -1,8 +1,7 @@
 //! `renew_many`: many renewals in one request, each its own renew call.
 //!
-//! The request is decoded whole first
-//! ([`decode_renew_many`](crate::wire::decode_renew_many)): an invalid item, a key
-//! twice or more items than [`MAX_RENEW_MANY`] refuse the whole request
+//! The request is decoded whole first ([`decode_renew_many`]): an invalid item, a
+//! key twice or more items than [`MAX_RENEW_MANY`] refuse the whole request
 //! `invalid`, and no item runs. So do the rules every request meets, once for the
 //! request: the reply rule drops it unanswered, a malformed header block or a
 //! tenancy refusal (checked before the body is read) is its one error, and while starting, stopping past the
@@ -29,7 +28,7 @@ use crate::call::{Call, CallEvent};
 use crate::subjects::QUEUE_GROUP;
 use crate::wire::{
     Endpoint, ErrorKind, ErrorReply, MAX_RENEW_MANY, RenewManyReply, RenewManyResult, RenewRequest,
-    Response, decode_renew_many_items, decode_renew_many_of_record, renew_many_subject,
+    Response, decode_renew_many, decode_renew_many_items, renew_many_subject,
 };
 
 /// The most a reply's item takes, in bytes (a lease with a 128-byte key and holder
@@ -272,8 +271,7 @@ impl Service {
     }
 }
 
-/// A `renew_many` body's items
-/// ([`decode_renew_many`](crate::wire::decode_renew_many)), each with the body its
+/// A `renew_many` body's items ([`decode_renew_many`]), each with the body its
 /// renew call starts from: the item's own bytes where the one pass read them (they
 /// decode as that very request), else the request written out.
 fn decode_items(body: &[u8]) -> Result<Vec<(RenewRequest, Vec<u8>)>, ErrorReply> {
@@ -283,7 +281,9 @@ fn decode_items(body: &[u8]) -> Result<Vec<(RenewRequest, Vec<u8>)>, ErrorReply>
             .map(|(renew, bytes)| (renew, bytes.to_vec()))
             .collect());
     }
-    Ok(decode_renew_many_of_record(body)?
+    // What the one pass did not take is decided as decode_renew_many decides it:
+    // its sentence, and no item valid only as a JSON value (a field given twice).
+    Ok(decode_renew_many(body)?
         .into_iter()
         .map(|renew| {
             let body = serde_json::to_vec(&renew).expect("a renew request serialises");

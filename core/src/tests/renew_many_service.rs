@@ -123,8 +123,16 @@ fn an_invalid_item_refuses_the_whole_request_and_no_call_runs() {
             "256",
         ),
     ];
+    let twice = format!(
+        r#"{{"leases":[{},{{"key":"b","holder":"h","revision":1,"key":"c"}}]}}"#,
+        item("a", "h", a)
+    );
+    let table = table
+        .into_iter()
+        .map(|(name, body, names)| (name, body.to_string(), names))
+        .chain([("a field twice in an item", twice, "duplicate field")]);
     for (name, body, names) in table {
-        let reply = w.request_many(body, true);
+        let reply = w.request_many_bytes(body.as_bytes(), true);
         w.settle().unwrap();
         assert!(w.in_flight().is_empty(), "{name}: a call ran");
         let e = answer(&w, &reply).expect_err("one error");

@@ -20,11 +20,14 @@ pub use bounds::{
 };
 pub use endpoint::Endpoint;
 pub use error::{ErrorKind, ErrorReply};
+pub(crate) use renew_many::decode_renew_many_items;
+/// The way of record alone, for the test that holds the one pass to it.
+#[cfg(test)]
+pub(crate) use renew_many::decode_renew_many_of_record;
 pub use renew_many::{
     MAX_RENEW_MANY, RENEW_MANY, RenewBody, RenewManyReply, RenewManyRequest, RenewManyResult,
     decode_renew_many, renew_many_subject,
 };
-pub(crate) use renew_many::{decode_renew_many_items, decode_renew_many_of_record};
 pub use reply::{AcquireReply, ForwardReply, FreeReply, Lease, ReleaseReply, Response};
 pub use request::{
     AcquireRequest, ForwardRequest, ForwardRequestWire, OwnerRequest, ReleaseRequest, RenewRequest,

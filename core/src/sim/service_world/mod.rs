@@ -324,7 +324,7 @@ impl ServiceWorld {
                 answered: !good_reply,
             },
         );
-        self.send(endpoint.subject(), &reply, &body);
+        self.send(endpoint.subject(), &reply, body.to_string().into_bytes());
         reply
     }
 
@@ -332,6 +332,14 @@ impl ServiceWorld {
     /// each item is asked as a renew of its own (`<reply>#<i>`), so that its writes
     /// are checked as a renew's, and answered by the request's one reply.
     pub fn request_many(&mut self, body: serde_json::Value, good_reply: bool) -> String {
+        self.request_many_bytes(body.to_string().as_bytes(), good_reply)
+    }
+
+    /// [`ServiceWorld::request_many`] of a body given as its bytes, such as one no
+    /// JSON value writes (a field given twice); its items are read for the checks
+    /// as a JSON value reads them.
+    pub fn request_many_bytes(&mut self, payload: &[u8], good_reply: bool) -> String {
+        let body: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
         self.next_request += 1;
         let reply = if good_reply {
             format!("_INBOX.many.{}", self.next_request)
@@ -364,17 +372,17 @@ impl ServiceWorld {
         if good_reply {
             self.many.insert(reply.clone(), items.len());
         }
-        self.send(crate::wire::renew_many_subject(), &reply, &body);
+        self.send(crate::wire::renew_many_subject(), &reply, payload.to_vec());
         reply
     }
 
     /// Hands the service `body` on `subject` with `reply`, as its subscription would.
-    fn send(&mut self, subject: String, reply: &str, body: &serde_json::Value) {
+    fn send(&mut self, subject: String, reply: &str, payload: Vec<u8>) {
         let message = Received {
             subject,
             reply: Some(reply.to_string()),
             headers: Vec::new(),
-            payload: body.to_string().into_bytes(),
+            payload,
             header_error: None,
         };
         self.service
