@@ -124,6 +124,12 @@ pub struct ServeArgs {
     /// The smallest batch sent; fewer gathered writes wait for a single to come back.
     #[arg(long, env = "DAGNATS_LEASES_MIN_BATCH", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_MIN_BATCH)]
     pub min_batch: usize,
+    /// The largest batch sent (at most 1,000, the server's bound).
+    #[arg(long, env = "DAGNATS_LEASES_MAX_BATCH", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_MAX_BATCH)]
+    pub max_batch: usize,
+    /// Batches out at once (at most 50, the server's bound per stream).
+    #[arg(long, env = "DAGNATS_LEASES_BATCHES_IN_FLIGHT", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_BATCHES_IN_FLIGHT)]
+    pub batches_in_flight: usize,
     /// How many keys' last revisions the service remembers (learnt from its own
     /// calls and the change events), so a renew or release of a revision it knows
     /// is one write and no read; 0 turns that off (every renew and release reads).
@@ -292,6 +298,8 @@ impl ServeArgs {
             renew_many: self.renew_many,
             batch_after: self.batch_after,
             min_batch: self.min_batch,
+            max_batch: self.max_batch,
+            batches_in_flight: self.batches_in_flight,
             known_capacity: self.known_keys,
             changes: self.changes,
             #[cfg(feature = "__test")]

@@ -962,3 +962,61 @@ async fn logs_to_a_pipe_are_plain_and_json_is_json() {
         .collect();
     assert!(lines.iter().any(|l| l["level"] == "ERROR"), "{err}");
 }
+
+/// `serve`'s coalescer and admission bounds reach the service's config: each
+/// default is the core's, and each flag sets its own field.
+#[test]
+fn serve_batch_and_admission_bounds_reach_the_config() {
+    use clap::Parser;
+    use dagnats_leases_core::service::coalesce::{
+        DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW,
+    };
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: dagnats_leases_tokio::cli::ServeArgs,
+    }
+    let config = |argv: &[&str]| {
+        let serve = Serve::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+            .expect("parses");
+        let options = serve.args.service_options().expect("options");
+        let c = &options.config;
+        (
+            c.batch_after,
+            c.min_batch,
+            c.max_batch,
+            c.batches_in_flight,
+            c.max_calls_in_flight,
+            c.max_calls_waiting,
+        )
+    };
+    let default = dagnats_leases_core::service::DEFAULT_MAX_CALLS_IN_FLIGHT;
+    assert_eq!(
+        config(&[]),
+        (
+            DEFAULT_SINGLE_WINDOW,
+            DEFAULT_MIN_BATCH,
+            DEFAULT_MAX_BATCH,
+            DEFAULT_BATCHES_IN_FLIGHT,
+            default,
+            default
+        )
+    );
+    assert_eq!(
+        config(&[
+            "--batch-after",
+            "3",
+            "--min-batch",
+            "5",
+            "--max-batch",
+            "100",
+            "--batches-in-flight",
+            "7",
+            "--max-calls-in-flight",
+            "11",
+            "--max-calls-waiting",
+            "13",
+        ]),
+        (3, 5, 100, 7, 11, 13)
+    );
+}

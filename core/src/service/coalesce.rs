@@ -45,7 +45,7 @@
 //! The machine reads no clock and sets no timer: each write's deadline belongs to
 //! the call that asked for it; a send's timeout is the shortest of its writes'.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use serde::Deserialize;
@@ -69,12 +69,14 @@ pub const SERVER_MAX_OPEN_BATCHES: usize = 50;
 /// JetStream's error code for atomic publish disabled on the stream.
 pub const ERR_ATOMIC_DISABLED: u64 = 10174;
 
-/// The default bound on writes in one batch. The server takes 1,000, but one wrong
+/// The default bound on writes in one batch. An R1 batch costs the stream's one
+/// goroutine a fixed 2.6 ms or so (a staging store of its own, created and deleted)
+/// whatever its size, so a stream's write throughput grows with the batch: with
+/// batches of at most 64 one stream held 75,000 leases and with 256 it held
+/// 150,000 (docs/benchmarks.md, capacity). The server takes 1,000, but one wrong
 /// expected sequence fails the whole batch and costs a retry of every write in it
-/// as singles, so a smaller batch bounds that cost; the batch probe measured 0.08
-/// fsyncs per write at 64 already (nats-server 2.15.1, R1), so larger batches save
-/// little more; and 64 is the bench's highest ordinary concurrency.
-pub const DEFAULT_MAX_BATCH: usize = 64;
+/// as singles, and that cost grows with the batch too.
+pub const DEFAULT_MAX_BATCH: usize = 256;
 
 /// The default number of first-time singles out at once before writes gather: at
 /// 16 calls in flight or fewer every write goes alone, at once.
@@ -82,8 +84,11 @@ pub const DEFAULT_SINGLE_WINDOW: usize = 16;
 /// The default smallest batch: an R1 batch costs 5 fsyncs (the batch probe), so one
 /// of fewer writes than this saves nothing over singles.
 pub const DEFAULT_MIN_BATCH: usize = 16;
-/// The default number of batches out at once.
-pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
+/// The default number of batches out at once: enough that the stream's goroutine
+/// has the next batch while an ack travels back (4 held 75,000 leases with batches
+/// of 64 and none of 100,000; 8 with batches of 256 held 150,000), far under the
+/// server's 50 open batches a stream.
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 8;
 
 /// Whether a service sends its writes through the coalescer (`serve
 /// --coalesce-writes`): `auto` (the default) on a single-replica bucket, always,
@@ -262,7 +267,7 @@ pub struct Coalescer {
     batches_failed: u64,
     /// Writes cancelled while out in a batch: if the batch fails they are not
     /// sent again alone (their call gave up and was answered).
-    cancelled: std::collections::HashSet<TransmitId>,
+    cancelled: HashSet<TransmitId>,
 }
 
 impl Coalescer {
@@ -288,7 +293,7 @@ impl Coalescer {
             events: VecDeque::new(),
             batches_sent: 0,
             batches_failed: 0,
-            cancelled: std::collections::HashSet::new(),
+            cancelled: HashSet::new(),
         }
     }
 
@@ -431,9 +436,9 @@ impl Coalescer {
         }
     }
 
-    /// How many queued writes go to the stream of the first one: a batch is that
-    /// stream's alone, so on a sharded bucket `min_batch` counts them, not the
-    /// whole queue (all of it with one shard).
+    /// How many queued writes go to the stream of the first one, up to `min_batch`:
+    /// a batch is that stream's alone, so on a sharded bucket `min_batch` counts
+    /// them, not the whole queue (all of it with one shard).
     fn first_stream_queued(&self) -> usize {
         let Some(first) = self.queue.front() else {
             return 0;
@@ -442,35 +447,51 @@ impl Coalescer {
         self.queue
             .iter()
             .filter(|w| ShardMap::bucket_of_subject(&w.request.subject) == stream)
+            // Counting stops at `min_batch`: all that is asked is whether one is there.
+            .take(self.config.min_batch)
             .count()
     }
 
     /// Up to `max_batch` writes from the queue, at most one per checked subject,
     /// in arrival order; the rest stay queued in order.
     fn take_batch(&mut self) -> Vec<Write> {
-        let mut batch: Vec<Write> = Vec::new();
-        let mut rest = VecDeque::new();
-        while let Some(w) = self.queue.pop_front() {
-            if batch.len() == self.config.max_batch {
-                rest.push_back(w);
-                rest.extend(self.queue.drain(..));
-                break;
-            }
+        // Which queued writes go, chosen by index first (sets of the subjects taken,
+        // so a long queue costs one pass, not a comparison with every write taken).
+        let mut chosen = vec![false; self.queue.len()];
+        {
+            let mut checked: HashSet<&str> = HashSet::new();
+            let mut published: HashSet<&str> = HashSet::new();
             // An atomic batch is one stream's: a sharded bucket's writes to another
             // shard wait for a batch of their own.
-            let other_stream = batch.first().is_some_and(|b| {
-                ShardMap::bucket_of_subject(&b.request.subject)
-                    != ShardMap::bucket_of_subject(&w.request.subject)
-            });
-            if other_stream
-                || batch.iter().any(|b| {
-                    b.checked_subject() == w.checked_subject()
-                        || b.request.subject == w.request.subject
-                })
-            {
-                rest.push_back(w);
-            } else {
+            let stream = self
+                .queue
+                .front()
+                .map(|w| ShardMap::bucket_of_subject(&w.request.subject));
+            let mut taken = 0;
+            for (i, w) in self.queue.iter().enumerate() {
+                if taken == self.config.max_batch {
+                    break;
+                }
+                let subject = w.request.subject.as_str();
+                if Some(ShardMap::bucket_of_subject(subject)) != stream
+                    || checked.contains(w.checked_subject())
+                    || published.contains(subject)
+                {
+                    continue;
+                }
+                checked.insert(w.checked_subject());
+                published.insert(subject);
+                chosen[i] = true;
+                taken += 1;
+            }
+        }
+        let mut batch = Vec::new();
+        let mut rest = VecDeque::with_capacity(self.queue.len());
+        for (w, go) in self.queue.drain(..).zip(chosen) {
+            if go {
                 batch.push(w);
+            } else {
+                rest.push_back(w);
             }
         }
         self.queue = rest;

@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use super::bucket::BucketOptions;
-use super::coalesce::{CoalesceWrites, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW};
+use super::coalesce::{
+    CoalesceWrites, DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH,
+    DEFAULT_SINGLE_WINDOW,
+};
 use super::peers::ChangesSetting;
 use super::replicas::REPLICAS_RECHECK;
 use crate::call::DEFAULT_KV_TIMEOUT;
@@ -11,10 +14,12 @@ use crate::known::DEFAULT_KNOWN_CAPACITY;
 use crate::reply_scope::ReplyScope;
 use crate::tenant::TenantAccounts;
 
-/// The default bound on calls running at once: far above what one service needs to
-/// keep JetStream busy (a call is a few round trips), far below what a burst of
-/// tens of thousands of requests would cost in memory.
-pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 1024;
+/// The default bound on calls running at once: room for the write coalescer to
+/// gather full batches at a single server's capacity (a stream renewing 22,500
+/// leases a second at 160 ms each has some 3,600 calls running; with 1,024 one
+/// server held 75,000 leases, with 4,096 150,000: docs/benchmarks.md, capacity), far
+/// below what a burst of tens of thousands of requests would cost in memory.
+pub const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 4096;
 
 /// The default bound on how long a stop waits for the calls in flight.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,6 +52,10 @@ pub struct ServiceConfig {
     pub batch_after: usize,
     /// The smallest batch the coalescer sends.
     pub min_batch: usize,
+    /// The largest batch the coalescer sends.
+    pub max_batch: usize,
+    /// Batches the coalescer has out at once.
+    pub batches_in_flight: usize,
     /// This instance's process-unique id (a NUID): the micro protocol's instance id
     /// and the prefix of its batch ids.
     pub instance_id: String,
@@ -89,6 +98,8 @@ impl ServiceConfig {
             coalesce_writes: CoalesceWrites::Auto,
             batch_after: DEFAULT_SINGLE_WINDOW,
             min_batch: DEFAULT_MIN_BATCH,
+            max_batch: DEFAULT_MAX_BATCH,
+            batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
             instance_id: "service".to_string(),
             version: String::new(),
             reply_scope: ReplyScope::default(),

@@ -210,6 +210,8 @@ impl Service {
             let config = CoalescerConfig {
                 single_window: self.config.batch_after,
                 min_batch: self.config.min_batch,
+                max_batch: self.config.max_batch,
+                max_in_flight: self.config.batches_in_flight,
                 // Unique per process: the server keys open batches by id.
                 ..CoalescerConfig::atomic(format!("{}-", self.config.instance_id))
             };
