@@ -87,7 +87,9 @@ pub const DEFAULT_MIN_BATCH: usize = 16;
 /// The default number of batches out at once: enough that the stream's goroutine
 /// has the next batch while an ack travels back (4 held 75,000 leases with batches
 /// of 64 and none of 100,000; 8 with batches of 256 held 150,000), far under the
-/// server's 50 open batches a stream.
+/// server's 50 open batches a stream. At 256 writes in flight 8 renewed 0.84 to
+/// 0.88 as fast as 4 batches of 64 had, where 4 of 256 renewed 1.03 (one run each,
+/// docs/benchmarks.md): 4 against 8 at capacity is still to be measured.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 8;
 
 /// Whether a service sends its writes through the coalescer (`serve
