@@ -97,9 +97,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DAGNATS_LEASES_MAX_CALLS_WAITING", default_value_t = crate::service::DEFAULT_MAX_CALLS_IN_FLIGHT)]
     pub max_calls_waiting: usize,
     /// Gather the calls' writes into atomic batches under load (nats-server 2.12+):
-    /// `auto` (the default: on for a single-replica bucket, for the advised
-    /// `sync_interval: always` server, where it was measured to win; see
-    /// docs/benchmarks.md), `true`, or `false` (a server on the lazy default sync).
+    /// `auto` (the default: on, past `--batch-after` single writes, for the
+    /// advised `sync_interval: always` servers, where batches held the most
+    /// leases; see docs/benchmarks.md), `true`, or `false` (a server on the lazy
+    /// default sync).
     #[arg(
         long,
         env = "DAGNATS_LEASES_COALESCE_WRITES",
@@ -118,9 +119,11 @@ pub struct ServeArgs {
         value_name = "true|false"
     )]
     pub renew_many: bool,
-    /// Single writes in flight before writes start to gather into batches.
-    #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_SINGLE_WINDOW)]
-    pub batch_after: usize,
+    /// Single writes in flight before writes start to gather into batches
+    /// [default: 16 on a single-replica bucket, 64 on a replicated one, as the
+    /// bucket is at startup].
+    #[arg(long, env = "DAGNATS_LEASES_BATCH_AFTER", value_name = "N")]
+    pub batch_after: Option<usize>,
     /// The smallest batch sent; fewer gathered writes wait for a single to come back.
     #[arg(long, env = "DAGNATS_LEASES_MIN_BATCH", default_value_t = dagnats_leases_core::service::coalesce::DEFAULT_MIN_BATCH)]
     pub min_batch: usize,

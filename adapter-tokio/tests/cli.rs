@@ -964,12 +964,13 @@ async fn logs_to_a_pipe_are_plain_and_json_is_json() {
 }
 
 /// `serve`'s coalescer and admission bounds reach the service's config: each
-/// default is the core's, and each flag sets its own field.
+/// default is the core's (the single window unset: it follows the replicas), and
+/// each flag sets its own field.
 #[test]
 fn serve_batch_and_admission_bounds_reach_the_config() {
     use clap::Parser;
     use dagnats_leases_core::service::coalesce::{
-        DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH, DEFAULT_SINGLE_WINDOW,
+        DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH,
     };
     #[derive(Parser)]
     struct Serve {
@@ -994,7 +995,7 @@ fn serve_batch_and_admission_bounds_reach_the_config() {
     assert_eq!(
         config(&[]),
         (
-            DEFAULT_SINGLE_WINDOW,
+            None,
             DEFAULT_MIN_BATCH,
             DEFAULT_MAX_BATCH,
             DEFAULT_BATCHES_IN_FLIGHT,
@@ -1017,6 +1018,6 @@ fn serve_batch_and_admission_bounds_reach_the_config() {
             "--max-calls-waiting",
             "13",
         ]),
-        (3, 5, 100, 7, 11, 13)
+        (Some(3), 5, 100, 7, 11, 13)
     );
 }

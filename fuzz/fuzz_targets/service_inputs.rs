@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         1 => dagnats_leases_core::service::coalesce::CoalesceWrites::On,
         _ => dagnats_leases_core::service::coalesce::CoalesceWrites::Auto,
     };
-    config.batch_after = usize::from(shape[2] / 2 % 4) + 1;
+    config.batch_after = Some(usize::from(shape[2] / 2 % 4) + 1);
     config.min_batch = usize::from(shape[3] % 4) + 1;
     config.shutdown_timeout = Duration::from_millis(u64::from(shape[4]) * 40);
     config.known_capacity = if shape[5] % 3 == 0 { 0 } else { 64 };

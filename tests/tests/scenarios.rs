@@ -1005,32 +1005,6 @@ async fn calls_during_startup_are_unavailable_then_served() {
     handle.shutdown().await;
 }
 
-/// How many of `keys`' last messages were stored by an atomic batch (every one
-/// carries its TTL).
-async fn stored_by_a_batch(client: &async_nats::Client, keys: &[String]) -> usize {
-    let b64d = base64::engine::general_purpose::STANDARD;
-    let mut batched = 0;
-    for k in keys {
-        let reply = client
-            .request(
-                test_shards().api_subject("STREAM.MSG.GET", k),
-                json!({"last_by_subj": test_shards().kv_subject(k)})
-                    .to_string()
-                    .into(),
-            )
-            .await
-            .unwrap();
-        let v: Value = serde_json::from_slice(&reply.payload).unwrap();
-        let hdrs = b64d.decode(v["message"]["hdrs"].as_str().unwrap()).unwrap();
-        let text = String::from_utf8_lossy(&hdrs);
-        assert!(text.contains("Nats-TTL"), "{text}");
-        if text.contains("Nats-Batch-Id") {
-            batched += 1;
-        }
-    }
-    batched
-}
-
 /// Acquires `n` fresh keys `<prefix>-<i>` at once; all granted, each its own
 /// revision (of its stream: with several shards each stream numbers its own).
 async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<Value>) {
@@ -1063,7 +1037,7 @@ async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<V
 async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
     let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::On,
-        batch_after: 1,
+        batch_after: Some(1),
         min_batch: 2,
         ..ServiceConfig::default()
     });
@@ -1114,7 +1088,7 @@ async fn concurrent_writes_go_as_atomic_batches_and_each_gets_its_own_answer() {
 async fn with_false_every_write_goes_alone() {
     let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Off,
-        batch_after: 1,
+        batch_after: Some(1),
         min_batch: 2,
         ..ServiceConfig::default()
     });
@@ -1123,15 +1097,15 @@ async fn with_false_every_write_goes_alone() {
     assert_eq!(stored_by_a_batch(&fx.client, &keys).await, 0);
 }
 
-/// With `auto` the coalescer is on for a single-replica bucket (for a server with
+/// With `auto` (the default) the coalescer is on (for a server with
 /// `sync_interval: always`, where it was measured to win): with narrowed windows
 /// many writes at once go partly in batches on a 2.12+ server. (A replicated
-/// bucket leaves it off: the core's `coalesce_on` table test. `auto` is the default.)
+/// bucket's: `read_confirm`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auto_a_single_replica_bucket_batches_under_load() {
     let options = ServiceOptions::from(ServiceConfig {
         coalesce_writes: dagnats_leases_core::service::coalesce::CoalesceWrites::Auto,
-        batch_after: 1,
+        batch_after: Some(1),
         min_batch: 2,
         ..ServiceConfig::default()
     });
@@ -1253,14 +1227,6 @@ async fn the_servers_atomic_batch_answers_are_the_simulators() {
         Some(last + 1),
         "no sequence was used: {ack}"
     );
-}
-
-/// Whether the server this client is on has ADR-50 atomic batches (2.12 and later).
-fn has_atomic_batches(client: &async_nats::Client) -> bool {
-    let version = client.server_info().version;
-    let mut parts = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (2, 12)
 }
 
 /// The bucket's message count (over every shard's stream), and the last sequence

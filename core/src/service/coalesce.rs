@@ -36,6 +36,11 @@
 //!   the one `Nats-Expected-Last-Subject-Sequence-Subject` names): the server fails
 //!   a batch that checks a subject already written in it (10164). A write whose
 //!   subject is taken waits for the next batch, in arrival order.
+//! - Nor does a batch take a write to or checking a subject that a write out (a
+//!   single or a batch not yet answered) also touches: a replicated stream refuses
+//!   a check on a subject whose last write is still in process (10071, nats-server
+//!   `checkMsgHeadersPreClusteredProposal`), and one refusal fails every write of
+//!   the batch. Such a write waits in the queue until that subject is back.
 //! - A batch answered with a JetStream error is retried as singles at once (outside
 //!   the windows); 10174 also turns batches off for good.
 //! - A batch whose commit gets no reply (timed out, no responders, failed) may or
@@ -45,7 +50,7 @@
 //! The machine reads no clock and sets no timer: each write's deadline belongs to
 //! the call that asked for it; a send's timeout is the shortest of its writes'.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use serde::Deserialize;
@@ -78,9 +83,27 @@ pub const ERR_ATOMIC_DISABLED: u64 = 10174;
 /// as singles, and that cost grows with the batch too.
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
-/// The default number of first-time singles out at once before writes gather: at
-/// 16 calls in flight or fewer every write goes alone, at once.
+/// The default number of first-time singles out at once before writes gather, on
+/// a single-replica stream: at 16 calls in flight or fewer every write goes alone,
+/// at once.
 pub const DEFAULT_SINGLE_WINDOW: usize = 16;
+/// The default single window on a replicated stream. There the Raft log already
+/// groups queued writes, so batches cost throughput at 64 writes in flight (0.74
+/// to 0.94 of singles with a window of 16) but save the servers' CPU at capacity
+/// (three nodes held 125,000 leases with batches, 100,000 without: docs/benchmarks.md).
+/// At 64 calls in flight or fewer every write goes alone, at once.
+pub const DEFAULT_REPLICATED_SINGLE_WINDOW: usize = 64;
+
+/// The single window for a stream of `replicas` (as startup finds it): the
+/// operator's `batch_after` where given, else [`DEFAULT_SINGLE_WINDOW`] on one
+/// replica and [`DEFAULT_REPLICATED_SINGLE_WINDOW`] on more.
+pub fn single_window(batch_after: Option<usize>, replicas: usize) -> usize {
+    batch_after.unwrap_or(if replicas <= 1 {
+        DEFAULT_SINGLE_WINDOW
+    } else {
+        DEFAULT_REPLICATED_SINGLE_WINDOW
+    })
+}
 /// The default smallest batch: an R1 batch costs 5 fsyncs (the batch probe), so one
 /// of fewer writes than this saves nothing over singles.
 pub const DEFAULT_MIN_BATCH: usize = 16;
@@ -93,16 +116,17 @@ pub const DEFAULT_MIN_BATCH: usize = 16;
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 8;
 
 /// Whether a service sends its writes through the coalescer (`serve
-/// --coalesce-writes`): `auto` (the default) on a single-replica bucket, always,
-/// or never. `auto` by default because the advised server runs `sync_interval:
-/// always` (docs/operations.md), where one server held 10,000 leases with it and
-/// none without in the run of record (docs/benchmarks.md); a replicated bucket
-/// leaves it off, where batches lost. A server on the lazy default sync (against
-/// the advice) should be given `false`: there `auto` cut write throughput at 64 in
-/// flight to a third.
+/// --coalesce-writes`): `auto` (the default), always, or never. `auto` is on
+/// wherever the stream takes atomic batches, with the single window of its
+/// replicas ([`single_window`]): the advised server runs `sync_interval: always`
+/// (docs/operations.md), where batches are what let one stream, and three nodes,
+/// hold as many leases as etcd (docs/benchmarks.md). A server on the lazy default
+/// sync (against the advice) should be given `false`: there batches cut write
+/// throughput at 64 in flight to a third.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CoalesceWrites {
-    /// As [`coalesce_on`] decides from the bucket.
+    /// The service's choice, as [`coalesce_on`] makes it: today on wherever the
+    /// stream takes atomic batches, as `On`.
     #[default]
     Auto,
     /// On whenever the stream takes atomic batches.
@@ -126,24 +150,23 @@ impl std::str::FromStr for CoalesceWrites {
     }
 }
 
-/// Whether writes go through the coalescer, for a stream of `replicas` that does
-/// (`atomic`) or does not take atomic batches.
+/// Whether writes go through the coalescer, on a stream that does (`atomic`) or
+/// does not take atomic batches.
 ///
-/// `Auto` turns it on for a single-replica stream only (not the default: see
-/// [`CoalesceWrites`]). Measured with
-/// `scripts/bench` (docs/benchmarks.md, issue 29): on one server with
-/// `sync_interval: always` every write is its own fsync, and with 256 writes in
-/// flight batches lifted acquire, renew and release 1.8 to 2.5 times; with 16 or 64
-/// in flight the window ([`DEFAULT_SINGLE_WINDOW`] singles, then batches of at
-/// least [`DEFAULT_MIN_BATCH`]) keeps most writes single, so nothing is lost there.
-/// On a replicated stream the Raft log already groups queued writes into one
-/// append, and batches cost 0.73 to 0.86 of single writes at 64 and 256 in flight.
-pub fn coalesce_on(setting: CoalesceWrites, replicas: usize, atomic: bool) -> bool {
+/// `Auto` is on, with the window its replicas get ([`single_window`]). Measured
+/// with `scripts/bench` (docs/benchmarks.md): on one server with `sync_interval:
+/// always` every write is its own fsync, and with 256 writes in flight batches
+/// lifted acquire, renew and release 1.8 to 2.5 times; with 16 or 64 in flight the
+/// window keeps most writes single, so nothing is lost there. On three nodes the
+/// Raft log already groups queued writes, and with 256 in flight batches cost
+/// acquire and release 0.85 and 0.60 of singles (renew 0.99), but at capacity they
+/// held 125,000 leases where singles held 100,000 and then stalled; the wider
+/// window there keeps every write single up to 64 in flight.
+pub fn coalesce_on(setting: CoalesceWrites, atomic: bool) -> bool {
     atomic
         && match setting {
-            CoalesceWrites::On => true,
+            CoalesceWrites::On | CoalesceWrites::Auto => true,
             CoalesceWrites::Off => false,
-            CoalesceWrites::Auto => replicas <= 1,
         }
 }
 
@@ -239,6 +262,14 @@ impl Write {
             .find(|(n, _)| n.eq_ignore_ascii_case(HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT))
             .map_or(self.request.subject.as_str(), |(_, v)| v.as_str())
     }
+
+    /// The subjects it publishes to and checks (one, or two for a read
+    /// confirmation).
+    fn subjects(&self) -> impl Iterator<Item = &str> {
+        let published = self.request.subject.as_str();
+        let checked = self.checked_subject();
+        std::iter::once(published).chain((checked != published).then_some(checked))
+    }
 }
 
 #[derive(Debug)]
@@ -270,6 +301,9 @@ pub struct Coalescer {
     /// Writes cancelled while out in a batch: if the batch fails they are not
     /// sent again alone (their call gave up and was answered).
     cancelled: HashSet<TransmitId>,
+    /// How many writes out (sent or about to be) publish to or check each
+    /// subject: a batch takes no write of these ([`Coalescer::take_batch`]).
+    out_subjects: HashMap<String, usize>,
 }
 
 impl Coalescer {
@@ -296,6 +330,7 @@ impl Coalescer {
             batches_sent: 0,
             batches_failed: 0,
             cancelled: HashSet::new(),
+            out_subjects: HashMap::new(),
         }
     }
 
@@ -347,11 +382,18 @@ impl Coalescer {
         match flight {
             Flight::Single(w) => {
                 self.singles -= 1;
+                self.back(&w);
                 self.hand_back(w.id, outcome);
             }
-            Flight::Retry(w) => self.hand_back(w.id, outcome),
+            Flight::Retry(w) => {
+                self.back(&w);
+                self.hand_back(w.id, outcome);
+            }
             Flight::Batch(writes) => {
                 self.batches -= 1;
+                for w in &writes {
+                    self.back(w);
+                }
                 self.batch_outcome(writes, outcome);
             }
         }
@@ -454,8 +496,30 @@ impl Coalescer {
             .count()
     }
 
+    /// A write goes out: its subjects count as out until it comes back.
+    fn out(&mut self, w: &Write) {
+        for subject in w.subjects() {
+            *self.out_subjects.entry(subject.to_string()).or_default() += 1;
+        }
+    }
+
+    /// A write came back.
+    fn back(&mut self, w: &Write) {
+        for subject in w.subjects() {
+            if let Some(n) = self.out_subjects.get_mut(subject) {
+                *n -= 1;
+                if *n == 0 {
+                    self.out_subjects.remove(subject);
+                }
+            }
+        }
+    }
+
     /// Up to `max_batch` writes from the queue, at most one per checked subject,
-    /// in arrival order; the rest stay queued in order.
+    /// in arrival order; the rest stay queued in order. A write to or checking a
+    /// subject some write out also touches waits: a replicated stream refuses a
+    /// check on a subject with a write still in process (10071), and one refusal
+    /// fails the whole batch.
     fn take_batch(&mut self) -> Vec<Write> {
         // Which queued writes go, chosen by index first (sets of the subjects taken,
         // so a long queue costs one pass, not a comparison with every write taken).
@@ -478,6 +542,7 @@ impl Coalescer {
                 if Some(ShardMap::bucket_of_subject(subject)) != stream
                     || checked.contains(w.checked_subject())
                     || published.contains(subject)
+                    || w.subjects().any(|s| self.out_subjects.contains_key(s))
                 {
                     continue;
                 }
@@ -501,6 +566,7 @@ impl Coalescer {
     }
 
     fn send_single(&mut self, w: Write, retry: bool) {
+        self.out(&w);
         let transmit = Transmit::new(TransmitId::UNSENT, TransmitKind::Write, w.request.clone());
         let flight = if retry {
             Flight::Retry(w)
@@ -512,6 +578,9 @@ impl Coalescer {
     }
 
     fn send_batch(&mut self, batch: Vec<Write>) {
+        for w in &batch {
+            self.out(w);
+        }
         self.next_batch += 1;
         self.batches_sent += 1;
         let batch_id = format!("{}{}", self.config.batch_id_prefix, self.next_batch);

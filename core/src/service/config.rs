@@ -5,7 +5,6 @@ use std::time::Duration;
 use super::bucket::BucketOptions;
 use super::coalesce::{
     CoalesceWrites, DEFAULT_BATCHES_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_MIN_BATCH,
-    DEFAULT_SINGLE_WINDOW,
 };
 use super::peers::ChangesSetting;
 use super::replicas::REPLICAS_RECHECK;
@@ -46,10 +45,12 @@ pub struct ServiceConfig {
     /// At most this many requests wait for a call to end.
     pub max_calls_waiting: usize,
     /// Whether the calls' writes go through the write [`Coalescer`](super::coalesce::Coalescer): `Auto` as
-    /// [`coalesce_on`](super::coalesce::coalesce_on) decides from the bucket.
+    /// [`coalesce_on`](super::coalesce::coalesce_on) decides (on wherever the
+    /// stream takes atomic batches).
     pub coalesce_writes: CoalesceWrites,
-    /// Single writes in flight before writes gather into batches.
-    pub batch_after: usize,
+    /// Single writes in flight before writes gather into batches; `None` follows
+    /// the stream's replicas at startup ([`single_window`](super::coalesce::single_window)).
+    pub batch_after: Option<usize>,
     /// The smallest batch the coalescer sends.
     pub min_batch: usize,
     /// The largest batch the coalescer sends.
@@ -96,7 +97,7 @@ impl ServiceConfig {
             max_calls_in_flight: DEFAULT_MAX_CALLS_IN_FLIGHT,
             max_calls_waiting: DEFAULT_MAX_CALLS_IN_FLIGHT,
             coalesce_writes: CoalesceWrites::Auto,
-            batch_after: DEFAULT_SINGLE_WINDOW,
+            batch_after: None,
             min_batch: DEFAULT_MIN_BATCH,
             max_batch: DEFAULT_MAX_BATCH,
             batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,

@@ -94,7 +94,7 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 use self::admit::{Admission, AdmissionEvent};
-use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, coalesce_on};
+use self::coalesce::{Coalescer, CoalescerConfig, CoalescerEvent, coalesce_on, single_window};
 use self::micro::MicroService;
 use self::peers::Peers;
 use self::replicas::{ReplicasCheck, ReplicasCheckEvent};

@@ -203,12 +203,12 @@ impl Service {
                 line: warning,
             });
         }
-        // Writes gather into batches where the setting and the bucket say so
-        // (`coalesce_on`: `Auto` on one replica only, where it was measured to win).
-        let atomic = coalesce_on(self.config.coalesce_writes, replicas, atomic);
+        // Writes gather into batches where the setting and the bucket say so, past
+        // a window of singles that follows the replicas (`single_window`).
+        let atomic = coalesce_on(self.config.coalesce_writes, atomic);
         if atomic {
             let config = CoalescerConfig {
-                single_window: self.config.batch_after,
+                single_window: single_window(self.config.batch_after, replicas),
                 min_batch: self.config.min_batch,
                 max_batch: self.config.max_batch,
                 max_in_flight: self.config.batches_in_flight,

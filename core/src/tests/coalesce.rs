@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use crate::io::{NatsRequest, RequestOutcome, Transmit, TransmitId, TransmitKind};
 use crate::js::{PublishResult, parse_pub_ack};
 use crate::service::coalesce::{
-    CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, HDR_BATCH_COMMIT, HDR_BATCH_ID,
-    HDR_BATCH_SEQUENCE, coalesce_on,
+    CoalesceWrites, Coalescer, CoalescerConfig, CoalescerEvent, DEFAULT_REPLICATED_SINGLE_WINDOW,
+    DEFAULT_SINGLE_WINDOW, HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, coalesce_on,
+    single_window,
 };
 use crate::subjects::{
     HDR_EXPECTED_LAST_SUBJECT_SEQUENCE, HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
@@ -273,6 +274,61 @@ fn two_writes_of_one_subject_never_share_a_batch() {
         ["a", "b", "d", "e", "f"].map(kv_subject).to_vec(),
         "the next batch, in order"
     );
+}
+
+/// A batch takes no write to or checking a subject a write out also touches (a
+/// replicated stream refuses such a check while the earlier write is in process,
+/// and one refusal fails the whole batch): that write waits for the subject to
+/// come back, whether a single or a batch holds it.
+#[test]
+fn a_write_of_a_subject_out_waits_for_it_outside_any_batch() {
+    let now = Instant::now();
+    let mut c = Coalescer::new(
+        CoalescerConfig {
+            min_batch: 2,
+            max_in_flight: 2,
+            ..narrow()
+        },
+        now,
+    );
+    let first = fill_the_single_window(&mut c, now);
+    // A read confirmation checking `x`, out alone, and two other keys.
+    let mut confirm = write("y", 1);
+    confirm.subject = confirm_subject("x");
+    confirm
+        .headers
+        .push((HDR_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, kv_subject("x")));
+    c.handle_write(now, TransmitId(1), confirm);
+    c.handle_write(now, TransmitId(2), write("a", 0));
+    c.handle_write(now, TransmitId(3), write("b", 0));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(
+        batch_subjects(&sends[0]),
+        vec![kv_subject("a"), kv_subject("b")]
+    );
+    let batch = sends[0].id;
+    // `a` is out in that batch: a second write of it stays out of the next one.
+    c.handle_write(now, TransmitId(4), write("a", 1));
+    c.handle_write(now, TransmitId(5), write("c", 0));
+    c.handle_write(now, TransmitId(6), write("d", 0));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(
+        batch_subjects(&sends[0]),
+        vec![kv_subject("c"), kv_subject("d")]
+    );
+    assert_eq!(c.pending(), pending(2, 3));
+    // `x` back: the confirmation goes alone; `a` back: its write goes too.
+    c.handle_outcome(now, first.id, ack(1));
+    let (sends, _) = drain(&mut c);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(c.writes_of(sends[0].id), vec![TransmitId(1)]);
+    c.handle_outcome(now, batch, batch_ack(3, 2));
+    c.handle_outcome(now, sends[0].id, ack(4));
+    let (sends, done) = drain(&mut c);
+    assert_eq!(done.len(), 3);
+    assert_eq!(sends.len(), 1);
+    assert_eq!(c.writes_of(sends[0].id), vec![TransmitId(4)]);
 }
 
 #[test]
@@ -634,28 +690,40 @@ fn a_write_given_up_before_it_goes_out_is_dropped() {
     assert!(c.is_idle());
 }
 
-/// `auto` turns the coalescer on where it was measured to win: a single-replica
-/// stream that takes atomic batches; never without atomic batches.
+/// `auto` is on, as `true`, wherever the stream takes atomic batches, and
+/// nothing is on without them; the window of singles follows the replicas unless
+/// given.
 #[test]
-fn the_coalescer_is_on_where_it_was_measured_to_win() {
+fn the_coalescer_is_on_where_the_stream_takes_batches() {
     use CoalesceWrites::{Auto, Off, On};
     let table = [
-        // (setting, replicas, atomic) -> on
-        ((Auto, 1, true), true),
-        ((Auto, 3, true), false),
-        ((Auto, 5, true), false),
-        ((Auto, 1, false), false),
-        ((On, 1, true), true),
-        ((On, 3, true), true),
-        ((On, 1, false), false),
-        ((Off, 1, true), false),
-        ((Off, 3, true), false),
+        // (setting, atomic) -> on
+        ((Auto, true), true),
+        ((Auto, false), false),
+        ((On, true), true),
+        ((On, false), false),
+        ((Off, true), false),
+        ((Off, false), false),
     ];
-    for ((setting, replicas, atomic), want) in table {
+    for ((setting, atomic), want) in table {
         assert_eq!(
-            coalesce_on(setting, replicas, atomic),
+            coalesce_on(setting, atomic),
             want,
-            "{setting:?}, {replicas} replicas, atomic {atomic}"
+            "{setting:?}, atomic {atomic}"
+        );
+    }
+    // (batch_after, replicas) -> window
+    for ((batch_after, replicas), want) in [
+        ((None, 1), DEFAULT_SINGLE_WINDOW),
+        ((None, 3), DEFAULT_REPLICATED_SINGLE_WINDOW),
+        ((None, 5), DEFAULT_REPLICATED_SINGLE_WINDOW),
+        ((Some(2), 1), 2),
+        ((Some(2), 3), 2),
+    ] {
+        assert_eq!(
+            single_window(batch_after, replicas),
+            want,
+            "{batch_after:?}, {replicas}"
         );
     }
 }

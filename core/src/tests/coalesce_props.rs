@@ -36,7 +36,7 @@ fn calls_from(bytes: &[u8], replicated: bool) -> Vec<(Endpoint, String)> {
         .filter(|c| c.len() == 3)
         .map(|c| {
             let holder = format!("h{}", c[1] % 3);
-            let key = format!("k{}", (c[1] / 3) % 2);
+            let key = format!("k{}", (c[1] / 3) % 4);
             let revision = u64::from(c[2] % 12);
             let ttl_ms = (u64::from(c[2] % 3) + 1) * 1000;
             match c[0] % 4 {

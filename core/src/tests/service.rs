@@ -437,13 +437,14 @@ fn a_tombstone_left_before_the_start_is_found_by_the_scan_and_purged() {
 #[test]
 fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_setting_says() {
     use crate::service::coalesce::CoalesceWrites::{Auto, Off, On};
-    // (setting, replicas, batches): `auto` is on for one replica only.
+    // (setting, replicas, batches): `auto` is on, as `true`.
     for (coalesce, replicas, atomic) in [
         (Off, 1, false),
+        (Off, 3, false),
         (On, 1, true),
         (On, 3, true),
         (Auto, 1, true),
-        (Auto, 3, false),
+        (Auto, 3, true),
     ] {
         let mut c = config();
         c.coalesce_writes = coalesce;
@@ -457,11 +458,40 @@ fn writes_gather_into_batches_only_when_the_stream_takes_them_and_the_setting_sa
     }
 }
 
+/// Writes go alone, at once, up to the single window, which follows the stream's
+/// replicas unless given: 16 on one replica, 64 on three. The next write waits to
+/// gather into a batch.
+#[test]
+fn the_single_window_follows_the_replicas_unless_given() {
+    // (replicas, --batch-after) -> writes out alone
+    for (replicas, batch_after, window) in [
+        (1, None, 16),
+        (3, None, 64),
+        (3, Some(4), 4),
+        (1, Some(32), 32),
+    ] {
+        let mut c = config();
+        c.coalesce_writes = crate::service::coalesce::CoalesceWrites::Auto;
+        c.batch_after = batch_after;
+        let mut w = serving(c, replicas);
+        for i in 0..=window {
+            acquire(&mut w, &format!("h{i}"), &format!("k{i}"));
+        }
+        let case = format!("{replicas} replicas, batch_after {batch_after:?}");
+        assert_eq!(w.in_flight().len(), window, "{case}: {:?}", w.in_flight());
+        assert_eq!(
+            w.service.coalescer().map(|c| c.pending().queued),
+            Some(1),
+            "{case}"
+        );
+    }
+}
+
 #[test]
 fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
     let mut c = config();
     c.coalesce_writes = crate::service::coalesce::CoalesceWrites::On;
-    c.batch_after = 1;
+    c.batch_after = Some(1);
     c.min_batch = 2;
     let mut w = serving(c, 1);
     // The first write goes single; the second waits for it in the queue.
@@ -502,7 +532,7 @@ fn a_queued_write_of_a_call_that_gave_up_is_never_sent() {
 fn a_queued_write_of_a_call_cut_off_by_the_stop_is_never_sent() {
     let mut c = config();
     c.coalesce_writes = crate::service::coalesce::CoalesceWrites::On;
-    c.batch_after = 1;
+    c.batch_after = Some(1);
     c.min_batch = 2;
     c.shutdown_timeout = Duration::from_millis(4000);
     let mut w = serving(c, 1);
@@ -685,7 +715,7 @@ fn world_of(script: &[u8]) -> ServiceWorld {
     } else {
         crate::service::coalesce::CoalesceWrites::Off
     };
-    c.batch_after = 1;
+    c.batch_after = Some(1);
     c.min_batch = 2;
     if byte(3) % 4 == 0 {
         c.known_capacity = 0;

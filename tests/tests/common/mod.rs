@@ -187,3 +187,38 @@ pub async fn next_within(sub: &mut async_nats::Subscriber, secs: u64) -> async_n
         .expect("a message in time")
         .expect("subscription open")
 }
+
+/// How many of `keys`' last messages were stored by an atomic batch (every one
+/// carries its TTL).
+pub async fn stored_by_a_batch(client: &async_nats::Client, keys: &[String]) -> usize {
+    use base64::Engine as _;
+    let b64d = base64::engine::general_purpose::STANDARD;
+    let mut batched = 0;
+    for k in keys {
+        let reply = client
+            .request(
+                test_shards().api_subject("STREAM.MSG.GET", k),
+                json!({"last_by_subj": test_shards().kv_subject(k)})
+                    .to_string()
+                    .into(),
+            )
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&reply.payload).unwrap();
+        let hdrs = b64d.decode(v["message"]["hdrs"].as_str().unwrap()).unwrap();
+        let text = String::from_utf8_lossy(&hdrs);
+        assert!(text.contains("Nats-TTL"), "{text}");
+        if text.contains("Nats-Batch-Id") {
+            batched += 1;
+        }
+    }
+    batched
+}
+
+/// Whether the server this client is on has ADR-50 atomic batches (2.12 and later).
+pub fn has_atomic_batches(client: &async_nats::Client) -> bool {
+    let version = client.server_info().version;
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 12)
+}
