@@ -179,7 +179,7 @@ impl Kind {
         let bad = || {
             format!(
                 "--capacity-impls: `{name}` is not an implementation (tokio-fsync, tokio-r3, \
-                 tokio-batched-r3, tokio-single-fsync, tokio-fsync-shards4, \
+                 tokio-batched-r3, tokio-single-fsync, tokio-single-r3, tokio-fsync-shards4, \
                  tokio-fsync-no-renew-many, etcd, etcd-r3)"
             )
         };

@@ -205,7 +205,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub capacity_hold_secs: Option<u64>,
     /// Implementations ramped, in order: `tokio-fsync`, `tokio-r3`,
-    /// `tokio-single-fsync` (coalescer off), `tokio-batched-r3` (coalescer on),
+    /// `tokio-single-fsync` and `tokio-single-r3` (coalescer off),
     /// `tokio-fsync-shardsN` (`serve --shards N`), `etcd`,
     /// `etcd-r3` (default: tokio-fsync and etcd, and with `--r3` tokio-r3 and
     /// etcd-r3; etcd's left out with `--no-etcd`).

@@ -26,8 +26,8 @@ pub enum Impl {
     /// on a replicated bucket (needs the binary built with feature `__test`).
     TokioUnconfirmed,
     /// `dagnats-leases serve --coalesce-writes true`: the write coalescer on
-    /// wherever the stream takes batches, against `tokio` (as it ships: `auto`,
-    /// on for a single-replica bucket).
+    /// wherever the stream takes batches (as `tokio` ships it: `auto`, the same
+    /// today).
     TokioBatched,
     /// `dagnats-leases serve --coalesce-writes false`: every write alone (the
     /// capacity ramp's `tokio-single-*`).

@@ -95,9 +95,9 @@ pub struct Report {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub r3_confirm: BTreeMap<String, Pair>,
     /// The write coalescer on over off on each `sync_interval: always` server:
-    /// `tokio-batched-fsync` and `tokio-batched-r3` (`--coalesce-writes true`)
-    /// over `tokio-fsync` and `tokio-r3` (off, as it ships): keyed by the first,
-    /// then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
+    /// `tokio-fsync` and `tokio-r3` (on, as it ships: `auto`) over
+    /// `tokio-single-fsync` and `tokio-single-r3` (`--coalesce-writes false`):
+    /// keyed by the first, then operation. Goal: `p50_c1` at most [`COALESCE_GOAL`] (no added wait at
     /// one call in flight; reported, not asserted).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub coalesce: BTreeMap<String, BTreeMap<String, Pair>>,
@@ -234,7 +234,7 @@ fn key(c: usize) -> String {
 }
 
 /// Order of implementations in the table and the plot.
-const ORDER: [&str; 15] = [
+const ORDER: [&str; 14] = [
     "baseline",
     "tokio",
     "tokio-prev",
@@ -242,12 +242,11 @@ const ORDER: [&str; 15] = [
     "baseline-fsync",
     "tokio-fsync",
     "tokio-single-fsync",
-    "tokio-batched-fsync",
     "tokio-prev-fsync",
     "smol-fsync",
     "tokio-r3",
     "tokio-unconfirmed-r3",
-    "tokio-batched-r3",
+    "tokio-single-r3",
     "etcd",
     "etcd-r3",
 ];
@@ -341,8 +340,8 @@ impl Report {
         let coalesce = Pair::per_server(
             results,
             &[
-                ("tokio-batched-fsync", "tokio-fsync"),
-                ("tokio-batched-r3", "tokio-r3"),
+                ("tokio-fsync", "tokio-single-fsync"),
+                ("tokio-r3", "tokio-single-r3"),
             ],
         );
         let smol_vs_tokio =
@@ -633,11 +632,11 @@ mod tests {
         let results = results(&[
             ("baseline-fsync", 1000.0),
             ("tokio-fsync", 600.0),
-            ("tokio-batched-fsync", 1200.0),
+            ("tokio-single-fsync", 300.0),
             ("etcd", 800.0),
             ("tokio-r3", 3000.0),
             ("tokio-unconfirmed-r3", 4000.0),
-            ("tokio-batched-r3", 1500.0),
+            ("tokio-single-r3", 6000.0),
             ("etcd-r3", 1000.0),
         ]);
         let report = Report::new(&results, None, setup(), None);
@@ -648,16 +647,16 @@ mod tests {
         assert_eq!(r3.ops_per_s_c256_over_etcd, Some(3.0));
         assert_eq!(acquire["tokio-fsync"].against, "etcd");
         assert_eq!(acquire["tokio-fsync"].ops_per_s_c16_over_etcd, 0.75);
-        let fsync = &report.coalesce["tokio-batched-fsync"]["renew"];
+        let fsync = &report.coalesce["tokio-fsync"]["renew"];
         assert_eq!(
             (fsync.this.as_str(), fsync.over.as_str()),
-            ("tokio-batched-fsync", "tokio-fsync")
+            ("tokio-fsync", "tokio-single-fsync")
         );
         assert_eq!(fsync.ops_per_s_c64, 2.0);
         assert_eq!(fsync.p50_c1, 0.5);
-        let r3 = &report.coalesce["tokio-batched-r3"]["owner"];
+        let r3 = &report.coalesce["tokio-r3"]["owner"];
         assert_eq!(r3.ops_per_s_c256, Some(0.5));
         assert_eq!(report.r3_confirm["owner"].ops_per_s_c64, 0.75);
-        assert!(report.operations["acquire"].contains_key("tokio-batched-r3"));
+        assert!(report.operations["acquire"].contains_key("tokio-single-r3"));
     }
 }

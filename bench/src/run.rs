@@ -150,16 +150,16 @@ pub async fn run(args: RunArgs) {
     if sync != SyncMode::Always {
         plan.push((Place::Lazy, Impl::ALL.to_vec()));
     }
-    // The write coalescer on over off: `tokio` has it off (as it ships) and
-    // `tokio-batched` on, on the fsync server and on the cluster.
+    // The write coalescer on over off: `tokio` has it on (as it ships: `auto`) and
+    // `tokio-single` off, on the fsync server and on the cluster.
     match sync {
         SyncMode::Always => plan.push((
             Place::Fsync,
-            [&Impl::ALL[..], &[Impl::TokioBatched]].concat(),
+            [&Impl::ALL[..], &[Impl::TokioSingle]].concat(),
         )),
         SyncMode::Both => plan.push((
             Place::Fsync,
-            vec![Impl::Baseline, Impl::Tokio, Impl::TokioBatched],
+            vec![Impl::Baseline, Impl::Tokio, Impl::TokioSingle],
         )),
         SyncMode::Default => {}
     }
@@ -169,7 +169,7 @@ pub async fn run(args: RunArgs) {
     if args.r3 {
         plan.push((
             Place::R3,
-            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioBatched],
+            vec![Impl::Tokio, Impl::TokioUnconfirmed, Impl::TokioSingle],
         ));
     }
     let mut servers = Vec::new();

@@ -36,7 +36,7 @@ pub(super) async fn service(
     let admin = server.connect(account).await;
     let mut extra_args = Vec::new();
     if coalesce == CoalesceWrites::Auto {
-        // The capacity runs of record ran `auto` (then the default; off since).
+        // The capacity runs of record ran `auto`, the default.
         extra_args.extend(["--coalesce-writes".to_string(), "auto".to_string()]);
     }
     if let Some(n) = shards {
