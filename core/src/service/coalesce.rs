@@ -90,8 +90,9 @@ pub const DEFAULT_SINGLE_WINDOW: usize = 16;
 /// The default single window on a replicated stream. There the Raft log already
 /// groups queued writes, so batches cost throughput at 64 writes in flight (0.74
 /// to 0.94 of singles with a window of 16) but save the servers' CPU at capacity
-/// (three nodes held 125,000 leases with batches, 100,000 without: docs/benchmarks.md).
-/// At 64 calls in flight or fewer every write goes alone, at once.
+/// (three nodes held 150,000 leases with batches, 100,000 without; a window of 256
+/// started them too late: docs/benchmarks.md). At 64 calls in flight or fewer
+/// every write goes alone, at once.
 pub const DEFAULT_REPLICATED_SINGLE_WINDOW: usize = 64;
 
 /// The single window for a stream of `replicas` (as startup finds it): the
@@ -104,6 +105,7 @@ pub fn single_window(batch_after: Option<usize>, replicas: usize) -> usize {
         DEFAULT_REPLICATED_SINGLE_WINDOW
     })
 }
+
 /// The default smallest batch: an R1 batch costs 5 fsyncs (the batch probe), so one
 /// of fewer writes than this saves nothing over singles.
 pub const DEFAULT_MIN_BATCH: usize = 16;
@@ -160,7 +162,7 @@ impl std::str::FromStr for CoalesceWrites {
 /// window keeps most writes single, so nothing is lost there. On three nodes the
 /// Raft log already groups queued writes, and with 256 in flight batches cost
 /// acquire and release 0.85 and 0.60 of singles (renew 0.99), but at capacity they
-/// held 125,000 leases where singles held 100,000 and then stalled; the wider
+/// held 150,000 leases where singles held 100,000 and then stalled; the wider
 /// window there keeps every write single up to 64 in flight.
 pub fn coalesce_on(setting: CoalesceWrites, atomic: bool) -> bool {
     atomic
