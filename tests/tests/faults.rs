@@ -7,7 +7,9 @@
 //!
 //! The scenarios run one at a time (a lock), so that two clusters do not compete for
 //! the machine's two cores. `DAGNATS_FAULTS_SCALE=N` makes every load phase N times
-//! longer (a long run).
+//! longer (a long run). `DAGNATS_FAULTS_BATCHES=1` narrows the services' write
+//! coalescer (one single write out, batches from two), so that under this light
+//! load writes go in atomic batches through the faults too, as they do at capacity.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -60,13 +62,22 @@ struct Fx {
     services: Vec<ServiceHandle>,
 }
 
+/// Whether `DAGNATS_FAULTS_BATCHES=1` narrows the coalescer's windows.
+fn narrowed_batches() -> bool {
+    std::env::var("DAGNATS_FAULTS_BATCHES").is_ok_and(|v| v == "1")
+}
+
 async fn start_service(url: String) -> ServiceHandle {
+    let defaults = ServiceConfig::default();
+    let narrowed = narrowed_batches();
     let options = ServiceOptions::from(ServiceConfig {
         bucket: BucketOptions {
             shards: dagnats_leases_tests::test_shards(),
             ..BucketOptions::default()
         },
-        ..ServiceConfig::default()
+        batch_after: if narrowed { Some(1) } else { None },
+        min_batch: if narrowed { 2 } else { defaults.min_batch },
+        ..defaults
     });
     dagnats_leases_tests::cluster::start_r3_service(url, options).await
 }
@@ -254,6 +265,7 @@ where
 async fn leader_kill_then_restart() {
     let _serial = serial().await;
     let mut fx = Fx::start(true).await;
+    let batched = count_batched_writes(&fx.cluster.urls()).await;
     let mut load = fx.load().await;
     tokio::time::sleep(phase(3.0)).await;
     let leader = fx.leader();
@@ -274,7 +286,36 @@ async fn leader_kill_then_restart() {
         &load.history.records(),
         healed,
     );
+    let batched = batched.load(std::sync::atomic::Ordering::Relaxed);
+    println!("faults: leader_kill: {batched} writes were published in atomic batches");
+    if narrowed_batches() {
+        assert!(batched > 0, "no write went in a batch");
+    }
     fx.shutdown().await;
+}
+
+/// Counts the writes the services publish in atomic batches (each message of a
+/// batch carries its id), as a plain subscriber to the bucket's subjects sees them.
+async fn count_batched_writes(urls: &[String]) -> Arc<std::sync::atomic::AtomicUsize> {
+    use futures::StreamExt;
+    let client = load::connect(urls).await;
+    let mut sub = client.subscribe("$KV.>").await.expect("subscribe");
+    client.flush().await.expect("flush");
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let _client = client;
+        while let Some(m) = sub.next().await {
+            let batched = m.headers.as_ref().is_some_and(|h| {
+                h.get(dagnats_leases_core::service::coalesce::HDR_BATCH_ID)
+                    .is_some()
+            });
+            if batched {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    count
 }
 
 /// A service instance in its own process (`fault-proc serve`), so it can be killed.
