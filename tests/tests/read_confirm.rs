@@ -11,7 +11,10 @@ mod common;
 use std::time::Duration;
 
 use async_nats::Client;
-use common::{call_raw, has_atomic_batches, kind, next_within, stored_by_a_batch, test_shards};
+use common::{
+    acquire_all_at_once, call_raw, has_atomic_batches, kind, next_within, stored_by_a_batch,
+    test_shards,
+};
 use dagnats_leases_tests::{NatsCluster, NatsServer};
 use dagnats_leases_tokio::service::{
     self, BucketOptions, ServiceConfig, ServiceHandle, ServiceOptions,
@@ -218,31 +221,6 @@ async fn a_replicated_bucket_confirms_reads_and_they_never_become_events() {
     svc.shutdown().await;
 }
 
-/// Acquires `keys` at once on `c`; each is granted with a revision of its own
-/// (of its stream: each shard's stream numbers its own). Returns the revisions.
-async fn acquire_all_at_once(c: &Client, keys: &[String]) -> Vec<u64> {
-    let acquired = futures::future::join_all(keys.iter().map(|k| {
-        call(
-            c,
-            "acquire",
-            json!({"key": k, "holder": "h", "ttl_ms": 30_000}),
-        )
-    }))
-    .await;
-    let mut seen = std::collections::HashSet::new();
-    let mut revisions = Vec::new();
-    for (k, a) in keys.iter().zip(&acquired) {
-        assert_eq!(a["granted"], true, "{k}: {a}");
-        let revision = a["revision"].as_u64().expect("a revision");
-        assert!(
-            seen.insert((test_shards().stream_of(k), revision)),
-            "{k}: {a}"
-        );
-        revisions.push(revision);
-    }
-    revisions
-}
-
 /// `auto` gathers a replicated bucket's writes into atomic batches too, but only
 /// past its wider window: 64 writes at once all go alone with the defaults, and
 /// with the window narrowed to one single (batches from two) writes at once go
@@ -268,13 +246,13 @@ async fn a_replicated_bucket_batches_writes_only_past_its_window() {
     let window = dagnats_leases_core::service::coalesce::DEFAULT_REPLICATED_SINGLE_WINDOW;
     let svc = start_service(cluster.url(0), replicated(None, 2)).await;
     let alone: Vec<String> = (0..window).map(|i| format!("alone-{i}")).collect();
-    acquire_all_at_once(&c, &alone).await;
+    acquire_all_at_once(&c, &alone, 30_000).await;
     assert_eq!(stored_by_a_batch(&c, &alone).await, 0);
     svc.shutdown().await;
 
     let svc = start_service(cluster.url(0), replicated(Some(1), 2)).await;
     let gathered: Vec<String> = (0..48).map(|i| format!("gathered-{i}")).collect();
-    let revisions = acquire_all_at_once(&c, &gathered).await;
+    let acquired = acquire_all_at_once(&c, &gathered, 30_000).await;
     let batched = stored_by_a_batch(&c, &gathered).await;
     if has_atomic_batches(&c) {
         assert!(batched > 0, "no write of 48 went in a batch");
@@ -288,10 +266,10 @@ async fn a_replicated_bucket_batches_writes_only_past_its_window() {
             .map(|k| call(&c, "owner", json!({ "key": k }))),
     )
     .await;
-    for ((k, owner), revision) in gathered.iter().zip(&owners).zip(&revisions) {
+    for ((k, owner), acquired) in gathered.iter().zip(&owners).zip(&acquired) {
         assert_eq!(
             (owner["holder"].as_str(), owner["revision"].as_u64()),
-            (Some("h"), Some(*revision)),
+            (Some("h"), acquired["revision"].as_u64()),
             "{k}: {owner}"
         );
     }

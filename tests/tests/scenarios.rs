@@ -1006,25 +1006,10 @@ async fn calls_during_startup_are_unavailable_then_served() {
 }
 
 /// Acquires `n` fresh keys `<prefix>-<i>` at once; all granted, each its own
-/// revision (of its stream: with several shards each stream numbers its own).
+/// revision ([`acquire_all_at_once`]).
 async fn acquire_at_once(fx: &Fx, prefix: &str, n: usize) -> (Vec<String>, Vec<Value>) {
     let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
-    let acquired = futures::future::join_all(keys.iter().map(|k| {
-        fx.call(
-            "acquire",
-            json!({"key": k, "holder": "h", "ttl_ms": 10_000}),
-        )
-    }))
-    .await;
-    let mut revisions = HashSet::new();
-    for (k, a) in keys.iter().zip(&acquired) {
-        assert_eq!(a["granted"], true, "{k}: {a}");
-        let stream = test_shards().stream_of(k);
-        assert!(
-            revisions.insert((stream, a["revision"].as_u64().unwrap())),
-            "{a}"
-        );
-    }
+    let acquired = acquire_all_at_once(&fx.client, &keys, 10_000).await;
     (keys, acquired)
 }
 

@@ -222,3 +222,24 @@ pub fn has_atomic_batches(client: &async_nats::Client) -> bool {
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (2, 12)
 }
+
+/// Acquires `keys` at once for holder `h`; each is granted with a revision of its
+/// own (of its stream: with several shards each stream numbers its own). Returns
+/// the replies in order.
+pub async fn acquire_all_at_once(client: &Client, keys: &[String], ttl_ms: u64) -> Vec<Value> {
+    let acquired = futures::future::join_all(keys.iter().map(|k| {
+        let body = json!({"key": k, "holder": "h", "ttl_ms": ttl_ms});
+        call_raw(client, "acquire", body.to_string().into_bytes())
+    }))
+    .await;
+    let mut revisions = std::collections::HashSet::new();
+    for (k, a) in keys.iter().zip(&acquired) {
+        assert_eq!(a["granted"], true, "{k}: {a}");
+        let revision = a["revision"].as_u64().expect("a revision");
+        assert!(
+            revisions.insert((test_shards().stream_of(k), revision)),
+            "{k}: {a}"
+        );
+    }
+    acquired
+}
